@@ -1,0 +1,78 @@
+"""queuelog: a persistent background-job queue served over HTTP."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flask import Flask
+
+from app.clock import Clock
+from app.config import load_settings, normalise
+from app.db import Database, make_engine
+from app.errors import register_error_handlers
+from app.jobs.models import Backoff
+from app.jobs.service import JobService, QueueSettings
+from app.keys.service import KeyService
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the factory builds once per process and the handlers and commands use."""
+
+    db: Database
+    clock: Clock
+    jobs: JobService
+    keys: KeyService
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    """Build the app. `test_config` replaces settings read from QUEUELOG_ variables; it may
+    also carry a CLOCK to read time from (tests move it by hand)."""
+    app = Flask(__name__, instance_relative_config=True)
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.config.update(load_settings())
+    if test_config is not None:
+        app.config.update(test_config)
+    normalise(app.config)
+    if not app.config.get("DATABASE_URL"):
+        os.makedirs(app.instance_path, exist_ok=True)
+        path = os.path.join(app.instance_path, "queuelog.sqlite3")
+        app.config["DATABASE_URL"] = f"sqlite:///{path}"
+
+    app.extensions["queuelog"] = _build_services(app.config)
+
+    register_error_handlers(app)
+    from app.jobs.routes import bp as jobs_bp
+
+    app.register_blueprint(jobs_bp)
+    from app.cli import register_commands
+
+    register_commands(app)
+    return app
+
+
+def _build_services(config: Mapping[str, Any]) -> Services:
+    engine = make_engine(
+        config["DATABASE_URL"],
+        pool_size=config["DB_POOL_SIZE"],
+        pool_timeout=config["DB_POOL_TIMEOUT_SECONDS"],
+        sqlite_synchronous=config["SQLITE_SYNCHRONOUS"],
+        sqlite_busy_timeout_ms=config["SQLITE_BUSY_TIMEOUT_MS"],
+    )
+    db = Database(engine)
+    clock = config.get("CLOCK") or Clock()
+    settings = QueueSettings(
+        job_types=config["JOB_TYPES"],
+        lease_seconds=config["LEASE_SECONDS"],
+        max_payload_bytes=config["MAX_PAYLOAD_BYTES"],
+        backoff=Backoff(config["RETRY_BACKOFF_SECONDS"], config["RETRY_BACKOFF_MAX_SECONDS"]),
+    )
+    return Services(
+        db=db,
+        clock=clock,
+        jobs=JobService(db, clock, settings),
+        keys=KeyService(db, clock),
+    )

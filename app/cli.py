@@ -1,0 +1,129 @@
+"""The operator's commands: `queuelog db …`, `queuelog keys …`, `queuelog purge`.
+
+`queuelog` is a Flask CLI group over the app factory, so `flask --app app …` works the same.
+"""
+
+from __future__ import annotations
+
+import re
+
+import click
+from flask import Flask, current_app
+from flask.cli import FlaskGroup
+
+from app.jobs.models import TERMINAL_STATUSES, Priority
+from app.keys.models import Role
+from app.keys.service import KeyCommandError
+
+_DURATION = re.compile(r"^(\d+)([smhdw])\Z")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+# Idempotency keys are recognised as long as their job is stored; a purge shorter than a
+# day would make a producer's retry of yesterday's request create a second job.
+MIN_PURGE_AGE_SECONDS = 86_400
+
+
+def parse_duration(text: str) -> int:
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise click.BadParameter("use <n>[smhdw], for example 30d or 12h")
+    return int(match[1]) * _UNIT_SECONDS[match[2]]
+
+
+def _services():  # type: ignore[no-untyped-def]
+    return current_app.extensions["queuelog"]
+
+
+db_group = click.Group("db", help="Manage the database schema.")
+
+
+@db_group.command("upgrade")
+@click.argument("revision", default="head")
+def db_upgrade(revision: str) -> None:
+    """Apply Alembic migrations to QUEUELOG_DATABASE_URL (default: to the newest)."""
+    from app.migrations import upgrade
+
+    upgrade(current_app.config["DATABASE_URL"], revision)
+    click.echo(f"database at {revision}")
+
+
+keys_group = click.Group("keys", help="Create, list and revoke API keys.")
+
+
+@keys_group.command("create")
+@click.argument("name")
+@click.option("--role", required=True, type=click.Choice([r.value for r in Role]))
+@click.option("--max-priority", type=click.Choice([p.label for p in Priority],
+                                                  case_sensitive=False),
+              help="highest priority a producer may enqueue at (default medium)")
+@click.option("--types", help="comma-separated job types this key is limited to")
+def keys_create(name: str, role: str, max_priority: str | None, types: str | None) -> None:
+    """Create a key; its token is printed once, alone on the last line."""
+    try:
+        token = _services().keys.create_key(
+            name, Role(role),
+            max_priority=Priority.from_label(max_priority) if max_priority else None,
+            job_types=types.split(",") if types else None,
+        )
+    except KeyCommandError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"created {role} key {name!r}; its token is shown once, store it now:")
+    click.echo(token)
+
+
+@keys_group.command("list")
+def keys_list() -> None:
+    """List keys (never their tokens)."""
+    click.echo(f"{'name':<24} {'role':<9} {'max_priority':<13} {'types':<24} status")
+    for key in _services().keys.list_keys():
+        status = "revoked" if key.revoked_at is not None else "live"
+        click.echo(f"{key.name:<24} {key.role:<9} {Priority(key.max_priority).label:<13} "
+                   f"{key.job_types or '*':<24} {status}")
+
+
+@keys_group.command("revoke")
+@click.argument("name")
+def keys_revoke(name: str) -> None:
+    """Revoke a key; the next request with it is refused."""
+    try:
+        _services().keys.revoke_key(name)
+    except KeyCommandError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"revoked {name!r}")
+
+
+@click.command("purge")
+@click.option("--older-than", "older_than", required=True,
+              help="age since the last change, <n>[smhdw], e.g. 30d")
+@click.option("--status", "statuses", multiple=True,
+              type=click.Choice(sorted(s.value for s in TERMINAL_STATUSES)),
+              help="only these statuses (repeatable); default: every finished status")
+@click.option("--force", is_flag=True, help="allow --older-than below 24 hours")
+@click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+def purge(older_than: str, statuses: tuple[str, ...], force: bool, batch_size: int) -> None:
+    """Delete finished jobs, in batches; pending and running jobs are never touched."""
+    seconds = parse_duration(older_than)
+    if seconds < MIN_PURGE_AGE_SECONDS and not force:
+        raise click.ClickException(
+            "--older-than below 24h forgets idempotency keys producers may still retry; "
+            "add --force if that is what you want")
+    deleted = _services().jobs.purge(older_than_seconds=seconds, statuses=statuses or None,
+                                     batch_size=batch_size)
+    click.echo(f"purged {deleted} jobs")
+
+
+def register_commands(app: Flask) -> None:
+    app.cli.add_command(db_group)
+    app.cli.add_command(keys_group)
+    app.cli.add_command(purge)
+
+
+def _create_app() -> Flask:
+    from app import create_app
+
+    return create_app()
+
+
+def main() -> None:
+    cli = FlaskGroup(create_app=_create_app, add_default_commands=True,
+                     help="queuelog: operate the job queue.")
+    cli.main(prog_name="queuelog")

@@ -1,0 +1,66 @@
+"""The one clock queuelog reads. Times are integers: microseconds since the Unix epoch.
+
+Integers compare, index and round-trip identically on SQLite and PostgreSQL, and cost
+nothing to convert on the hot paths; the API renders them as RFC 3339.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROS = 1_000_000
+
+# RFC 3339 date-time: a full date, a time with optional fraction, and an explicit offset.
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})\Z"
+)
+
+
+class Clock:
+    """Wall-clock time."""
+
+    def now_us(self) -> int:
+        return time.time_ns() // 1000
+
+
+class ManualClock(Clock):
+    """A clock that only moves when told to: lease and backoff tests run without sleeping."""
+
+    def __init__(self, start_us: int | None = None) -> None:
+        self._now = time.time_ns() // 1000 if start_us is None else start_us
+        self._lock = threading.Lock()
+
+    def now_us(self) -> int:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += round(seconds * MICROS)
+
+
+def to_rfc3339(micros: int | None) -> str | None:
+    if micros is None:
+        return None
+    moment = EPOCH + timedelta(microseconds=micros)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_rfc3339(text: str) -> int:
+    """Microseconds since the epoch of an RFC 3339 timestamp with an offset.
+
+    Raises ValueError for anything else (a date alone, a missing offset, a bad field).
+    """
+    if not _RFC3339.match(text):
+        raise ValueError("not an RFC 3339 date-time with an offset")
+    # fromisoformat takes at most 6 fraction digits; RFC 3339 allows more.
+    main, sep, rest = text.partition(".")
+    if sep:
+        digits = re.match(r"\d+", rest).group(0)
+        text = f"{main}.{digits[:6].ljust(6, '0')}{rest[len(digits):]}"
+    moment = datetime.fromisoformat(text.replace("z", "Z"))
+    return (moment - EPOCH) // timedelta(microseconds=1)

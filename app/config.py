@@ -1,0 +1,117 @@
+"""Every setting queuelog reads, its QUEUELOG_ variable, its default and its parser.
+
+Nothing here runs at import time: `load_settings` is called by the app factory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A QUEUELOG_ variable holds a value the service cannot run with."""
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}")
+        return value
+
+    return parse
+
+
+def _float_in(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = float(text)
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}")
+        return value
+
+    return parse
+
+
+def _flag(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError("must be 1/0, true/false, yes/no or on/off")
+
+
+def _job_types(text: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+def _sqlite_synchronous(text: str) -> str:
+    value = text.strip().upper()
+    if value not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+        raise ValueError("must be OFF, NORMAL, FULL or EXTRA")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    default: Any
+    parse: Callable[[str], Any]
+    help: str
+
+    @property
+    def variable(self) -> str:
+        return f"QUEUELOG_{self.key}"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("DATABASE_URL", None, str,
+            "SQLAlchemy URL; default: a SQLite file queuelog.sqlite3 in the instance folder"),
+    Setting("JOB_TYPES", frozenset(), _job_types,
+            "comma-separated job types producers may enqueue; none until set"),
+    Setting("LEASE_SECONDS", 300, _int_in(1, 3600), "default lease of a claim"),
+    Setting("MAX_PAYLOAD_BYTES", 65_536, _int_in(2, 16 * 1024 * 1024),
+            "largest payload or result, as compact UTF-8 JSON"),
+    Setting("MAX_CONTENT_LENGTH", 1024 * 1024, _int_in(1024, 256 * 1024 * 1024),
+            "largest request body (413 above)"),
+    Setting("RETRY_BACKOFF_SECONDS", 1.0, _float_in(0, 86_400),
+            "base of the exponential retry backoff"),
+    Setting("RETRY_BACKOFF_MAX_SECONDS", 3600.0, _float_in(0, 31_536_000),
+            "ceiling of the retry backoff"),
+    Setting("METRICS_PUBLIC", False, _flag, "serve /metrics without an admin key"),
+    Setting("SQLITE_SYNCHRONOUS", "FULL", _sqlite_synchronous,
+            "SQLite synchronous pragma; FULL means a 201 is on disk"),
+    Setting("SQLITE_BUSY_TIMEOUT_MS", 30_000, _int_in(0, 600_000),
+            "how long a SQLite writer waits for the lock before giving up"),
+    Setting("DB_POOL_SIZE", 5, _int_in(1, 200), "connections kept per process"),
+    Setting("DB_POOL_TIMEOUT_SECONDS", 10, _int_in(1, 600),
+            "how long a request waits for a pooled connection"),
+)
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Read every QUEUELOG_ variable into a Flask config mapping, defaults filled in."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw = environ.get(setting.variable)
+        if raw is None:
+            values[setting.key] = setting.default
+            continue
+        try:
+            values[setting.key] = setting.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{setting.variable}: {exc}") from None
+    return values
+
+
+def normalise(config: dict[str, Any]) -> None:
+    """Accept friendly forms from test configs (a list of job types, say)."""
+    job_types = config.get("JOB_TYPES")
+    if isinstance(job_types, str):
+        config["JOB_TYPES"] = _job_types(job_types)
+    elif job_types is not None and not isinstance(job_types, frozenset):
+        config["JOB_TYPES"] = frozenset(job_types)

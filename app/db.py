@@ -1,0 +1,189 @@
+"""The schema (one MetaData for the code and Alembic), the engine, and its engine-specific hooks.
+
+SQLite and PostgreSQL differ in exactly these places, all in this module:
+- SQLite connections get WAL, a busy timeout and `synchronous`, and Python's sqlite3
+  module is kept from issuing its own BEGIN so that writes can open with BEGIN IMMEDIATE
+  (SQLAlchemy's documented pysqlite recipe);
+- `dialect_insert` picks the dialect's INSERT, which knows ON CONFLICT DO NOTHING.
+The claim's `FOR UPDATE SKIP LOCKED` is rendered by PostgreSQL and left out by SQLite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Engine,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    text,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# SQLite only makes INTEGER PRIMARY KEY an alias of the rowid; PostgreSQL gets a bigint.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+Micros = BigInteger  # microseconds since the epoch, see app.clock
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("type", String(100), nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("retry_count", Integer, nullable=False),
+    Column("max_retries", Integer, nullable=False),
+    Column("producer", String(100), nullable=False),
+    Column("idempotency_key", String(255), nullable=True),
+    Column("request_fingerprint", String(64), nullable=True),
+    Column("run_at", Micros, nullable=False),
+    Column("claimed_at", Micros, nullable=True),
+    Column("worker_id", String(100), nullable=True),
+    Column("lease_expires_at", Micros, nullable=True),
+    Column("lease_token", String(64), nullable=True),
+    Column("result", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("created_at", Micros, nullable=False),
+    Column("updated_at", Micros, nullable=False),
+)
+
+# The claim reads this index in claim order; it holds only pending rows, so its size and the
+# claim's cost do not grow with the finished jobs kept beside them. The literal status
+# matches the claim's WHERE, which is what lets both planners use a partial index.
+Index(
+    "ix_jobs_claim_order",
+    jobs.c.priority.desc(),
+    jobs.c.created_at,
+    jobs.c.id,
+    sqlite_where=text("status = 'pending'"),
+    postgresql_where=text("status = 'pending'"),
+)
+# Expired leases are found through this one, again holding only the running rows.
+Index(
+    "ix_jobs_lease_expires_at",
+    jobs.c.lease_expires_at,
+    sqlite_where=text("status = 'running'"),
+    postgresql_where=text("status = 'running'"),
+)
+# The idempotency guard: one job per (producer, key); NULL keys never collide.
+Index("uq_jobs_producer_idempotency_key", jobs.c.producer, jobs.c.idempotency_key, unique=True)
+# Listing a producer's or a worker's jobs, and by status (also used by purge).
+Index("ix_jobs_producer_id", jobs.c.producer, jobs.c.id)
+Index("ix_jobs_worker_id_id", jobs.c.worker_id, jobs.c.id)
+Index("ix_jobs_status_id", jobs.c.status, jobs.c.id)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("name", String(100), nullable=False, unique=True),
+    Column("role", String(16), nullable=False),
+    Column("token_digest", String(64), nullable=False, unique=True),
+    Column("max_priority", SmallInteger, nullable=False),
+    Column("job_types", Text, nullable=True),  # comma-separated; NULL means every type
+    Column("created_at", Micros, nullable=False),
+    Column("revoked_at", Micros, nullable=True),
+)
+
+
+def dialect_insert(conn: Connection, table: Table) -> Any:
+    """The dialect's own INSERT construct, which offers ON CONFLICT DO NOTHING."""
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
+
+
+def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Keep pysqlite from emitting BEGIN itself; the "begin" hook below does it.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def on_begin(conn: Connection) -> None:
+        # A write that starts as a reader can fail with SQLITE_BUSY without waiting when it
+        # later needs the lock; BEGIN IMMEDIATE takes the write lock up front and waits.
+        if conn.get_execution_options().get("queuelog_write"):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.exec_driver_sql("BEGIN")
+
+
+def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeout: int = 10,
+                sqlite_synchronous: str = "FULL", sqlite_busy_timeout_ms: int = 30_000,
+                ) -> Engine:
+    """An engine for `url`, with the hooks its dialect needs. Connects lazily.
+
+    `pooled=False` is for one-off commands (migrations, key management): nothing stays open.
+    """
+    parsed = make_url(url)
+    is_sqlite = parsed.get_backend_name() == "sqlite"
+    if is_sqlite and parsed.database in (None, "", ":memory:"):
+        raise ValueError("queuelog needs a SQLite file, not an in-memory database")
+    options: dict[str, Any] = {}
+    if pooled:
+        options.update(pool_size=pool_size, max_overflow=pool_size, pool_timeout=pool_timeout)
+    else:
+        options["poolclass"] = NullPool
+    if is_sqlite:
+        # Connections move between gunicorn's threads; the pool hands each to one at a time.
+        engine = create_engine(url, connect_args={"check_same_thread": False}, **options)
+        _install_sqlite_hooks(engine, sqlite_synchronous, sqlite_busy_timeout_ms)
+        return engine
+    return create_engine(url, pool_pre_ping=True, **options)
+
+
+class Database:
+    """Opens the transactions the services run in."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A write transaction (BEGIN IMMEDIATE on SQLite); commits unless an error escapes."""
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(queuelog_write=True)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read-only transaction (deferred BEGIN on SQLite: readers never block writers)."""
+        with self.engine.connect() as conn, conn.begin():
+            yield conn

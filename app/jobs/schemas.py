@@ -1,0 +1,178 @@
+"""marshmallow schemas, one per purpose: request bodies, the list query, and the job as shown.
+
+The same schemas validate requests and describe them in /openapi.json. Rules that need the
+configuration or the clock (allowed types, payload size, run_at's range) live in the service.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+
+from app.clock import parse_rfc3339, to_rfc3339
+from app.jobs.models import PRIORITY_LABELS, Job, JobStatus, Priority
+
+MAX_LEASE_SECONDS = 3600
+MAX_DELAY_SECONDS = 31_536_000
+MAX_RETRY_IN_SECONDS = 86_400
+MAX_RETRIES = 25
+MAX_ERROR_CHARS = 100_000
+MAX_WAIT_SECONDS = 20
+
+_PRINTABLE_ASCII = validate.Regexp(r"^[\x20-\x7e]+\Z", error="Must be printable ASCII.")
+
+
+class StrictInteger(fields.Integer):
+    """An integer that is a JSON number: no strings, no floats, and booleans are not integers."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(strict=True, **kwargs)
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
+        if isinstance(value, bool):
+            raise self.make_error("invalid")
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+class PriorityLabel(fields.String):
+    """A priority label on the wire (case-insensitive), a Priority in the code."""
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Priority:
+        text = super()._deserialize(value, attr, data, **kwargs)
+        try:
+            return Priority.from_label(text)
+        except ValueError:
+            raise ValidationError(f"Must be one of: {', '.join(PRIORITY_LABELS)}.") from None
+
+    def _serialize(self, value: Any, attr: Any, obj: Any, **kwargs: Any) -> str | None:
+        return None if value is None else Priority(value).label
+
+
+class Timestamp(fields.String):
+    """An RFC 3339 date-time with an offset on the wire, microseconds since the epoch inside."""
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
+        text = super()._deserialize(value, attr, data, **kwargs)
+        try:
+            return parse_rfc3339(text)
+        except (ValueError, OverflowError):
+            raise ValidationError("Must be an RFC 3339 date-time with an offset.") from None
+
+    def _serialize(self, value: Any, attr: Any, obj: Any, **kwargs: Any) -> str | None:
+        return to_rfc3339(value)
+
+
+def _non_empty_text(max_length: int) -> fields.String:
+    return fields.String(validate=validate.Length(min=1, max=max_length))
+
+
+class StrictSchema(Schema):
+    class Meta:
+        unknown = RAISE
+
+
+class EmptySchema(StrictSchema):
+    """For routes that take no fields: an empty body or {} only."""
+
+
+class EnqueueSchema(StrictSchema):
+    type = fields.String(required=True, validate=validate.Length(min=1, max=100))
+    payload = fields.Dict(load_default=dict)
+    priority = PriorityLabel(load_default=None)
+    max_retries = StrictInteger(load_default=3, validate=validate.Range(0, MAX_RETRIES))
+    run_at = Timestamp(load_default=None)
+    delay_seconds = StrictInteger(load_default=None,
+                                  validate=validate.Range(0, MAX_DELAY_SECONDS))
+    idempotency_key = fields.String(
+        load_default=None, validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII])
+
+    @validates_schema
+    def _one_schedule(self, data: dict[str, Any], **_: Any) -> None:
+        if data.get("run_at") is not None and data.get("delay_seconds") is not None:
+            raise ValidationError("Give run_at or delay_seconds, not both.", "delay_seconds")
+
+
+class ListQuerySchema(StrictSchema):
+    status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]))
+    type = _non_empty_text(100)
+    limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
+    cursor = _non_empty_text(200)
+
+
+class ClaimSchema(StrictSchema):
+    types = fields.List(_non_empty_text(100), validate=validate.Length(max=100))
+    lease_seconds = StrictInteger(validate=validate.Range(1, MAX_LEASE_SECONDS))
+    worker_id = _non_empty_text(100)
+
+
+class LeaseFencedSchema(StrictSchema):
+    lease_token = _non_empty_text(64)
+
+
+class HeartbeatSchema(LeaseFencedSchema):
+    lease_seconds = StrictInteger(validate=validate.Range(1, MAX_LEASE_SECONDS))
+
+
+class CompleteSchema(LeaseFencedSchema):
+    result = fields.Dict(load_default=None)
+
+
+class FailSchema(LeaseFencedSchema):
+    error = fields.String(required=True, validate=validate.Length(min=1, max=MAX_ERROR_CHARS))
+    retry_in_seconds = StrictInteger(validate=validate.Range(0, MAX_RETRY_IN_SECONDS))
+
+
+class JobSchema(Schema):
+    """The job as the API shows it (contract section 1). Documents what `represent` builds."""
+
+    id = fields.Integer(required=True)
+    type = fields.String(required=True)
+    payload = fields.Dict(required=True)
+    priority = fields.String(required=True, validate=validate.OneOf(PRIORITY_LABELS))
+    status = fields.String(required=True, validate=validate.OneOf([s.value for s in JobStatus]))
+    retry_count = fields.Integer(required=True)
+    max_retries = fields.Integer(required=True)
+    idempotency_key = fields.String(required=True, allow_none=True)
+    run_at = fields.String(required=True, metadata={"format": "date-time"})
+    claimed_at = fields.String(required=True, allow_none=True, metadata={"format": "date-time"})
+    worker_id = fields.String(required=True, allow_none=True)
+    lease_expires_at = fields.String(required=True, allow_none=True,
+                                     metadata={"format": "date-time"})
+    lease_token = fields.String(metadata={"description": "Only in the claim response."})
+    result = fields.Dict(required=True, allow_none=True)
+    error = fields.String(allow_none=True, metadata={"description": "Admins only."})
+    created_at = fields.String(required=True, metadata={"format": "date-time"})
+    updated_at = fields.String(required=True, metadata={"format": "date-time"})
+
+
+class JobListSchema(Schema):
+    jobs = fields.List(fields.Nested(JobSchema), required=True)
+    next_cursor = fields.String(required=True, allow_none=True)
+
+
+def represent(job: Job, *, show_error: bool, lease_token: str | None = None) -> dict[str, Any]:
+    """The job as JobSchema describes it. Built by hand: this runs on every response."""
+    shown: dict[str, Any] = {
+        "id": job.id,
+        "type": job.type,
+        "payload": json.loads(job.payload),
+        "priority": Priority(job.priority).label,
+        "status": job.status,
+        "retry_count": job.retry_count,
+        "max_retries": job.max_retries,
+        "idempotency_key": job.idempotency_key,
+        "run_at": to_rfc3339(job.run_at),
+        "claimed_at": to_rfc3339(job.claimed_at),
+        "worker_id": job.worker_id,
+        "lease_expires_at": to_rfc3339(job.lease_expires_at),
+        "result": None if job.result is None else json.loads(job.result),
+        "created_at": to_rfc3339(job.created_at),
+        "updated_at": to_rfc3339(job.updated_at),
+    }
+    if lease_token is not None:
+        shown["lease_token"] = lease_token
+    if show_error:
+        shown["error"] = job.error
+    return shown

@@ -1,0 +1,49 @@
+"""API keys: who a caller is and what its role lets it do."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from app.jobs.models import Priority
+
+
+class Role(enum.StrEnum):
+    PRODUCER = "producer"
+    WORKER = "worker"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """One row of api_keys. The token itself is never stored, only its SHA-256 digest."""
+
+    id: int
+    name: str
+    role: str
+    token_digest: str
+    max_priority: int
+    job_types: str | None
+    created_at: int
+    revoked_at: int | None
+
+    @property
+    def allowed_types(self) -> frozenset[str] | None:
+        """The job types this key is limited to, or None for every type."""
+        if self.job_types is None:
+            return None
+        return frozenset(self.job_types.split(","))
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The authenticated key behind a request. A worker's identity is `name`."""
+
+    name: str
+    role: Role
+    max_priority: Priority
+    allowed_types: frozenset[str] | None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role is Role.ADMIN

@@ -1,0 +1,41 @@
+"""The only place API-key SQL lives."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, insert, select, update
+
+from app.db import api_keys
+from app.keys.models import ApiKey
+
+_select_by_digest = select(api_keys).where(api_keys.c.token_digest == bindparam("digest"))
+
+
+class KeyRepository:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def find_by_digest(self, digest: str) -> ApiKey | None:
+        row = self.conn.execute(_select_by_digest, {"digest": digest}).first()
+        return None if row is None else ApiKey(*row)
+
+    def find_by_name(self, name: str) -> ApiKey | None:
+        row = self.conn.execute(select(api_keys).where(api_keys.c.name == name)).first()
+        return None if row is None else ApiKey(*row)
+
+    def insert_key(self, values: Mapping[str, Any]) -> None:
+        self.conn.execute(insert(api_keys).values(**values))
+
+    def list_keys(self) -> list[ApiKey]:
+        return [ApiKey(*row) for row in self.conn.execute(select(api_keys).order_by(api_keys.c.id))]
+
+    def revoke_key(self, name: str, now_us: int) -> bool:
+        """False when there is no live key of that name."""
+        result = self.conn.execute(
+            update(api_keys)
+            .where(api_keys.c.name == name, api_keys.c.revoked_at.is_(None))
+            .values(revoked_at=now_us)
+        )
+        return result.rowcount == 1

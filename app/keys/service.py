@@ -1,0 +1,86 @@
+"""Creating, listing, revoking and checking API keys."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Iterable
+
+from app.clock import Clock
+from app.db import Database
+from app.jobs.models import Priority
+from app.keys.models import ApiKey, Caller, Role
+from app.keys.repository import KeyRepository
+
+TOKEN_PREFIX = "ql_"  # noqa: S105 (a marker, not a secret)
+TOKEN_BYTES = 32  # 256 bits of entropy
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,99}\Z")
+
+
+class KeyCommandError(ValueError):
+    """An operator's key command cannot be carried out; the message says why."""
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class KeyService:
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self.db = db
+        self.clock = clock
+
+    def create_key(self, name: str, role: Role, *, max_priority: Priority | None = None,
+                   job_types: Iterable[str] | None = None) -> str:
+        """Store a new key and return its token. The token is shown once and never stored."""
+        if not _NAME.match(name):
+            raise KeyCommandError("a key name is 1-100 letters, digits, '.', '_' or '-'")
+        if max_priority is None:
+            max_priority = Priority.CRITICAL if role is Role.ADMIN else Priority.MEDIUM
+        types = sorted({t.strip() for t in job_types or () if t.strip()}) or None
+        token = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+        with self.db.write() as conn:
+            keys = KeyRepository(conn)
+            # Revoked keys keep their rows, so a name is never reused by another key.
+            if keys.find_by_name(name) is not None:
+                raise KeyCommandError(
+                    f"a key named {name!r} exists or existed; choose another name")
+            keys.insert_key({
+                "name": name,
+                "role": role.value,
+                "token_digest": token_digest(token),
+                "max_priority": int(max_priority),
+                "job_types": ",".join(types) if types else None,
+                "created_at": self.clock.now_us(),
+                "revoked_at": None,
+            })
+        return token
+
+    def list_keys(self) -> list[ApiKey]:
+        with self.db.read() as conn:
+            return KeyRepository(conn).list_keys()
+
+    def revoke_key(self, name: str) -> None:
+        with self.db.write() as conn:
+            if not KeyRepository(conn).revoke_key(name, self.clock.now_us()):
+                raise KeyCommandError(f"no live key named {name!r}")
+
+    def caller_for_token(self, token: str) -> Caller | None:
+        """The live key this token belongs to, or None (unknown or revoked)."""
+        digest = token_digest(token)
+        with self.db.read() as conn:
+            key = KeyRepository(conn).find_by_digest(digest)
+        # The lookup is by digest; comparing the digests again in constant time keeps the
+        # answer from depending on how much of a guessed token matched.
+        if key is None or not hmac.compare_digest(key.token_digest, digest):
+            return None
+        if key.revoked_at is not None:
+            return None
+        return Caller(
+            name=key.name,
+            role=Role(key.role),
+            max_priority=Priority(key.max_priority),
+            allowed_types=key.allowed_types,
+        )

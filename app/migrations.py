@@ -1,0 +1,44 @@
+"""Running Alembic from the application: the scripts travel with the installed project."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
+
+
+def _ini_path() -> Path:
+    """alembic.ini of the checkout when running from one, else the installed copy."""
+    checkout = Path(__file__).resolve().parent.parent / "alembic.ini"
+    if checkout.is_file():
+        return checkout
+    for scheme_path in {sysconfig.get_path("data"), sysconfig.get_path("data", "posix_user")}:
+        installed = Path(scheme_path) / "share" / "queuelog" / "alembic.ini"
+        if installed.is_file():
+            return installed
+    raise FileNotFoundError("queuelog's alembic.ini is neither in a checkout nor installed")
+
+
+def alembic_config(database_url: str, connection: Connection | None = None) -> Config:
+    config = Config(str(_ini_path()))
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(database_url), revision)
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
+def current_revision(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()

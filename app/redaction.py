@@ -1,0 +1,36 @@
+"""Scrubbing secrets out of worker error text before it is stored (finding V-10)."""
+
+from __future__ import annotations
+
+import re
+
+MAX_STORED_ERROR_CHARS = 2000
+MASK = "***"
+
+_SECRET_NAMES = r"(?:password|passwd|pwd|secret|token|api_key|authorization)"  # noqa: S105
+
+# scheme://user:pass@host -> scheme://***@host
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^/\s@]+@")
+# "password": "value" (JSON form; escaped quotes inside the value included)
+_JSON_PAIR = re.compile(
+    rf'(?P<key>"[A-Za-z0-9_\-]*{_SECRET_NAMES}"\s*:\s*)"(?:[^"\\]|\\.)*"', re.IGNORECASE
+)
+# password=value, password: value, Authorization: Basic abc (up to the end of the value)
+_PLAIN_PAIR = re.compile(
+    rf"(?P<key>\b[A-Za-z0-9_\-]*{_SECRET_NAMES}\b\s*[=:]\s*)"
+    rf"(?P<value>(?:(?:Bearer|Basic|Token)\s+)?[^\s,;&'\"}}]+)",
+    re.IGNORECASE,
+)
+_BEARER = re.compile(r"\bBearer\s+[A-Za-z0-9\-._~+/]+=*", re.IGNORECASE)
+
+
+def redact_error(text: str) -> str:
+    """The error with credentials masked, then cut to MAX_STORED_ERROR_CHARS characters.
+
+    Redaction runs on the whole text first, so a secret straddling the cut is masked too.
+    """
+    text = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+    text = _JSON_PAIR.sub(lambda m: f'{m["key"]}"{MASK}"', text)
+    text = _PLAIN_PAIR.sub(lambda m: f"{m['key']}{MASK}", text)
+    text = _BEARER.sub(f"Bearer {MASK}", text)
+    return text[:MAX_STORED_ERROR_CHARS]
