@@ -178,8 +178,8 @@ class JobRepository:
         stmt = _update_held_job.values(**values)
         params = {"job_id": job_id, "worker": worker, "now": now_us}
         if lease_token is not None:
-            stmt = stmt.where(jobs.c.lease_token == bindparam("lease_token"))
-            params["lease_token"] = lease_token
+            stmt = stmt.where(jobs.c.lease_token == bindparam("held_lease_token"))
+            params["held_lease_token"] = lease_token
         row = self.conn.execute(stmt, params).first()
         return None if row is None else _job(row)
 

@@ -1,0 +1,241 @@
+"""Fixtures: a fresh, migrated database per test on each engine, the app, keys, helpers.
+
+Every test that takes `app` (or `db_url`) runs once on SQLite and once on PostgreSQL. The
+PostgreSQL half needs QUEUELOG_TEST_POSTGRES_URL (a server URL, e.g.
+postgresql+psycopg://postgres@127.0.0.1:5432/postgres); without it that half is skipped,
+and the run's summary says so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from app import create_app
+from app.clock import ManualClock
+from app.keys.models import Role
+from app.migrations import upgrade
+
+POSTGRES_URL_VARIABLE = "QUEUELOG_TEST_POSTGRES_URL"
+JOB_TYPES = frozenset({"email", "pdf", "sync"})
+ENGINES = [
+    "sqlite",
+    pytest.param("postgresql", marks=pytest.mark.skipif(
+        not os.environ.get(POSTGRES_URL_VARIABLE),
+        reason=f"PostgreSQL half: set {POSTGRES_URL_VARIABLE} to run it")),
+]
+
+
+# -- databases ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A migrated SQLite file, copied for each test (cheaper than migrating each time)."""
+    path = tmp_path_factory.mktemp("template") / "template.sqlite3"
+    upgrade(f"sqlite:///{path}")
+    return str(path)
+
+
+class PostgresServer:
+    """Creates throwaway databases on the test server and drops them at the end."""
+
+    def __init__(self, url: str) -> None:
+        self.url = make_url(url)
+        self.admin = create_engine(self.url, isolation_level="AUTOCOMMIT")
+        self.created: list[str] = []
+
+    def create_database(self, migrated: bool = True) -> str:
+        name = f"queuelog_test_{uuid.uuid4().hex[:12]}"
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        self.created.append(name)
+        url = self.url.set(database=name).render_as_string(hide_password=False)
+        if migrated:
+            upgrade(url)
+        return url
+
+    def drop_all(self) -> None:
+        with self.admin.connect() as conn:
+            for name in self.created:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        self.admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    url = os.environ.get(POSTGRES_URL_VARIABLE)
+    if not url:
+        pytest.skip(f"PostgreSQL half: set {POSTGRES_URL_VARIABLE} to run it")
+    server = PostgresServer(url)
+    yield server
+    server.drop_all()
+
+
+@pytest.fixture(scope="session")
+def postgres_shared_url(postgres_server: PostgresServer) -> str:
+    """One migrated database for the session; each test empties it first."""
+    return postgres_server.create_database()
+
+
+def _empty_postgres(url: str) -> None:
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE jobs, api_keys RESTART IDENTITY"))
+    engine.dispose()
+
+
+@pytest.fixture(params=ENGINES)
+def engine_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def db_url(engine_name: str, request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """A migrated, empty database of the test's engine."""
+    if engine_name == "sqlite":
+        path = tmp_path / "queuelog.sqlite3"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        return f"sqlite:///{path}"
+    url = request.getfixturevalue("postgres_shared_url")
+    _empty_postgres(url)
+    return url
+
+
+@pytest.fixture
+def empty_db_url(engine_name: str, request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """A database of the test's engine with no tables at all (for migration tests)."""
+    if engine_name == "sqlite":
+        return f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+    return request.getfixturevalue("postgres_server").create_database(migrated=False)
+
+
+# -- the app ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(start_us=1_800_000_000_000_000)  # 2027-01-15, away from any boundary
+
+
+@pytest.fixture
+def app_config(db_url: str, clock: ManualClock) -> dict[str, Any]:
+    return {
+        "TESTING": True,
+        "DATABASE_URL": db_url,
+        "JOB_TYPES": JOB_TYPES,
+        "CLOCK": clock,
+        "DB_POOL_SIZE": 4,
+    }
+
+
+@pytest.fixture
+def app(app_config: dict[str, Any]) -> Iterator[Flask]:
+    application = create_app(app_config)
+    yield application
+    application.extensions["queuelog"].db.engine.dispose()
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+@pytest.fixture
+def runner(app: Flask) -> Any:
+    return app.test_cli_runner()
+
+
+# -- keys and helpers ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+@pytest.fixture
+def make_key(app: Flask) -> Any:
+    def make(name: str, role: str, *, max_priority: Any = None,
+             types: list[str] | None = None) -> Key:
+        token = app.extensions["queuelog"].keys.create_key(
+            name, Role(role), max_priority=max_priority, job_types=types)
+        return Key(name, token)
+
+    return make
+
+
+@pytest.fixture
+def producer(make_key: Any) -> Key:
+    return make_key("producer-1", "producer")
+
+
+@pytest.fixture
+def worker(make_key: Any) -> Key:
+    return make_key("worker-1", "worker")
+
+
+@pytest.fixture
+def admin(make_key: Any) -> Key:
+    return make_key("admin-1", "admin")
+
+
+class Api:
+    """Short calls for tests: each returns the Flask test response."""
+
+    def __init__(self, client: FlaskClient) -> None:
+        self.client = client
+
+    def enqueue(self, key: Key, headers: dict[str, str] | None = None, **body: Any) -> Any:
+        body.setdefault("type", "email")
+        return self.client.post("/jobs", json=body, headers={**key.headers, **(headers or {})})
+
+    def claim(self, key: Key, **body: Any) -> Any:
+        return self.client.post("/jobs/claim", json=body, headers=key.headers)
+
+    def complete(self, key: Key, job_id: int, **body: Any) -> Any:
+        return self.client.post(f"/jobs/{job_id}/complete", json=body, headers=key.headers)
+
+    def fail(self, key: Key, job_id: int, **body: Any) -> Any:
+        body.setdefault("error", "it broke")
+        return self.client.post(f"/jobs/{job_id}/fail", json=body, headers=key.headers)
+
+    def heartbeat(self, key: Key, job_id: int, **body: Any) -> Any:
+        return self.client.post(f"/jobs/{job_id}/heartbeat", json=body, headers=key.headers)
+
+    def cancel(self, key: Key, job_id: int) -> Any:
+        return self.client.post(f"/jobs/{job_id}/cancel", headers=key.headers)
+
+    def retry(self, key: Key, job_id: int) -> Any:
+        return self.client.post(f"/jobs/{job_id}/retry", headers=key.headers)
+
+    def get(self, key: Key, job_id: int) -> Any:
+        return self.client.get(f"/jobs/{job_id}", headers=key.headers)
+
+    def list(self, key: Key, **query: Any) -> Any:
+        return self.client.get("/jobs", query_string=query, headers=key.headers)
+
+
+@pytest.fixture
+def api(client: FlaskClient) -> Api:
+    return Api(client)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not os.environ.get(POSTGRES_URL_VARIABLE):
+        terminalreporter.write_line(
+            f"NOTE: the PostgreSQL half of the suite was skipped; set {POSTGRES_URL_VARIABLE} "
+            "(e.g. postgresql+psycopg://postgres@127.0.0.1:5432/postgres) to run it.",
+            yellow=True, bold=True)
