@@ -52,15 +52,19 @@ def _claim_statement(restricted_to_types: bool) -> Any:
         candidates = candidates.where(jobs.c.type.in_(bindparam("types", expanding=True)))
     # PostgreSQL renders FOR UPDATE SKIP LOCKED, so concurrent claims pass over each other's
     # rows instead of queueing on them; SQLite renders nothing and relies on BEGIN IMMEDIATE.
+    # MATERIALIZED makes the candidates a fixed set: as a plain subquery PostgreSQL may
+    # re-run it for each row it updates, and with SKIP LOCKED each re-run finds new rows,
+    # so one claim would take more jobs than its LIMIT.
     candidates = (
         candidates.order_by(*_CLAIM_ORDER)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
-        .scalar_subquery()
+        .cte("candidates")
+        .prefix_with("MATERIALIZED")
     )
     return (
         update(jobs)
-        .where(jobs.c.id.in_(candidates), jobs.c.status == _PENDING)
+        .where(jobs.c.id.in_(select(candidates.c.id)), jobs.c.status == _PENDING)
         .values(
             status=JobStatus.RUNNING.value,
             claimed_at=bindparam("now"),
