@@ -55,7 +55,6 @@ def upgrade() -> None:
                     ["producer", "idempotency_key"], unique=True)
     op.create_index("ix_jobs_producer_id", "jobs", ["producer", "id"])
     op.create_index("ix_jobs_worker_id_id", "jobs", ["worker_id", "id"])
-    op.create_index("ix_jobs_status_id", "jobs", ["status", "id"])
 
 
 def downgrade() -> None:

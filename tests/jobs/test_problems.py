@@ -7,6 +7,7 @@ import json
 import pytest
 
 from app import create_app
+from app.keys.models import Role
 
 PROBLEM_FIELDS = {"type", "title", "status", "detail"}
 
@@ -110,8 +111,6 @@ def test_wrong_method_is_a_405_problem_with_allow(client, producer):
 def test_body_over_max_content_length_is_a_413_problem(app_config, make_key):
     app_config["MAX_CONTENT_LENGTH"] = 2048
     application = create_app(app_config)
-    from app.keys.models import Role
-
     token = application.extensions["queuelog"].keys.create_key("p", Role.PRODUCER)
     body = json.dumps({"type": "email", "payload": {"x": "y" * 4000}})
     response = application.test_client().post(
