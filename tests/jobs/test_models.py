@@ -1,0 +1,69 @@
+"""The state machine's rules without a database."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from app.db import jobs as jobs_table
+from app.jobs.models import Backoff, Job, JobStatus, Priority, after_failure
+
+
+def make_job(**changes) -> Job:
+    fields = dict(
+        id=1, type="email", payload="{}", priority=10, status="running", retry_count=0,
+        max_retries=3, producer="p", idempotency_key=None, request_fingerprint=None,
+        run_at=0, claimed_at=0, worker_id="w", lease_expires_at=100, lease_token="t",
+        result=None, error=None, created_at=0, updated_at=0)
+    return Job(**(fields | changes))
+
+
+def test_job_fields_are_the_table_columns_in_order():
+    # Rows are turned into Jobs positionally: the two must never drift apart.
+    assert list(Job.__dataclass_fields__) == [c.name for c in jobs_table.columns]
+
+
+@pytest.mark.parametrize("retry_count,expected", [(0, (0.5, 1)), (1, (1, 2)), (3, (4, 8)),
+                                                  (12, (1800, 3600)), (200, (1800, 3600))])
+def test_backoff_doubles_per_retry_within_half_to_full_and_stops_at_the_ceiling(
+        retry_count, expected):
+    backoff = Backoff(base_seconds=1, max_seconds=3600)
+    rng = random.Random(7)
+    draws = [backoff.delay_us(retry_count, rng) / 1e6 for _ in range(200)]
+    assert expected[0] <= min(draws) and max(draws) <= expected[1]
+    assert max(draws) - min(draws) > (expected[1] - expected[0]) / 4  # jitter spreads them
+
+
+def test_after_failure_requeues_while_retries_are_left():
+    change = after_failure(make_job(retry_count=2), now_us=1000, error="e", retry_delay_us=50)
+    assert change["status"] == JobStatus.PENDING
+    assert change["retry_count"] == 3 and change["run_at"] == 1050
+    assert change["worker_id"] is None and change["claimed_at"] is None
+
+
+def test_after_failure_ends_failed_when_the_budget_is_spent():
+    change = after_failure(make_job(retry_count=3), now_us=1000, error="e", retry_delay_us=50)
+    assert change["status"] == JobStatus.FAILED
+    assert "retry_count" not in change and "worker_id" not in change  # last holder kept
+
+
+def test_is_held_by_needs_the_worker_a_live_lease_and_the_right_token():
+    job = make_job()
+    assert job.is_held_by("w", now_us=99, lease_token=None)
+    assert job.is_held_by("w", now_us=99, lease_token="t")
+    assert not job.is_held_by("w", now_us=100, lease_token=None)  # expired at 100
+    assert not job.is_held_by("x", now_us=99, lease_token=None)
+    assert not job.is_held_by("w", now_us=99, lease_token="old")
+    assert not make_job(status="completed").is_held_by("w", now_us=99, lease_token=None)
+
+
+@pytest.mark.parametrize("label,value", [("low", 0), ("MEDIUM", 10), (" high ", 20),
+                                         ("Critical", 30)])
+def test_priority_labels_map_to_spaced_integers(label, value):
+    assert Priority.from_label(label) == value
+
+
+def test_unknown_priority_label_is_refused():
+    with pytest.raises(ValueError):
+        Priority.from_label("urgent")

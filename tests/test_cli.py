@@ -1,0 +1,127 @@
+"""The operator's commands: db upgrade from anywhere, purge."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cli import parse_duration
+
+QUEUELOG = Path(sys.executable).with_name("queuelog")
+
+
+def _run(args, cwd, env_extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUELOG_")}
+    env.pop("PYTHONPATH", None)
+    env.update(env_extra)
+    return subprocess.run([str(QUEUELOG), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_installed_command_migrates_and_creates_keys_from_any_directory(tmp_path):
+    # Run from a directory with no checkout in sight: the installed project must carry its
+    # Alembic scripts (after a plain `pip install .` they come from the installed data).
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    db = tmp_path / "data" / "q.sqlite3"
+    db.parent.mkdir()
+    env = {"QUEUELOG_DATABASE_URL": f"sqlite:///{db}", "QUEUELOG_JOB_TYPES": "email"}
+
+    upgraded = _run(["db", "upgrade"], elsewhere, env)
+    assert upgraded.returncode == 0, upgraded.stderr
+    created = _run(["keys", "create", "first-admin", "--role", "admin"], elsewhere, env)
+    assert created.returncode == 0, created.stderr
+
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0002",)
+        assert conn.execute("SELECT name, role FROM api_keys").fetchall() == [
+            ("first-admin", "admin")]
+    assert created.stdout.strip().splitlines()[-1].startswith("ql_")
+
+
+def test_db_upgrade_through_the_flask_cli_runner(runner, empty_db_url, app):
+    app.config["DATABASE_URL"] = empty_db_url
+    result = runner.invoke(args=["db", "upgrade"])
+    assert result.exit_code == 0, result.output
+    assert "head" in result.output
+
+
+@pytest.mark.parametrize("text,seconds", [("30s", 30), ("15m", 900), ("2h", 7200),
+                                          ("7d", 604_800), ("2w", 1_209_600)])
+def test_durations_read_as_seconds(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def _finished_jobs(api, producer, worker, admin, clock):
+    """One job in every status; returns {status: id}."""
+    ids = {}
+    for status in ("completed", "failed", "cancelled", "running", "pending"):
+        ids[status] = api.enqueue(producer, max_retries=0).json["id"]
+        if status == "cancelled":
+            api.cancel(admin, ids[status])
+        elif status != "pending":
+            claimed = api.claim(worker).json
+            if status == "completed":
+                api.complete(worker, claimed["id"])
+            elif status == "failed":
+                api.fail(worker, claimed["id"])
+    return ids
+
+
+def _remaining(api, admin):
+    return {job["status"] for job in api.list(admin, limit=500).json["jobs"]}
+
+
+def test_purge_deletes_only_old_finished_jobs_and_says_how_many(runner, api, producer, worker,
+                                                                admin, clock):
+    _finished_jobs(api, producer, worker, admin, clock)
+    clock.advance(3 * 86_400)
+    recent = api.enqueue(producer).json["id"]
+    api.cancel(admin, recent)  # finished, but too recent to purge
+
+    result = runner.invoke(args=["purge", "--older-than", "2d", "--batch-size", "1"])
+
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "purged 3 jobs"
+    left = api.list(admin).json["jobs"]
+    assert sorted(j["status"] for j in left) == ["cancelled", "pending", "running"]
+    assert recent in [j["id"] for j in left]
+
+
+def test_purge_can_be_limited_to_some_statuses(runner, api, producer, worker, admin, clock):
+    _finished_jobs(api, producer, worker, admin, clock)
+    clock.advance(3 * 86_400)
+    result = runner.invoke(args=["purge", "--older-than", "1d", "--status", "failed",
+                                 "--status", "cancelled"])
+    assert result.output.strip() == "purged 2 jobs"
+    assert _remaining(api, admin) == {"completed", "running", "pending"}
+
+
+def test_purge_never_touches_pending_or_running_jobs(runner, api, producer, worker, admin,
+                                                     clock):
+    _finished_jobs(api, producer, worker, admin, clock)
+    clock.advance(400 * 86_400)
+    runner.invoke(args=["purge", "--older-than", "1d"])
+    assert _remaining(api, admin) == {"running", "pending"}
+    result = runner.invoke(args=["purge", "--older-than", "1d", "--status", "pending"])
+    assert result.exit_code != 0
+
+
+def test_purge_below_a_day_needs_force(runner, api, producer, admin, clock):
+    job_id = api.enqueue(producer).json["id"]
+    api.cancel(admin, job_id)
+    clock.advance(7200)
+    refused = runner.invoke(args=["purge", "--older-than", "1h"])
+    assert refused.exit_code != 0 and "--force" in refused.output
+    forced = runner.invoke(args=["purge", "--older-than", "1h", "--force"])
+    assert forced.output.strip() == "purged 1 jobs"
+
+
+def test_purge_refuses_a_malformed_duration(runner):
+    result = runner.invoke(args=["purge", "--older-than", "soon"])
+    assert result.exit_code != 0
