@@ -11,4 +11,4 @@ test-fast:
 	sh scripts/test.sh -m "not slow"
 
 lint:
-	.venv/bin/ruff check .
+	.venv-test/bin/ruff check .
