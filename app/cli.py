@@ -9,7 +9,7 @@ import re
 
 import click
 from flask import Flask, current_app
-from flask.cli import FlaskGroup
+from flask.cli import AppGroup, FlaskGroup, with_appcontext
 
 from app.jobs.models import TERMINAL_STATUSES, Priority
 from app.keys.models import Role
@@ -33,7 +33,10 @@ def _services():  # type: ignore[no-untyped-def]
     return current_app.extensions["queuelog"]
 
 
-db_group = click.Group("db", help="Manage the database schema.")
+# AppGroup (and with_appcontext on purge): the commands use current_app, and only the
+# `queuelog`/`flask` entry point pushes an app context on its own; app.cli (the test
+# runner, or any other caller) does not.
+db_group = AppGroup("db", help="Manage the database schema.")
 
 
 @db_group.command("upgrade")
@@ -46,7 +49,7 @@ def db_upgrade(revision: str) -> None:
     click.echo(f"database at {revision}")
 
 
-keys_group = click.Group("keys", help="Create, list and revoke API keys.")
+keys_group = AppGroup("keys", help="Create, list and revoke API keys.")
 
 
 @keys_group.command("create")
@@ -99,6 +102,7 @@ def keys_revoke(name: str) -> None:
               help="only these statuses (repeatable); default: every finished status")
 @click.option("--force", is_flag=True, help="allow --older-than below 24 hours")
 @click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+@with_appcontext
 def purge(older_than: str, statuses: tuple[str, ...], force: bool, batch_size: int) -> None:
     """Delete finished jobs, in batches; pending and running jobs are never touched."""
     seconds = parse_duration(older_than)
@@ -111,10 +115,27 @@ def purge(older_than: str, statuses: tuple[str, ...], force: bool, batch_size: i
     click.echo(f"purged {deleted} jobs")
 
 
+@click.command("copy")
+@click.option("--from", "source_url", required=True, help="SQLAlchemy URL to copy from")
+@click.option("--to", "target_url", required=True,
+              help="SQLAlchemy URL to copy into (migrated here; must hold no jobs or keys)")
+@click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+def copy(source_url: str, target_url: str, batch_size: int) -> None:
+    """Copy every job and key to another database, ids kept (stop the service first)."""
+    from app.transfer import TransferError, copy_database
+
+    try:
+        copied = copy_database(source_url, target_url, batch_size=batch_size)
+    except TransferError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"copied {copied['api_keys']} keys and {copied['jobs']} jobs")
+
+
 def register_commands(app: Flask) -> None:
     app.cli.add_command(db_group)
     app.cli.add_command(keys_group)
     app.cli.add_command(purge)
+    app.cli.add_command(copy)
 
 
 def _create_app() -> Flask:
