@@ -85,9 +85,8 @@ def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:
     return {prefix or "_body": [str(messages)]}
 
 
-def problem_response(status: int, title: str, slug: str, detail: str,
-                     errors: dict[str, Any] | None = None,
-                     headers: dict[str, str] | None = None) -> Response:
+def _body(status: int, title: str, slug: str, detail: str,
+          errors: dict[str, Any] | None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_BASE + slug,
         "title": title,
@@ -96,6 +95,18 @@ def problem_response(status: int, title: str, slug: str, detail: str,
     }
     if errors is not None:
         body["errors"] = errors
+    return body
+
+
+def problem_body(problem: Problem) -> dict[str, Any]:
+    """The problem as a JSON object, for answers that carry several (complete-many)."""
+    return _body(problem.status, problem.title, problem.slug, problem.detail, problem.errors)
+
+
+def problem_response(status: int, title: str, slug: str, detail: str,
+                     errors: dict[str, Any] | None = None,
+                     headers: dict[str, str] | None = None) -> Response:
+    body = _body(status, title, slug, detail, errors)
     response = Response(json.dumps(body), status=status, mimetype=PROBLEM_CONTENT_TYPE)
     for name, value in (headers or {}).items():
         response.headers[name] = value

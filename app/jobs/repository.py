@@ -16,8 +16,10 @@ from sqlalchemy import (
     bindparam,
     cast,
     delete,
+    insert,
     literal_column,
     select,
+    union_all,
     update,
 )
 
@@ -42,6 +44,19 @@ _select_expired_leases = (
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
 )
+
+
+def _peek_statement(restricted_to_types: bool) -> Any:
+    due = select(jobs.c.id).where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"))
+    if restricted_to_types:
+        due = due.where(jobs.c.type.in_(bindparam("types", expanding=True)))
+    expired = select(jobs.c.id).where(jobs.c.status == _RUNNING,
+                                      jobs.c.lease_expires_at <= bindparam("now"))
+    return union_all(due.limit(1).subquery().select(), expired.limit(1).subquery().select())
+
+
+_peek_any_type = _peek_statement(restricted_to_types=False)
+_peek_some_types = _peek_statement(restricted_to_types=True)
 
 
 def _claim_statement(restricted_to_types: bool) -> Any:
@@ -114,9 +129,16 @@ class JobRepository:
         row = self.conn.execute(stmt.returning(*jobs.c)).first()
         return None if row is None else _job(row)
 
-    def insert_jobs(self, rows: list[Mapping[str, Any]]) -> list[Job | None]:
-        """Insert several jobs, each as `insert_job` would, answers in the same order."""
-        return [self.insert_job(values) for values in rows]
+    def insert_jobs(self, rows: list[Mapping[str, Any]]) -> list[Job]:
+        """Insert several jobs in one statement; the jobs come back in the rows' order.
+
+        No ON CONFLICT here: the caller has looked up the idempotency keys in the same
+        transaction, and a concurrent twin raises IntegrityError for it to retry.
+        """
+        if not rows:
+            return []
+        stmt = insert(jobs).returning(*jobs.c, sort_by_parameter_order=True)
+        return [_job(row) for row in self.conn.execute(stmt, list(rows))]
 
     # -- reading --------------------------------------------------------------------------
 
@@ -147,6 +169,23 @@ class JobRepository:
             stmt = stmt.where(jobs.c.type == job_type)
         stmt = stmt.order_by(jobs.c.id).limit(limit)
         return [_job(row) for row in self.conn.execute(stmt)]
+
+    def find_by_idempotency_keys(self, producer: str, keys: Collection[str]) -> dict[str, Job]:
+        """The producer's jobs with these idempotency keys, by key."""
+        if not keys:
+            return {}
+        stmt = select(jobs).where(jobs.c.producer == producer,
+                                  jobs.c.idempotency_key.in_(list(keys)))
+        return {job.idempotency_key: job for job in map(_job, self.conn.execute(stmt))}
+
+    def has_claimable_work(self, now_us: int, types: Collection[str] | None) -> bool:
+        """True when a claim now could find a job: a due pending one, or an expired lease.
+        Two index probes; cheap enough to poll while claims wait."""
+        stmt = _peek_any_type if types is None else _peek_some_types
+        params: dict[str, Any] = {"now": now_us}
+        if types is not None:
+            params["types"] = list(types)
+        return self.conn.execute(stmt, params).first() is not None
 
     def find_expired_leases(self, now_us: int, limit: int) -> list[Job]:
         """Running jobs whose lease ran out, oldest expiry first (locked on PostgreSQL)."""

@@ -7,10 +7,13 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.auth import current_caller, require_roles
-from app.errors import Forbidden, ValidationFailed
+from app.errors import Forbidden, Problem, ValidationFailed, problem_body
 from app.http import load_body, load_query
 from app.jobs.schemas import (
+    BatchEnqueueSchema,
+    ClaimManySchema,
     ClaimSchema,
+    CompleteManySchema,
     CompleteSchema,
     EmptySchema,
     EnqueueSchema,
@@ -33,6 +36,9 @@ _heartbeat_schema = HeartbeatSchema()
 _complete_schema = CompleteSchema()
 _fail_schema = FailSchema()
 _no_body_schema = EmptySchema()
+_batch_schema = BatchEnqueueSchema()
+_claim_many_schema = ClaimManySchema()
+_complete_many_schema = CompleteManySchema()
 
 
 def _service() -> JobService:
@@ -57,20 +63,65 @@ def _idempotency_key_header() -> str | None:
     return key
 
 
-# /jobs/claim is registered before /jobs/<int:job_id>, and ids are integers, so the literal
-# segment is never taken for an id.
-@bp.post("/jobs/claim")
-@require_roles(Role.WORKER)
-def claim_job() -> Response:
-    body = load_body(_claim_schema)
+def _claim(body: dict[str, Any], limit: int) -> list[Claimed]:
     caller = current_caller()
     if body.get("worker_id", caller.name) != caller.name:
         raise Forbidden("worker_id must be this key's own name.")
-    claimed: list[Claimed] = _service().claim(
-        caller, types=body.get("types"), lease_seconds=body.get("lease_seconds"))
+    return _service().claim(caller, types=body.get("types"),
+                            lease_seconds=body.get("lease_seconds"), limit=limit,
+                            wait_seconds=body["wait_seconds"])
+
+
+# The literal routes under /jobs/ are registered before /jobs/<int:job_id>, and ids are
+# integers, so a literal segment is never taken for an id.
+@bp.post("/jobs/claim")
+@require_roles(Role.WORKER)
+def claim_job() -> Response:
+    claimed = _claim(load_body(_claim_schema), limit=1)
     if not claimed:
         return Response(status=204)
     return _job_response(claimed[0].job, lease_token=claimed[0].lease_token)
+
+
+@bp.post("/jobs/claim-many")
+@require_roles(Role.WORKER)
+def claim_many_jobs() -> Response:
+    body = load_body(_claim_many_schema)
+    claimed = _claim(body, limit=body["max_jobs"])
+    return jsonify({"jobs": [represent(c.job, show_error=False, lease_token=c.lease_token)
+                             for c in claimed]})
+
+
+@bp.post("/jobs/batch")
+@require_roles(Role.PRODUCER, Role.ADMIN)
+def enqueue_batch() -> Response:
+    if request.headers.get("Idempotency-Key") is not None:
+        raise ValidationFailed(
+            "A batch takes an idempotency_key in each job, not the Idempotency-Key header.",
+            errors={"Idempotency-Key": ["Put idempotency_key in each job instead."]})
+    body = load_body(_batch_schema)
+    results = _service().enqueue_many(current_caller(), body["jobs"])
+    show_error = current_caller().is_admin
+    response = jsonify({"jobs": [represent(job, show_error=show_error) | {"replayed": replayed}
+                                 for job, replayed in results]})
+    response.status_code = 201
+    return response
+
+
+@bp.post("/jobs/complete-many")
+@require_roles(Role.WORKER)
+def complete_many_jobs() -> Response:
+    body = load_body(_complete_many_schema)
+    answers = _service().complete_many(current_caller(), body["items"])
+    results = []
+    for job_id, answer in answers:
+        if isinstance(answer, Problem):
+            results.append({"id": job_id, "status": answer.status,
+                            "problem": problem_body(answer)})
+        else:
+            results.append({"id": job_id, "status": 200,
+                            "job": represent(answer, show_error=False)})
+    return jsonify({"results": results})
 
 
 @bp.post("/jobs")

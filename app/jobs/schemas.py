@@ -20,6 +20,9 @@ MAX_RETRY_IN_SECONDS = 86_400
 MAX_RETRIES = 25
 MAX_ERROR_CHARS = 100_000
 MAX_WAIT_SECONDS = 20
+MAX_BATCH_JOBS = 1000
+MAX_CLAIM_JOBS = 100
+MAX_COMPLETE_ITEMS = 100
 
 _PRINTABLE_ASCII = validate.Regexp(r"^[\x20-\x7e]+\Z", error="Must be printable ASCII.")
 
@@ -32,6 +35,18 @@ class StrictInteger(fields.Integer):
 
     def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
         if isinstance(value, bool):
+            raise self.make_error("invalid")
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+class StrictNumber(fields.Float):
+    """A JSON number (integer or fraction): no strings, no booleans, no NaN or infinity."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_nan=False, **kwargs)
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.make_error("invalid")
         return super()._deserialize(value, attr, data, **kwargs)
 
@@ -101,10 +116,22 @@ class ListQuerySchema(StrictSchema):
     cursor = _non_empty_text(200)
 
 
+class BatchEnqueueSchema(StrictSchema):
+    jobs = fields.List(fields.Nested(EnqueueSchema), required=True,
+                       validate=validate.Length(min=1, max=MAX_BATCH_JOBS))
+
+
 class ClaimSchema(StrictSchema):
     types = fields.List(_non_empty_text(100), validate=validate.Length(max=100))
     lease_seconds = StrictInteger(validate=validate.Range(1, MAX_LEASE_SECONDS))
     worker_id = _non_empty_text(100)
+    wait_seconds = StrictNumber(
+        load_default=0, validate=validate.Range(0, MAX_WAIT_SECONDS),
+        metadata={"description": "Wait up to this long for a job when none is claimable."})
+
+
+class ClaimManySchema(ClaimSchema):
+    max_jobs = StrictInteger(load_default=10, validate=validate.Range(1, MAX_CLAIM_JOBS))
 
 
 class LeaseFencedSchema(StrictSchema):
@@ -117,6 +144,15 @@ class HeartbeatSchema(LeaseFencedSchema):
 
 class CompleteSchema(LeaseFencedSchema):
     result = fields.Dict(load_default=None)
+
+
+class CompleteItemSchema(CompleteSchema):
+    id = StrictInteger(required=True, validate=validate.Range(min=1))
+
+
+class CompleteManySchema(StrictSchema):
+    items = fields.List(fields.Nested(CompleteItemSchema), required=True,
+                        validate=validate.Length(min=1, max=MAX_COMPLETE_ITEMS))
 
 
 class FailSchema(LeaseFencedSchema):
@@ -145,6 +181,39 @@ class JobSchema(Schema):
     error = fields.String(allow_none=True, metadata={"description": "Admins only."})
     created_at = fields.String(required=True, metadata={"format": "date-time"})
     updated_at = fields.String(required=True, metadata={"format": "date-time"})
+
+
+class BatchJobSchema(JobSchema):
+    replayed = fields.Boolean(required=True)
+
+
+class BatchJobListSchema(Schema):
+    jobs = fields.List(fields.Nested(BatchJobSchema), required=True)
+
+
+class ClaimedJobListSchema(Schema):
+    jobs = fields.List(fields.Nested(JobSchema), required=True)
+
+
+class ProblemSchema(Schema):
+    """An RFC 9457 problem, as every error is answered."""
+
+    type = fields.String(required=True)
+    title = fields.String(required=True)
+    status = fields.Integer(required=True)
+    detail = fields.String(required=True)
+    errors = fields.Dict(keys=fields.String(), values=fields.List(fields.String()))
+
+
+class CompleteResultSchema(Schema):
+    id = fields.Integer(required=True)
+    status = fields.Integer(required=True, validate=validate.OneOf([200, 404, 409]))
+    job = fields.Nested(JobSchema)
+    problem = fields.Nested(ProblemSchema)
+
+
+class CompleteManyResultSchema(Schema):
+    results = fields.List(fields.Nested(CompleteResultSchema), required=True)
 
 
 class JobListSchema(Schema):

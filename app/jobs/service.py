@@ -11,13 +11,16 @@ import hashlib
 import json
 import random
 import secrets
+import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
+
 from app.clock import MICROS, Clock
 from app.db import Database
-from app.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from app.errors import Conflict, Forbidden, NotFound, Problem, ValidationFailed
 from app.jobs.models import (
     LEASE_EXPIRED_ERROR,
     TERMINAL_STATUSES,
@@ -29,6 +32,7 @@ from app.jobs.models import (
     after_failure,
 )
 from app.jobs.repository import JobRepository
+from app.jobs.waiting import POLL_SECONDS, JobSignal
 from app.keys.models import Caller, Role
 from app.redaction import redact_error
 
@@ -37,6 +41,8 @@ MAX_JOB_ID = 2**63 - 1
 ONE_YEAR_US = 365 * 24 * 3600 * MICROS
 # Expired leases rescued by one claim at most, so one claim's transaction stays short.
 RESCUE_BATCH = 100
+# A batch whose keys race a concurrent request on PostgreSQL is run again this many times.
+_BATCH_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,12 @@ def decode_cursor(cursor: str) -> int:
                                errors={"cursor": ["Invalid cursor."]}) from None
 
 
+def _key_reused(position: int | None) -> ValidationFailed:
+    field = "idempotency_key" if position is None else f"jobs.{position}.idempotency_key"
+    return ValidationFailed("This idempotency key was used with a different request.",
+                            errors={field: ["Already used with a different request."]})
+
+
 class JobService:
     def __init__(self, db: Database, clock: Clock, settings: QueueSettings,
                  rng: random.Random | None = None, on_event: EventSink = _ignore_event) -> None:
@@ -89,6 +101,7 @@ class JobService:
         self.clock = clock
         self.settings = settings
         self.rng = rng or random.SystemRandom()
+        self.signal = JobSignal()
 
     # -- producers ------------------------------------------------------------------------
 
@@ -104,7 +117,79 @@ class JobService:
             job, replayed = self._insert_or_replay(JobRepository(conn), values)
         if not replayed:
             self.on_event("enqueued", 1)
+            self.signal.notify()
         return job, replayed
+
+    def enqueue_many(self, caller: Caller,
+                     requests: list[dict[str, Any]]) -> list[tuple[Job, bool]]:
+        """Store several jobs in one transaction, all or nothing; (job, replayed) in order.
+
+        Every item is checked before anything is written; field errors are keyed by position
+        (`jobs.3.type`). Idempotency keys work per item, a repeat within the batch included.
+        """
+        now = self.clock.now_us()
+        rows, errors = [], {}
+        for position, request in enumerate(requests):
+            try:
+                rows.append(self._new_job_values(caller, request, None, now))
+            except ValidationFailed as exc:
+                errors.update({f"jobs.{position}.{field}": messages
+                               for field, messages in (exc.errors or {}).items()})
+            except Forbidden as exc:
+                raise Forbidden(f"jobs.{position}: {exc.detail}") from None
+        if errors:
+            raise ValidationFailed("Some jobs did not validate; nothing was stored.",
+                                   errors=errors)
+        for attempt in range(_BATCH_ATTEMPTS):
+            try:
+                with self.db.write() as conn:
+                    results = self._insert_or_replay_many(JobRepository(conn), rows)
+                break
+            except IntegrityError:
+                # A concurrent request stored one of these keys between our look-up and
+                # insert (PostgreSQL only; SQLite's BEGIN IMMEDIATE serialises writers).
+                # Run again: its job is now a replay.
+                if attempt == _BATCH_ATTEMPTS - 1:
+                    raise Conflict("Requests with these idempotency keys are in flight; "
+                                   "retry.") from None
+        created = sum(1 for _, replayed in results if not replayed)
+        if created:
+            self.on_event("enqueued", created)
+            self.signal.notify()
+        return results
+
+    def _insert_or_replay_many(self, repo: JobRepository,
+                               rows: list[dict[str, Any]]) -> list[tuple[Job, bool]]:
+        keys = {row["idempotency_key"] for row in rows if row["idempotency_key"] is not None}
+        stored = repo.find_by_idempotency_keys(rows[0]["producer"], keys) if keys else {}
+        # Decide each row: a replay of a stored job, of an earlier row, or a new job.
+        first_row_with_key: dict[str, int] = {}
+        plan: list[tuple[str, Any]] = []
+        new_rows: list[dict[str, Any]] = []
+        for position, row in enumerate(rows):
+            key = row["idempotency_key"]
+            if key is not None and key in stored:
+                plan.append(("stored", self._replayed(stored[key], row, position)))
+            elif key is not None and key in first_row_with_key:
+                earlier = rows[first_row_with_key[key]]
+                if earlier["request_fingerprint"] != row["request_fingerprint"]:
+                    raise _key_reused(position)
+                plan.append(("earlier", first_row_with_key[key]))
+            else:
+                if key is not None:
+                    first_row_with_key[key] = position
+                plan.append(("new", len(new_rows)))
+                new_rows.append(row)
+        inserted = repo.insert_jobs(new_rows)
+        results: list[tuple[Job, bool]] = []
+        for kind, ref in plan:
+            if kind == "stored":
+                results.append((ref, True))
+            elif kind == "new":
+                results.append((inserted[ref], False))
+            else:
+                results.append((results[ref][0], True))
+        return results
 
     def _new_job_values(self, caller: Caller, request: dict[str, Any],
                         header_key: str | None, now: int) -> dict[str, Any]:
@@ -186,11 +271,14 @@ class JobService:
         twin = repo.find_by_idempotency_key(values["producer"], values["idempotency_key"])
         if twin is None:
             raise Conflict("A request with this idempotency key is still in flight; retry.")
+        return self._replayed(twin, values), True
+
+    @staticmethod
+    def _replayed(twin: Job, values: dict[str, Any], position: int | None = None) -> Job:
+        """The stored job, when `values` is the same request as the one that made it."""
         if twin.request_fingerprint != values["request_fingerprint"]:
-            raise ValidationFailed(
-                "This idempotency key was used with a different request.",
-                errors={"idempotency_key": ["Already used with a different request."]})
-        return twin, True
+            raise _key_reused(position)
+        return twin
 
     def _sized_json(self, value: dict[str, Any], name: str) -> str:
         text = compact_json(value)
@@ -242,15 +330,26 @@ class JobService:
     # -- workers --------------------------------------------------------------------------
 
     def claim(self, caller: Caller, *, types: Iterable[str] | None = None,
-              lease_seconds: int | None = None, limit: int = 1) -> list[Claimed]:
-        """Claim up to `limit` jobs for the caller, most urgent first; [] when none is due.
+              lease_seconds: int | None = None, limit: int = 1,
+              wait_seconds: float = 0) -> list[Claimed]:
+        """Claim up to `limit` jobs for the caller, most urgent first; [] when none is due
+        within `wait_seconds`.
 
         Expired leases are rescued in the same transaction first, so a job whose worker died
-        is claimable again by this very claim.
+        is claimable again by this very claim. While waiting no connection is held.
         """
         wanted = self._claimable_types(caller, types)
         if wanted is not None and not wanted:
             return []
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            seen = self.signal.generation
+            claimed = self._claim_now(caller, wanted, lease_seconds, limit)
+            if claimed or not self._wait_for_work(wanted, seen, deadline):
+                return claimed
+
+    def _claim_now(self, caller: Caller, wanted: frozenset[str] | None,
+                   lease_seconds: int | None, limit: int) -> list[Claimed]:
         lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
         nonce = secrets.token_hex(16)
         with self.db.write() as conn:
@@ -263,6 +362,17 @@ class JobService:
             )
         self.on_event("claimed", len(jobs))
         return [Claimed(job, job.lease_token or "") for job in jobs]
+
+    def _wait_for_work(self, wanted: frozenset[str] | None, seen_generation: int,
+                       deadline: float) -> bool:
+        """Sleep until a job may be claimable (True) or the deadline passes (False)."""
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self.signal.wait(seen_generation, timeout=min(POLL_SECONDS, remaining)):
+                return True
+            with self.db.read() as conn:
+                if JobRepository(conn).has_claimable_work(self.clock.now_us(), wanted):
+                    return True
+        return False
 
     @staticmethod
     def _claimable_types(caller: Caller, requested: Iterable[str] | None) -> frozenset[str] | None:
@@ -308,13 +418,41 @@ class JobService:
                  result: dict[str, Any] | None) -> Job:
         stored_result = None if result is None else self._sized_json(result, "result")
         job = self._update_held(caller, job_id, lease_token,
-                                 lambda now: {"status": JobStatus.COMPLETED.value,
-                                              "result": stored_result,
-                                              "lease_expires_at": None,
-                                              "lease_token": None,
-                                              "updated_at": now})
+                                lambda now: self._completed_values(stored_result, now))
         self.on_event("completed", 1)
         return job
+
+    def complete_many(self, caller: Caller,
+                      items: list[dict[str, Any]]) -> list[tuple[int, Job | Problem]]:
+        """Complete several held jobs in one transaction; each succeeds or fails on its own
+        and is answered with the job or the problem a single complete would give."""
+        results_json = [None if item.get("result") is None
+                        else self._sized_json(item["result"], "result") for item in items]
+        answers: list[tuple[int, Job | Problem]] = []
+        with self.db.write() as conn:
+            repo = JobRepository(conn)
+            now = self.clock.now_us()
+            for item, stored_result in zip(items, results_json, strict=True):
+                job_id, token = item["id"], item.get("lease_token")
+                try:
+                    if job_id > MAX_JOB_ID:
+                        raise NotFound("No such job.")
+                    job = repo.update_held_job(
+                        job_id, worker=caller.name, now_us=now, lease_token=token,
+                        values=self._completed_values(stored_result, now))
+                    if job is None:
+                        self._explain_not_held(repo.get_job(job_id), caller, now, token)
+                    answers.append((job_id, job))
+                except (NotFound, Conflict) as problem:
+                    answers.append((job_id, problem))
+        completed = sum(1 for _, answer in answers if isinstance(answer, Job))
+        self.on_event("completed", completed)
+        return answers
+
+    @staticmethod
+    def _completed_values(stored_result: str | None, now: int) -> dict[str, Any]:
+        return {"status": JobStatus.COMPLETED.value, "result": stored_result,
+                "lease_expires_at": None, "lease_token": None, "updated_at": now}
 
     def _update_held(self, caller: Caller, job_id: int, lease_token: str | None,
                      values_at: Any) -> Job:
