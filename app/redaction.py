@@ -10,15 +10,25 @@ MASK = "***"
 _SECRET_NAMES = r"(?:password|passwd|pwd|secret|token|api_key|authorization)"  # noqa: S105
 
 # scheme://user:pass@host -> scheme://***@host
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^/\s@]+@")
-# "password": "value" (JSON form; escaped quotes inside the value included)
+# (The scheme and the key names below are bounded or unprefixed so that every pattern runs in
+# linear time: an unbounded `[A-Za-z0-9…]*` tried from each position made a 100,000-character
+# error of letters and hyphens take minutes to redact.)
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]{0,63}://)[^/\s@]+@")
+# "password": "value" (JSON form; escaped quotes inside the value included), and the same
+# with single quotes, as Python prints a dict: {'password': 'value'}
 _JSON_PAIR = re.compile(
-    rf'(?P<key>"[A-Za-z0-9_\-]*{_SECRET_NAMES}"\s*:\s*)"(?:[^"\\]|\\.)*"', re.IGNORECASE
+    rf'(?P<key>["\'][A-Za-z0-9_\-]*{_SECRET_NAMES}["\']\s*:\s*)'
+    rf'(?P<value>"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\')',
+    re.IGNORECASE,
 )
 # password=value, password: value, Authorization: Basic abc (up to the end of the value)
 _PLAIN_PAIR = re.compile(
-    rf"(?P<key>\b[A-Za-z0-9_\-]*{_SECRET_NAMES}\b\s*[=:]\s*)"
-    rf"(?P<value>(?:(?:Bearer|Basic|Token)\s+)?[^\s,;&'\"}}]+)",
+    # (no `\b[A-Za-z0-9_\-]*` prefix: it matched the same keys, db_password included, since
+    # the prefix stays in the text either way, but cost quadratic time on "a-a-a-…")
+    rf"(?P<key>{_SECRET_NAMES}\b\s*[=:]\s*)"
+    # a quoted value (password="a b", password='x') whole; else up to a delimiter
+    rf"(?P<value>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'"
+    rf"|[\"']?(?:(?:Bearer|Basic|Token)\s+)?[^\s,;&'\"}}]+)",
     re.IGNORECASE,
 )
 _BEARER = re.compile(r"\bBearer\s+[A-Za-z0-9\-._~+/]+=*", re.IGNORECASE)
@@ -30,7 +40,7 @@ def redact_error(text: str) -> str:
     Redaction runs on the whole text first, so a secret straddling the cut is masked too.
     """
     text = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{MASK}@", text)
-    text = _JSON_PAIR.sub(lambda m: f'{m["key"]}"{MASK}"', text)
+    text = _JSON_PAIR.sub(lambda m: f'{m["key"]}{m["value"][0]}{MASK}{m["value"][0]}', text)
     text = _PLAIN_PAIR.sub(lambda m: f"{m['key']}{MASK}", text)
     text = _BEARER.sub(f"Bearer {MASK}", text)
     return text[:MAX_STORED_ERROR_CHARS]
