@@ -3,6 +3,9 @@ schema Alembic builds equal to the code's tables on both engines."""
 
 from __future__ import annotations
 
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from alembic import command
 from sqlalchemy import text
@@ -39,22 +42,75 @@ def test_sqlite_synchronous_can_be_configured(tmp_path):
     engine.dispose()
 
 
-def test_writes_open_with_begin_immediate_so_a_second_writer_waits(tmp_path):
-    # With BEGIN IMMEDIATE the write lock is taken at BEGIN: a second writer opened with a
-    # zero busy timeout is refused at once instead of failing later mid-transaction.
-    url = f"sqlite:///{tmp_path / 'q.sqlite3'}"
-    first = Database(make_engine(url))
-    second = Database(make_engine(url, sqlite_busy_timeout_ms=0))
+def test_writes_open_with_begin_immediate_so_other_writers_wait_and_readers_do_not(tmp_path):
+    # BEGIN IMMEDIATE takes the write lock at BEGIN: another writer that will not wait is
+    # refused at once (instead of failing later mid-transaction); readers carry on (WAL).
+    path = tmp_path / "q.sqlite3"
+    database = Database(make_engine(f"sqlite:///{path}"))
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
     try:
-        with first.write() as conn:
-            assert conn.exec_driver_sql("SELECT 1").scalar() == 1
-            with pytest.raises(Exception, match="locked"), second.write():
-                pass
-            with second.read() as reader:  # readers are never blocked in WAL mode
-                assert reader.exec_driver_sql("SELECT 2").scalar() == 2
+        with database.write() as conn:
+            conn.exec_driver_sql("CREATE TABLE t (v INTEGER)")
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                other.execute("BEGIN IMMEDIATE")
+            assert other.execute("SELECT 2").fetchone() == (2,)
     finally:
-        first.engine.dispose()
-        second.engine.dispose()
+        other.close()
+        database.engine.dispose()
+
+
+@pytest.fixture
+def counter_db(tmp_path):
+    database = Database(make_engine(f"sqlite:///{tmp_path / 'q.sqlite3'}", pool_size=2))
+    with database.write() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (v INTEGER NOT NULL UNIQUE)")
+    yield database, tmp_path / "q.sqlite3"
+    database.engine.dispose()
+
+
+def test_group_commit_returns_each_callers_own_result_after_it_is_committed(counter_db):
+    database, path = counter_db
+    seen_by_another_connection: list[bool] = []
+
+    def insert(value: int) -> int:
+        result = database.run_write(
+            lambda conn: conn.exec_driver_sql("INSERT INTO t VALUES (?) RETURNING v", (value,))
+            .scalar_one())
+        # Once run_write returns, the row is committed: a fresh connection sees it.
+        with sqlite3.connect(path) as reader:
+            seen_by_another_connection.append(
+                reader.execute("SELECT 1 FROM t WHERE v = ?", (value,)).fetchone() is not None)
+        return result
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(insert, range(400)))
+
+    assert results == list(range(400))
+    assert all(seen_by_another_connection)
+
+
+def test_a_failing_caller_in_a_group_undoes_only_its_own_writes(counter_db):
+    database, path = counter_db
+
+    def work(value: int):
+        def write(conn):
+            conn.exec_driver_sql("INSERT INTO t VALUES (?)", (value,))
+            if value % 3 == 0:
+                conn.exec_driver_sql("INSERT INTO t VALUES (?)", (value + 1000,))
+                raise ValueError(value)  # after writing: its rows must not stay
+            return value
+        try:
+            return database.run_write(write)
+        except ValueError:
+            return None
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(work, range(300)))
+
+    assert [r for r in results if r is not None] == [v for v in range(300) if v % 3]
+    with sqlite3.connect(path) as reader:
+        stored = sorted(v for (v,) in reader.execute("SELECT v FROM t"))
+    assert stored == [v for v in range(300) if v % 3]
 
 
 def test_in_memory_sqlite_is_refused():

@@ -7,6 +7,7 @@ the query's WHERE repeats the index's own literal.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -22,8 +23,9 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 
-from app.db import dialect_insert, jobs
+from app.db import jobs
 from app.jobs.models import Job, JobStatus
 
 _PENDING = literal_column("'pending'")
@@ -96,16 +98,54 @@ def _claim_statement(restricted_to_types: bool) -> Any:
 _claim_any_type = _claim_statement(restricted_to_types=False)
 _claim_some_types = _claim_statement(restricted_to_types=True)
 
-_update_held_job = (
-    update(jobs)
-    .where(
-        jobs.c.id == bindparam("job_id"),
-        jobs.c.status == _RUNNING,
-        jobs.c.worker_id == bindparam("worker"),
-        jobs.c.lease_expires_at > bindparam("now"),
+
+@functools.cache
+def _held_update(columns: frozenset[str], fenced: bool) -> Any:
+    """UPDATE of `columns` on a job the worker holds with a live lease (and, when `fenced`,
+    whose lease token matches). Built once per shape: building and hashing a statement
+    costs more than running it on the hot paths."""
+    stmt = (
+        update(jobs)
+        .where(
+            jobs.c.id == bindparam("job_id"),
+            jobs.c.status == _RUNNING,
+            jobs.c.worker_id == bindparam("worker"),
+            jobs.c.lease_expires_at > bindparam("now"),
+        )
+        .values({name: bindparam(f"new_{name}") for name in sorted(columns)})
+        .returning(*jobs.c)
     )
-    .returning(*jobs.c)
-)
+    if fenced:
+        stmt = stmt.where(jobs.c.lease_token == bindparam("held_lease_token"))
+    return stmt
+
+
+@functools.cache
+def _status_update(columns: frozenset[str], from_statuses: frozenset[str],
+                   fenced: bool) -> Any:
+    """UPDATE of `columns` on a job whose status is one of `from_statuses` (and, when
+    `fenced`, whose lease token matches). Built once per shape."""
+    stmt = (
+        update(jobs)
+        .where(jobs.c.id == bindparam("job_id"), jobs.c.status.in_(sorted(from_statuses)))
+        .values({name: bindparam(f"new_{name}") for name in sorted(columns)})
+        .returning(*jobs.c)
+    )
+    if fenced:
+        stmt = stmt.where(jobs.c.lease_token == bindparam("held_lease_token"))
+    return stmt
+
+
+@functools.cache
+def _insert_statement(dialect: str, skip_conflicts: bool) -> Any:
+    stmt = (postgresql.insert(jobs) if dialect == "postgresql" else sqlite.insert(jobs))
+    if skip_conflicts:
+        stmt = stmt.on_conflict_do_nothing()
+    return stmt.returning(*jobs.c)
+
+
+def _new_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {f"new_{name}": value for name, value in values.items()}
 
 
 def _job(row: Any) -> Job:
@@ -123,10 +163,9 @@ class JobRepository:
 
     def insert_job(self, values: Mapping[str, Any]) -> Job | None:
         """Insert a job. None when (producer, idempotency_key) is taken: the caller replays."""
-        stmt = dialect_insert(self.conn, jobs).values(**values)
-        if values.get("idempotency_key") is not None:
-            stmt = stmt.on_conflict_do_nothing()
-        row = self.conn.execute(stmt.returning(*jobs.c)).first()
+        stmt = _insert_statement(self.conn.dialect.name,
+                                 skip_conflicts=values.get("idempotency_key") is not None)
+        row = self.conn.execute(stmt, values).first()
         return None if row is None else _job(row)
 
     def insert_jobs(self, rows: list[Mapping[str, Any]]) -> list[Job]:
@@ -218,11 +257,9 @@ class JobRepository:
                         lease_token: str | None, values: Mapping[str, Any]) -> Job | None:
         """Apply `values` if `worker` holds a live lease on the job (named by `lease_token`
         when given). None when it does not, or when there is no such job."""
-        stmt = _update_held_job.values(**values)
-        params = {"job_id": job_id, "worker": worker, "now": now_us}
-        if lease_token is not None:
-            stmt = stmt.where(jobs.c.lease_token == bindparam("held_lease_token"))
-            params["held_lease_token"] = lease_token
+        stmt = _held_update(frozenset(values), fenced=lease_token is not None)
+        params = {"job_id": job_id, "worker": worker, "now": now_us,
+                  "held_lease_token": lease_token, **_new_values(values)}
         row = self.conn.execute(stmt, params).first()
         return None if row is None else _job(row)
 
@@ -231,15 +268,10 @@ class JobRepository:
                              lease_token: str | None = None) -> Job | None:
         """Apply `values` if the job's status is one of `from_statuses` (and, when given, its
         lease token is `lease_token`). None when it is not, or when there is no such job."""
-        stmt = (
-            update(jobs)
-            .where(jobs.c.id == job_id, jobs.c.status.in_(list(from_statuses)))
-            .values(**values)
-            .returning(*jobs.c)
-        )
-        if lease_token is not None:
-            stmt = stmt.where(jobs.c.lease_token == lease_token)
-        row = self.conn.execute(stmt).first()
+        stmt = _status_update(frozenset(values), frozenset(from_statuses),
+                              fenced=lease_token is not None)
+        params = {"job_id": job_id, "held_lease_token": lease_token, **_new_values(values)}
+        row = self.conn.execute(stmt, params).first()
         return None if row is None else _job(row)
 
     # -- retention ------------------------------------------------------------------------

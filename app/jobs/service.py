@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from app.clock import MICROS, Clock
@@ -113,8 +114,8 @@ class JobService:
         """
         now = self.clock.now_us()
         values = self._new_job_values(caller, request, header_idempotency_key, now)
-        with self.db.write() as conn:
-            job, replayed = self._insert_or_replay(JobRepository(conn), values)
+        job, replayed = self.db.run_write(
+            lambda conn: self._insert_or_replay(JobRepository(conn), values))
         if not replayed:
             self.on_event("enqueued", 1)
             self.signal.notify()
@@ -142,8 +143,8 @@ class JobService:
                                    errors=errors)
         for attempt in range(_BATCH_ATTEMPTS):
             try:
-                with self.db.write() as conn:
-                    results = self._insert_or_replay_many(JobRepository(conn), rows)
+                results = self.db.run_write(
+                    lambda conn: self._insert_or_replay_many(JobRepository(conn), rows))
                 break
             except IntegrityError:
                 # A concurrent request stored one of these keys between our look-up and
@@ -352,14 +353,17 @@ class JobService:
                    lease_seconds: int | None, limit: int) -> list[Claimed]:
         lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
         nonce = secrets.token_hex(16)
-        with self.db.write() as conn:
+
+        def claim_in(conn: Connection) -> list[Job]:
             repo = JobRepository(conn)
             now = self.clock.now_us()
             self._rescue_expired_leases(repo, now)
-            jobs = repo.claim_next_jobs(
+            return repo.claim_next_jobs(
                 now_us=now, worker=caller.name, lease_expires_at=now + lease_us,
                 nonce=nonce, limit=limit, types=wanted,
             )
+
+        jobs = self.db.run_write(claim_in)
         self.on_event("claimed", len(jobs))
         return [Claimed(job, job.lease_token or "") for job in jobs]
 
@@ -403,8 +407,8 @@ class JobService:
 
     def rescue_expired_leases(self) -> int:
         """Rescue every expired lease now (also done by each claim). Returns how many."""
-        with self.db.write() as conn:
-            return self._rescue_expired_leases(JobRepository(conn), self.clock.now_us())
+        return self.db.run_write(
+            lambda conn: self._rescue_expired_leases(JobRepository(conn), self.clock.now_us()))
 
     def heartbeat(self, caller: Caller, job_id: int, *, lease_token: str | None,
                   lease_seconds: int | None) -> Job:
@@ -428,10 +432,11 @@ class JobService:
         and is answered with the job or the problem a single complete would give."""
         results_json = [None if item.get("result") is None
                         else self._sized_json(item["result"], "result") for item in items]
-        answers: list[tuple[int, Job | Problem]] = []
-        with self.db.write() as conn:
+
+        def complete_each(conn: Connection) -> list[tuple[int, Job | Problem]]:
             repo = JobRepository(conn)
             now = self.clock.now_us()
+            answers: list[tuple[int, Job | Problem]] = []
             for item, stored_result in zip(items, results_json, strict=True):
                 job_id, token = item["id"], item.get("lease_token")
                 try:
@@ -445,6 +450,9 @@ class JobService:
                     answers.append((job_id, job))
                 except (NotFound, Conflict) as problem:
                     answers.append((job_id, problem))
+            return answers
+
+        answers = self.db.run_write(complete_each)
         completed = sum(1 for _, answer in answers if isinstance(answer, Job))
         self.on_event("completed", completed)
         return answers
@@ -458,14 +466,17 @@ class JobService:
                      values_at: Any) -> Job:
         if job_id > MAX_JOB_ID:
             raise NotFound("No such job.")
-        with self.db.write() as conn:
+
+        def update_in(conn: Connection) -> Job:
             repo = JobRepository(conn)
             now = self.clock.now_us()
             job = repo.update_held_job(job_id, worker=caller.name, now_us=now,
                                        lease_token=lease_token, values=values_at(now))
             if job is None:
                 self._explain_not_held(repo.get_job(job_id), caller, now, lease_token)
-        return job
+            return job
+
+        return self.db.run_write(update_in)
 
     def fail(self, caller: Caller, job_id: int, *, lease_token: str | None, error: str,
              retry_in_seconds: int | None) -> Job:
@@ -473,7 +484,8 @@ class JobService:
         if job_id > MAX_JOB_ID:
             raise NotFound("No such job.")
         error = redact_error(error)
-        with self.db.write() as conn:
+
+        def fail_in(conn: Connection) -> Job:
             repo = JobRepository(conn)
             now = self.clock.now_us()
             job = repo.get_job(job_id, for_update=True)
@@ -488,6 +500,9 @@ class JobService:
                 lease_token=job.lease_token, values=after_failure(job, now, error, delay))
             if failed is None:  # another transaction changed it first (PostgreSQL only)
                 raise Conflict("The job changed while this request ran; its lease is gone.")
+            return failed
+
+        failed = self.db.run_write(fail_in)
         self.on_event("retried" if failed.status == JobStatus.PENDING else "failed", 1)
         return failed
 
@@ -529,7 +544,8 @@ class JobService:
     def _admin_transition(self, job_id: int, transition: Transition, values_at: Any) -> Job:
         if job_id > MAX_JOB_ID:
             raise NotFound("No such job.")
-        with self.db.write() as conn:
+
+        def transition_in(conn: Connection) -> Job:
             repo = JobRepository(conn)
             now = self.clock.now_us()
             job = repo.update_job_in_status(job_id, from_statuses=transition.from_statuses,
@@ -540,7 +556,9 @@ class JobService:
                     raise NotFound("No such job.")
                 allowed = " or ".join(transition.from_statuses)
                 raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
-        return job
+            return job
+
+        return self.db.run_write(transition_in)
 
     # -- retention ------------------------------------------------------------------------
 
