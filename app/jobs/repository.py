@@ -52,15 +52,19 @@ def _claim_statement(restricted_to_types: bool) -> Any:
         candidates = candidates.where(jobs.c.type.in_(bindparam("types", expanding=True)))
     # PostgreSQL renders FOR UPDATE SKIP LOCKED, so concurrent claims pass over each other's
     # rows instead of queueing on them; SQLite renders nothing and relies on BEGIN IMMEDIATE.
+    # MATERIALIZED makes PostgreSQL pick the candidates once: as a plain IN (subquery) its
+    # planner may run the LIMIT … SKIP LOCKED subquery again for every row the UPDATE scans,
+    # each run skipping the rows the last one locked, and so claim more jobs than the limit.
     candidates = (
         candidates.order_by(*_CLAIM_ORDER)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
-        .scalar_subquery()
+        .cte("claimable")
+        .prefix_with("MATERIALIZED", dialect="postgresql")
     )
     return (
         update(jobs)
-        .where(jobs.c.id.in_(candidates), jobs.c.status == _PENDING)
+        .where(jobs.c.id.in_(select(candidates.c.id)), jobs.c.status == _PENDING)
         .values(
             status=JobStatus.RUNNING.value,
             claimed_at=bindparam("now"),
