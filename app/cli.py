@@ -1,4 +1,5 @@
-"""The operator's commands: `queuelog db …`, `queuelog keys …`, `queuelog purge`.
+"""The operator's commands: `queuelog db …`, `queuelog keys …`, `queuelog purge`,
+`queuelog backup`.
 
 `queuelog` is a Flask CLI group over the app factory, so `flask --app app …` works the same.
 """
@@ -6,10 +7,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import click
 from flask import Flask, current_app
-from flask.cli import FlaskGroup
+from flask.cli import FlaskGroup, with_appcontext
 
 from app.jobs.models import TERMINAL_STATUSES, Priority
 from app.keys.models import Role
@@ -111,10 +113,26 @@ def purge(older_than: str, statuses: tuple[str, ...], force: bool, batch_size: i
     click.echo(f"purged {deleted} jobs")
 
 
+@click.command("backup")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="replace PATH if it exists")
+@with_appcontext
+def backup(path: Path, force: bool) -> None:
+    """Write a consistent copy of the SQLite database to PATH, while the service runs."""
+    from app.ops.backup import BackupError, backup_sqlite
+
+    try:
+        jobs = backup_sqlite(_services().db.engine, path, overwrite=force)
+    except BackupError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"backed up {jobs} jobs to {path}")
+
+
 def register_commands(app: Flask) -> None:
     app.cli.add_command(db_group)
     app.cli.add_command(keys_group)
     app.cli.add_command(purge)
+    app.cli.add_command(backup)
 
 
 def _create_app() -> Flask:
