@@ -14,8 +14,10 @@ from app.config import load_settings, normalise
 from app.db import Database, make_engine
 from app.errors import register_error_handlers
 from app.jobs.models import Backoff
-from app.jobs.service import JobService, QueueSettings
+from app.jobs.service import EventSink, JobService, QueueSettings
 from app.keys.service import KeyService
+from app.ops import init_ops
+from app.ops.metrics import QueueMetrics
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         path = os.path.join(app.instance_path, "queuelog.sqlite3")
         app.config["DATABASE_URL"] = f"sqlite:///{path}"
 
-    app.extensions["queuelog"] = _build_services(app.config)
+    metrics = QueueMetrics.from_environment()
+    app.extensions["queuelog"] = _build_services(app.config, on_event=metrics.count_job_event)
+    init_ops(app, metrics)  # first: its request hooks wrap every other
 
     register_error_handlers(app)
     from app.jobs.routes import bp as jobs_bp
@@ -54,7 +58,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     return app
 
 
-def _build_services(config: Mapping[str, Any]) -> Services:
+def _build_services(config: Mapping[str, Any], on_event: EventSink) -> Services:
     engine = make_engine(
         config["DATABASE_URL"],
         pool_size=config["DB_POOL_SIZE"],
@@ -73,6 +77,6 @@ def _build_services(config: Mapping[str, Any]) -> Services:
     return Services(
         db=db,
         clock=clock,
-        jobs=JobService(db, clock, settings),
+        jobs=JobService(db, clock, settings, on_event=on_event),
         keys=KeyService(db, clock),
     )

@@ -1,4 +1,5 @@
-"""The operator's commands: `queuelog db …`, `queuelog keys …`, `queuelog purge`.
+"""The operator's commands: `queuelog db …`, `queuelog keys …`, `queuelog purge`,
+`queuelog backup`.
 
 `queuelog` is a Flask CLI group over the app factory, so `flask --app app …` works the same.
 """
@@ -6,6 +7,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import click
 from flask import Flask, current_app
@@ -131,11 +133,27 @@ def copy(source_url: str, target_url: str, batch_size: int) -> None:
     click.echo(f"copied {copied['api_keys']} keys and {copied['jobs']} jobs")
 
 
+@click.command("backup")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="replace PATH if it exists")
+@with_appcontext
+def backup(path: Path, force: bool) -> None:
+    """Write a consistent copy of the SQLite database to PATH, while the service runs."""
+    from app.ops.backup import BackupError, backup_sqlite
+
+    try:
+        jobs = backup_sqlite(_services().db.engine, path, overwrite=force)
+    except BackupError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"backed up {jobs} jobs to {path}")
+
+
 def register_commands(app: Flask) -> None:
     app.cli.add_command(db_group)
     app.cli.add_command(keys_group)
     app.cli.add_command(purge)
     app.cli.add_command(copy)
+    app.cli.add_command(backup)
 
 
 def _create_app() -> Flask:

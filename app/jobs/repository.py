@@ -17,6 +17,7 @@ from sqlalchemy import (
     bindparam,
     cast,
     delete,
+    func,
     insert,
     literal_column,
     select,
@@ -230,6 +231,20 @@ class JobRepository:
         """Running jobs whose lease ran out, oldest expiry first (locked on PostgreSQL)."""
         rows = self.conn.execute(_select_expired_leases, {"now": now_us, "limit": limit})
         return [_job(row) for row in rows]
+
+    def count_jobs_by_status_and_type(self) -> dict[tuple[str, str], int]:
+        """How many jobs are stored in each (status, type). One scan of the table: metrics call
+        it once per scrape, and purge keeps the table it scans bounded."""
+        stmt = select(jobs.c.status, jobs.c.type, func.count()).group_by(jobs.c.status,
+                                                                         jobs.c.type)
+        return {(status, job_type): count for status, job_type, count in self.conn.execute(stmt)}
+
+    def oldest_claimable_run_at(self, now_us: int) -> int | None:
+        """The earliest `run_at` among the jobs a claim could take now; None when there are
+        none. The literal status keeps the read inside the partial index of pending rows."""
+        stmt = select(func.min(jobs.c.run_at)).where(jobs.c.status == _PENDING,
+                                                     jobs.c.run_at <= bindparam("now"))
+        return self.conn.execute(stmt, {"now": now_us}).scalar()
 
     # -- changing -------------------------------------------------------------------------
 

@@ -1,0 +1,47 @@
+# queuelog: the job queue behind gunicorn, SQLite in a volume by default.
+#
+#   docker build -t queuelog .
+#   docker run -d --name queuelog -p 8000:8000 -v queuelog-data:/var/lib/queuelog \
+#       -e QUEUELOG_JOB_TYPES=email,pdf --stop-timeout 40 queuelog
+#   docker exec queuelog queuelog keys create ops --role admin
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# A plain (not editable) install: the package, its dependencies, and the Alembic scripts it
+# carries as data files, so that `queuelog db upgrade` works from any directory. The source
+# tree is not kept in the image.
+COPY . /tmp/queuelog-src
+RUN pip install /tmp/queuelog-src && rm -rf /tmp/queuelog-src
+
+# No root at run time. The data directory is created owned by this user, so a fresh named
+# volume mounted there inherits the ownership.
+RUN groupadd --system --gid 10001 queuelog \
+    && useradd --system --uid 10001 --gid queuelog --home-dir /var/lib/queuelog \
+       --no-create-home --shell /usr/sbin/nologin queuelog \
+    && mkdir -p /var/lib/queuelog \
+    && chown queuelog:queuelog /var/lib/queuelog
+
+WORKDIR /srv/queuelog
+COPY wsgi.py gunicorn.conf.py ./
+COPY docker/entrypoint.sh docker/healthcheck.py ./
+
+# The URL is set here, not only derived by the entry script, so that `docker exec … queuelog
+# keys create` finds the same database as the server.
+ENV QUEUELOG_DATA_DIR=/var/lib/queuelog \
+    QUEUELOG_DATABASE_URL=sqlite:////var/lib/queuelog/queuelog.sqlite3 \
+    QUEUELOG_BIND=0.0.0.0:8000
+VOLUME ["/var/lib/queuelog"]
+EXPOSE 8000
+USER queuelog
+
+# Liveness only (/healthz never touches the database); orchestrators that route traffic
+# should probe /readyz as well.
+HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python", "/srv/queuelog/healthcheck.py"]
+
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/srv/queuelog/entrypoint.sh"]

@@ -1,0 +1,49 @@
+"""GET /healthz (the process answers) and GET /readyz (the database answers, at the newest
+migration). Neither needs a key: orchestrators probe them without one."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from flask import Blueprint, Response, current_app, jsonify
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.errors import ServiceUnavailable
+from app.migrations import current_revision, head_revision
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("health", __name__)
+
+
+@functools.cache
+def newest_revision() -> str | None:
+    """The newest Alembic revision this release ships. Read from the scripts once per process:
+    they cannot change under a running release."""
+    return head_revision()
+
+
+@bp.get("/healthz")
+def healthz() -> Response:
+    # Liveness only: touching the database here would get a healthy process restarted
+    # whenever the database is slow, which only adds to the trouble.
+    return jsonify(status="ok")
+
+
+@bp.get("/readyz")
+def readyz() -> Response:
+    newest = newest_revision()
+    try:
+        with current_app.extensions["queuelog"].db.read() as conn:
+            current = current_revision(conn)
+    except SQLAlchemyError as exc:
+        # The class name only: a driver's message can carry the host, the user or the SQL.
+        log.warning("readiness: the database did not answer: %s", type(exc).__name__)
+        raise ServiceUnavailable("The database is not answering.",
+                                 headers={"Retry-After": "5"}) from None
+    if current != newest:
+        raise ServiceUnavailable(
+            f"The database schema is at revision {current or 'none'}, this release needs "
+            f"{newest}; run 'queuelog db upgrade'.", headers={"Retry-After": "5"})
+    return jsonify(status="ready", revision=current)

@@ -1,0 +1,204 @@
+"""Prometheus metrics: counters of what happened to jobs (fed by the job service's event sink),
+a request-latency histogram, and gauges read from the database when /metrics is scraped.
+
+Under gunicorn, several worker processes each count their own share. gunicorn.conf.py sets
+PROMETHEUS_MULTIPROC_DIR before anything imports prometheus_client; the counters and the
+histogram then live in per-process files, and a scrape, whichever worker answers it, merges
+every file. The gauges come from the database at scrape time, so they need no per-process
+state at all. Without that variable (the Flask test client, `flask run`) each app keeps its
+metrics in its own registry, so that the many apps a test run builds never collide.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping
+
+from flask import Blueprint, Flask, Response, current_app, request
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.auth import authenticate
+from app.clock import MICROS, Clock
+from app.db import Database
+from app.errors import Forbidden
+from app.jobs.models import JobStatus
+from app.jobs.repository import JobRepository
+from app.keys.models import Role
+
+log = logging.getLogger(__name__)
+
+JOB_EVENTS: Mapping[str, str] = {
+    "enqueued": "Jobs stored by POST /jobs (idempotent replays not counted).",
+    "claimed": "Jobs handed to a worker by a claim.",
+    "completed": "Jobs a worker reported complete.",
+    "failed": "Attempts that left a job failed for good (no retries left).",
+    "retried": "Failed attempts that sent a job back to pending (lease expiries included).",
+    "rescued": "Running jobs whose lease expired and that a claim took back.",
+}
+# Up to the 20 s a long-polling claim may wait, and a little beyond.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0)
+# Any other method is labelled OTHER: a label value taken from the request line as sent would
+# let a client create time series without bound.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+UNMATCHED_ROUTE = "<unmatched>"
+# gunicorn.conf.py holds this lock exclusively while it folds a dead worker's files into the
+# archive files; a scrape holds it shared, so it never reads a worker's counts twice or not
+# at all. The name must not end in .db, which is what the merge reads.
+COMPACTION_LOCK = "compaction.lock"
+
+
+class QueueMetrics:
+    """The metric objects of one app, and how to render them for a scrape."""
+
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir
+        self._registry = CollectorRegistry()
+        # In multiprocess mode the values go to files and a scrape reads the files; registering
+        # the objects as well would count everything twice.
+        owner = None if multiprocess_dir else self._registry
+        self._job_events = {
+            event: Counter(f"queuelog_jobs_{event}", help_text, registry=owner)
+            for event, help_text in JOB_EVENTS.items()
+        }
+        self._request_duration = Histogram(
+            "queuelog_http_request_duration_seconds",
+            "Time the app took to answer a request, by method, route (the URL rule, not the "
+            "path) and status.",
+            ("method", "route", "status"), buckets=LATENCY_BUCKETS, registry=owner)
+        self._scrape_collectors: list[Collector] = []
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> QueueMetrics:
+        """Multiprocess mode when PROMETHEUS_MULTIPROC_DIR is set (gunicorn.conf.py sets it)."""
+        environ = os.environ if environ is None else environ
+        return cls(environ.get("PROMETHEUS_MULTIPROC_DIR") or None)
+
+    def count_job_event(self, name: str, count: int) -> None:
+        """The job service's event sink: cheap, no database, never raises."""
+        counter = self._job_events.get(name)
+        # The request that reported the event has committed by now: an event name this module
+        # does not know yet must not turn its answer into an error.
+        if counter is not None and count > 0:
+            counter.inc(count)
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        if method not in KNOWN_METHODS:
+            method = "OTHER"
+        self._request_duration.labels(method, route, str(status)).observe(seconds)
+
+    def add_scrape_collector(self, collector: Collector) -> None:
+        """A collector that runs at scrape time (it must offer `describe`, so that registering
+        it does not run it)."""
+        self._scrape_collectors.append(collector)
+        if self.multiprocess_dir is None:
+            self._registry.register(collector)
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        """The exposition for a scrape, in the format the scraper's Accept header prefers."""
+        if self.multiprocess_dir is None:
+            registry = self._registry
+        else:
+            registry = CollectorRegistry()
+            registry.register(WorkerFilesCollector(self.multiprocess_dir))
+            for collector in self._scrape_collectors:
+                registry.register(collector)
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(registry), content_type
+
+
+class WorkerFilesCollector(Collector):
+    """The counters and histograms of every worker, live or dead, merged from their files."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        with open(os.path.join(self.path, COMPACTION_LOCK), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            files = glob.glob(os.path.join(self.path, "*.db"))
+            return list(MultiProcessCollector.merge(files, accumulate=True))
+
+
+class QueueGauges(Collector):
+    """Gauges read from the database at scrape time: one grouped count and one MIN.
+
+    A scrape that cannot reach the database still answers, with the counters and
+    queuelog_database_up 0, so that the outage itself is visible on the dashboards.
+    """
+
+    def __init__(self, db: Database, clock: Clock, job_types: Iterable[str]) -> None:
+        self.db = db
+        self.clock = clock
+        self.job_types = frozenset(job_types)
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    @staticmethod
+    def _families() -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("queuelog_database_up",
+                                "1 when the scrape could read the jobs table, else 0.")
+        yield GaugeMetricFamily("queuelog_jobs", "Jobs stored, by status and type.",
+                                labels=("status", "type"))
+        yield GaugeMetricFamily(
+            "queuelog_oldest_claimable_job_age_seconds",
+            "How long the oldest claimable job (pending, run_at reached) has been claimable; "
+            "0 when none is.")
+
+    def collect(self) -> Iterable[Metric]:
+        up, jobs, oldest_age = self._families()
+        try:
+            with self.db.read() as conn:
+                repo = JobRepository(conn)
+                counts = repo.count_jobs_by_status_and_type()
+                now = self.clock.now_us()
+                oldest_run_at = repo.oldest_claimable_run_at(now)
+        except SQLAlchemyError as exc:
+            log.warning("metrics: the database did not answer: %s", type(exc).__name__)
+            up.add_metric([], 0)
+            return [up]
+        up.add_metric([], 1)
+        # Every status of every configured type is reported, zeros included: a series that
+        # vanishes when its count reaches zero would leave alerts on it undefined.
+        types = sorted(self.job_types | {job_type for _status, job_type in counts})
+        for status in JobStatus:
+            for job_type in types:
+                jobs.add_metric([status.value, job_type], counts.get((status.value, job_type), 0))
+        age = 0.0 if oldest_run_at is None else max(0.0, (now - oldest_run_at) / MICROS)
+        oldest_age.add_metric([], age)
+        return [up, jobs, oldest_age]
+
+
+bp = Blueprint("metrics", __name__)
+
+
+def metrics_of(app: Flask) -> QueueMetrics:
+    return app.extensions["queuelog_metrics"]
+
+
+@bp.get("/metrics")
+def scrape() -> Response:
+    if not current_app.config["METRICS_PUBLIC"]:
+        caller = authenticate()
+        if caller.role is not Role.ADMIN:
+            raise Forbidden(f"A {caller.role.value} key may not read metrics.")
+    body, content_type = metrics_of(current_app).render(request.headers.get("Accept"))
+    return Response(body, content_type=content_type)
+
+
+def init_metrics(app: Flask, metrics: QueueMetrics) -> None:
+    services = app.extensions["queuelog"]
+    metrics.add_scrape_collector(
+        QueueGauges(services.db, services.clock, app.config["JOB_TYPES"]))
+    app.register_blueprint(bp)

@@ -1,0 +1,31 @@
+"""The README's operations section names every setting, override and metric there is."""
+
+from __future__ import annotations
+
+import re
+
+from app.config import SETTINGS
+from app.ops.metrics import JOB_EVENTS, QueueGauges, QueueMetrics
+from tests.ops.servers import ROOT
+
+README = (ROOT / "README.md").read_text()
+
+
+def test_every_queuelog_setting_is_documented() -> None:
+    missing = [s.variable for s in SETTINGS if f"`{s.variable}`" not in README]
+    assert not missing
+
+
+def test_every_gunicorn_override_is_documented() -> None:
+    variables = set(re.findall(r"GUNICORN_[A-Z_]+", (ROOT / "gunicorn.conf.py").read_text()))
+    assert variables
+    assert not [v for v in sorted(variables) if f"`{v}`" not in README]
+
+
+def test_every_metric_is_documented() -> None:
+    exposed = {family.name for family in QueueGauges._families()}
+    exposed |= {f"queuelog_jobs_{event}_total" for event in JOB_EVENTS}
+    rendered = QueueMetrics().render(None)[0].decode()
+    exposed |= set(re.findall(r"^# TYPE (queuelog_\w+?_seconds) histogram", rendered, re.M))
+    assert "queuelog_http_request_duration_seconds" in exposed
+    assert not [name for name in sorted(exposed) if f"`{name}`" not in README]
