@@ -9,6 +9,7 @@ from typing import Any
 
 from flask import Flask
 
+from app.auth import init_auth
 from app.clock import Clock
 from app.config import load_settings, normalise
 from app.db import Database, make_engine
@@ -49,6 +50,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     init_ops(app, metrics)  # first: its request hooks wrap every other
 
     register_error_handlers(app)
+    init_auth(app)
     from app.jobs.routes import bp as jobs_bp
 
     app.register_blueprint(jobs_bp)
@@ -74,9 +76,11 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink) -> Services:
         max_payload_bytes=config["MAX_PAYLOAD_BYTES"],
         backoff=Backoff(config["RETRY_BACKOFF_SECONDS"], config["RETRY_BACKOFF_MAX_SECONDS"]),
     )
+    keys = KeyService(db, clock)
     return Services(
         db=db,
         clock=clock,
-        jobs=JobService(db, clock, settings, on_event=on_event),
-        keys=KeyService(db, clock),
+        jobs=JobService(db, clock, settings, on_event=on_event,
+                        confirm_caller=keys.confirm_live),
+        keys=keys,
     )

@@ -6,9 +6,11 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flask import current_app, g, request
+from flask import Flask, Response, current_app, g, request
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from app.errors import Forbidden, Unauthorized
+from app.errors import Forbidden, ServiceUnavailable, Unauthorized, problem_response
 from app.keys.models import Caller, Role
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,7 +32,12 @@ def bearer_token() -> str:
 
 
 def authenticate() -> Caller:
-    """The caller behind this request's bearer token; 401 when there is none that is live."""
+    """The caller behind this request's bearer token; 401 when there is none that is live.
+
+    A key this process has seen before is not looked up again here: the request's own
+    transaction confirms it is still live, and `init_auth` makes sure of it for answers
+    that ran none.
+    """
     caller = current_app.extensions["queuelog"].keys.caller_for_token(bearer_token())
     if caller is None:
         raise Unauthorized("The API key is unknown or revoked.")
@@ -58,3 +65,27 @@ def require_roles(*roles: Role) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def init_auth(app: Flask) -> None:
+    @app.after_request
+    def confirm_key_still_live(response: Response) -> Response:
+        # Answers that ran no transaction confirming the key (an error before the service
+        # was reached, a claim with nothing to look for, a metrics scrape) ask now: a key
+        # revoked since this process cached it gets its 401 on its very next request.
+        caller: Caller | None = g.get("caller")
+        if (caller is None or caller.live_checked or response.status_code == 401
+                or response.status_code >= 500):
+            return response
+        try:
+            live = current_app.extensions["queuelog"].keys.is_live(caller)
+        except (OperationalError, PoolTimeoutError):
+            return problem_response(ServiceUnavailable.status, ServiceUnavailable.title,
+                                    ServiceUnavailable.slug,
+                                    "The database is not answering; retry later.",
+                                    headers={"Retry-After": "1"})
+        if live:
+            return response
+        return problem_response(Unauthorized.status, Unauthorized.title, Unauthorized.slug,
+                                "The API key is unknown or revoked.",
+                                headers=Unauthorized().headers)

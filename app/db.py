@@ -35,6 +35,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 NAMING_CONVENTION = {
@@ -157,7 +158,10 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
         options["poolclass"] = NullPool
     if is_sqlite:
         # Connections move between gunicorn's threads; the pool hands each to one at a time.
-        engine = create_engine(url, connect_args={"check_same_thread": False}, **options)
+        # Every transaction here ends in COMMIT or ROLLBACK through SQLAlchemy, so the
+        # pool's own ROLLBACK on each check-in would only cost time on every request.
+        engine = create_engine(url, connect_args={"check_same_thread": False},
+                               pool_reset_on_return=None, **options)
         _install_sqlite_hooks(engine, sqlite_synchronous, sqlite_busy_timeout_ms)
         return engine
     return create_engine(url, pool_pre_ping=True, **options)
@@ -198,6 +202,8 @@ class SqliteWriter:
         self._queue_lock = threading.Lock()
         self._lock_file: Any = None
         self._lock_pid = 0
+        self._conn: Connection | None = None
+        self._conn_pid = 0
 
     def run(self, fn: Callable[[Connection], T]) -> T:
         work = _Work(fn)
@@ -218,27 +224,44 @@ class SqliteWriter:
     @contextmanager
     def exclusive(self) -> Iterator[Connection]:
         """A write transaction of one caller, outside any group (key commands, purge)."""
-        with self._leader, self._process_lock(), self.engine.connect() as conn:
-            conn = conn.execution_options(queuelog_write=True)
+        with self._leader, self._process_lock():
+            conn = self._connection()
             with conn.begin():
                 yield conn
 
     def _commit(self, batch: list[_Work]) -> None:
         try:
-            with self._process_lock(), self.engine.connect() as conn:
-                conn = conn.execution_options(queuelog_write=True)
-                with conn.begin():
-                    if len(batch) == 1:
-                        batch[0].result = batch[0].fn(conn)
-                    else:
-                        for work in batch:
-                            self._run_in_savepoint(conn, work)
+            with self._process_lock():
+                conn = self._connection()
+                try:
+                    with conn.begin():
+                        if len(batch) == 1:
+                            batch[0].result = batch[0].fn(conn)
+                        else:
+                            for work in batch:
+                                self._run_in_savepoint(conn, work)
+                except DBAPIError as exc:
+                    if exc.connection_invalidated:
+                        self._drop_connection()
+                    raise
         except BaseException as exc:  # BEGIN, COMMIT or a lone caller's work failed
             for work in batch:
                 work.error = work.error or exc
         finally:
             for work in batch:
                 work.done = True
+
+    def _connection(self) -> Connection:
+        """The writer's own connection, kept open: only the leader uses it, under _leader."""
+        if self._conn is None or self._conn_pid != os.getpid() or self._conn.closed:
+            self._conn = self.engine.connect().execution_options(queuelog_write=True)
+            self._conn_pid = os.getpid()
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
 
     @staticmethod
     def _run_in_savepoint(conn: Connection, work: _Work) -> None:

@@ -185,11 +185,11 @@ def fail_job(job_id: int) -> Response:
 @require_roles(Role.ADMIN)
 def cancel_job(job_id: int) -> Response:
     load_body(_no_body_schema)
-    return _job_response(_service().cancel(job_id))
+    return _job_response(_service().cancel(current_caller(), job_id))
 
 
 @bp.post("/jobs/<int:job_id>/retry")
 @require_roles(Role.ADMIN)
 def retry_job(job_id: int) -> Response:
     load_body(_no_body_schema)
-    return _job_response(_service().retry(job_id))
+    return _job_response(_service().retry(current_caller(), job_id))

@@ -60,6 +60,14 @@ class Claimed:
     lease_token: str
 
 
+# Confirms, inside a transaction, that the caller's key is still live (raises otherwise).
+CallerCheck = Callable[[Connection, Caller], None]
+
+
+def _trust_caller(_conn: Connection, _caller: Caller) -> None:
+    pass
+
+
 # Told of what happened to jobs ("enqueued", "claimed", "rescued", …) and how many: metrics.
 EventSink = Callable[[str, int], None]
 
@@ -96,13 +104,21 @@ def _key_reused(position: int | None) -> ValidationFailed:
 
 class JobService:
     def __init__(self, db: Database, clock: Clock, settings: QueueSettings,
-                 rng: random.Random | None = None, on_event: EventSink = _ignore_event) -> None:
+                 rng: random.Random | None = None, on_event: EventSink = _ignore_event,
+                 confirm_caller: CallerCheck = _trust_caller) -> None:
         self.db = db
         self.on_event = on_event
+        self.confirm_caller = confirm_caller
         self.clock = clock
         self.settings = settings
         self.rng = rng or random.SystemRandom()
         self.signal = JobSignal()
+
+    def _repo(self, conn: Connection, caller: Caller) -> JobRepository:
+        """The repository on `conn`, once the caller's key is confirmed live in the same
+        transaction: a revoked key changes nothing, even on a request already under way."""
+        self.confirm_caller(conn, caller)
+        return JobRepository(conn)
 
     # -- producers ------------------------------------------------------------------------
 
@@ -115,7 +131,7 @@ class JobService:
         now = self.clock.now_us()
         values = self._new_job_values(caller, request, header_idempotency_key, now)
         job, replayed = self.db.run_write(
-            lambda conn: self._insert_or_replay(JobRepository(conn), values))
+            lambda conn: self._insert_or_replay(self._repo(conn, caller), values))
         if not replayed:
             self.on_event("enqueued", 1)
             self.signal.notify()
@@ -144,7 +160,7 @@ class JobService:
         for attempt in range(_BATCH_ATTEMPTS):
             try:
                 results = self.db.run_write(
-                    lambda conn: self._insert_or_replay_many(JobRepository(conn), rows))
+                    lambda conn: self._insert_or_replay_many(self._repo(conn, caller), rows))
                 break
             except IntegrityError:
                 # A concurrent request stored one of these keys between our look-up and
@@ -297,7 +313,7 @@ class JobService:
         if job_id > MAX_JOB_ID:
             raise NotFound("No such job.")
         with self.db.read() as conn:
-            job = JobRepository(conn).get_job(job_id)
+            job = self._repo(conn, caller).get_job(job_id)
         if job is None or not self._visible_to(caller, job):
             raise NotFound("No such job.")
         return job
@@ -307,7 +323,7 @@ class JobService:
         """A page of the jobs the caller may see, by id, and the cursor of the next page."""
         after_id = decode_cursor(cursor) if cursor is not None else 0
         with self.db.read() as conn:
-            page = JobRepository(conn).list_jobs(
+            page = self._repo(conn, caller).list_jobs(
                 after_id=after_id,
                 limit=limit + 1,
                 producer=caller.name if caller.role is Role.PRODUCER else None,
@@ -355,7 +371,7 @@ class JobService:
         nonce = secrets.token_hex(16)
 
         def claim_in(conn: Connection) -> list[Job]:
-            repo = JobRepository(conn)
+            repo = self._repo(conn, caller)
             now = self.clock.now_us()
             self._rescue_expired_leases(repo, now)
             return repo.claim_next_jobs(
@@ -434,7 +450,7 @@ class JobService:
                         else self._sized_json(item["result"], "result") for item in items]
 
         def complete_each(conn: Connection) -> list[tuple[int, Job | Problem]]:
-            repo = JobRepository(conn)
+            repo = self._repo(conn, caller)
             now = self.clock.now_us()
             answers: list[tuple[int, Job | Problem]] = []
             for item, stored_result in zip(items, results_json, strict=True):
@@ -468,7 +484,7 @@ class JobService:
             raise NotFound("No such job.")
 
         def update_in(conn: Connection) -> Job:
-            repo = JobRepository(conn)
+            repo = self._repo(conn, caller)
             now = self.clock.now_us()
             job = repo.update_held_job(job_id, worker=caller.name, now_us=now,
                                        lease_token=lease_token, values=values_at(now))
@@ -486,7 +502,7 @@ class JobService:
         error = redact_error(error)
 
         def fail_in(conn: Connection) -> Job:
-            repo = JobRepository(conn)
+            repo = self._repo(conn, caller)
             now = self.clock.now_us()
             job = repo.get_job(job_id, for_update=True)
             if job is None or not job.is_held_by(caller.name, now, lease_token):
@@ -523,15 +539,15 @@ class JobService:
 
     # -- admins ---------------------------------------------------------------------------
 
-    def cancel(self, job_id: int) -> Job:
+    def cancel(self, caller: Caller, job_id: int) -> Job:
         """pending → cancelled."""
-        return self._admin_transition(job_id, Transition.CANCEL,
+        return self._admin_transition(caller, job_id, Transition.CANCEL,
                                       lambda now: {"status": JobStatus.CANCELLED.value,
                                                    "updated_at": now})
 
-    def retry(self, job_id: int) -> Job:
+    def retry(self, caller: Caller, job_id: int) -> Job:
         """failed | cancelled → pending, with a fresh retry budget, claimable at once."""
-        return self._admin_transition(job_id, Transition.RETRY,
+        return self._admin_transition(caller, job_id, Transition.RETRY,
                                       lambda now: {"status": JobStatus.PENDING.value,
                                                    "retry_count": 0,
                                                    "run_at": now,
@@ -541,12 +557,13 @@ class JobService:
                                                    "lease_token": None,
                                                    "updated_at": now})
 
-    def _admin_transition(self, job_id: int, transition: Transition, values_at: Any) -> Job:
+    def _admin_transition(self, caller: Caller, job_id: int, transition: Transition,
+                          values_at: Any) -> Job:
         if job_id > MAX_JOB_ID:
             raise NotFound("No such job.")
 
         def transition_in(conn: Connection) -> Job:
-            repo = JobRepository(conn)
+            repo = self._repo(conn, caller)
             now = self.clock.now_us()
             job = repo.update_job_in_status(job_id, from_statuses=transition.from_statuses,
                                             values=values_at(now))

@@ -35,14 +35,21 @@ class ApiKey:
         return frozenset(self.job_types.split(","))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Caller:
-    """The authenticated key behind a request. A worker's identity is `name`."""
+    """The authenticated key behind one request. A worker's identity is `name`.
+
+    `live_checked` says whether this request has seen the key live in the database; a key
+    found in the process's cache is checked inside the request's own transaction instead
+    of in one of its own (see KeyService.confirm_live).
+    """
 
     name: str
     role: Role
     max_priority: Priority
     allowed_types: frozenset[str] | None
+    token_digest: str = ""
+    live_checked: bool = False
 
     @property
     def is_admin(self) -> bool:

@@ -13,6 +13,10 @@ from app.keys.models import ApiKey
 _select_by_digest = select(api_keys).where(api_keys.c.token_digest == bindparam("digest"))
 
 
+_select_live_by_digest = select(api_keys.c.id).where(
+    api_keys.c.token_digest == bindparam("digest"), api_keys.c.revoked_at.is_(None))
+
+
 class KeyRepository:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -20,6 +24,9 @@ class KeyRepository:
     def find_by_digest(self, digest: str) -> ApiKey | None:
         row = self.conn.execute(_select_by_digest, {"digest": digest}).first()
         return None if row is None else ApiKey(*row)
+
+    def is_live(self, digest: str) -> bool:
+        return self.conn.execute(_select_live_by_digest, {"digest": digest}).first() is not None
 
     def find_by_name(self, name: str) -> ApiKey | None:
         row = self.conn.execute(select(api_keys).where(api_keys.c.name == name)).first()

@@ -6,16 +6,21 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
 from collections.abc import Iterable
+
+from sqlalchemy import Connection
 
 from app.clock import Clock
 from app.db import Database
+from app.errors import Unauthorized
 from app.jobs.models import Priority
 from app.keys.models import ApiKey, Caller, Role
 from app.keys.repository import KeyRepository
 
 TOKEN_PREFIX = "ql_"  # noqa: S105 (a marker, not a secret)
 TOKEN_BYTES = 32  # 256 bits of entropy
+CACHED_KEYS = 10_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,99}\Z")
 
 
@@ -31,6 +36,10 @@ class KeyService:
     def __init__(self, db: Database, clock: Clock) -> None:
         self.db = db
         self.clock = clock
+        # Live keys seen by this process, by digest. A key's name, role and limits never
+        # change, only its revocation, which every request confirms in its transaction.
+        self._cache: dict[str, ApiKey] = {}
+        self._cache_lock = threading.Lock()
 
     def create_key(self, name: str, role: Role, *, max_priority: Priority | None = None,
                    job_types: Iterable[str] | None = None) -> str:
@@ -68,8 +77,16 @@ class KeyService:
                 raise KeyCommandError(f"no live key named {name!r}")
 
     def caller_for_token(self, token: str) -> Caller | None:
-        """The live key this token belongs to, or None (unknown or revoked)."""
+        """The key this token belongs to, or None (unknown or revoked).
+
+        A key seen live before comes from this process's cache, unconfirmed: the request's
+        own transaction confirms it (confirm_live), so a revocation still takes effect on the
+        very next request without a separate database round trip on every request.
+        """
         digest = token_digest(token)
+        key = self._cache.get(digest)
+        if key is not None:
+            return self._caller(key, live_checked=False)
         with self.db.read() as conn:
             key = KeyRepository(conn).find_by_digest(digest)
         # The lookup is by digest; comparing the digests again in constant time keeps the
@@ -78,9 +95,38 @@ class KeyService:
             return None
         if key.revoked_at is not None:
             return None
-        return Caller(
-            name=key.name,
-            role=Role(key.role),
-            max_priority=Priority(key.max_priority),
-            allowed_types=key.allowed_types,
-        )
+        self._remember(key)
+        return self._caller(key, live_checked=True)
+
+    def confirm_live(self, conn: Connection, caller: Caller) -> None:
+        """Within the caller's transaction: raise Unauthorized unless its key is still live."""
+        if not caller.live_checked:
+            if not KeyRepository(conn).is_live(caller.token_digest):
+                self._forget(caller.token_digest)
+                raise Unauthorized("The API key is unknown or revoked.")
+            caller.live_checked = True
+
+    def is_live(self, caller: Caller) -> bool:
+        """Ask the database now (for answers that ran no transaction of their own)."""
+        with self.db.read() as conn:
+            live = KeyRepository(conn).is_live(caller.token_digest)
+        if not live:
+            self._forget(caller.token_digest)
+        return live
+
+    @staticmethod
+    def _caller(key: ApiKey, *, live_checked: bool) -> Caller:
+        return Caller(name=key.name, role=Role(key.role),
+                      max_priority=Priority(key.max_priority),
+                      allowed_types=key.allowed_types, token_digest=key.token_digest,
+                      live_checked=live_checked)
+
+    def _remember(self, key: ApiKey) -> None:
+        with self._cache_lock:
+            self._cache[key.token_digest] = key
+            while len(self._cache) > CACHED_KEYS:
+                self._cache.pop(next(iter(self._cache)))
+
+    def _forget(self, digest: str) -> None:
+        with self._cache_lock:
+            self._cache.pop(digest, None)
