@@ -33,6 +33,10 @@ ROUTES = {
     "fail": Route("POST", "/jobs/{id}/fail", "running", {"error": "it broke"}),
     "cancel": Route("POST", "/jobs/{id}/cancel", "pending", None),
     "retry": Route("POST", "/jobs/{id}/retry", "failed", None),
+    "batch": Route("POST", "/jobs/batch", "pending", {"jobs": [{"type": "email"}]}),
+    "claim-many": Route("POST", "/jobs/claim-many", "pending", {"max_jobs": 5}),
+    "complete-many": Route("POST", "/jobs/complete-many", "running",
+                           {"items": [{"id": "{id}", "result": {"ok": True}}]}),
 }
 
 # route -> role -> (status, the job's status afterwards, as an admin sees it)
@@ -55,7 +59,24 @@ EXPECTED: dict[str, dict[str, tuple[int, str]]] = {
                "admin": (200, "cancelled")},
     "retry": {"producer": (403, "failed"), "worker": (403, "failed"),
               "admin": (200, "pending")},
+    "batch": {"producer": (201, "pending"), "worker": (403, "pending"),
+              "admin": (201, "pending")},
+    "claim-many": {"producer": (403, "pending"), "worker": (200, "running"),
+                   "admin": (403, "pending")},
+    "complete-many": {"producer": (403, "running"), "worker": (200, "completed"),
+                      "admin": (403, "running")},
 }
+
+
+def _with_id(body: Any, job_id: int) -> Any:
+    """The body with the prepared job's id in place of "{id}"."""
+    if body == "{id}":
+        return job_id
+    if isinstance(body, dict):
+        return {key: _with_id(value, job_id) for key, value in body.items()}
+    if isinstance(body, list):
+        return [_with_id(value, job_id) for value in body]
+    return body
 
 CASES = [
     pytest.param(route, role, *EXPECTED[route][role] if role != "none" else (401, None),
@@ -86,7 +107,8 @@ def test_each_role_gets_the_contracts_answer_on_each_route(
     before = api.get(admin, job_id).json
     key = {"producer": producer, "worker": worker, "admin": admin}.get(role)
 
-    response = client.open(route.path.format(id=job_id), method=route.method, json=route.body,
+    response = client.open(route.path.format(id=job_id), method=route.method,
+                           json=_with_id(route.body, job_id),
                            headers=key.headers if key else {})
 
     assert response.status_code == status, response.get_data(as_text=True)
@@ -108,6 +130,15 @@ def test_each_role_gets_the_contracts_answer_on_each_route(
         assert body["status"] == "pending"
         assert response.headers["Location"].endswith(f"/jobs/{body['id']}")
         assert api.get(admin, body["id"]).json["type"] == "email"
+    elif route_name == "batch":
+        assert len(body["jobs"]) == 1 and body["jobs"][0]["id"] != job_id
+        assert body["jobs"][0]["replayed"] is False
+    elif route_name == "claim-many":
+        assert [job["id"] for job in body["jobs"]] == [job_id]
+        assert body["jobs"][0]["lease_token"]
+    elif route_name == "complete-many":
+        assert body["results"][0]["status"] == 200
+        assert body["results"][0]["job"]["result"] == {"ok": True}
     elif route_name == "list":
         assert [job["id"] for job in body["jobs"]] == [job_id]
         assert body["next_cursor"] is None

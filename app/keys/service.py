@@ -42,13 +42,25 @@ class KeyService:
         self._cache_lock = threading.Lock()
 
     def create_key(self, name: str, role: Role, *, max_priority: Priority | None = None,
-                   job_types: Iterable[str] | None = None) -> str:
-        """Store a new key and return its token. The token is shown once and never stored."""
+                   job_types: Iterable[str] | None = None,
+                   known_types: frozenset[str] | None = None) -> str:
+        """Store a new key and return its token. The token is shown once and never stored.
+
+        `known_types` (the configured job types, when set) catches a misspelt --types.
+        """
         if not _NAME.match(name):
             raise KeyCommandError("a key name is 1-100 letters, digits, '.', '_' or '-'")
+        if max_priority is not None and role is not Role.PRODUCER:
+            raise KeyCommandError("--max-priority is a producer's ceiling; admins enqueue at "
+                                  "any priority and workers do not enqueue")
         if max_priority is None:
             max_priority = Priority.CRITICAL if role is Role.ADMIN else Priority.MEDIUM
         types = sorted({t.strip() for t in job_types or () if t.strip()}) or None
+        if types and role is Role.ADMIN:
+            raise KeyCommandError("--types limits producers and workers; admins see every type")
+        unknown = sorted(set(types or ()) - known_types) if known_types else []
+        if unknown:
+            raise KeyCommandError(f"not among QUEUELOG_JOB_TYPES: {', '.join(unknown)}")
         token = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
         with self.db.write() as conn:
             keys = KeyRepository(conn)

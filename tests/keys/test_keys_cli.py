@@ -206,3 +206,15 @@ def test_a_key_created_by_the_cli_can_drive_a_whole_job(runner, api: Api):
     assert claim["worker_id"] == "renderer"
     assert done.json["status"] == "completed"
     assert api.get(producer, job_id).json["result"] == {"pages": 2}
+
+
+@pytest.mark.parametrize("args", [
+    ["--role", "admin", "--max-priority", "low"],
+    ["--role", "worker", "--max-priority", "high"],
+    ["--role", "admin", "--types", "email"],
+    ["--role", "producer", "--types", "email,emial"],
+])
+def test_key_options_that_cannot_mean_anything_are_refused(runner, args):
+    result = runner.invoke(args=["keys", "create", "odd-key", *args])
+    assert result.exit_code != 0
+    assert "odd-key" not in runner.invoke(args=["keys", "list"]).output
