@@ -82,6 +82,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("RETRY_BACKOFF_MAX_SECONDS", 3600.0, _float_in(0, 31_536_000),
             "ceiling of the retry backoff"),
     Setting("METRICS_PUBLIC", False, _flag, "serve /metrics without an admin key"),
+    Setting("MAX_WAITING_CLAIMS", 8, _int_in(0, 10_000),
+            "long-polling claims a process lets wait at once; keep it below GUNICORN_THREADS "
+            "so that waiting claims never take every thread"),
     Setting("SQLITE_SYNCHRONOUS", "FULL", _sqlite_synchronous,
             "SQLite synchronous pragma; FULL means a 201 is on disk"),
     Setting("SQLITE_BUSY_TIMEOUT_MS", 30_000, _int_in(0, 600_000),

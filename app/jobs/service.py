@@ -11,6 +11,7 @@ import hashlib
 import json
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class QueueSettings:
     lease_seconds: int
     max_payload_bytes: int
     backoff: Backoff
+    max_waiting_claims: int = 8
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,10 @@ class JobService:
         self.settings = settings
         self.rng = rng or random.SystemRandom()
         self.signal = JobSignal()
+        # A waiting claim holds a server thread; past this many, claims answer at once, so
+        # that waiting claims can never take every thread from the other requests.
+        self._waiting_slots = threading.BoundedSemaphore(max(settings.max_waiting_claims, 1))
+        self._may_wait = settings.max_waiting_claims > 0
 
     def _repo(self, conn: Connection, caller: Caller) -> JobRepository:
         """The repository on `conn`, once the caller's key is confirmed live in the same
@@ -358,12 +364,20 @@ class JobService:
         wanted = self._claimable_types(caller, types)
         if wanted is not None and not wanted:
             return []
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            seen = self.signal.generation
-            claimed = self._claim_now(caller, wanted, lease_seconds, limit)
-            if claimed or not self._wait_for_work(wanted, seen, deadline):
-                return claimed
+        seen = self.signal.generation
+        claimed = self._claim_now(caller, wanted, lease_seconds, limit)
+        if claimed or wait_seconds <= 0:
+            return claimed
+        if not (self._may_wait and self._waiting_slots.acquire(blocking=False)):
+            return claimed
+        try:
+            deadline = time.monotonic() + wait_seconds
+            while not claimed and self._wait_for_work(wanted, seen, deadline):
+                seen = self.signal.generation
+                claimed = self._claim_now(caller, wanted, lease_seconds, limit)
+            return claimed
+        finally:
+            self._waiting_slots.release()
 
     def _claim_now(self, caller: Caller, wanted: frozenset[str] | None,
                    lease_seconds: int | None, limit: int) -> list[Claimed]:

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from app import create_app
-from tests.conftest import Api
+from app.keys.models import Role
+from tests.conftest import Api, Key
 
 
 def test_without_wait_an_empty_claim_answers_at_once(api, worker):
@@ -111,3 +112,26 @@ def test_claim_many_waits_too(app, producer, worker):
 @pytest.mark.parametrize("wait", [-1, 20.5, "1", True, None])
 def test_wait_seconds_must_be_a_number_from_0_to_20(api, worker, wait):
     assert api.claim(worker, wait_seconds=wait).status_code == 422
+
+
+def test_claims_past_the_waiting_limit_answer_at_once(app_config):
+    app_config["MAX_WAITING_CLAIMS"] = 1
+    application = create_app(app_config)
+    services = application.extensions["queuelog"]
+    worker = Key("w", services.keys.create_key("w", Role.WORKER))
+    producer = Key("p", services.keys.create_key("p", Role.PRODUCER))
+    first: dict = {}
+
+    def wait_long() -> None:
+        first["response"] = Api(application.test_client()).claim(worker, wait_seconds=10)
+
+    waiter = threading.Thread(target=wait_long)
+    waiter.start()
+    time.sleep(0.3)  # the one waiting slot is taken
+    second = Api(application.test_client()).claim(worker, wait_seconds=10)
+    assert second.status_code == 204  # answered without waiting, the first still waits
+    assert waiter.is_alive()
+    job_id = Api(application.test_client()).enqueue(producer).json["id"]
+    waiter.join(timeout=15)
+    assert first["response"].json["id"] == job_id
+    services.db.engine.dispose()
