@@ -1,8 +1,9 @@
 """A Python client for queuelog, on the standard library alone (no Flask, no SQLAlchemy).
 
-    from queuelog_client import Client
+    from queuelog_client import Client, Worker
 
-`Client` enqueues, reads, claims and reports jobs over HTTP.
+`Client` enqueues, reads, claims and reports jobs over HTTP; `Worker` runs a handler on
+claimed jobs (also `queuelog worker …` or `python -m queuelog_client worker …`).
 """
 
 from queuelog_client.client import Client
@@ -20,6 +21,7 @@ from queuelog_client.errors import (
     Unauthorized,
     ValidationFailed,
 )
+from queuelog_client.worker import RetryLater, Worker, load_handler
 
 __all__ = [
     "BadRequest",
@@ -30,9 +32,12 @@ __all__ = [
     "PayloadTooLarge",
     "ProblemError",
     "QueuelogError",
+    "RetryLater",
     "ServerError",
     "ServerUnreachable",
     "ServiceUnavailable",
     "Unauthorized",
     "ValidationFailed",
+    "Worker",
+    "load_handler",
 ]
