@@ -171,7 +171,7 @@ def test_the_runner_survives_a_server_restart_and_loses_nothing(live_server, sta
     wait_until(lambda: _status_of(live_server, ids).count("completed") >= 3,
                what="a few jobs to complete")
 
-    live_server.stop(signal.SIGKILL)
+    live_server.stop()  # SIGKILL: no graceful goodbye
     wait_until(lambda: "unreachable" in runner.log(), what="the runner to notice")
     live_server.start()
     ids += [job["id"] for job in producer.enqueue_many(
