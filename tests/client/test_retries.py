@@ -175,3 +175,13 @@ def test_the_token_defaults_to_queuelog_token(monkeypatch, scripted):
     monkeypatch.delenv("QUEUELOG_TOKEN")
     with pytest.raises(ValueError, match="QUEUELOG_TOKEN"):
         Client(scripted.url)
+
+
+def test_a_retry_after_is_waited_out_but_never_longer_than_a_minute():
+    client = Client("http://127.0.0.1:9", "token", backoff_seconds=1, max_backoff_seconds=4)
+    assert client._delay(1, retry_after=7.0) == 7.0
+    assert client._delay(1, retry_after=3600.0) == 60.0
+    # Without one: exponential, capped, jittered within [ceiling / 2, ceiling].
+    assert 0.5 <= client._delay(1, None) <= 1
+    assert 2 <= client._delay(3, None) <= 4
+    assert 2 <= client._delay(10, None) <= 4

@@ -218,6 +218,30 @@ def test_a_job_that_outlives_its_lease_is_rescued_and_completed_once_elsewhere(
     rescuer.stop()
 
 
+def test_heartbeats_keep_a_job_longer_than_its_lease_with_its_worker(live_server,
+                                                                    threaded_workers):
+    producer = live_server.client(live_server.create_key("shop", "producer"))
+    admin = live_server.client()
+    job = producer.enqueue("email", {"seconds": 3})
+
+    holder = threaded_workers(live_server, handlers.slow_first_attempt, "holder",
+                              lease_seconds=2)
+    wait_until(lambda: admin.get_job(job["id"])["worker_id"] == "holder",
+               what="the holder to claim the job")
+    # A rival polls all along: it would take the job the moment a lease ran out.
+    rival = threaded_workers(live_server, handlers.slow_first_attempt, "rival")
+
+    wait_until(lambda: admin.get_job(job["id"])["status"] == "completed",
+               what="the holder to complete the job")
+    done = admin.get_job(job["id"])
+    assert done["worker_id"] == "holder"
+    assert done["retry_count"] == 0
+    assert done["result"] == {"attempt": 1}
+    assert rival.worker.stats["claimed"] == 0
+    holder.stop()
+    rival.stop()
+
+
 def test_concurrency_runs_that_many_jobs_at_once(live_server, threaded_workers):
     producer = live_server.client(live_server.create_key("shop", "producer"))
     ids = [job["id"] for job in producer.enqueue_many([{"type": "email"}] * 3)]
