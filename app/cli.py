@@ -1,5 +1,6 @@
 """The operator's commands: `queuelog db …`, `queuelog keys …`, `queuelog purge`,
-`queuelog backup`.
+`queuelog copy`, `queuelog backup`, and the worker runner `queuelog worker …` (from the
+client package).
 
 `queuelog` is a Flask CLI group over the app factory, so `flask --app app …` works the same.
 """
@@ -149,12 +150,25 @@ def backup(path: Path, force: bool) -> None:
     click.echo(f"backed up {jobs} jobs to {path}")
 
 
+# The worker runner talks to a server over HTTP and needs neither the app nor a database:
+# its options are parsed by queuelog_client's own (standard-library) command line.
+@click.command("worker", add_help_option=False,
+               context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def worker(args: tuple[str, ...]) -> None:
+    """Run jobs with a Python handler: queuelog worker --url URL --handler m:f (see --help)."""
+    from queuelog_client.cli import main as worker_main
+
+    raise SystemExit(worker_main(list(args), prog="queuelog worker"))
+
+
 def register_commands(app: Flask) -> None:
     app.cli.add_command(db_group)
     app.cli.add_command(keys_group)
     app.cli.add_command(purge)
     app.cli.add_command(copy)
     app.cli.add_command(backup)
+    app.cli.add_command(worker)
 
 
 def _create_app() -> Flask:
@@ -166,4 +180,6 @@ def _create_app() -> Flask:
 def main() -> None:
     cli = FlaskGroup(create_app=_create_app, add_default_commands=True,
                      help="queuelog: operate the job queue.")
+    # On the group itself, so `queuelog worker` never builds the app (no database needed).
+    cli.add_command(worker)
     cli.main(prog_name="queuelog")

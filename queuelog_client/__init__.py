@@ -1,0 +1,43 @@
+"""A Python client for queuelog, on the standard library alone (no Flask, no SQLAlchemy).
+
+    from queuelog_client import Client, Worker
+
+`Client` enqueues, reads, claims and reports jobs over HTTP; `Worker` runs a handler on
+claimed jobs (also `queuelog worker …` or `python -m queuelog_client worker …`).
+"""
+
+from queuelog_client.client import Client
+from queuelog_client.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotFound,
+    PayloadTooLarge,
+    ProblemError,
+    QueuelogError,
+    ServerError,
+    ServerUnreachable,
+    ServiceUnavailable,
+    Unauthorized,
+    ValidationFailed,
+)
+from queuelog_client.worker import RetryLater, Worker, load_handler
+
+__all__ = [
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "Forbidden",
+    "NotFound",
+    "PayloadTooLarge",
+    "ProblemError",
+    "QueuelogError",
+    "RetryLater",
+    "ServerError",
+    "ServerUnreachable",
+    "ServiceUnavailable",
+    "Unauthorized",
+    "ValidationFailed",
+    "Worker",
+    "load_handler",
+]

@@ -1,0 +1,109 @@
+"""The worker runner's command line: `queuelog worker --url URL --types a,b --handler m:f`.
+
+argparse rather than click so the client needs nothing beyond the standard library; the
+server's `queuelog` command hands its `worker` arguments to `main` unchanged.
+The token comes from QUEUELOG_TOKEN or --token-file, never from an argument: a command
+line is visible to every user of the host (ps, /proc) and stays in shell history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from queuelog_client.errors import ProblemError
+from queuelog_client.worker import Worker, load_handler
+
+TOKEN_VARIABLE = "QUEUELOG_TOKEN"  # noqa: S105 - a variable name, not a secret
+URL_VARIABLE = "QUEUELOG_URL"
+
+
+class _RefuseToken(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *_: object, **__: object) -> None:
+        parser.error(f"--token is refused: a token on the command line is visible in ps and "
+                     f"shell history; set {TOKEN_VARIABLE} or use --token-file PATH")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog or "queuelog worker", allow_abbrev=False,
+        description="Claim jobs from a queuelog server and run a Python handler on each. "
+                    f"The worker key's token comes from {TOKEN_VARIABLE} or --token-file. "
+                    "SIGTERM or SIGINT: stop claiming, let held jobs finish (a second "
+                    "signal: now), exit 0.")
+    parser.add_argument("--url", default=os.environ.get(URL_VARIABLE),
+                        help=f"the server, e.g. http://127.0.0.1:8000 (default ${URL_VARIABLE})")
+    parser.add_argument("--handler", required=True,
+                        help="package.module:function, called with each job as a dict; "
+                             "returns a dict (the result) or None")
+    parser.add_argument("--types", help="comma-separated job types (default: any the key "
+                                        "allows)")
+    parser.add_argument("--concurrency", type=_positive_int, default=1,
+                        help="jobs run at once, each in its own thread (default 1)")
+    parser.add_argument("--token-file", help="read the token from this file instead of "
+                                             f"${TOKEN_VARIABLE}")
+    parser.add_argument("--token", nargs="?", action=_RefuseToken, help=argparse.SUPPRESS)
+    parser.add_argument("--lease-seconds", type=_positive_int,
+                        help="lease asked for each claim (default: the server's)")
+    parser.add_argument("--wait-seconds", type=float, default=5.0,
+                        help="long-poll wait of each claim, 0..20 (default 5); a stop is "
+                             "noticed once the claim in flight returns")
+    parser.add_argument("--grace-seconds", type=float, default=30.0,
+                        help="on SIGTERM, how long held jobs may still run (default 30)")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def _read_token(path: str | None) -> str | None:
+    if path is None:
+        return os.environ.get(TOKEN_VARIABLE) or None
+    with open(path, encoding="utf-8") as handle:
+        return handle.read().strip() or None
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Run the worker until SIGTERM/SIGINT; the exit status (0 after a stop by signal)."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if not args.url:
+        parser.error(f"--url is required (or set {URL_VARIABLE})")
+    if not 0 <= args.wait_seconds <= 20:
+        parser.error("--wait-seconds must be between 0 and 20")
+    try:
+        token = _read_token(args.token_file)
+    except OSError as exc:
+        parser.error(f"--token-file: {exc.strerror}: {args.token_file}")
+    if not token:
+        parser.error(f"no token: set {TOKEN_VARIABLE} or use --token-file PATH")
+
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Like `flask --app` and gunicorn: a handler module in the working directory imports.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        handler = load_handler(args.handler)
+    except (ImportError, AttributeError, ValueError) as exc:
+        parser.error(f"--handler {args.handler}: {exc}")
+
+    types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
+    worker = Worker(args.url, handler, token=token, types=types,
+                    concurrency=args.concurrency, lease_seconds=args.lease_seconds,
+                    wait_seconds=args.wait_seconds, grace_seconds=args.grace_seconds)
+    try:
+        worker.run()
+    except ProblemError as exc:
+        logging.getLogger("queuelog_client.worker").error("giving up: %s", exc)
+        return 1
+    return 0

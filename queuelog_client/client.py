@@ -1,0 +1,416 @@
+"""A queuelog HTTP client on the standard library alone.
+
+Retries: a request is sent again only after a connection error or a 5xx answer, at most
+`max_attempts` times in all, with exponential backoff and jitter (a 503's Retry-After is
+honoured). A 4xx is never retried: sending the same request again cannot change the answer.
+Every enqueue carries an idempotency key (a fresh uuid4 when the caller gives none), so a
+retry of a request whose answer was lost finds the job the first attempt stored instead of
+creating a second one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import random
+import select
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from queuelog_client.errors import ProblemError, ServerError, ServerUnreachable, problem_error
+
+__all__ = ["Client"]
+
+USER_AGENT = "queuelog-client/0.1"
+# Connections kept open for reuse; more than this many idle ones are closed.
+MAX_IDLE_CONNECTIONS = 16
+# A Retry-After beyond this is not waited out in one sleep: the caller should hear back.
+MAX_RETRY_AFTER_SECONDS = 60.0
+
+Job = dict[str, Any]
+
+
+def _new_idempotency_key() -> str:
+    return str(uuid.uuid4())
+
+
+class _ConnectionPool:
+    """Idle keep-alive connections to one server, shared by the threads of one Client.
+
+    A connection is taken for one request and given back once its answer has been read, so
+    each thread in flight has its own and short-lived threads (a worker's job threads) still
+    reuse them.
+    """
+
+    def __init__(self, scheme: str, host: str, port: int | None,
+                 ssl_context: ssl.SSLContext | None) -> None:
+        self.scheme, self.host, self.port = scheme, host, port
+        self.ssl_context = ssl_context
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def take(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection and whether it was reused (it may have gone stale while idle)."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                break
+            if _is_dropped(conn):
+                conn.close()
+                continue
+            conn.timeout = timeout
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
+            return conn, True
+        if self.scheme == "https":
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+                                               context=self.ssl_context), False
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout), False
+
+    def give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < MAX_IDLE_CONNECTIONS:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _is_dropped(conn: http.client.HTTPConnection) -> bool:
+    """An idle keep-alive socket that is readable was closed by the server (or holds junk)."""
+    if conn.sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([conn.sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+class _Retryable(Exception):
+    """One attempt failed in a way that a later attempt may not."""
+
+    def __init__(self, error: Exception, retry_after: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
+class Client:
+    """Talks to one queuelog server with one API key. Safe to share between threads.
+
+    `token` defaults to the QUEUELOG_TOKEN environment variable. `timeout` bounds each
+    attempt (a long-polling claim adds its `wait_seconds`).
+    """
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0,
+                 max_attempts: int = 5, backoff_seconds: float = 0.25,
+                 max_backoff_seconds: float = 10.0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise ValueError(f"url must be http(s)://host[:port][/prefix], not {url!r}")
+        token = token if token is not None else os.environ.get("QUEUELOG_TOKEN")
+        if not token:
+            raise ValueError("no token: pass token= or set QUEUELOG_TOKEN")
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.url = url.rstrip("/")
+        self._prefix = parts.path.rstrip("/")
+        self._token = token
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.backoff_seconds = backoff_seconds
+        self.max_backoff_seconds = max_backoff_seconds
+        self._pool = _ConnectionPool(parts.scheme, parts.hostname, parts.port, ssl_context)
+
+    def __repr__(self) -> str:  # never the token
+        return f"Client({self.url!r})"
+
+    def close(self) -> None:
+        """Close the idle connections (the client stays usable and reconnects)."""
+        self._pool.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- producers ----------------------------------------------------------------------------
+
+    def enqueue(self, type: str, payload: Mapping[str, Any] | None = None, *,
+                priority: str | None = None, max_retries: int | None = None,
+                run_at: datetime | str | None = None, delay_seconds: int | None = None,
+                idempotency_key: str | None = None) -> Job:
+        """Enqueue one job and return it, with `"replayed": True` when the server already
+        held a job with this idempotency key (generated when not given)."""
+        body = _enqueue_body(type, payload, priority, max_retries, run_at, delay_seconds)
+        key = idempotency_key or _new_idempotency_key()
+        _, headers, job = self._request("POST", "/jobs", body,
+                                        headers={"Idempotency-Key": key})
+        job["replayed"] = headers.get("idempotent-replayed", "").lower() == "true"
+        return job
+
+    def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
+        """Enqueue several jobs in one transaction (all or none) and return them in order,
+        each with `"replayed"`. Each item is a POST /jobs body (`type`, `payload`, …); items
+        without an `idempotency_key` get a fresh one."""
+        items = []
+        for job in jobs:
+            item = dict(job)
+            if isinstance(item.get("run_at"), datetime):
+                item["run_at"] = _rfc3339(item["run_at"])
+            if not item.get("idempotency_key"):
+                item["idempotency_key"] = _new_idempotency_key()
+            items.append(item)
+        _, _, answer = self._request("POST", "/jobs/batch", {"jobs": items})
+        return answer["jobs"]
+
+    # -- anyone -------------------------------------------------------------------------------
+
+    def get_job(self, job_id: int) -> Job:
+        _, _, job = self._request("GET", f"/jobs/{int(job_id)}")
+        return job
+
+    def list_jobs(self, *, status: str | None = None, type: str | None = None,
+                  limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """One page: `{"jobs": [...], "next_cursor": str or None}`, ordered by id."""
+        query = {name: value for name, value in
+                 (("status", status), ("type", type), ("limit", limit), ("cursor", cursor))
+                 if value is not None}
+        path = "/jobs" + (f"?{urlencode(query)}" if query else "")
+        _, _, page = self._request("GET", path)
+        return page
+
+    def iter_jobs(self, *, status: str | None = None, type: str | None = None,
+                  page_size: int = 100) -> Iterator[Job]:
+        """Every job the key may see (filtered), following the cursors page by page."""
+        cursor = None
+        while True:
+            page = self.list_jobs(status=status, type=type, limit=page_size, cursor=cursor)
+            yield from page["jobs"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def claim(self, *, types: Iterable[str] | None = None, lease_seconds: int | None = None,
+              wait_seconds: float = 0) -> Job | None:
+        """Claim the most urgent due job (with its `lease_token`), waiting up to
+        `wait_seconds` for one; None when there was none."""
+        body = _claim_body(types, lease_seconds, wait_seconds)
+        status, _, job = self._request("POST", "/jobs/claim", body,
+                                       timeout=self.timeout + wait_seconds)
+        return None if status == 204 else job
+
+    def claim_many(self, max_jobs: int, *, types: Iterable[str] | None = None,
+                   lease_seconds: int | None = None, wait_seconds: float = 0) -> list[Job]:
+        """Claim up to `max_jobs` jobs at once, each with its own `lease_token`."""
+        body = _claim_body(types, lease_seconds, wait_seconds) | {"max_jobs": max_jobs}
+        _, _, answer = self._request("POST", "/jobs/claim-many", body,
+                                     timeout=self.timeout + wait_seconds)
+        return answer["jobs"]
+
+    def heartbeat(self, job_id: int, lease_token: str | None = None, *,
+                  lease_seconds: int | None = None) -> Job:
+        body: dict[str, Any] = _fenced(lease_token)
+        if lease_seconds is not None:
+            body["lease_seconds"] = lease_seconds
+        _, _, job = self._request("POST", f"/jobs/{int(job_id)}/heartbeat", body)
+        return job
+
+    def complete(self, job_id: int, lease_token: str | None = None, *,
+                 result: Mapping[str, Any] | None = None) -> Job:
+        """Report success. A retried complete whose first attempt got through answers
+        409 (the job is already completed): check with get_job when that matters."""
+        body = _fenced(lease_token) | {"result": None if result is None else dict(result)}
+        _, _, job = self._request("POST", f"/jobs/{int(job_id)}/complete", body)
+        return job
+
+    def complete_many(self, items: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Complete several jobs (`{"id", "lease_token", "result"}` each); every item is
+        answered on its own: `{"id", "status", "job" or "problem"}`."""
+        _, _, answer = self._request("POST", "/jobs/complete-many",
+                                     {"items": [dict(item) for item in items]})
+        return answer["results"]
+
+    def fail(self, job_id: int, lease_token: str | None = None, *, error: str,
+             retry_in_seconds: int | None = None) -> Job:
+        """Report a failed attempt: the job is pending again (after the backoff, or after
+        `retry_in_seconds`) or failed when its retries are spent."""
+        body = _fenced(lease_token) | {"error": error}
+        if retry_in_seconds is not None:
+            body["retry_in_seconds"] = retry_in_seconds
+        _, _, job = self._request("POST", f"/jobs/{int(job_id)}/fail", body)
+        return job
+
+    # -- admins -------------------------------------------------------------------------------
+
+    def cancel(self, job_id: int) -> Job:
+        _, _, job = self._request("POST", f"/jobs/{int(job_id)}/cancel", {})
+        return job
+
+    def retry(self, job_id: int) -> Job:
+        _, _, job = self._request("POST", f"/jobs/{int(job_id)}/retry", {})
+        return job
+
+    # -- the wire -----------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, body: Any = None, *,
+                 headers: Mapping[str, str] | None = None,
+                 timeout: float | None = None) -> tuple[int, dict[str, str], Any]:
+        """Send with retries; (status, lower-cased headers, parsed JSON or None)."""
+        # Encoding first: a payload that is not JSON is the caller's error, raised at once.
+        data = None if body is None else json.dumps(
+            body, allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode()
+        all_headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json",
+                       "User-Agent": USER_AGENT, **(headers or {})}
+        if data is not None:
+            all_headers["Content-Type"] = "application/json"
+        attempt_timeout = self.timeout if timeout is None else timeout
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                return self._attempt(method, self._prefix + path, data, all_headers,
+                                     attempt_timeout)
+            except _Retryable as failure:
+                if attempt == self.max_attempts:
+                    if isinstance(failure.error, ProblemError):
+                        raise failure.error from None
+                    raise ServerUnreachable(
+                        f"{method} {path}: no answer from {self.url} after {attempt} "
+                        f"attempts ({failure.error!r})") from failure.error
+                time.sleep(self._delay(attempt, failure.retry_after))
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, MAX_RETRY_AFTER_SECONDS)
+        ceiling = min(self.backoff_seconds * 2 ** (attempt - 1), self.max_backoff_seconds)
+        # Jitter spreads the retries of many clients that failed at the same moment.
+        return random.uniform(ceiling / 2, ceiling)
+
+    def _attempt(self, method: str, path: str, data: bytes | None,
+                 headers: dict[str, str], timeout: float) -> tuple[int, dict[str, str], Any]:
+        conn, reused = self._pool.take(timeout)
+        try:
+            response = self._exchange(conn, method, path, data, headers)
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            conn.close()
+            if not reused:
+                raise _Retryable(ServerUnreachable("connection closed")) from None
+            # The server closed an idle keep-alive connection just as it was reused: the
+            # request never reached the application, so one more try is free.
+            conn, _ = self._pool.take(timeout)
+            try:
+                response = self._exchange(conn, method, path, data, headers)
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                raise _retryable_transport_error(exc) from None
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise _retryable_transport_error(exc) from None
+
+        status, response_headers, raw = response
+        if response_headers.get("connection", "").lower() == "close":
+            conn.close()
+        else:
+            self._pool.give_back(conn)
+        parsed = _parse_json(raw)
+        if status < 400:
+            return status, response_headers, parsed
+        error = problem_error(status, parsed, http.client.responses.get(status, "Error"),
+                              _retry_after(response_headers.get("retry-after")))
+        if isinstance(error, ServerError):
+            raise _Retryable(error, error.retry_after if status == 503 else None)
+        raise error
+
+    @staticmethod
+    def _exchange(conn: http.client.HTTPConnection, method: str, path: str,
+                  data: bytes | None, headers: dict[str, str]
+                  ) -> tuple[int, dict[str, str], bytes]:
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        raw = response.read()
+        response_headers = {name.lower(): value for name, value in response.getheaders()}
+        if response.will_close:
+            response_headers["connection"] = "close"
+        return response.status, response_headers, raw
+
+
+def _retryable_transport_error(exc: BaseException) -> Exception:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        # A certificate that does not verify will not verify on the next attempt either.
+        return ServerUnreachable(f"TLS verification failed: {exc}")
+    return _Retryable(exc if isinstance(exc, Exception) else Exception(str(exc)))
+
+
+def _parse_json(raw: bytes) -> Any:
+    if not raw:
+        return None
+    with contextlib.suppress(ValueError):
+        return json.loads(raw)
+    return None
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds: a number of seconds or an HTTP date."""
+    if not value:
+        return None
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(value))
+    with contextlib.suppress(TypeError, ValueError):
+        when = parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
+def _rfc3339(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        raise ValueError("run_at must be timezone-aware (a naive datetime is ambiguous)")
+    return moment.isoformat()
+
+
+def _enqueue_body(type: str, payload: Mapping[str, Any] | None, priority: str | None,
+                  max_retries: int | None, run_at: datetime | str | None,
+                  delay_seconds: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": type, "payload": dict(payload or {})}
+    if priority is not None:
+        body["priority"] = priority
+    if max_retries is not None:
+        body["max_retries"] = max_retries
+    if run_at is not None:
+        body["run_at"] = _rfc3339(run_at) if isinstance(run_at, datetime) else run_at
+    if delay_seconds is not None:
+        body["delay_seconds"] = delay_seconds
+    return body
+
+
+def _claim_body(types: Iterable[str] | None, lease_seconds: int | None,
+                wait_seconds: float) -> dict[str, Any]:
+    body: dict[str, Any] = {"wait_seconds": wait_seconds}
+    if types is not None:
+        body["types"] = list(types)
+    if lease_seconds is not None:
+        body["lease_seconds"] = lease_seconds
+    return body
+
+
+def _fenced(lease_token: str | None) -> dict[str, Any]:
+    return {} if lease_token is None else {"lease_token": lease_token}
