@@ -52,15 +52,19 @@ def _claim_statement(restricted_to_types: bool) -> Any:
         candidates = candidates.where(jobs.c.type.in_(bindparam("types", expanding=True)))
     # PostgreSQL renders FOR UPDATE SKIP LOCKED, so concurrent claims pass over each other's
     # rows instead of queueing on them; SQLite renders nothing and relies on BEGIN IMMEDIATE.
+    # The candidates are a MATERIALIZED CTE, read once: as a plain `IN (subquery)` PostgreSQL
+    # may plan a semi join that runs the LIMIT subquery again for every outer row, and with
+    # SKIP LOCKED each run finds the next row, so one claim took every claimable job.
     candidates = (
         candidates.order_by(*_CLAIM_ORDER)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
-        .scalar_subquery()
+        .cte("claim_candidates")
+        .prefix_with("MATERIALIZED", dialect="postgresql")
     )
     return (
         update(jobs)
-        .where(jobs.c.id.in_(candidates), jobs.c.status == _PENDING)
+        .where(jobs.c.id.in_(select(candidates.c.id)), jobs.c.status == _PENDING)
         .values(
             status=JobStatus.RUNNING.value,
             claimed_at=bindparam("now"),
