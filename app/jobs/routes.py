@@ -16,15 +16,19 @@ from app.jobs.schemas import (
     EnqueueSchema,
     FailSchema,
     HeartbeatSchema,
+    JobListSchema,
+    JobSchema,
     ListQuerySchema,
     represent,
 )
 from app.jobs.service import Claimed, JobService
 from app.keys.models import Role
+from app.openapi import Reply, documented
 
 bp = Blueprint("jobs", __name__)
 
 ANY_ROLE = (Role.PRODUCER, Role.WORKER, Role.ADMIN)
+_JOB = Reply(200, "The job.", JobSchema)
 
 _enqueue_schema = EnqueueSchema()
 _list_query_schema = ListQuerySchema()
@@ -60,6 +64,10 @@ def _idempotency_key_header() -> str | None:
 # /jobs/claim is registered before /jobs/<int:job_id>, and ids are integers, so the literal
 # segment is never taken for an id.
 @bp.post("/jobs/claim")
+@documented("Claim the most urgent claimable job.",
+            body=ClaimSchema,
+            replies=[Reply(200, "The claimed job, running, with its lease_token.", JobSchema),
+                     Reply(204, "Nothing is claimable now.")])
 @require_roles(Role.WORKER)
 def claim_job() -> Response:
     body = load_body(_claim_schema)
@@ -74,6 +82,12 @@ def claim_job() -> Response:
 
 
 @bp.post("/jobs")
+@documented("Enqueue a job.",
+            body=EnqueueSchema, body_required=True, request_headers=["IdempotencyKey"],
+            replies=[Reply(201, "The new job, pending.", JobSchema, ("Location",)),
+                     Reply(200, "A replay: the job this idempotency key created before.",
+                           JobSchema, ("Location", "Idempotent-Replayed"))],
+            errors=[409])
 @require_roles(Role.PRODUCER, Role.ADMIN)
 def enqueue_job() -> Response:
     header_key = _idempotency_key_header()
@@ -87,6 +101,10 @@ def enqueue_job() -> Response:
 
 
 @bp.get("/jobs")
+@documented("List the jobs the caller may see, by id.",
+            query=ListQuerySchema,
+            replies=[Reply(200, "A page of jobs and the cursor of the next page.",
+                           JobListSchema)])
 @require_roles(*ANY_ROLE)
 def list_jobs() -> Response:
     query = load_query(_list_query_schema)
@@ -99,12 +117,15 @@ def list_jobs() -> Response:
 
 
 @bp.get("/jobs/<int:job_id>")
+@documented("Read a job.", replies=[_JOB], errors=[404])
 @require_roles(*ANY_ROLE)
 def get_job(job_id: int) -> Response:
     return _job_response(_service().get_job(current_caller(), job_id))
 
 
 @bp.post("/jobs/<int:job_id>/heartbeat")
+@documented("Extend the lease on a job the caller holds.",
+            body=HeartbeatSchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.WORKER)
 def heartbeat_job(job_id: int) -> Response:
     body = load_body(_heartbeat_schema)
@@ -114,6 +135,8 @@ def heartbeat_job(job_id: int) -> Response:
 
 
 @bp.post("/jobs/<int:job_id>/complete")
+@documented("Report a held job done.",
+            body=CompleteSchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.WORKER)
 def complete_job(job_id: int) -> Response:
     body = load_body(_complete_schema)
@@ -122,6 +145,8 @@ def complete_job(job_id: int) -> Response:
 
 
 @bp.post("/jobs/<int:job_id>/fail")
+@documented("Report a failed attempt: pending again after a backoff, or failed.",
+            body=FailSchema, body_required=True, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.WORKER)
 def fail_job(job_id: int) -> Response:
     body = load_body(_fail_schema)
@@ -131,6 +156,8 @@ def fail_job(job_id: int) -> Response:
 
 
 @bp.post("/jobs/<int:job_id>/cancel")
+@documented("Cancel a pending job.",
+            body=EmptySchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.ADMIN)
 def cancel_job(job_id: int) -> Response:
     load_body(_no_body_schema)
@@ -138,6 +165,8 @@ def cancel_job(job_id: int) -> Response:
 
 
 @bp.post("/jobs/<int:job_id>/retry")
+@documented("Send a failed or cancelled job back to pending, with a fresh retry budget.",
+            body=EmptySchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.ADMIN)
 def retry_job(job_id: int) -> Response:
     load_body(_no_body_schema)

@@ -7,7 +7,7 @@ configuration or the clock (allowed types, payload size, run_at's range) live in
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
@@ -80,13 +80,27 @@ class EmptySchema(StrictSchema):
 class EnqueueSchema(StrictSchema):
     type = fields.String(required=True, validate=validate.Length(min=1, max=100))
     payload = fields.Dict(load_default=dict)
-    priority = PriorityLabel(load_default=None)
+    priority = PriorityLabel(load_default=None, metadata={
+        "enum": [*PRIORITY_LABELS, None],
+        "description": "Case-insensitive. Default: medium, or the key's ceiling if lower."})
     max_retries = StrictInteger(load_default=3, validate=validate.Range(0, MAX_RETRIES))
-    run_at = Timestamp(load_default=None)
+    run_at = Timestamp(load_default=None, metadata={
+        "format": "date-time",
+        "description": "RFC 3339 with an offset; from 1970-01-01 to one year from now."})
     delay_seconds = StrictInteger(load_default=None,
                                   validate=validate.Range(0, MAX_DELAY_SECONDS))
     idempotency_key = fields.String(
         load_default=None, validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII])
+
+    # For /openapi.json: the rule _one_schedule enforces, said in JSON Schema, and a whole
+    # example (field examples would be combined into a body that breaks that rule).
+    openapi_extra: ClassVar[dict[str, Any]] = {
+        "not": {"required": ["run_at", "delay_seconds"],
+                "properties": {"run_at": {"type": "string"},
+                               "delay_seconds": {"type": "integer"}}},
+        "example": {"type": "email", "payload": {"to": "ada@example.com"},
+                    "priority": "high", "max_retries": 5, "delay_seconds": 30},
+    }
 
     @validates_schema
     def _one_schedule(self, data: dict[str, Any], **_: Any) -> None:
@@ -95,13 +109,17 @@ class EnqueueSchema(StrictSchema):
 
 
 class ListQuerySchema(StrictSchema):
-    status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]))
+    status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]),
+                           metadata={"example": "pending"})
     type = _non_empty_text(100)
     limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
     cursor = _non_empty_text(200)
 
 
 class ClaimSchema(StrictSchema):
+    openapi_extra: ClassVar[dict[str, Any]] = {
+        "example": {"types": ["email"], "lease_seconds": 60}}
+
     types = fields.List(_non_empty_text(100), validate=validate.Length(max=100))
     lease_seconds = StrictInteger(validate=validate.Range(1, MAX_LEASE_SECONDS))
     worker_id = _non_empty_text(100)
@@ -112,14 +130,21 @@ class LeaseFencedSchema(StrictSchema):
 
 
 class HeartbeatSchema(LeaseFencedSchema):
+    openapi_extra: ClassVar[dict[str, Any]] = {"example": {"lease_seconds": 120}}
+
     lease_seconds = StrictInteger(validate=validate.Range(1, MAX_LEASE_SECONDS))
 
 
 class CompleteSchema(LeaseFencedSchema):
+    openapi_extra: ClassVar[dict[str, Any]] = {"example": {"result": {"delivered": True}}}
+
     result = fields.Dict(load_default=None)
 
 
 class FailSchema(LeaseFencedSchema):
+    openapi_extra: ClassVar[dict[str, Any]] = {
+        "example": {"error": "SMTP server timed out", "retry_in_seconds": 30}}
+
     error = fields.String(required=True, validate=validate.Length(min=1, max=MAX_ERROR_CHARS))
     retry_in_seconds = StrictInteger(validate=validate.Range(0, MAX_RETRY_IN_SECONDS))
 
