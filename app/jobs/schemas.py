@@ -64,8 +64,13 @@ class Timestamp(fields.String):
         return to_rfc3339(value)
 
 
+# PostgreSQL can neither store nor compare text holding NUL; no type, cursor, worker name or
+# lease token has one, so it is refused here (422) instead of failing in the database (500).
+_NO_NUL = validate.Regexp(r"^[^\x00]*\Z", error="Must not contain NUL characters.")
+
+
 def _non_empty_text(max_length: int) -> fields.String:
-    return fields.String(validate=validate.Length(min=1, max=max_length))
+    return fields.String(validate=[validate.Length(min=1, max=max_length), _NO_NUL])
 
 
 class StrictSchema(Schema):
