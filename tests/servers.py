@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 import requests
 from sqlalchemy.engine import make_url
@@ -201,9 +200,3 @@ def sqlite_path(database_url: str) -> str:
     assert path, database_url
     return path
 
-
-def raise_for_unexpected(response: Any) -> None:
-    """Nothing in these tests should see a 5xx; say what came instead of a bare status."""
-    if response.status_code >= 500:
-        raise AssertionError(f"{response.request.method} {response.request.url} answered "
-                             f"{response.status_code}: {response.text[:500]}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 import sqlite3
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,12 +84,11 @@ def assert_intact(answered: dict[str, Any], shown: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_every_job_answered_201_survives_kill_9_of_the_whole_server(
-        start_server: Callable[..., LiveServer], sqlite_file_url: str) -> None:
-    path = sqlite_path(sqlite_file_url)
-    server = start_server(sqlite_file_url)
-    tokens = [create_api_key(sqlite_file_url, f"producer-{i}", "producer")
-              for i in range(CLIENTS)]
-    admin = QueueClient(server, create_api_key(sqlite_file_url, "admin-1", "admin"))
+        live_server: LiveServer) -> None:
+    server, url = live_server, live_server.database_url
+    path = sqlite_path(url)
+    tokens = [create_api_key(url, f"producer-{i}", "producer") for i in range(CLIENTS)]
+    admin = QueueClient(server, create_api_key(url, "admin-1", "admin"))
     every_acknowledged: dict[int, dict[str, Any]] = {}
 
     for round_no, kill_after in enumerate(KILL_POINTS):
