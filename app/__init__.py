@@ -34,7 +34,9 @@ class Services:
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     """Build the app. `test_config` replaces settings read from QUEUELOG_ variables; it may
     also carry a CLOCK to read time from (tests move it by hand)."""
-    app = Flask(__name__, instance_relative_config=True)
+    # No static folder: Flask would otherwise route /static/<path:filename>, which is no
+    # part of this API.
+    app = Flask(__name__, instance_relative_config=True, static_folder=None)
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.config.update(load_settings())
     if test_config is not None:
@@ -54,6 +56,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.jobs.routes import bp as jobs_bp
 
     app.register_blueprint(jobs_bp)
+    from app.openapi import bp as openapi_bp
+
+    app.register_blueprint(openapi_bp)
     from app.cli import register_commands
 
     register_commands(app)

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from flask import Flask, Response, json
-from marshmallow import ValidationError
+from marshmallow import Schema, ValidationError, fields
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from werkzeug.exceptions import HTTPException
@@ -65,6 +65,18 @@ class ValidationFailed(Problem):
 
 class ServiceUnavailable(Problem):
     status, title, slug = 503, "Service unavailable", "service-unavailable"
+
+
+class ProblemSchema(Schema):
+    """An RFC 9457 problem as `problem_response` builds it; documents it in /openapi.json."""
+
+    type = fields.String(required=True, metadata={"format": "uri"})
+    title = fields.String(required=True)
+    status = fields.Integer(required=True)
+    detail = fields.String(required=True)
+    errors = fields.Dict(keys=fields.String(), values=fields.List(fields.String()),
+                         metadata={"description": "For validation failures: each field, "
+                                                  "named by its dotted path, and its messages."})
 
 
 def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:

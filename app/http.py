@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from flask import request
@@ -13,6 +14,14 @@ from app.errors import UnsupportedMediaType, ValidationFailed
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    # A number like 1e400 parses to inf, which would be stored and served as `Infinity`.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond a double")
+    return value
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -30,9 +39,10 @@ def _has_lone_surrogate(value: Any) -> bool:
 
 
 def parse_json(raw: bytes) -> Any:
-    """Strict JSON: UTF-8, no NaN or Infinity, no unpaired surrogate escapes."""
+    """Strict JSON: UTF-8, no NaN or Infinity (nor numbers that overflow to it), no unpaired
+    surrogate escapes."""
     try:
-        value = json.loads(raw, parse_constant=_reject_constant)
+        value = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError):
         raise ValidationFailed("The body is not valid JSON.",
                                errors={"_body": ["Invalid JSON."]}) from None

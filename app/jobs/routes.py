@@ -11,23 +11,30 @@ from app.errors import Forbidden, Problem, ValidationFailed, problem_body
 from app.http import load_body, load_query
 from app.jobs.schemas import (
     BatchEnqueueSchema,
+    BatchJobListSchema,
+    ClaimedJobListSchema,
     ClaimManySchema,
     ClaimSchema,
+    CompleteManyResultSchema,
     CompleteManySchema,
     CompleteSchema,
     EmptySchema,
     EnqueueSchema,
     FailSchema,
     HeartbeatSchema,
+    JobListSchema,
+    JobSchema,
     ListQuerySchema,
     represent,
 )
 from app.jobs.service import Claimed, JobService
 from app.keys.models import Role
+from app.openapi import Reply, documented
 
 bp = Blueprint("jobs", __name__)
 
 ANY_ROLE = (Role.PRODUCER, Role.WORKER, Role.ADMIN)
+_JOB = Reply(200, "The job.", JobSchema)
 
 _enqueue_schema = EnqueueSchema()
 _list_query_schema = ListQuerySchema()
@@ -75,6 +82,10 @@ def _claim(body: dict[str, Any], limit: int) -> list[Claimed]:
 # The literal routes under /jobs/ are registered before /jobs/<int:job_id>, and ids are
 # integers, so a literal segment is never taken for an id.
 @bp.post("/jobs/claim")
+@documented("Claim the most urgent claimable job, waiting up to wait_seconds for one.",
+            body=ClaimSchema,
+            replies=[Reply(200, "The claimed job, running, with its lease_token.", JobSchema),
+                     Reply(204, "Nothing is claimable now.")])
 @require_roles(Role.WORKER)
 def claim_job() -> Response:
     claimed = _claim(load_body(_claim_schema), limit=1)
@@ -84,6 +95,10 @@ def claim_job() -> Response:
 
 
 @bp.post("/jobs/claim-many")
+@documented("Claim up to max_jobs claimable jobs in claim order, each with its own lease.",
+            body=ClaimManySchema,
+            replies=[Reply(200, "The claimed jobs (possibly none), each with its lease_token.",
+                           ClaimedJobListSchema)])
 @require_roles(Role.WORKER)
 def claim_many_jobs() -> Response:
     body = load_body(_claim_many_schema)
@@ -93,6 +108,11 @@ def claim_many_jobs() -> Response:
 
 
 @bp.post("/jobs/batch")
+@documented("Enqueue up to 1,000 jobs in one transaction, all or nothing.",
+            body=BatchEnqueueSchema, body_required=True,
+            replies=[Reply(201, "The jobs in request order, each marked replayed or not.",
+                           BatchJobListSchema)],
+            errors=[409])
 @require_roles(Role.PRODUCER, Role.ADMIN)
 def enqueue_batch() -> Response:
     if request.headers.get("Idempotency-Key") is not None:
@@ -109,6 +129,10 @@ def enqueue_batch() -> Response:
 
 
 @bp.post("/jobs/complete-many")
+@documented("Complete up to 100 held jobs; each item succeeds or fails on its own.",
+            body=CompleteManySchema, body_required=True,
+            replies=[Reply(200, "One result per item: the job, or the problem.",
+                           CompleteManyResultSchema)])
 @require_roles(Role.WORKER)
 def complete_many_jobs() -> Response:
     body = load_body(_complete_many_schema)
@@ -125,6 +149,12 @@ def complete_many_jobs() -> Response:
 
 
 @bp.post("/jobs")
+@documented("Enqueue a job.",
+            body=EnqueueSchema, body_required=True, request_headers=["IdempotencyKey"],
+            replies=[Reply(201, "The new job, pending.", JobSchema, ("Location",)),
+                     Reply(200, "A replay: the job this idempotency key created before.",
+                           JobSchema, ("Location", "Idempotent-Replayed"))],
+            errors=[409])
 @require_roles(Role.PRODUCER, Role.ADMIN)
 def enqueue_job() -> Response:
     header_key = _idempotency_key_header()
@@ -138,6 +168,10 @@ def enqueue_job() -> Response:
 
 
 @bp.get("/jobs")
+@documented("List the jobs the caller may see, by id.",
+            query=ListQuerySchema,
+            replies=[Reply(200, "A page of jobs and the cursor of the next page.",
+                           JobListSchema)])
 @require_roles(*ANY_ROLE)
 def list_jobs() -> Response:
     query = load_query(_list_query_schema)
@@ -150,12 +184,15 @@ def list_jobs() -> Response:
 
 
 @bp.get("/jobs/<int:job_id>")
+@documented("Read a job.", replies=[_JOB], errors=[404])
 @require_roles(*ANY_ROLE)
 def get_job(job_id: int) -> Response:
     return _job_response(_service().get_job(current_caller(), job_id))
 
 
 @bp.post("/jobs/<int:job_id>/heartbeat")
+@documented("Extend the lease on a job the caller holds.",
+            body=HeartbeatSchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.WORKER)
 def heartbeat_job(job_id: int) -> Response:
     body = load_body(_heartbeat_schema)
@@ -165,6 +202,8 @@ def heartbeat_job(job_id: int) -> Response:
 
 
 @bp.post("/jobs/<int:job_id>/complete")
+@documented("Report a held job done.",
+            body=CompleteSchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.WORKER)
 def complete_job(job_id: int) -> Response:
     body = load_body(_complete_schema)
@@ -173,6 +212,8 @@ def complete_job(job_id: int) -> Response:
 
 
 @bp.post("/jobs/<int:job_id>/fail")
+@documented("Report a failed attempt: pending again after a backoff, or failed.",
+            body=FailSchema, body_required=True, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.WORKER)
 def fail_job(job_id: int) -> Response:
     body = load_body(_fail_schema)
@@ -182,6 +223,8 @@ def fail_job(job_id: int) -> Response:
 
 
 @bp.post("/jobs/<int:job_id>/cancel")
+@documented("Cancel a pending job.",
+            body=EmptySchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.ADMIN)
 def cancel_job(job_id: int) -> Response:
     load_body(_no_body_schema)
@@ -189,6 +232,8 @@ def cancel_job(job_id: int) -> Response:
 
 
 @bp.post("/jobs/<int:job_id>/retry")
+@documented("Send a failed or cancelled job back to pending, with a fresh retry budget.",
+            body=EmptySchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.ADMIN)
 def retry_job(job_id: int) -> Response:
     load_body(_no_body_schema)

@@ -7,11 +7,12 @@ configuration or the clock (allowed types, payload size, run_at's range) live in
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from app.clock import parse_rfc3339, to_rfc3339
+from app.errors import ProblemSchema
 from app.jobs.models import PRIORITY_LABELS, Job, JobStatus, Priority
 
 MAX_LEASE_SECONDS = 3600
@@ -79,8 +80,13 @@ class Timestamp(fields.String):
         return to_rfc3339(value)
 
 
+# PostgreSQL can neither store nor compare text holding NUL; no type, cursor, worker name or
+# lease token has one, so it is refused here (422) instead of failing in the database (500).
+_NO_NUL = validate.Regexp(r"^[^\x00]*\Z", error="Must not contain NUL characters.")
+
+
 def _non_empty_text(max_length: int) -> fields.String:
-    return fields.String(validate=validate.Length(min=1, max=max_length))
+    return fields.String(validate=[validate.Length(min=1, max=max_length), _NO_NUL])
 
 
 class StrictSchema(Schema):
@@ -95,13 +101,27 @@ class EmptySchema(StrictSchema):
 class EnqueueSchema(StrictSchema):
     type = fields.String(required=True, validate=validate.Length(min=1, max=100))
     payload = fields.Dict(load_default=dict)
-    priority = PriorityLabel(load_default=None)
+    priority = PriorityLabel(load_default=None, metadata={
+        "enum": [*PRIORITY_LABELS, None],
+        "description": "Case-insensitive. Default: medium, or the key's ceiling if lower."})
     max_retries = StrictInteger(load_default=3, validate=validate.Range(0, MAX_RETRIES))
-    run_at = Timestamp(load_default=None)
+    run_at = Timestamp(load_default=None, metadata={
+        "format": "date-time",
+        "description": "RFC 3339 with an offset; from 1970-01-01 to one year from now."})
     delay_seconds = StrictInteger(load_default=None,
                                   validate=validate.Range(0, MAX_DELAY_SECONDS))
     idempotency_key = fields.String(
         load_default=None, validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII])
+
+    # For /openapi.json: the rule _one_schedule enforces, said in JSON Schema, and a whole
+    # example (field examples would be combined into a body that breaks that rule).
+    openapi_extra: ClassVar[dict[str, Any]] = {
+        "not": {"required": ["run_at", "delay_seconds"],
+                "properties": {"run_at": {"type": "string"},
+                               "delay_seconds": {"type": "integer"}}},
+        "example": {"type": "email", "payload": {"to": "ada@example.com"},
+                    "priority": "high", "max_retries": 5, "delay_seconds": 30},
+    }
 
     @validates_schema
     def _one_schedule(self, data: dict[str, Any], **_: Any) -> None:
@@ -110,7 +130,8 @@ class EnqueueSchema(StrictSchema):
 
 
 class ListQuerySchema(StrictSchema):
-    status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]))
+    status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]),
+                           metadata={"example": "pending"})
     type = _non_empty_text(100)
     limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
     cursor = _non_empty_text(200)
@@ -122,6 +143,9 @@ class BatchEnqueueSchema(StrictSchema):
 
 
 class ClaimSchema(StrictSchema):
+    openapi_extra: ClassVar[dict[str, Any]] = {
+        "example": {"types": ["email"], "lease_seconds": 60}}
+
     types = fields.List(_non_empty_text(100), validate=validate.Length(max=100))
     lease_seconds = StrictInteger(validate=validate.Range(1, MAX_LEASE_SECONDS))
     worker_id = _non_empty_text(100)
@@ -139,10 +163,14 @@ class LeaseFencedSchema(StrictSchema):
 
 
 class HeartbeatSchema(LeaseFencedSchema):
+    openapi_extra: ClassVar[dict[str, Any]] = {"example": {"lease_seconds": 120}}
+
     lease_seconds = StrictInteger(validate=validate.Range(1, MAX_LEASE_SECONDS))
 
 
 class CompleteSchema(LeaseFencedSchema):
+    openapi_extra: ClassVar[dict[str, Any]] = {"example": {"result": {"delivered": True}}}
+
     result = fields.Dict(load_default=None)
 
 
@@ -156,6 +184,9 @@ class CompleteManySchema(StrictSchema):
 
 
 class FailSchema(LeaseFencedSchema):
+    openapi_extra: ClassVar[dict[str, Any]] = {
+        "example": {"error": "SMTP server timed out", "retry_in_seconds": 30}}
+
     error = fields.String(required=True, validate=validate.Length(min=1, max=MAX_ERROR_CHARS))
     retry_in_seconds = StrictInteger(validate=validate.Range(0, MAX_RETRY_IN_SECONDS))
 
@@ -193,16 +224,6 @@ class BatchJobListSchema(Schema):
 
 class ClaimedJobListSchema(Schema):
     jobs = fields.List(fields.Nested(JobSchema), required=True)
-
-
-class ProblemSchema(Schema):
-    """An RFC 9457 problem, as every error is answered."""
-
-    type = fields.String(required=True)
-    title = fields.String(required=True)
-    status = fields.Integer(required=True)
-    detail = fields.String(required=True)
-    errors = fields.Dict(keys=fields.String(), values=fields.List(fields.String()))
 
 
 class CompleteResultSchema(Schema):

@@ -90,7 +90,8 @@ def decode_cursor(cursor: str) -> int:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         version, _, last_id = text.partition(":")
-        if version != "v1" or not last_id.isdigit():
+        # No job has an id past 64 bits, and neither database can bind one as its id type.
+        if version != "v1" or not last_id.isdigit() or int(last_id) > MAX_JOB_ID:
             raise ValueError(cursor)
         return int(last_id)
     except (ValueError, binascii.Error, UnicodeDecodeError):
@@ -513,7 +514,9 @@ class JobService:
         """Record a failed attempt: pending again after a backoff, or failed when none are left."""
         if job_id > MAX_JOB_ID:
             raise NotFound("No such job.")
-        error = redact_error(error)
+        # PostgreSQL text cannot hold NUL; an error message is diagnostics, so it is kept with
+        # each NUL shown as U+FFFD rather than refused, on every engine alike.
+        error = redact_error(error).replace("\x00", "\ufffd")
 
         def fail_in(conn: Connection) -> Job:
             repo = self._repo(conn, caller)

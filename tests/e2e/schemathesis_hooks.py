@@ -1,0 +1,32 @@
+"""Loaded by `st run` through SCHEMATHESIS_HOOKS: which key each operation is called with.
+
+QUEUELOG_ST_KEYS holds {"default": token, "worker": token}: the worker's key for the routes
+only workers may use (claim, heartbeat, complete, fail), the default key for the rest. Each
+request then reaches the route's logic instead of stopping at 403, and schemathesis still
+probes every operation without a key and with a wrong one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import schemathesis
+
+_WORKER_ROUTES = re.compile(r"^/jobs/(claim|\{job_id\}/(heartbeat|complete|fail))$")
+_KEYS: dict[str, str] = json.loads(os.environ.get("QUEUELOG_ST_KEYS", "{}"))
+
+
+# No caching: the token depends on the operation, and a cached one would leak across them.
+@schemathesis.auth(refresh_interval=None)
+class KeyPerRole:
+    def get(self, case: Any, context: Any) -> str:
+        operation = context.operation
+        if operation.method.upper() == "POST" and _WORKER_ROUTES.match(operation.path):
+            return _KEYS.get("worker", _KEYS["default"])
+        return _KEYS["default"]
+
+    def set(self, case: Any, data: str, context: Any) -> None:
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
