@@ -85,6 +85,8 @@ class Reply:
     description: str
     schema: type[Schema] | None = None
     headers: tuple[str, ...] = ()
+    # Set for answers that are not JSON: each media type, its body a string.
+    text_media_types: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -238,7 +240,10 @@ def _operation(rule: Rule, method: str, view: Any, doc: OperationDoc | None) -> 
     responses: dict[str, Any] = {}
     for reply in doc.replies:
         response: dict[str, Any] = {"description": reply.description}
-        if reply.schema is not None:
+        if reply.text_media_types:
+            response["content"] = {media_type: {"schema": {"type": "string"}}
+                                   for media_type in reply.text_media_types}
+        elif reply.schema is not None:
             response["content"] = {"application/json": {"schema": reply.schema}}
         elif reply.status != 204:
             response["content"] = {"application/json": {"schema": {"type": "object"}}}

@@ -48,6 +48,16 @@ _claim_many_schema = ClaimManySchema()
 _complete_many_schema = CompleteManySchema()
 
 
+@bp.before_request
+def _refuse_unknown_query_parameters() -> None:
+    # Only GET /jobs takes query parameters (its schema refuses unknown ones); anywhere else
+    # a parameter is a client's mistake, said at once rather than silently ignored.
+    if request.args and request.endpoint != "jobs.list_jobs":
+        raise ValidationFailed("This route takes no query parameters.",
+                               errors={name: ["Unknown query parameter."]
+                                       for name in request.args})
+
+
 def _service() -> JobService:
     return current_app.extensions["queuelog"].jobs
 

@@ -11,6 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.errors import ServiceUnavailable
 from app.migrations import current_revision, head_revision
+from app.openapi import Reply, documented
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ def newest_revision() -> str | None:
 
 
 @bp.get("/healthz")
+@documented("Liveness: the process answers (the database is not touched).",
+            replies=[Reply(200, "The process is alive.")])
 def healthz() -> Response:
     # Liveness only: touching the database here would get a healthy process restarted
     # whenever the database is slow, which only adds to the trouble.
@@ -32,6 +35,8 @@ def healthz() -> Response:
 
 
 @bp.get("/readyz")
+@documented("Readiness: the database answers and its schema is at the newest migration.",
+            replies=[Reply(200, "Ready to serve.")], errors=[503])
 def readyz() -> Response:
     newest = newest_revision()
     try:

@@ -32,6 +32,7 @@ from app.errors import Forbidden
 from app.jobs.models import JobStatus
 from app.jobs.repository import JobRepository
 from app.keys.models import Role
+from app.openapi import Reply, documented
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,10 @@ def metrics_of(app: Flask) -> QueueMetrics:
 
 
 @bp.get("/metrics")
+@documented("Prometheus metrics, in its text format (admin key unless "
+            "QUEUELOG_METRICS_PUBLIC=1).",
+            replies=[Reply(200, "The metrics.", text_media_types=(
+                "text/plain", "application/openmetrics-text"))])
 def scrape() -> Response:
     if not current_app.config["METRICS_PUBLIC"]:
         caller = authenticate()
@@ -195,6 +200,10 @@ def scrape() -> Response:
             raise Forbidden(f"A {caller.role.value} key may not read metrics.")
     body, content_type = metrics_of(current_app).render(request.headers.get("Accept"))
     return Response(body, content_type=content_type)
+
+
+# What /openapi.json says of who may scrape: an admin key (unless the operator made it public).
+scrape.allowed_roles = frozenset({Role.ADMIN})  # type: ignore[attr-defined]
 
 
 def init_metrics(app: Flask, metrics: QueueMetrics) -> None:

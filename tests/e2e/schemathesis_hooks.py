@@ -15,7 +15,8 @@ from typing import Any
 
 import schemathesis
 
-_WORKER_ROUTES = re.compile(r"^/jobs/(claim|\{job_id\}/(heartbeat|complete|fail))$")
+_WORKER_ROUTES = re.compile(
+    r"^/jobs/(claim|claim-many|complete-many|\{job_id\}/(heartbeat|complete|fail))$")
 _KEYS: dict[str, str] = json.loads(os.environ.get("QUEUELOG_ST_KEYS", "{}"))
 
 
@@ -30,3 +31,19 @@ class KeyPerRole:
 
     def set(self, case: Any, data: str, context: Any) -> None:
         case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
+
+
+# A claim may wait up to 20 s for work, by design (long polling, proven by
+# tests/jobs/test_waiting.py). Fuzzing hundreds of claims that each wait that long would
+# only measure the sleep, so valid generated waits are shortened to half a second; every
+# other field, and out-of-range wait_seconds, are sent as generated.
+_LONGEST_FUZZED_WAIT = 0.5
+
+
+@schemathesis.hook
+def map_body(context: Any, body: Any) -> Any:
+    wait = body.get("wait_seconds") if isinstance(body, dict) else None
+    valid_wait = isinstance(wait, int | float) and not isinstance(wait, bool) and wait <= 20
+    if valid_wait and wait > _LONGEST_FUZZED_WAIT:
+        return {**body, "wait_seconds": _LONGEST_FUZZED_WAIT}
+    return body

@@ -132,3 +132,14 @@ def test_an_unexpected_error_is_a_500_problem_without_details(app_config):
     body = assert_problem(response, 500)
     assert "secret" not in json.dumps(body)
     application.extensions["queuelog"].db.engine.dispose()
+
+
+@pytest.mark.parametrize("path", ["/jobs/1?x=1", "/jobs/claim?wait=5"])
+def test_unknown_query_parameters_are_422(client, api, producer, worker, path):
+    api.enqueue(producer)
+    key = worker if "claim" in path else producer
+    method = client.post if "claim" in path else client.get
+    response = method(path, headers=key.headers)
+    body = assert_problem(response, 422)
+    assert list(body["errors"].values()) == [["Unknown query parameter."]]
+    assert api.claim(worker).status_code == 200  # the refused claim took nothing
