@@ -39,6 +39,12 @@ class QueueClient:
     def claim(self, **body: Any) -> requests.Response:
         return self.request("POST", "/jobs/claim", json=body)
 
+    def claim_many(self, **body: Any) -> requests.Response:
+        return self.request("POST", "/jobs/claim-many", json=body)
+
+    def complete_many(self, items: list[dict[str, Any]]) -> requests.Response:
+        return self.request("POST", "/jobs/complete-many", json={"items": items})
+
     def heartbeat(self, job_id: int, **body: Any) -> requests.Response:
         return self.request("POST", f"/jobs/{job_id}/heartbeat", json=body)
 

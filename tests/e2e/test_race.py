@@ -24,6 +24,7 @@ WORKERS = 16
 # design, and this test is about claims that race, not about leases.
 LEASE_SECONDS = 3600
 RUN_TIMEOUT_SECONDS = 300
+CLAIM_MANY = 7  # jobs per claim-many: not a divisor of JOBS, so batches end ragged
 
 
 @dataclass
@@ -77,7 +78,37 @@ def work(client: QueueClient, name: str, tally: Tally, producers_done: threading
             tally.add("unexpected", f"complete {done.status_code} {done.text[:200]}")
 
 
-def run_race(servers: list[LiveServer], database_url: str) -> tuple[Tally, list[QueueClient]]:
+def work_in_batches(client: QueueClient, name: str, tally: Tally,
+                    producers_done: threading.Event) -> None:
+    """As `work`, through claim-many and complete-many, several jobs per request."""
+    while True:
+        finished = producers_done.is_set()
+        response = client.claim_many(max_jobs=CLAIM_MANY, lease_seconds=LEASE_SECONDS)
+        if response.status_code != 200:
+            tally.add("unexpected", f"claim-many {response.status_code} {response.text[:200]}")
+            return
+        jobs = response.json()["jobs"]
+        if not jobs:
+            if finished:
+                return
+            time.sleep(0.01)
+            continue
+        for job in jobs:
+            tally.add("claims", (job["id"], name))
+        done = client.complete_many([{"id": job["id"], "lease_token": job["lease_token"],
+                                      "result": {"by": name}} for job in jobs])
+        if done.status_code != 200:
+            tally.add("unexpected", f"complete-many {done.status_code} {done.text[:200]}")
+            return
+        for result in done.json()["results"]:
+            if result["status"] == 200:
+                tally.add("completed", (result["id"], name))
+            else:
+                tally.add("unexpected", f"complete-many item {result}")
+
+
+def run_race(servers: list[LiveServer], database_url: str,
+             worker_loop: Callable[..., None] = work) -> tuple[Tally, list[QueueClient]]:
     """Producers and workers spread over `servers`, all on one database."""
     producer_token = create_api_key(database_url, "producer-1", "producer")
     worker_tokens = [create_api_key(database_url, f"worker-{i:02d}", "worker")
@@ -90,7 +121,7 @@ def run_race(servers: list[LiveServer], database_url: str) -> tuple[Tally, list[
     per_producer = JOBS // PRODUCERS
 
     with ThreadPoolExecutor(max_workers=PRODUCERS + WORKERS) as pool:
-        working = [pool.submit(work, client, f"worker-{i:02d}", tally, producers_done)
+        working = [pool.submit(worker_loop, client, f"worker-{i:02d}", tally, producers_done)
                    for i, client in enumerate(workers)]
         producing = [pool.submit(produce, client, tally, per_producer, i * per_producer)
                      for i, client in enumerate(producers)]
@@ -130,6 +161,16 @@ def test_2000_jobs_16_workers_every_job_completed_exactly_once(
         start_server: Callable[..., LiveServer], server_database_url: str) -> None:
     server = start_server(server_database_url)
     tally, clients = run_race([server], server_database_url)
+
+    admin = QueueClient(server, create_api_key(server_database_url, "admin-1", "admin"))
+    assert_every_job_completed_exactly_once(tally, clients, admin)
+
+
+@pytest.mark.slow
+def test_claim_many_workers_never_share_a_job_and_complete_every_one(
+        start_server: Callable[..., LiveServer], server_database_url: str) -> None:
+    server = start_server(server_database_url)
+    tally, clients = run_race([server], server_database_url, worker_loop=work_in_batches)
 
     admin = QueueClient(server, create_api_key(server_database_url, "admin-1", "admin"))
     assert_every_job_completed_exactly_once(tally, clients, admin)
