@@ -5,10 +5,6 @@ Nothing here sees the HTTP request: handlers pass plain values and the authentic
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import json
 import random
 import secrets
 import threading
@@ -23,13 +19,20 @@ from sqlalchemy.exc import IntegrityError
 from app.clock import MICROS, Clock
 from app.db import Database
 from app.errors import Conflict, Forbidden, NotFound, Problem, ValidationFailed
+from app.jobs.cursor import MAX_JOB_ID, decode_cursor, encode_cursor
+from app.jobs.intake import (
+    IntakeRules,
+    new_job_values,
+    plan_batch,
+    replayed,
+    sized_json,
+)
 from app.jobs.models import (
     LEASE_EXPIRED_ERROR,
     TERMINAL_STATUSES,
     Backoff,
     Job,
     JobStatus,
-    Priority,
     Transition,
     after_failure,
 )
@@ -38,9 +41,6 @@ from app.jobs.waiting import POLL_SECONDS, JobSignal
 from app.keys.models import Caller, Role
 from app.redaction import redact_error
 
-# Ids beyond a signed 64-bit integer exist in no table of ours; answer 404 without asking.
-MAX_JOB_ID = 2**63 - 1
-ONE_YEAR_US = 365 * 24 * 3600 * MICROS
 # Expired leases rescued by one claim at most, so one claim's transaction stays short.
 RESCUE_BATCH = 100
 # A batch whose keys race a concurrent request on PostgreSQL is run again this many times.
@@ -78,33 +78,6 @@ def _ignore_event(_name: str, _count: int) -> None:
     pass
 
 
-def compact_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def encode_cursor(last_id: int) -> str:
-    return base64.urlsafe_b64encode(f"v1:{last_id}".encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> int:
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        version, _, last_id = text.partition(":")
-        # No job has an id past 64 bits, and neither database can bind one as its id type.
-        if version != "v1" or not last_id.isdigit() or int(last_id) > MAX_JOB_ID:
-            raise ValueError(cursor)
-        return int(last_id)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise ValidationFailed("The cursor is not one this service issued.",
-                               errors={"cursor": ["Invalid cursor."]}) from None
-
-
-def _key_reused(position: int | None) -> ValidationFailed:
-    field = "idempotency_key" if position is None else f"jobs.{position}.idempotency_key"
-    return ValidationFailed("This idempotency key was used with a different request.",
-                            errors={field: ["Already used with a different request."]})
-
-
 class JobService:
     def __init__(self, db: Database, clock: Clock, settings: QueueSettings,
                  rng: random.Random | None = None, on_event: EventSink = _ignore_event,
@@ -115,6 +88,7 @@ class JobService:
         self.clock = clock
         self.settings = settings
         self.rng = rng or random.SystemRandom()
+        self.intake = IntakeRules(settings.job_types, settings.max_payload_bytes)
         self.signal = JobSignal()
         # A waiting claim holds a server thread; past this many, claims answer at once, so
         # that waiting claims can never take every thread from the other requests.
@@ -136,7 +110,7 @@ class JobService:
         Returns (job, replayed). Raises ValidationFailed, Forbidden or Conflict.
         """
         now = self.clock.now_us()
-        values = self._new_job_values(caller, request, header_idempotency_key, now)
+        values = new_job_values(self.intake, caller, request, header_idempotency_key, now)
         job, replayed = self.db.run_write(
             lambda conn: self._insert_or_replay(self._repo(conn, caller), values))
         if not replayed:
@@ -155,7 +129,7 @@ class JobService:
         rows, errors = [], {}
         for position, request in enumerate(requests):
             try:
-                rows.append(self._new_job_values(caller, request, None, now))
+                rows.append(new_job_values(self.intake, caller, request, None, now))
             except ValidationFailed as exc:
                 errors.update({f"jobs.{position}.{field}": messages
                                for field, messages in (exc.errors or {}).items()})
@@ -182,112 +156,16 @@ class JobService:
             self.signal.notify()
         return results
 
-    def _insert_or_replay_many(self, repo: JobRepository,
+    @staticmethod
+    def _insert_or_replay_many(repo: JobRepository,
                                rows: list[dict[str, Any]]) -> list[tuple[Job, bool]]:
         keys = {row["idempotency_key"] for row in rows if row["idempotency_key"] is not None}
         stored = repo.find_by_idempotency_keys(rows[0]["producer"], keys) if keys else {}
-        # Decide each row: a replay of a stored job, of an earlier row, or a new job.
-        first_row_with_key: dict[str, int] = {}
-        plan: list[tuple[str, Any]] = []
-        new_rows: list[dict[str, Any]] = []
-        for position, row in enumerate(rows):
-            key = row["idempotency_key"]
-            if key is not None and key in stored:
-                plan.append(("stored", self._replayed(stored[key], row, position)))
-            elif key is not None and key in first_row_with_key:
-                earlier = rows[first_row_with_key[key]]
-                if earlier["request_fingerprint"] != row["request_fingerprint"]:
-                    raise _key_reused(position)
-                plan.append(("earlier", first_row_with_key[key]))
-            else:
-                if key is not None:
-                    first_row_with_key[key] = position
-                plan.append(("new", len(new_rows)))
-                new_rows.append(row)
-        inserted = repo.insert_jobs(new_rows)
-        results: list[tuple[Job, bool]] = []
-        for kind, ref in plan:
-            if kind == "stored":
-                results.append((ref, True))
-            elif kind == "new":
-                results.append((inserted[ref], False))
-            else:
-                results.append((results[ref][0], True))
-        return results
+        plan = plan_batch(rows, stored)
+        return plan.results(repo.insert_jobs(plan.new_rows))
 
-    def _new_job_values(self, caller: Caller, request: dict[str, Any],
-                        header_key: str | None, now: int) -> dict[str, Any]:
-        job_type = request["type"]
-        if not self.settings.job_types:
-            raise ValidationFailed(
-                "No job types are configured; the operator sets QUEUELOG_JOB_TYPES.",
-                errors={"type": ["No job types are configured."]})
-        if job_type not in self.settings.job_types:
-            raise ValidationFailed("Unknown job type.",
-                                   errors={"type": ["Not one of the configured job types."]})
-        if caller.allowed_types is not None and job_type not in caller.allowed_types:
-            raise Forbidden("This key may not enqueue jobs of this type.")
-
-        ceiling = caller.max_priority
-        priority = request.get("priority")
-        if priority is None:
-            priority = min(Priority.MEDIUM, ceiling)
-        elif priority > ceiling:
-            raise Forbidden(f"This key may enqueue at priority {ceiling.label} at most.")
-
-        payload = self._sized_json(request["payload"], "payload")
-
-        body_key = request.get("idempotency_key")
-        if header_key is not None and body_key is not None and header_key != body_key:
-            raise ValidationFailed(
-                "The Idempotency-Key header and the body's idempotency_key differ.",
-                errors={"idempotency_key": ["Differs from the Idempotency-Key header."]})
-        idempotency_key = header_key if header_key is not None else body_key
-
-        run_at, schedule = now, None
-        if request.get("run_at") is not None:
-            run_at = request["run_at"]
-            if not 0 <= run_at <= now + ONE_YEAR_US:
-                raise ValidationFailed(
-                    "run_at is out of range.",
-                    errors={"run_at": ["Must be between 1970-01-01 and one year from now."]})
-            schedule = ["run_at", run_at]
-        elif request.get("delay_seconds") is not None:
-            run_at = now + request["delay_seconds"] * MICROS
-            schedule = ["delay_seconds", request["delay_seconds"]]
-
-        fingerprint = None
-        if idempotency_key is not None:
-            # "The same request": type, canonical payload, effective priority, max_retries
-            # and the schedule as sent.
-            canonical = json.dumps(
-                [job_type, request["payload"], int(priority), request["max_retries"], schedule],
-                sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-            )
-            fingerprint = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-        return {
-            "type": job_type,
-            "payload": payload,
-            "priority": int(priority),
-            "status": JobStatus.PENDING.value,
-            "retry_count": 0,
-            "max_retries": request["max_retries"],
-            "producer": caller.name,
-            "idempotency_key": idempotency_key,
-            "request_fingerprint": fingerprint,
-            "run_at": run_at,
-            "claimed_at": None,
-            "worker_id": None,
-            "lease_expires_at": None,
-            "lease_token": None,
-            "result": None,
-            "error": None,
-            "created_at": now,
-            "updated_at": now,
-        }
-
-    def _insert_or_replay(self, repo: JobRepository, values: dict[str, Any]) -> tuple[Job, bool]:
+    @staticmethod
+    def _insert_or_replay(repo: JobRepository, values: dict[str, Any]) -> tuple[Job, bool]:
         job = repo.insert_job(values)
         if job is not None:
             return job, False
@@ -295,23 +173,7 @@ class JobService:
         twin = repo.find_by_idempotency_key(values["producer"], values["idempotency_key"])
         if twin is None:
             raise Conflict("A request with this idempotency key is still in flight; retry.")
-        return self._replayed(twin, values), True
-
-    @staticmethod
-    def _replayed(twin: Job, values: dict[str, Any], position: int | None = None) -> Job:
-        """The stored job, when `values` is the same request as the one that made it."""
-        if twin.request_fingerprint != values["request_fingerprint"]:
-            raise _key_reused(position)
-        return twin
-
-    def _sized_json(self, value: dict[str, Any], name: str) -> str:
-        text = compact_json(value)
-        limit = self.settings.max_payload_bytes
-        if len(text) > limit // 4 and len(text.encode("utf-8")) > limit:
-            raise ValidationFailed(
-                f"The {name} is larger than {limit} bytes as compact JSON.",
-                errors={name: [f"At most {limit} bytes as compact UTF-8 JSON."]})
-        return text
+        return replayed(twin, values), True
 
     # -- reading --------------------------------------------------------------------------
 
@@ -451,7 +313,8 @@ class JobService:
 
     def complete(self, caller: Caller, job_id: int, *, lease_token: str | None,
                  result: dict[str, Any] | None) -> Job:
-        stored_result = None if result is None else self._sized_json(result, "result")
+        limit = self.settings.max_payload_bytes
+        stored_result = None if result is None else sized_json(result, "result", limit)
         job = self._update_held(caller, job_id, lease_token,
                                 lambda now: self._completed_values(stored_result, now))
         self.on_event("completed", 1)
@@ -462,7 +325,8 @@ class JobService:
         """Complete several held jobs in one transaction; each succeeds or fails on its own
         and is answered with the job or the problem a single complete would give."""
         results_json = [None if item.get("result") is None
-                        else self._sized_json(item["result"], "result") for item in items]
+                        else sized_json(item["result"], "result",
+                                   self.settings.max_payload_bytes) for item in items]
 
         def complete_each(conn: Connection) -> list[tuple[int, Job | Problem]]:
             repo = self._repo(conn, caller)
