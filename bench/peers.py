@@ -152,10 +152,13 @@ PEERS: list[tuple[str, type]] = [("queuelog", QueuelogPeer), ("huey", HueyPeer),
 
 
 def installed(package: str) -> bool:
-    import importlib.util
+    import importlib
 
-    module = {"persist-queue": "persistqueue"}.get(package, package)
-    return importlib.util.find_spec(module) is not None
+    try:
+        importlib.import_module({"persist-queue": "persistqueue"}.get(package, package))
+    except ImportError:
+        return False
+    return True
 
 
 def run_pass(directory: str, repeat: int, count: int,
