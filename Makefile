@@ -1,5 +1,5 @@
 # One command per job, the same locally and in CI.
-.PHONY: serve test test-fast lint
+.PHONY: serve test test-fast lint bench
 
 serve:
 	sh scripts/serve.sh
@@ -12,3 +12,12 @@ test-fast:
 
 lint:
 	.venv-test/bin/ruff check .
+
+# The benchmarks (README.md, "Benchmarks"): about 20 minutes on 2 cores; writes
+# bench/RESULTS.md. The venv holds the project and the peers bench/peers.py compares with.
+bench: .venv-bench/bin/python
+	PYTHONPATH=. .venv-bench/bin/python bench/run_all.py
+
+.venv-bench/bin/python:
+	python3 -m venv .venv-bench
+	.venv-bench/bin/python -m pip install --quiet ".[bench]"

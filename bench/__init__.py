@@ -1,0 +1,1 @@
+"""Benchmarks: each script starts what it measures beside its baseline and prints a table."""

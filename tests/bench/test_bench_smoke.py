@@ -1,0 +1,59 @@
+"""Every benchmark script still runs: each at smoke size (a few hundred jobs, one repeat) in
+its own process. Nothing here looks at a timing; the figures are for bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Variables of the developer's shell that would change what the servers do.
+_SCRUBBED_PREFIXES = ("QUEUELOG_", "GUNICORN_", "PROMETHEUS_MULTIPROC_DIR", "PORT")
+
+# script: the first line of the report it prints, and a column of its first table.
+SCRIPTS = {
+    "storage": ("== Storage: repository vs raw sqlite3", "repository / raw"),
+    "depth": ("== Depth: claim latency", "statement p50"),
+    "http_single": ("== HTTP, one job per request", "bare Flask jobs/s"),
+    "http_batch": ("== HTTP, batches and long polling", "jobs per request"),
+    "peers": ("== Peers:", "dequeue + ack jobs/s"),
+    "memory": ("== Memory: one gunicorn worker", "peak (VmHWM) after"),
+}
+
+
+def run_bench(*argv: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(_SCRUBBED_PREFIXES)}
+    env.update(PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_benchmark_runs_at_smoke_size_and_prints_its_table(script: str,
+                                                           tmp_path: Path) -> None:
+    done = run_bench(f"bench/{script}.py", "--smoke", tmp_path=tmp_path)
+
+    assert done.returncode == 0, done.stderr[-4000:]
+    heading, column = SCRIPTS[script]
+    assert heading in done.stdout
+    assert column in done.stdout
+
+
+@pytest.mark.slow
+def test_run_all_writes_the_results_document(tmp_path: Path) -> None:
+    output = tmp_path / "RESULTS.md"
+
+    done = run_bench("bench/run_all.py", "--smoke", "--only", "storage", "--output",
+                     str(output), tmp_path=tmp_path)
+
+    assert done.returncode == 0, done.stderr[-4000:]
+    text = output.read_text()
+    assert "## Machine" in text
+    assert "## Targets" in text
+    assert "## Storage: repository vs raw sqlite3" in text
