@@ -89,6 +89,17 @@ Index(
     sqlite_where=text("status = 'pending'"),
     postgresql_where=text("status = 'pending'"),
 )
+# The same order within each type, for claims limited to some types (workers whose keys
+# list types): without it such a claim walks past every pending job of the other types.
+Index(
+    "ix_jobs_claim_order_by_type",
+    jobs.c.type,
+    jobs.c.priority.desc(),
+    jobs.c.created_at,
+    jobs.c.id,
+    sqlite_where=text("status = 'pending'"),
+    postgresql_where=text("status = 'pending'"),
+)
 # Expired leases are found through this one, again holding only the running rows.
 Index(
     "ix_jobs_lease_expires_at",

@@ -8,5 +8,5 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv-test/bin/python ] || "$PYTHON" -m venv .venv-test
 .venv-test/bin/python -m pip install --quiet --upgrade pip
-.venv-test/bin/python -m pip install --quiet ".[test]"
+.venv-test/bin/python -m pip install --quiet ".[test,bench]"
 exec .venv-test/bin/python -m pytest "$@"

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from alembic import command
 from sqlalchemy import text
 
 from app.db import Database, make_engine
-from app.jobs.repository import _claim_any_type
+from app.jobs.repository import _candidates_one_type, _claim_any_type, _due_probe_one_type
 from app.migrations import alembic_config, current_revision, head_revision, upgrade
 
 
@@ -118,20 +119,33 @@ def test_in_memory_sqlite_is_refused():
         make_engine("sqlite://")
 
 
-def test_sqlite_claim_reads_the_partial_claim_order_index(sqlite_template):
-    database = Database(make_engine(f"sqlite:///{sqlite_template}"))
-    compiled = _claim_any_type.compile(dialect=database.engine.dialect)
+def _sqlite_plan(template: str, stmt: Any, params: dict[str, Any]) -> list[str]:
+    database = Database(make_engine(f"sqlite:///{template}"))
+    compiled = stmt.compile(dialect=database.engine.dialect)
     with database.read() as conn:
         plan = conn.exec_driver_sql(
             "EXPLAIN QUERY PLAN " + str(compiled),
-            tuple(compiled.construct_params(
-                {"now": 0, "worker": "w", "lease_expires_at": 0, "nonce": "n", "limit": 1}
-            ).get(name) for name in compiled.positiontup),
+            tuple(compiled.construct_params(params).get(name) for name in compiled.positiontup),
         ).all()
     database.engine.dispose()
-    details = " ".join(row[-1] for row in plan)
-    assert "ix_jobs_claim_order" in details
-    assert "TEMP B-TREE" not in details  # no sort: the index is already in claim order
+    return [row[-1] for row in plan]
+
+
+CLAIM_PARAMS = {"now": 0, "worker": "w", "lease_expires_at": 0, "nonce": "n", "limit": 1,
+                "type": "email"}
+
+
+def test_sqlite_claim_reads_the_partial_claim_order_index(sqlite_template):
+    plan = _sqlite_plan(sqlite_template, _claim_any_type, CLAIM_PARAMS)
+    assert any(step.endswith("USING INDEX ix_jobs_claim_order") for step in plan), plan
+    assert not any("TEMP B-TREE" in step for step in plan)  # no sort: already in claim order
+
+
+@pytest.mark.parametrize("stmt", [_candidates_one_type, _due_probe_one_type])
+def test_sqlite_claims_of_one_type_read_that_types_part_of_the_index(sqlite_template, stmt):
+    plan = _sqlite_plan(sqlite_template, stmt, CLAIM_PARAMS)
+    assert any("USING INDEX ix_jobs_claim_order_by_type (type=?)" in step for step in plan), plan
+    assert not any("TEMP B-TREE" in step for step in plan)
 
 
 def test_migrated_schema_equals_the_code_tables(empty_db_url):
@@ -144,7 +158,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0002"
+        assert current_revision(conn) == head_revision() == "0003"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else

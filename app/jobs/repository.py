@@ -21,7 +21,6 @@ from sqlalchemy import (
     insert,
     literal_column,
     select,
-    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -49,32 +48,48 @@ _select_expired_leases = (
 )
 
 
-def _peek_statement(restricted_to_types: bool) -> Any:
-    due = select(jobs.c.id).where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"))
-    if restricted_to_types:
-        due = due.where(jobs.c.type.in_(bindparam("types", expanding=True)))
-    expired = select(jobs.c.id).where(jobs.c.status == _RUNNING,
-                                      jobs.c.lease_expires_at <= bindparam("now"))
-    return union_all(due.limit(1).subquery().select(), expired.limit(1).subquery().select())
+def _pending_due(restricted_to_one_type: bool) -> Any:
+    """Pending jobs that are due, in claim order (of one type: read through its own index)."""
+    stmt = select(jobs.c.id, jobs.c.priority, jobs.c.created_at).where(
+        jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"))
+    if restricted_to_one_type:
+        stmt = stmt.where(jobs.c.type == bindparam("type"))
+    return stmt.order_by(*_CLAIM_ORDER)
 
 
-_peek_any_type = _peek_statement(restricted_to_types=False)
-_peek_some_types = _peek_statement(restricted_to_types=True)
+_expired_lease_probe = select(jobs.c.id).where(
+    jobs.c.status == _RUNNING, jobs.c.lease_expires_at <= bindparam("now")).limit(1)
+_due_probe_any_type = _pending_due(restricted_to_one_type=False).limit(1)
+_due_probe_one_type = _pending_due(restricted_to_one_type=True).limit(1)
+
+# Candidates of one type for a claim; PostgreSQL locks them, skipping rows other claims hold.
+_candidates_one_type = (
+    _pending_due(restricted_to_one_type=True)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+
+_CLAIMED_VALUES = {
+    "status": JobStatus.RUNNING.value,
+    "claimed_at": bindparam("now"),
+    "worker_id": bindparam("worker"),
+    "lease_expires_at": bindparam("lease_expires_at"),
+    # One token per job and attempt: the claim's random nonce, then the job's id.
+    "lease_token": bindparam("nonce", type_=String) + "." + cast(jobs.c.id, String),
+    "updated_at": bindparam("now"),
+}
 
 
-def _claim_statement(restricted_to_types: bool) -> Any:
-    candidates = select(jobs.c.id).where(
-        jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now")
-    )
-    if restricted_to_types:
-        candidates = candidates.where(jobs.c.type.in_(bindparam("types", expanding=True)))
+def _claim_next_any_type() -> Any:
     # PostgreSQL renders FOR UPDATE SKIP LOCKED, so concurrent claims pass over each other's
     # rows instead of queueing on them; SQLite renders nothing and relies on BEGIN IMMEDIATE.
     # MATERIALIZED makes the candidates a fixed set: as a plain subquery PostgreSQL may
     # re-run it for each row it updates, and with SKIP LOCKED each re-run finds new rows,
     # so one claim would take more jobs than its LIMIT.
     candidates = (
-        candidates.order_by(*_CLAIM_ORDER)
+        select(jobs.c.id)
+        .where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"))
+        .order_by(*_CLAIM_ORDER)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
         .cte("candidates")
@@ -83,21 +98,19 @@ def _claim_statement(restricted_to_types: bool) -> Any:
     return (
         update(jobs)
         .where(jobs.c.id.in_(select(candidates.c.id)), jobs.c.status == _PENDING)
-        .values(
-            status=JobStatus.RUNNING.value,
-            claimed_at=bindparam("now"),
-            worker_id=bindparam("worker"),
-            lease_expires_at=bindparam("lease_expires_at"),
-            # One token per job and attempt: the claim's random nonce, then the job's id.
-            lease_token=bindparam("nonce", type_=String) + "." + cast(jobs.c.id, String),
-            updated_at=bindparam("now"),
-        )
+        .values(_CLAIMED_VALUES)
         .returning(*jobs.c)
     )
 
 
-_claim_any_type = _claim_statement(restricted_to_types=False)
-_claim_some_types = _claim_statement(restricted_to_types=True)
+_claim_any_type = _claim_next_any_type()
+# Jobs already chosen (and, on PostgreSQL, locked) by id.
+_claim_chosen = (
+    update(jobs)
+    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.status == _PENDING)
+    .values(_CLAIMED_VALUES)
+    .returning(*jobs.c)
+)
 
 
 @functools.cache
@@ -220,12 +233,15 @@ class JobRepository:
 
     def has_claimable_work(self, now_us: int, types: Collection[str] | None) -> bool:
         """True when a claim now could find a job: a due pending one, or an expired lease.
-        Two index probes; cheap enough to poll while claims wait."""
-        stmt = _peek_any_type if types is None else _peek_some_types
-        params: dict[str, Any] = {"now": now_us}
-        if types is not None:
-            params["types"] = list(types)
-        return self.conn.execute(stmt, params).first() is not None
+        Index probes only; cheap enough to poll while claims wait."""
+        if self.conn.execute(_expired_lease_probe, {"now": now_us}).first() is not None:
+            return True
+        if types is None:
+            return self.conn.execute(_due_probe_any_type, {"now": now_us}).first() is not None
+        return any(
+            self.conn.execute(_due_probe_one_type, {"now": now_us, "type": job_type}).first()
+            is not None
+            for job_type in sorted(types))
 
     def find_expired_leases(self, now_us: int, limit: int) -> list[Job]:
         """Running jobs whose lease ran out, oldest expiry first (locked on PostgreSQL)."""
@@ -260,10 +276,21 @@ class JobRepository:
             "nonce": nonce, "limit": limit,
         }
         if types is None:
-            stmt = _claim_any_type
+            rows = self.conn.execute(_claim_any_type, params)
         else:
-            stmt, params["types"] = _claim_some_types, list(types)
-        claimed = [_job(row) for row in self.conn.execute(stmt, params)]
+            # Each type's candidates through its own index, then the most urgent of all of
+            # them: one query over several types would have to read every pending job of
+            # those types to sort them.
+            candidates = [
+                row for job_type in sorted(types)
+                for row in self.conn.execute(_candidates_one_type, {**params, "type": job_type})
+            ]
+            candidates.sort(key=lambda row: (-row.priority, row.created_at, row.id))
+            chosen = [row.id for row in candidates[:limit]]
+            if not chosen:
+                return []
+            rows = self.conn.execute(_claim_chosen, {**params, "ids": chosen})
+        claimed = [_job(row) for row in rows]
         # RETURNING gives no order; hand the jobs out in claim order.
         claimed.sort(key=lambda job: (-job.priority, job.created_at, job.id))
         return claimed

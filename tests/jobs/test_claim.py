@@ -102,3 +102,19 @@ def test_two_threads_claiming_from_one_queue_never_get_the_same_job(app, produce
     assert errors == []
     assert not set(claimed["a"]) & set(claimed["b"])
     assert sorted(claimed["a"] + claimed["b"]) == sorted(job_ids)
+
+
+def test_a_claim_over_several_types_keeps_one_claim_order_across_them(client, api, admin,
+                                                                     worker, clock):
+    email_low = api.enqueue(admin, type="email", priority="low").json["id"]
+    pdf_high = api.enqueue(admin, type="pdf", priority="high").json["id"]
+    clock.advance(1)
+    email_high = api.enqueue(admin, type="email", priority="high").json["id"]
+    api.enqueue(admin, type="sync", priority="critical")  # not asked for
+    pdf_medium = api.enqueue(admin, type="pdf").json["id"]
+
+    claimed = client.post("/jobs/claim-many", json={"types": ["pdf", "email"], "max_jobs": 3},
+                          headers=worker.headers).json["jobs"]
+
+    assert [job["id"] for job in claimed] == [pdf_high, email_high, pdf_medium]
+    assert api.claim(worker, types=["email", "pdf"]).json["id"] == email_low
