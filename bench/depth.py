@@ -255,11 +255,10 @@ def measure(options: Any) -> Report:
         "statement: JobRepository.claim_next_jobs alone, inside the transaction. "
         "transaction: BEGIN IMMEDIATE, the claim and the COMMIT (its fsync included). For "
         "the peek rows: JobRepository.has_claimable_work, and its read transaction.",
-        "Typed rows (informational, no target): the claim asks for types=['report']. The "
-        "partial index is in claim order without the type, so a claim for a rare type walks "
-        "past the other types' pending jobs, further with each 'report' job taken; a "
-        "long-polling claim's peek for a type with nothing pending walks them all, every "
-        "50 ms while it waits.",
+        "Typed rows (informational, no target): the claim asks for types=['report'], and "
+        "reads that type's part of the per-type claim-order index, so neither a claim for a "
+        "rare type nor a long-polling claim's peek for a type with nothing pending walks "
+        "past the other types' pending jobs.",
         f"The cases take turns every {TURN} claims; after each repeat the claimed jobs are "
         "made pending again (not timed), so each repeat starts from the same count.",
         "Only the repository's claim is timed: the service's expired-lease rescue, which "

@@ -231,9 +231,9 @@ def measure(options: Any) -> Report:
         "(every 50 ms), so the samples mix the two cases. 'Empty' runs on a second server "
         "over its own database, where nothing else is ever pending.",
         "The second row waits behind the jobs the runs above left pending (of type "
-        "'email'), for a 'report' job: each peek and each claim then walks the partial "
-        "index of pending rows past the other type's jobs, since the index does not "
-        "lead with the type. See depth.py's typed rows for the same effect on one claim.",
+        "'email'), for a 'report' job: each peek and each claim reads only the 'report' "
+        "part of the per-type claim-order index, so the backlog of other types costs it "
+        "nothing (see depth.py's typed rows).",
         "The clients are threads in forked processes sharing the 2 cores with the server.",
     ]
     return report
