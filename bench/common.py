@@ -146,6 +146,14 @@ class Report:
                             for target in self.targets]}
 
 
+def run_script(measure: Callable[[argparse.Namespace], Report], doc: str | None,
+               argv: Sequence[str] | None = None) -> None:
+    """A benchmark script's main: its options, its measurements, its printed report."""
+    options = parse_options((doc or "").splitlines()[0], argv)
+    started = time.monotonic()
+    finish(measure(options), options, started)
+
+
 def finish(report: Report, options: argparse.Namespace, started: float) -> None:
     """Print the report and, when asked, write it for run_all.py."""
     report.seconds = time.monotonic() - started

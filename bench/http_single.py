@@ -9,7 +9,6 @@ driven by the same client.
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -126,9 +125,7 @@ def measure(options: Any) -> Report:
 
 
 def main(argv: list[str] | None = None) -> None:
-    options = common.parse_options(__doc__.splitlines()[0], argv)
-    started = time.monotonic()
-    common.finish(measure(options), options, started)
+    common.run_script(measure, __doc__, argv)
 
 
 if __name__ == "__main__":

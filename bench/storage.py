@@ -337,9 +337,7 @@ def measure(options: Any) -> Report:
 
 
 def main(argv: list[str] | None = None) -> None:
-    options = common.parse_options(__doc__.splitlines()[0], argv)
-    started = time.monotonic()
-    common.finish(measure(options), options, started)
+    common.run_script(measure, __doc__, argv)
 
 
 if __name__ == "__main__":

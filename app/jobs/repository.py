@@ -114,40 +114,26 @@ _claim_chosen = (
 
 
 @functools.cache
-def _held_update(columns: frozenset[str], fenced: bool) -> Any:
-    """UPDATE of `columns` on a job the worker holds with a live lease (and, when `fenced`,
-    whose lease token matches). Built once per shape: building and hashing a statement
-    costs more than running it on the hot paths."""
-    stmt = (
+def _job_update(columns: frozenset[str], *, from_statuses: frozenset[str] | None,
+                fenced: bool) -> Any:
+    """UPDATE of `columns` on one job, RETURNING it. With `from_statuses` None the job must be
+    held: running, by the worker, under a live lease; otherwise its status must be one of
+    them. `fenced` adds: its lease token matches. Built once per shape: building and hashing
+    a statement costs more than running it on the hot paths."""
+    if from_statuses is None:
+        conditions = [jobs.c.status == _RUNNING,
+                      jobs.c.worker_id == bindparam("worker"),
+                      jobs.c.lease_expires_at > bindparam("now")]
+    else:
+        conditions = [jobs.c.status.in_(sorted(from_statuses))]
+    if fenced:
+        conditions.append(jobs.c.lease_token == bindparam("held_lease_token"))
+    return (
         update(jobs)
-        .where(
-            jobs.c.id == bindparam("job_id"),
-            jobs.c.status == _RUNNING,
-            jobs.c.worker_id == bindparam("worker"),
-            jobs.c.lease_expires_at > bindparam("now"),
-        )
+        .where(jobs.c.id == bindparam("job_id"), *conditions)
         .values({name: bindparam(f"new_{name}") for name in sorted(columns)})
         .returning(*jobs.c)
     )
-    if fenced:
-        stmt = stmt.where(jobs.c.lease_token == bindparam("held_lease_token"))
-    return stmt
-
-
-@functools.cache
-def _status_update(columns: frozenset[str], from_statuses: frozenset[str],
-                   fenced: bool) -> Any:
-    """UPDATE of `columns` on a job whose status is one of `from_statuses` (and, when
-    `fenced`, whose lease token matches). Built once per shape."""
-    stmt = (
-        update(jobs)
-        .where(jobs.c.id == bindparam("job_id"), jobs.c.status.in_(sorted(from_statuses)))
-        .values({name: bindparam(f"new_{name}") for name in sorted(columns)})
-        .returning(*jobs.c)
-    )
-    if fenced:
-        stmt = stmt.where(jobs.c.lease_token == bindparam("held_lease_token"))
-    return stmt
 
 
 @functools.cache
@@ -299,7 +285,8 @@ class JobRepository:
                         lease_token: str | None, values: Mapping[str, Any]) -> Job | None:
         """Apply `values` if `worker` holds a live lease on the job (named by `lease_token`
         when given). None when it does not, or when there is no such job."""
-        stmt = _held_update(frozenset(values), fenced=lease_token is not None)
+        stmt = _job_update(frozenset(values), from_statuses=None,
+                           fenced=lease_token is not None)
         params = {"job_id": job_id, "worker": worker, "now": now_us,
                   "held_lease_token": lease_token, **_new_values(values)}
         row = self.conn.execute(stmt, params).first()
@@ -310,8 +297,8 @@ class JobRepository:
                              lease_token: str | None = None) -> Job | None:
         """Apply `values` if the job's status is one of `from_statuses` (and, when given, its
         lease token is `lease_token`). None when it is not, or when there is no such job."""
-        stmt = _status_update(frozenset(values), frozenset(from_statuses),
-                              fenced=lease_token is not None)
+        stmt = _job_update(frozenset(values), from_statuses=frozenset(from_statuses),
+                           fenced=lease_token is not None)
         params = {"job_id": job_id, "held_lease_token": lease_token, **_new_values(values)}
         row = self.conn.execute(stmt, params).first()
         return None if row is None else _job(row)
