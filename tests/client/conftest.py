@@ -20,6 +20,7 @@ import pytest
 from app import create_app
 from app.keys.models import Role
 from queuelog_client import Client
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_TYPES = "email,pdf,sync"
@@ -41,10 +42,6 @@ def wait_until(probe: Callable[[], T], timeout: float = 30.0, what: str = "condi
         time.sleep(interval)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _child_env(**extra: str) -> dict[str, str]:

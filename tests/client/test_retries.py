@@ -21,7 +21,7 @@ from queuelog_client import (
     ServiceUnavailable,
     ValidationFailed,
 )
-from tests.client.conftest import free_port
+from tests.servers import free_port
 
 PROBLEM = "application/problem+json"
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.servers import Server, free_port
+from tests.ops.servers import Server
+from tests.servers import free_port
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,10 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 _SCRUBBED_PREFIXES = ("QUEUELOG_", "GUNICORN_", "PROMETHEUS_MULTIPROC_DIR", "PORT")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_environment(tmp_path: Path, **overrides: str) -> dict[str, str]:
@@ -104,16 +99,6 @@ def gunicorn_argv(*extra: str) -> list[str]:
     return [sys.executable, "-m", "gunicorn", *extra, "wsgi:app"]
 
 
-def create_key(database_url: str, name: str, role: str) -> str:
-    """A key made directly in the database the server uses, as `queuelog keys create` would."""
-    from app import create_app
-    from app.keys.models import Role
-
-    app = create_app({"DATABASE_URL": database_url})
-    try:
-        return app.extensions["queuelog"].keys.create_key(name, Role(role))
-    finally:
-        app.extensions["queuelog"].db.engine.dispose()
 
 
 def bearer(token: str) -> dict[str, Any]:

@@ -18,7 +18,8 @@ from sqlalchemy import create_engine, text
 
 from tests.conftest import JOB_TYPES
 from tests.ops.scrape import Scrape
-from tests.ops.servers import Server, bearer, create_key, gunicorn_argv, server_environment
+from tests.ops.servers import Server, bearer, gunicorn_argv, server_environment
+from tests.servers import create_api_key as create_key
 
 pytestmark = pytest.mark.slow
 
