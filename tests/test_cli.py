@@ -125,3 +125,15 @@ def test_purge_below_a_day_needs_force(runner, api, producer, admin, clock):
 def test_purge_refuses_a_malformed_duration(runner):
     result = runner.invoke(args=["purge", "--older-than", "soon"])
     assert result.exit_code != 0
+
+
+def test_alembic_upgrade_head_from_the_checkout_migrates_the_configured_database(tmp_path):
+    db = tmp_path / "via-alembic.sqlite3"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUELOG_")}
+    env["QUEUELOG_DATABASE_URL"] = f"sqlite:///{db}"
+    checkout = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], cwd=checkout,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0003",)
