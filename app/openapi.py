@@ -253,6 +253,14 @@ def _operation(rule: Rule, method: str, view: Any, doc: OperationDoc | None) -> 
         responses[str(reply.status)] = response
     for status in sorted(statuses):
         responses[str(status)] = {"$ref": f"#/components/responses/{_PROBLEMS[status][0]}"}
+    if doc.query is not None:
+        # A query string can make the request line longer than gunicorn accepts
+        # (limit_request_line); gunicorn refuses it before the app runs, in its own HTML.
+        responses["414"] = {
+            "description": "The request line is longer than the server accepts (answered "
+                           "by gunicorn before the application, as text/html).",
+            "content": {"text/html": {"schema": {"type": "string"}}},
+        }
     operation["responses"] = responses
     return operation
 

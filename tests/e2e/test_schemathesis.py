@@ -58,6 +58,8 @@ def test_schemathesis_finds_no_failure_against_the_live_server(
         "--generation-database", "none",
         "--no-color",
     ]
+    if os.environ.get("QUEUELOG_ST_SEED"):  # to replay a failing run: its report names the seed
+        command += ["--seed", os.environ["QUEUELOG_ST_SEED"]]
 
     # Run from tmp_path: schemathesis keeps a cache directory where it runs.
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
