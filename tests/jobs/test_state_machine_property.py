@@ -127,6 +127,20 @@ class QueueMachine(RuleBasedStateMachine):
         assert response.status_code == expected, response.get_json()
         assert response.mimetype == "application/problem+json"
 
+    def report(self, action: str, job_id: int, worker: str, lease_token: str | None,
+               body: dict[str, Any]) -> tuple[Any, ModelJob | None]:
+        """POST a worker's heartbeat, complete or fail. When the model says the worker does
+        not hold the job, check the refusal and return no job; else check the 200."""
+        if lease_token is not None:
+            body["lease_token"] = lease_token
+        response = self.post(f"/jobs/{job_id}/{action}", worker, body)
+        job = self.model.get(job_id)
+        if job is None or not job.held_by(worker, self.now, lease_token):
+            self.expect_not_held(response, job_id)
+            return response, None
+        assert response.status_code == 200, response.get_json()
+        return response, job
+
     def rescue_expired_leases(self) -> None:
         for job in self.model.values():
             if job.status == "running" and job.lease_expires_at <= self.now:  # type: ignore[operator]
@@ -222,36 +236,22 @@ class QueueMachine(RuleBasedStateMachine):
           lease_seconds=st.sampled_from([None, 1, 600]))
     def heartbeat(self, job_id: int, worker: str, token: str, lease_seconds: int | None
                   ) -> None:
-        lease_token = self.token_for(job_id, token)
         body: dict[str, Any] = {}
-        if lease_token is not None:
-            body["lease_token"] = lease_token
         if lease_seconds is not None:
             body["lease_seconds"] = lease_seconds
-        response = self.post(f"/jobs/{job_id}/heartbeat", worker, body)
-
-        job = self.model.get(job_id)
-        if job is None or not job.held_by(worker, self.now, lease_token):
-            self.expect_not_held(response, job_id)
+        _, job = self.report("heartbeat", job_id, worker, self.token_for(job_id, token), body)
+        if job is None:
             return
-        assert response.status_code == 200, response.get_json()
         job.lease_expires_at = self.now + (lease_seconds or LEASE_SECONDS) * MICROS
 
     @rule(job_id=st.one_of(jobs, st.just(UNKNOWN_ID)),
           worker=st.sampled_from(sorted(WORKER_TYPES)),
           token=st.sampled_from([None, "current", "stale", "forged"]))
     def complete(self, job_id: int, worker: str, token: str) -> None:
-        lease_token = self.token_for(job_id, token)
-        body = {"result": {"ok": job_id}}
-        if lease_token is not None:
-            body["lease_token"] = lease_token
-        response = self.post(f"/jobs/{job_id}/complete", worker, body)
-
-        job = self.model.get(job_id)
-        if job is None or not job.held_by(worker, self.now, lease_token):
-            self.expect_not_held(response, job_id)
+        response, job = self.report("complete", job_id, worker, self.token_for(job_id, token),
+                                    {"result": {"ok": job_id}})
+        if job is None:
             return
-        assert response.status_code == 200, response.get_json()
         assert response.get_json()["result"] == {"ok": job_id}
         job.status, job.lease_expires_at = "completed", None
         job.past_tokens.append(job.lease_token)  # type: ignore[arg-type]
@@ -262,20 +262,13 @@ class QueueMachine(RuleBasedStateMachine):
           token=st.sampled_from([None, "current", "stale"]),
           retry_in_seconds=st.sampled_from([None, 0, 5, 100]))
     def fail(self, job_id: int, worker: str, token: str, retry_in_seconds: int | None) -> None:
-        lease_token = self.token_for(job_id, token)
         error = f"attempt failed at {self.now}"
         body: dict[str, Any] = {"error": error}
-        if lease_token is not None:
-            body["lease_token"] = lease_token
         if retry_in_seconds is not None:
             body["retry_in_seconds"] = retry_in_seconds
-        response = self.post(f"/jobs/{job_id}/fail", worker, body)
-
-        job = self.model.get(job_id)
-        if job is None or not job.held_by(worker, self.now, lease_token):
-            self.expect_not_held(response, job_id)
+        response, job = self.report("fail", job_id, worker, self.token_for(job_id, token), body)
+        if job is None:
             return
-        assert response.status_code == 200, response.get_json()
         shown = response.get_json()
         if retry_in_seconds is not None:
             delay_us = retry_in_seconds * MICROS
