@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from sqlalchemy import (
     BigInteger,
@@ -76,6 +77,9 @@ jobs = Table(
     Column("error", Text, nullable=True),
     Column("created_at", Micros, nullable=False),
     Column("updated_at", Micros, nullable=False),
+    # SQLite: never reuse an id, not even after the newest jobs are purged (the highest id
+    # ever given is kept in sqlite_sequence). PostgreSQL's sequence never goes back anyway.
+    sqlite_autoincrement=True,
 )
 
 # The claim reads this index in claim order; it holds only pending rows, so its size and the
@@ -115,6 +119,8 @@ Index("uq_jobs_producer_idempotency_key", jobs.c.producer, jobs.c.idempotency_ke
 Index("ix_jobs_producer_id", jobs.c.producer, jobs.c.id)
 Index("ix_jobs_worker_id_id", jobs.c.worker_id, jobs.c.id)
 
+# No AUTOINCREMENT here: a key's row is never deleted (revocation keeps it, so that its name
+# is never reused), hence its id is never freed; and the id is shown nowhere.
 api_keys = Table(
     "api_keys",
     metadata,
@@ -129,13 +135,15 @@ api_keys = Table(
 )
 
 
-def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int) -> None:
+def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int,
+                          read_only: bool) -> None:
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Keep pysqlite from emitting BEGIN itself; the "begin" hook below does it.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        if not read_only:  # the journal mode is written into the file; a reader leaves it
+            cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA foreign_keys=ON")
@@ -153,15 +161,22 @@ def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int
 
 def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeout: int = 10,
                 sqlite_synchronous: str = "FULL", sqlite_busy_timeout_ms: int = 30_000,
-                ) -> Engine:
+                read_only: bool = False) -> Engine:
     """An engine for `url`, with the hooks its dialect needs. Connects lazily.
 
     `pooled=False` is for one-off commands (migrations, key management): nothing stays open.
+    `read_only=True` opens a SQLite file read-only (a `mode=ro` URI), which also refuses to
+    create a missing file; it is for reading a database another service owns (a copy's
+    source), and changes nothing on other engines.
     """
     parsed = make_url(url)
     is_sqlite = parsed.get_backend_name() == "sqlite"
     if is_sqlite and parsed.database in (None, "", ":memory:"):
         raise ValueError("queuelog needs a SQLite file, not an in-memory database")
+    if is_sqlite and read_only:
+        path = os.path.abspath(parsed.database or "")
+        url = parsed.set(database=f"file:{quote(path)}",
+                         query={"mode": "ro", "uri": "true"}).render_as_string()
     options: dict[str, Any] = {}
     if pooled:
         options.update(pool_size=pool_size, max_overflow=pool_size, pool_timeout=pool_timeout)
@@ -173,7 +188,7 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
         # pool's own ROLLBACK on each check-in would only cost time on every request.
         engine = create_engine(url, connect_args={"check_same_thread": False},
                                pool_reset_on_return=None, **options)
-        _install_sqlite_hooks(engine, sqlite_synchronous, sqlite_busy_timeout_ms)
+        _install_sqlite_hooks(engine, sqlite_synchronous, sqlite_busy_timeout_ms, read_only)
         return engine
     return create_engine(url, pool_pre_ping=True, **options)
 

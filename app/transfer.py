@@ -1,17 +1,24 @@
 """Moving every job and key from one database to another (SQLite → PostgreSQL, say).
 
-Rows keep their ids, so job URLs, cursors and idempotency replays stay valid after a move.
+Rows keep their ids, so job URLs, cursors and idempotency replays stay valid after a move,
+and the target's id sequences continue after the highest id the source ever gave (not only
+the highest it still holds), so an id freed by a purge is not given again after the move.
+The source is only read, and a SQLite source is opened read-only.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, Table, func, insert, select
+from sqlalchemy import Connection, Table, func, insert, select, text
+from sqlalchemy.dialects.postgresql import REGCLASS
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from app.db import Database, api_keys, jobs, make_engine
-from app.migrations import upgrade
+from app.migrations import current_revision, head_revision, upgrade
 
 TABLES: tuple[Table, ...] = (api_keys, jobs)
 
@@ -38,23 +45,82 @@ class TableRows:
     def write(self, rows: list[dict[str, Any]]) -> None:
         self.conn.execute(insert(self.table), rows)
 
-    def continue_ids_after_copy(self) -> None:
-        """PostgreSQL's id sequence knows nothing of ids inserted explicitly; move it on."""
+    def highest_id_ever(self) -> int:
+        """The highest id this table has given, its deleted rows included where the engine
+        remembers them (SQLite's sqlite_sequence, PostgreSQL's sequence); 0 for none."""
+        highest = self.conn.execute(select(func.max(self.table.c.id))).scalar() or 0
         if self.conn.dialect.name == "postgresql":
-            highest = select(func.max(self.table.c.id)).scalar_subquery()
+            sequence = func.pg_get_serial_sequence(self.table.name, "id").cast(REGCLASS)
+            given = self.conn.execute(select(func.pg_sequence_last_value(sequence))).scalar()
+        elif self._remembers_ids_on_sqlite():
+            given = self.conn.execute(_SQLITE_SEQUENCE, {"name": self.table.name}).scalar()
+        else:
+            given = None
+        return max(highest, given or 0)
+
+    def continue_ids_after(self, highest: int) -> None:
+        """Make the next id this table gives larger than `highest`: rows inserted with their
+        ids leave PostgreSQL's sequence where it was, and SQLite's at the highest copied."""
+        if self.conn.dialect.name == "postgresql":
             self.conn.execute(select(func.setval(
-                func.pg_get_serial_sequence(self.table.name, "id"),
-                func.coalesce(highest, 0) + 1,
-                False,
-            )))
+                func.pg_get_serial_sequence(self.table.name, "id"), highest + 1, False)))
+        elif self._remembers_ids_on_sqlite() and highest > 0:
+            params = {"name": self.table.name, "highest": highest}
+            if not self.conn.execute(_SQLITE_SEQUENCE_RAISE, params).rowcount:
+                self.conn.execute(_SQLITE_SEQUENCE_START, params)
+        # Any other SQLite table gives max(id) + 1, which the copied rows already set.
+
+    def _remembers_ids_on_sqlite(self) -> bool:
+        """Declared with AUTOINCREMENT (the jobs table): SQLite keeps its highest id given."""
+        return bool(self.table.dialect_options["sqlite"]["autoincrement"])
+
+
+# sqlite_sequence exists once a table with AUTOINCREMENT does; it holds one row per such
+# table from its first insert on.
+_SQLITE_SEQUENCE = text("SELECT seq FROM sqlite_sequence WHERE name = :name")
+_SQLITE_SEQUENCE_RAISE = text(
+    "UPDATE sqlite_sequence SET seq = max(seq, :highest) WHERE name = :name")
+_SQLITE_SEQUENCE_START = text("INSERT INTO sqlite_sequence (name, seq) VALUES (:name, :highest)")
+
+
+def _check_source(url: str) -> None:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        path = parsed.database or ""
+        if not os.path.isfile(path):
+            raise TransferError(f"the source database {path} does not exist")
 
 
 def copy_database(source_url: str, target_url: str, *, batch_size: int = 1000,
                   progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
     """Copy every key and job from source to target, which is migrated first and must hold
-    none. Returns how many rows of each table were copied."""
+    none. Returns how many rows of each table were copied. The source is checked before the
+    target is touched: a source that is missing or not at this release's schema changes
+    nothing anywhere."""
+    try:
+        _check_source(source_url)
+        source = Database(make_engine(source_url, pooled=False, read_only=True))
+    except (ArgumentError, ValueError) as exc:
+        raise TransferError(f"the source URL is not usable: {exc}") from None
+    try:
+        with source.read() as conn:
+            revision = current_revision(conn)
+        if revision != head_revision():
+            raise TransferError(
+                f"the source database is at schema revision {revision or 'none'}, this "
+                f"release copies from {head_revision()}; run 'queuelog db upgrade' on it first")
+        return _copy(source, target_url, batch_size, progress)
+    except SQLAlchemyError as exc:
+        # The class and the driver's first line only: no statement, no parameters.
+        reason = str(getattr(exc, "orig", exc)).splitlines()[0] if str(exc) else ""
+        raise TransferError(f"the copy failed: {type(exc).__name__}: {reason}") from None
+    finally:
+        source.engine.dispose()
+
+
+def _copy(source: Database, target_url: str, batch_size: int,
+          progress: Callable[[str, int], None] | None) -> dict[str, int]:
     upgrade(target_url)
-    source = Database(make_engine(source_url, pooled=False))
     target = Database(make_engine(target_url, pooled=False))
     try:
         with target.read() as conn:
@@ -65,12 +131,13 @@ def copy_database(source_url: str, target_url: str, *, batch_size: int = 1000,
         copied = {}
         for table in TABLES:
             copied[table.name] = _copy_table(source, target, table, batch_size, progress)
+        with source.read() as conn:
+            highest = {table.name: TableRows(conn, table).highest_id_ever() for table in TABLES}
         with target.write() as conn:
             for table in TABLES:
-                TableRows(conn, table).continue_ids_after_copy()
+                TableRows(conn, table).continue_ids_after(highest[table.name])
         return copied
     finally:
-        source.engine.dispose()
         target.engine.dispose()
 
 

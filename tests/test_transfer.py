@@ -4,6 +4,7 @@ PostgreSQL). The target is each engine in turn; the source is a SQLite file."""
 from __future__ import annotations
 
 import shutil
+import sqlite3
 
 import pytest
 from sqlalchemy import select
@@ -11,6 +12,7 @@ from sqlalchemy import select
 from app import create_app
 from app.db import Database, api_keys, jobs, make_engine
 from app.keys.models import Role
+from app.migrations import current_revision
 from app.transfer import TransferError, copy_database
 from tests.conftest import JOB_TYPES, Api, Key
 
@@ -74,3 +76,72 @@ def test_copy_refuses_a_target_that_already_holds_jobs(source, empty_db_url):
     copy_database(source_url, empty_db_url)
     with pytest.raises(TransferError, match="empty"):
         copy_database(source_url, empty_db_url)
+
+
+def test_copy_continues_ids_after_the_highest_the_source_ever_gave(source, empty_db_url,
+                                                                   clock):
+    # The newest jobs of the source were purged: their ids are gone from its rows but not
+    # from its sequence, and the moved queue must not give them out again.
+    source_url, producer, _ = source
+    application = create_app({"DATABASE_URL": source_url, "JOB_TYPES": JOB_TYPES,
+                              "CLOCK": clock, "TESTING": True})
+    admin = Key("ops", application.extensions["queuelog"].keys.create_key("ops", Role.ADMIN))
+    api = Api(application.test_client())
+    newest = [api.enqueue(producer).json["id"] for _ in range(3)]
+    for job_id in newest:
+        api.cancel(admin, job_id)
+    clock.advance(2 * 86_400)
+    assert application.extensions["queuelog"].jobs.purge(older_than_seconds=86_400,
+                                                             statuses=["cancelled"]) == 3
+    application.extensions["queuelog"].db.engine.dispose()
+
+    copy_database(source_url, empty_db_url)
+
+    moved = create_app({"DATABASE_URL": empty_db_url, "JOB_TYPES": JOB_TYPES, "CLOCK": clock,
+                        "TESTING": True})
+    assert Api(moved.test_client()).enqueue(producer).json["id"] > max(newest)
+    moved.extensions["queuelog"].db.engine.dispose()
+
+
+def test_copy_from_a_missing_sqlite_file_says_so_in_one_line_and_writes_nothing(
+        tmp_path, empty_db_url, runner):
+    missing = tmp_path / "no-such.sqlite3"
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    result = runner.invoke(args=["copy", "--from", f"sqlite:///{missing}",
+                                 "--to", empty_db_url])
+
+    assert result.exit_code != 0
+    assert result.output.strip().splitlines() == [
+        f"Error: the source database {missing} does not exist"]
+    assert "Traceback" not in result.output
+    assert not missing.exists()
+    # Nothing was created beside it, and the target was never migrated.
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    target = Database(make_engine(empty_db_url, pooled=False))
+    with target.read() as conn:
+        assert current_revision(conn) is None
+    target.engine.dispose()
+
+
+def test_copy_opens_a_sqlite_source_read_only(source, empty_db_url, tmp_path):
+    source_url, _, _ = source
+    path = tmp_path / "source.sqlite3"
+    path.chmod(0o400)  # a read-write open would fail; the copy only reads
+    try:
+        copied = copy_database(source_url, empty_db_url)
+    finally:
+        path.chmod(0o600)
+    assert copied == {"api_keys": 2, "jobs": 25}
+
+
+def test_copy_refuses_a_source_without_the_schema_and_leaves_the_target_alone(
+        tmp_path, empty_db_url):
+    stranger = tmp_path / "stranger.sqlite3"
+    sqlite3.connect(stranger).close()
+    with pytest.raises(TransferError, match="schema revision none"):
+        copy_database(f"sqlite:///{stranger}", empty_db_url)
+    target = Database(make_engine(empty_db_url, pooled=False))
+    with target.read() as conn:
+        assert current_revision(conn) is None
+    target.engine.dispose()
