@@ -8,6 +8,7 @@ client package).
 from __future__ import annotations
 
 import re
+from importlib import metadata
 from pathlib import Path
 
 import click
@@ -177,9 +178,31 @@ def _create_app() -> Flask:
     return create_app()
 
 
-def main() -> None:
-    cli = FlaskGroup(create_app=_create_app, add_default_commands=True,
-                     help="queuelog: operate the job queue.")
+def queuelog_version() -> str:
+    """The installed distribution's version (what `pip install .` recorded)."""
+    try:
+        return metadata.version("queuelog")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+# FlaskGroup gives every group --app, --debug and --env-file; queuelog has one app, is served
+# by gunicorn (never Flask's development server) and reads no dotenv files.
+_FLASK_OPTIONS = frozenset({"app", "debug", "env_file"})
+
+
+def build_cli() -> click.Group:
+    """The `queuelog` command: queuelog's commands and version, none of Flask's own."""
+    cli = FlaskGroup(create_app=_create_app, add_default_commands=False,
+                     add_version_option=False, load_dotenv=False, set_debug_flag=False,
+                     help="queuelog: operate the job queue (serve it with gunicorn wsgi:app).")
+    cli.params = [param for param in cli.params if param.name not in _FLASK_OPTIONS]
+    click.version_option(queuelog_version(), "--version", prog_name="queuelog",
+                         message="%(prog)s %(version)s")(cli)
     # On the group itself, so `queuelog worker` never builds the app (no database needed).
     cli.add_command(worker)
-    cli.main(prog_name="queuelog")
+    return cli
+
+
+def main() -> None:
+    build_cli().main(prog_name="queuelog")

@@ -237,7 +237,9 @@ def api(client: FlaskClient) -> Api:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not os.environ.get(POSTGRES_URL_VARIABLE):
+        skipped = sum(1 for report in terminalreporter.stats.get("skipped", [])
+                      if "PostgreSQL half" in str(report.longrepr))
         terminalreporter.write_line(
-            f"NOTE: the PostgreSQL half of the suite was skipped; set {POSTGRES_URL_VARIABLE} "
-            "(e.g. postgresql+psycopg://postgres@127.0.0.1:5432/postgres) to run it.",
-            yellow=True, bold=True)
+            f"NOTE: the PostgreSQL half of the suite was skipped ({skipped} of the skipped "
+            f"tests); set {POSTGRES_URL_VARIABLE} (e.g. postgresql+psycopg://postgres@"
+            "127.0.0.1:5432/postgres) to run it.", yellow=True, bold=True)

@@ -137,3 +137,38 @@ def test_alembic_upgrade_head_from_the_checkout_migrates_the_configured_database
     assert result.returncode == 0, result.stderr
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0004",)
+
+
+def test_version_is_queuelogs_own(tmp_path):
+    from importlib.metadata import version
+
+    result = _run(["--version"], tmp_path, {})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"queuelog {version('queuelog')}"
+    assert "Flask" not in result.stdout and "Werkzeug" not in result.stdout
+
+
+def test_help_lists_queuelogs_commands_and_none_of_flasks(tmp_path):
+    result = _run(["--help"], tmp_path, {"QUEUELOG_DATABASE_URL":
+                                         f"sqlite:///{tmp_path / 'q.sqlite3'}"})
+    assert result.returncode == 0, result.stderr
+    commands = result.stdout.split("Commands:")[1].split()
+    for command in ("db", "keys", "purge", "copy", "backup", "worker"):
+        assert command in commands
+    for flask_own in ("run", "shell", "routes"):
+        assert flask_own not in commands
+    for noise in ("--env-file", "dotenv", "--app", "--debug", "development server"):
+        assert noise not in result.stdout + result.stderr
+
+
+def test_flask_app_app_still_runs_queuelogs_commands(tmp_path):
+    db = tmp_path / "q.sqlite3"
+    flask = Path(sys.executable).with_name("flask")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUELOG_")}
+    env["QUEUELOG_DATABASE_URL"] = f"sqlite:///{db}"
+    checkout = Path(__file__).resolve().parent.parent
+    result = subprocess.run([str(flask), "--app", "app", "db", "upgrade"], cwd=checkout,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)

@@ -33,7 +33,7 @@ def test_ids_are_never_reused_after_every_job_is_purged(app, api, producer, admi
 
 
 def _old_job_row(job_id: int, status: str) -> dict:
-    return {"id": job_id, "type": "email", "payload": '{"n":%d}' % job_id, "priority": 10,
+    return {"id": job_id, "type": "email", "payload": f'{{"n":{job_id}}}', "priority": 10,
             "status": status, "retry_count": 0, "max_retries": 3, "producer": "shop",
             "idempotency_key": f"k{job_id}", "request_fingerprint": None, "run_at": 0,
             "claimed_at": None, "worker_id": None, "lease_expires_at": None,
