@@ -239,6 +239,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not os.environ.get(POSTGRES_URL_VARIABLE):
         skipped = sum(1 for report in terminalreporter.stats.get("skipped", [])
                       if "PostgreSQL half" in str(report.longrepr))
+        if not skipped:
+            return
         terminalreporter.write_line(
             f"NOTE: the PostgreSQL half of the suite was skipped ({skipped} of the skipped "
             f"tests); set {POSTGRES_URL_VARIABLE} (e.g. postgresql+psycopg://postgres@"

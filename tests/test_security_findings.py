@@ -138,10 +138,14 @@ def test_v02_an_unknown_job_type_is_refused_with_422_naming_type_and_nothing_is_
     assert api.enqueue(admin, type=job_type).status_code == 422  # admins get no exception
 
 
-def test_v02_a_worker_asking_for_unknown_types_simply_finds_nothing(api, producer, worker):
+def test_v02_a_worker_asking_for_unknown_types_is_told_so_and_claims_nothing(
+        api, producer, worker, admin):
     job_id = api.enqueue(producer, type="email").json["id"]
 
-    assert api.claim(worker, types=["shutdown"]).status_code == 204
+    refused = api.claim(worker, types=["shutdown", "email"])
+    assert refused.status_code == 422
+    assert "shutdown" in refused.json["detail"]
+    assert api.get(admin, job_id).json["status"] == "pending"
     assert api.claim(worker).json["id"] == job_id
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,17 +40,27 @@ def sized_json(value: dict[str, Any], name: str, limit: int) -> str:
     return text
 
 
+def require_configured_types(configured: frozenset[str], requested: Iterable[str],
+                             field: str) -> None:
+    """ValidationFailed naming the requested types that are not configured, and the ones
+    that are: a misspelt type is refused, never silently matched against nothing."""
+    unknown = sorted(set(requested) - configured)
+    if unknown and not configured:
+        raise ValidationFailed(
+            "No job types are configured; the operator sets QUEUELOG_JOB_TYPES.",
+            errors={field: ["No job types are configured."]})
+    if unknown:
+        listed = ", ".join(sorted(configured))
+        raise ValidationFailed(
+            f"Not configured: {', '.join(unknown)}. The configured job types: {listed}.",
+            errors={field: [f"Not configured: {', '.join(unknown)} (configured: {listed})."]})
+
+
 def new_job_values(rules: IntakeRules, caller: Caller, request: dict[str, Any],
                    header_key: str | None, now: int) -> dict[str, Any]:
     """The row a validated enqueue request stores. Raises ValidationFailed or Forbidden."""
     job_type = request["type"]
-    if not rules.job_types:
-        raise ValidationFailed(
-            "No job types are configured; the operator sets QUEUELOG_JOB_TYPES.",
-            errors={"type": ["No job types are configured."]})
-    if job_type not in rules.job_types:
-        raise ValidationFailed("Unknown job type.",
-                               errors={"type": ["Not one of the configured job types."]})
+    require_configured_types(rules.job_types, [job_type], "type")
     if caller.allowed_types is not None and job_type not in caller.allowed_types:
         raise Forbidden("This key may not enqueue jobs of this type.")
 

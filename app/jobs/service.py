@@ -25,6 +25,7 @@ from app.jobs.intake import (
     new_job_values,
     plan_batch,
     replayed,
+    require_configured_types,
     sized_json,
 )
 from app.jobs.models import (
@@ -224,6 +225,11 @@ class JobService:
         Expired leases are rescued in the same transaction first, so a job whose worker died
         is claimable again by this very claim. While waiting no connection is held.
         """
+        if types is not None:
+            # Checked before anything else: a misspelt type would otherwise find nothing
+            # forever, and a waiting claim only ever probes configured types.
+            types = list(types)
+            require_configured_types(self.settings.job_types, types, "types")
         wanted = self._claimable_types(caller, types)
         if wanted is not None and not wanted:
             return []

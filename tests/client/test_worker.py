@@ -121,6 +121,17 @@ def test_a_runner_whose_key_is_refused_exits_1_and_says_why(live_server, start_r
     assert "not-a-token" not in runner.log()
 
 
+def test_a_runner_asking_for_a_misspelt_type_stops_at_start_with_the_servers_message(
+        live_server, start_runner):
+    token = live_server.create_key("mailer", "worker")
+    runner = start_runner(live_server, token, "tests.client.handlers:succeed",
+                          "--types", "email,emial", "--wait-seconds", "20")
+    assert runner.wait(timeout=30) == 1, runner.log()
+    assert "422" in runner.log()
+    assert "Not configured: emial" in runner.log()
+    assert "configured: email, pdf, sync" in runner.log()
+
+
 def test_sigterm_mid_job_stops_claiming_lets_the_job_finish_and_exits_0(
         live_server, start_runner, tmp_path):
     producer = live_server.client(live_server.create_key("shop", "producer"))

@@ -233,3 +233,13 @@ def test_complete_many_with_a_result_too_large_completes_nothing(client, api, pr
                                                {"id": ids[1], "result": {"x": "y" * 70_000}}])
     assert response.status_code == 422
     assert api.get(worker, ids[0]).json["status"] == "running"
+
+
+def test_claim_many_naming_unconfigured_types_is_422_naming_them(client, api, producer,
+                                                                 worker):
+    api.enqueue(producer)
+    response = claim_many(client, worker, types=["emial"], wait_seconds=5)
+    assert response.status_code == 422
+    assert "emial" in response.json["errors"]["types"][0]
+    assert [j["type"] for j in claim_many(client, worker, types=["email"]).json["jobs"]] == [
+        "email"]

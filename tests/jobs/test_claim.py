@@ -118,3 +118,24 @@ def test_a_claim_over_several_types_keeps_one_claim_order_across_them(client, ap
 
     assert [job["id"] for job in claimed] == [pdf_high, email_high, pdf_medium]
     assert api.claim(worker, types=["email", "pdf"]).json["id"] == email_low
+
+
+def test_a_claim_naming_unconfigured_types_is_422_naming_them(api, producer, worker):
+    api.enqueue(producer)
+    response = api.claim(worker, types=["email", "emial", "pfd"])
+    assert response.status_code == 422
+    assert response.json["errors"] == {
+        "types": ["Not configured: emial, pfd (configured: email, pdf, sync)."]}
+    assert api.claim(worker, types=["email"]).status_code == 200  # nothing was claimed
+
+
+def test_a_claim_names_at_most_100_types(api, worker):
+    response = api.claim(worker, types=["email"] * 101)
+    assert response.status_code == 422 and "types" in response.json["errors"]
+    assert api.claim(worker, types=["email"] * 100).status_code == 204
+
+
+def test_configured_types_outside_the_workers_key_find_nothing(api, make_key, producer):
+    mailer = make_key("mailer", "worker", types=["email"])
+    api.enqueue(producer, type="pdf")
+    assert api.claim(mailer, types=["pdf"]).status_code == 204

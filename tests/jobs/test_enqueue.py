@@ -103,7 +103,10 @@ def test_run_at_and_delay_seconds_together_are_refused(api, producer):
 def test_unknown_job_type_is_refused_and_nothing_is_stored(api, producer, admin):
     response = api.enqueue(producer, type="mine-bitcoin")
     assert response.status_code == 422
-    assert response.json["errors"] == {"type": ["Not one of the configured job types."]}
+    assert response.json["errors"] == {
+        "type": ["Not configured: mine-bitcoin (configured: email, pdf, sync)."]}
+    assert response.json["detail"] == (
+        "Not configured: mine-bitcoin. The configured job types: email, pdf, sync.")
     assert api.list(admin).json["jobs"] == []
 
 

@@ -205,6 +205,9 @@ class QueueMachine(RuleBasedStateMachine):
             body["lease_seconds"] = lease_seconds
         response = self.post("/jobs/claim", worker, body)
 
+        if types is not None and not set(types) <= set(TYPES):
+            assert response.status_code == 422, response.get_json()
+            return
         wanted = None if types is None else frozenset(types)
         if WORKER_TYPES[worker] is not None:
             wanted = WORKER_TYPES[worker] if wanted is None else wanted & WORKER_TYPES[worker]
