@@ -11,7 +11,7 @@ from flask import Flask
 
 from app.auth import init_auth
 from app.clock import Clock
-from app.config import load_settings, normalise
+from app.config import configuration_warnings, load_settings, normalise
 from app.db import Database, make_engine
 from app.errors import register_error_handlers
 from app.jobs.models import Backoff
@@ -42,6 +42,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     if test_config is not None:
         app.config.update(test_config)
     normalise(app.config)
+    # On stderr (Flask's default handler), beside gunicorn's own messages, once per process.
+    for warning in configuration_warnings(app.config):
+        app.logger.warning("queuelog: %s", warning)
     if not app.config.get("DATABASE_URL"):
         os.makedirs(app.instance_path, exist_ok=True)
         path = os.path.join(app.instance_path, "queuelog.sqlite3")

@@ -70,7 +70,7 @@ def keys_create(name: str, role: str, max_priority: str | None, types: str | Non
             name, Role(role),
             max_priority=Priority.from_label(max_priority) if max_priority else None,
             job_types=types.split(",") if types else None,
-            known_types=current_app.config["JOB_TYPES"] or None,
+            known_types=current_app.config["JOB_TYPES"],
         )
     except KeyCommandError as exc:
         raise click.ClickException(str(exc)) from None

@@ -111,6 +111,16 @@ def load_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     return values
 
 
+def configuration_warnings(config: Mapping[str, Any]) -> list[str]:
+    """What the service can run with but will not work well with: logged when the app is
+    built and shown by /readyz."""
+    warnings = []
+    if not config.get("JOB_TYPES"):
+        warnings.append("QUEUELOG_JOB_TYPES is not set: every enqueue is refused (422) and "
+                        "every claim naming a type too, until the operator sets it.")
+    return warnings
+
+
 def normalise(config: dict[str, Any]) -> None:
     """Accept friendly forms from test configs (a list of job types, say)."""
     job_types = config.get("JOB_TYPES")

@@ -172,3 +172,21 @@ def test_flask_app_app_still_runs_queuelogs_commands(tmp_path):
     assert result.returncode == 0, result.stderr
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("shell_types", [None, "email,pdf"])
+def test_keys_create_with_an_unknown_type_is_refused_in_every_shell(tmp_path, shell_types):
+    db = tmp_path / "q.sqlite3"
+    env = {"QUEUELOG_DATABASE_URL": f"sqlite:///{db}"}
+    if shell_types is not None:
+        env["QUEUELOG_JOB_TYPES"] = shell_types
+    assert _run(["db", "upgrade"], tmp_path, env).returncode == 0
+
+    created = _run(["keys", "create", "texter", "--role", "worker", "--types", "sms"],
+                   tmp_path, env)
+
+    assert created.returncode == 1
+    assert "QUEUELOG_JOB_TYPES" in created.stderr
+    assert "Traceback" not in created.stderr
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM api_keys").fetchone() == (0,)

@@ -46,7 +46,11 @@ class KeyService:
                    known_types: frozenset[str] | None = None) -> str:
         """Store a new key and return its token. The token is shown once and never stored.
 
-        `known_types` (the configured job types, when set) catches a misspelt --types.
+        `known_types`, from an operator's command, are the job types configured where the
+        command runs: the types of the key must be among them, and with none configured
+        there is nothing to check a type against, so types are refused (else one shell would
+        accept a misspelt type that another refuses). None (callers inside the service,
+        tests) checks nothing.
         """
         if not _NAME.match(name):
             raise KeyCommandError("a key name is 1-100 letters, digits, '.', '_' or '-'")
@@ -58,9 +62,16 @@ class KeyService:
         types = sorted({t.strip() for t in job_types or () if t.strip()}) or None
         if types and role is Role.ADMIN:
             raise KeyCommandError("--types limits producers and workers; admins see every type")
-        unknown = sorted(set(types or ()) - known_types) if known_types else []
-        if unknown:
-            raise KeyCommandError(f"not among QUEUELOG_JOB_TYPES: {', '.join(unknown)}")
+        if types and known_types is not None:
+            if not known_types:
+                raise KeyCommandError(
+                    "--types needs QUEUELOG_JOB_TYPES set here as the service has it, to "
+                    "check the types against; set it and run the command again")
+            unknown = sorted(set(types) - known_types)
+            if unknown:
+                raise KeyCommandError(
+                    f"not among QUEUELOG_JOB_TYPES ({', '.join(sorted(known_types))}): "
+                    f"{', '.join(unknown)}")
         token = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
         with self.db.write() as conn:
             keys = KeyRepository(conn)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.config import configuration_warnings
 from app.errors import ServiceUnavailable
 from app.migrations import current_revision, head_revision
 from app.openapi import Reply, documented
@@ -36,7 +38,9 @@ def healthz() -> Response:
 
 @bp.get("/readyz")
 @documented("Readiness: the database answers and its schema is at the newest migration.",
-            replies=[Reply(200, "Ready to serve.")], errors=[503])
+            replies=[Reply(200, "Ready to serve; `warnings`, when present, says what will be "
+                                 "refused until the operator fixes a setting.")],
+            errors=[503])
 def readyz() -> Response:
     newest = newest_revision()
     try:
@@ -51,4 +55,10 @@ def readyz() -> Response:
         raise ServiceUnavailable(
             f"The database schema is at revision {current or 'none'}, this release needs "
             f"{newest}; run 'queuelog db upgrade'.", headers={"Retry-After": "5"})
-    return jsonify(status="ready", revision=current)
+    ready: dict[str, Any] = {"status": "ready", "revision": current}
+    # Ready still: reads, claims and reports work, and a misconfigured release should be
+    # told, not taken out of service. The warning says what does not work.
+    warnings = configuration_warnings(current_app.config)
+    if warnings:
+        ready["warnings"] = warnings
+    return jsonify(ready)

@@ -218,3 +218,18 @@ def test_key_options_that_cannot_mean_anything_are_refused(runner, args):
     result = runner.invoke(args=["keys", "create", "odd-key", *args])
     assert result.exit_code != 0
     assert "odd-key" not in runner.invoke(args=["keys", "list"]).output
+
+
+def test_types_are_checked_against_the_configured_types_in_the_commands_shell(
+        runner, app, db_url):
+    refused = _create(runner, "mailer", "--role", "worker", "--types", "sms")
+    assert refused.exit_code != 0
+    assert "not among QUEUELOG_JOB_TYPES (email, pdf, sync): sms" in refused.output
+
+    app.config["JOB_TYPES"] = frozenset()  # a shell without QUEUELOG_JOB_TYPES
+    unchecked = _create(runner, "mailer", "--role", "worker", "--types", "email")
+    assert unchecked.exit_code != 0
+    assert "QUEUELOG_JOB_TYPES" in unchecked.output
+    assert _stored_keys(db_url) == []
+    # A key without types needs no configured types.
+    assert _create(runner, "ops", "--role", "admin").exit_code == 0

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,3 +106,30 @@ def test_probes_take_no_other_method(client: Any) -> None:
     response = client.post("/readyz")
     assert response.status_code == 405
     assert response.content_type == PROBLEM_CONTENT_TYPE
+
+
+def test_readyz_warns_when_no_job_types_are_configured(make_app: Any, db_url: str) -> None:
+    response = make_app(db_url, JOB_TYPES=frozenset()).test_client().get("/readyz")
+    assert response.status_code == 200
+    assert response.get_json()["status"] == "ready"
+    assert "QUEUELOG_JOB_TYPES is not set" in response.get_json()["warnings"][0]
+
+
+def test_readyz_has_no_warnings_when_job_types_are_configured(client: Any) -> None:
+    assert "warnings" not in client.get("/readyz").get_json()
+
+
+def test_starting_without_job_types_warns_on_stderr(tmp_path: Any) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUELOG_")}
+    env["QUEUELOG_DATABASE_URL"] = f"sqlite:///{tmp_path / 'q.sqlite3'}"
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    started = subprocess.run([sys.executable, "-c", "import wsgi"], env=env,
+                             cwd=env["PYTHONPATH"], capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    assert "QUEUELOG_JOB_TYPES is not set" in started.stderr
+    assert started.stdout == ""
+    env["QUEUELOG_JOB_TYPES"] = "email"
+    configured = subprocess.run([sys.executable, "-c", "import wsgi"], env=env,
+                                cwd=env["PYTHONPATH"], capture_output=True, text=True,
+                                timeout=60)
+    assert "QUEUELOG_JOB_TYPES" not in configured.stderr
