@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, Response, json
+from flask import Flask, Response, current_app, json
 from marshmallow import Schema, ValidationError, fields
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -17,12 +17,38 @@ PROBLEM_CONTENT_TYPE = "application/problem+json"
 log = logging.getLogger(__name__)
 
 
+# Every status a problem can carry: its title (sentence case, the one place titles are
+# written) and the last segment of its `type` URI. Werkzeug's own errors (404 for an unknown
+# path, 405, 413, …) are rendered with these too, not with Werkzeug's Title Case names.
+PROBLEM_KINDS: dict[int, tuple[str, str]] = {
+    400: ("Bad request", "bad-request"),
+    401: ("Unauthorized", "unauthorized"),
+    403: ("Forbidden", "forbidden"),
+    404: ("Not found", "not-found"),
+    405: ("Method not allowed", "method-not-allowed"),
+    409: ("Conflict", "conflict"),
+    413: ("Request body too large", "payload-too-large"),
+    415: ("Unsupported media type", "unsupported-media-type"),
+    422: ("Validation failed", "validation-failed"),
+    500: ("Internal server error", "internal-error"),
+    503: ("Service unavailable", "service-unavailable"),
+}
+
+
+def problem_kind(status: int, fallback_name: str = "Error") -> tuple[str, str]:
+    """(title, slug) of a status; a status not in PROBLEM_KINDS gets its name in sentence
+    case."""
+    kind = PROBLEM_KINDS.get(status)
+    if kind is not None:
+        return kind
+    return fallback_name[:1].upper() + fallback_name[1:].lower(), "http-error"
+
+
 class Problem(Exception):
     """An error the client is told about. Subclasses fix the status, the title and the type."""
 
     status = 500
-    title = "Internal server error"
-    slug = "internal-error"
+    title, slug = PROBLEM_KINDS[500]
 
     def __init__(self, detail: str | None = None, *, errors: dict[str, Any] | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -33,38 +59,52 @@ class Problem(Exception):
 
 
 class Unauthorized(Problem):
-    status, title, slug = 401, "Unauthorized", "unauthorized"
+    status = 401
+    title, slug = PROBLEM_KINDS[status]
 
     def __init__(self, detail: str | None = None) -> None:
         super().__init__(detail, headers={"WWW-Authenticate": 'Bearer realm="queuelog"'})
 
 
 class Forbidden(Problem):
-    status, title, slug = 403, "Forbidden", "forbidden"
+    status = 403
+    title, slug = PROBLEM_KINDS[status]
 
 
 class NotFound(Problem):
-    status, title, slug = 404, "Not found", "not-found"
+    status = 404
+    title, slug = PROBLEM_KINDS[status]
 
 
 class Conflict(Problem):
-    status, title, slug = 409, "Conflict", "conflict"
+    status = 409
+    title, slug = PROBLEM_KINDS[status]
 
 
 class PayloadTooLarge(Problem):
-    status, title, slug = 413, "Request body too large", "payload-too-large"
+    status = 413
+    title, slug = PROBLEM_KINDS[status]
 
 
 class UnsupportedMediaType(Problem):
-    status, title, slug = 415, "Unsupported media type", "unsupported-media-type"
+    status = 415
+    title, slug = PROBLEM_KINDS[status]
 
 
 class ValidationFailed(Problem):
-    status, title, slug = 422, "Validation failed", "validation-failed"
+    status = 422
+    title, slug = PROBLEM_KINDS[status]
 
 
 class ServiceUnavailable(Problem):
-    status, title, slug = 503, "Service unavailable", "service-unavailable"
+    status = 503
+    title, slug = PROBLEM_KINDS[status]
+
+
+def body_too_large_detail(limit_bytes: int) -> str:
+    """What a 413 says: the limit, in bytes."""
+    return (f"The request body is larger than {limit_bytes} bytes, the most this service "
+            "accepts (QUEUELOG_MAX_CONTENT_LENGTH).")
 
 
 class ProblemSchema(Schema):
@@ -125,12 +165,6 @@ def problem_response(status: int, title: str, slug: str, detail: str,
     return response
 
 
-_SLUGS = {
-    400: "bad-request", 404: "not-found", 405: "method-not-allowed",
-    413: "payload-too-large", 415: "unsupported-media-type", 422: "validation-failed",
-}
-
-
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(Problem)
     def on_problem(error: Problem) -> Response:
@@ -149,13 +183,15 @@ def register_error_handlers(app: Flask) -> None:
         headers = {}
         if status == 405 and error.valid_methods:  # type: ignore[attr-defined]
             headers["Allow"] = ", ".join(error.valid_methods)  # type: ignore[attr-defined]
-        detail = {
-            404: "No such resource.",
-            405: "This method is not allowed on this resource.",
-            413: "The request body is larger than the service accepts.",
-        }.get(status, error.description or error.name)
-        return problem_response(status, error.name, _SLUGS.get(status, "http-error"),
-                                detail, headers=headers)
+        if status == 413:
+            detail = body_too_large_detail(current_app.config["MAX_CONTENT_LENGTH"])
+        else:
+            detail = {
+                404: "No such resource.",
+                405: "This method is not allowed on this resource.",
+            }.get(status, error.description or error.name)
+        title, slug = problem_kind(status, error.name)
+        return problem_response(status, title, slug, detail, headers=headers)
 
     @app.errorhandler(PoolTimeoutError)
     @app.errorhandler(OperationalError)

@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from flask import request
+from flask import Response, request
 from marshmallow import Schema
 
 from app.errors import UnsupportedMediaType, ValidationFailed
@@ -70,6 +70,13 @@ def json_body() -> dict[str, Any]:
         raise ValidationFailed("The body must be a JSON object.",
                                errors={"_body": ["Must be a JSON object."]})
     return value
+
+
+def no_content() -> Response:
+    """A 204: no body, hence no Content-Type (Werkzeug would otherwise say text/html)."""
+    response = Response(status=204)
+    del response.headers["Content-Type"]
+    return response
 
 
 def load_body(schema: Schema) -> dict[str, Any]:

@@ -29,6 +29,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 OPENAPI_VERSION = "3.0.3"
 API_VERSION = "1"
+API_TITLE = "queuelog HTTP API"
 SECURITY_SCHEME = "bearerAuth"
 _EXTENSION = "queuelog.openapi"
 # Methods Werkzeug answers by itself on every rule; they are not operations of this API.
@@ -140,7 +141,9 @@ def build_openapi(app: Flask) -> dict[str, Any]:
     """The OpenAPI document of `app`: every rule of its URL map, every method but HEAD and
     OPTIONS, described from the views' `@documented` notes and their schemas."""
     spec = APISpec(
-        title="queuelog",
+        # Client generators name their package after the title (openapi-python-client:
+        # "queuelog" would become queuelog_client, the import name of our own client).
+        title=API_TITLE,
         version=API_VERSION,
         openapi_version=OPENAPI_VERSION,
         plugins=[MarshmallowPlugin(schema_name_resolver=_schema_name)],

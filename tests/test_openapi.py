@@ -56,7 +56,14 @@ def test_openapi_json_is_served_without_a_key_as_an_openapi_3_document(
     assert response.mimetype == "application/json"
     document = response.get_json()
     assert document["openapi"].startswith("3.")
-    assert document["info"]["title"] == "queuelog"
+    assert document["info"]["title"] == "queuelog HTTP API"
+
+
+def test_a_generated_clients_package_is_not_named_like_ours(document: dict[str, Any]) -> None:
+    # openapi-python-client names the package it generates after the title, snake-cased
+    # with "_client" added; "queuelog" gave queuelog_client, our own client's import name.
+    words = re.findall(r"[a-z0-9]+", document["info"]["title"].lower())
+    assert "_".join([*words, "client"]) != "queuelog_client"
 
 
 def test_every_route_of_the_app_appears_in_the_document_and_nothing_else(

@@ -8,7 +8,7 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.auth import current_caller, require_roles
 from app.errors import Forbidden, Problem, ValidationFailed, problem_body
-from app.http import load_body, load_query
+from app.http import load_body, load_query, no_content
 from app.jobs.schemas import (
     BatchEnqueueSchema,
     BatchJobListSchema,
@@ -100,7 +100,7 @@ def _claim(body: dict[str, Any], limit: int) -> list[Claimed]:
 def claim_job() -> Response:
     claimed = _claim(load_body(_claim_schema), limit=1)
     if not claimed:
-        return Response(status=204)
+        return no_content()
     return _job_response(claimed[0].job, lease_token=claimed[0].lease_token)
 
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from app import create_app
+from app.errors import PROBLEM_KINDS
 from app.keys.models import Role
 
 PROBLEM_FIELDS = {"type", "title", "status", "detail"}
@@ -116,7 +117,8 @@ def test_body_over_max_content_length_is_a_413_problem(app_config, make_key):
     response = application.test_client().post(
         "/jobs", data=body, content_type="application/json",
         headers={"Authorization": f"Bearer {token}"})
-    assert_problem(response, 413)
+    problem = assert_problem(response, 413)
+    assert "2048 bytes" in problem["detail"]
     application.extensions["queuelog"].db.engine.dispose()
 
 
@@ -143,3 +145,32 @@ def test_unknown_query_parameters_are_422(client, api, producer, worker, path):
     body = assert_problem(response, 422)
     assert list(body["errors"].values()) == [["Unknown query parameter."]]
     assert api.claim(worker).status_code == 200  # the refused claim took nothing
+
+
+def _sentence_case(title):
+    return title == title[:1].upper() + title[1:].lower()
+
+
+def test_problem_titles_are_in_sentence_case_whoever_raised_them(client, api, producer,
+                                                                  worker, admin):
+    answers = [
+        client.get("/nope", headers=producer.headers),            # Werkzeug's 404
+        api.get(producer, 99),                                     # queuelog's 404
+        client.delete("/jobs/1", headers=producer.headers),       # Werkzeug's 405
+        client.get("/jobs"),                                       # 401
+        api.claim(producer),                                       # 403
+        api.retry(admin, api.enqueue(producer).json["id"]),        # 409
+        client.post("/jobs", data="x", content_type="text/plain",
+                    headers=producer.headers),                     # 415
+        api.enqueue(producer, type="nope"),                        # 422
+    ]
+    titles = {answer.status_code: answer.get_json()["title"] for answer in answers}
+    assert titles[404] == "Not found" and titles[405] == "Method not allowed"
+    assert all(_sentence_case(title) for title in titles.values()), titles
+    assert all(_sentence_case(title) for title, _ in PROBLEM_KINDS.values())
+
+
+def test_a_204_carries_no_content_type(api, worker):
+    response = api.claim(worker)
+    assert response.status_code == 204
+    assert "Content-Type" not in response.headers
