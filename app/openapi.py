@@ -308,12 +308,22 @@ def _portable_patterns(node: Any) -> None:
 
 
 def _add_configured_job_types(document: dict[str, Any], job_types: Iterable[str]) -> None:
-    """The job types this deployment accepts, as the enum of an enqueue's `type` (and its
-    example's, so that the example is one this deployment accepts)."""
+    """The job types this deployment accepts, as the enum of an enqueue's `type` and of a
+    claim's `types` (and in their examples, so that each example is one this deployment
+    accepts): any other type is refused with a 422."""
     types = sorted(job_types)
-    enqueue: dict[str, Any] | None = document["components"]["schemas"].get("Enqueue")
-    if enqueue is None or not types:
+    schemas = document["components"]["schemas"]
+    if not types:
         return
-    enqueue["properties"]["type"]["enum"] = types
-    if isinstance(enqueue.get("example"), dict):
-        enqueue["example"]["type"] = types[0]
+    enqueue: dict[str, Any] | None = schemas.get("Enqueue")
+    if enqueue is not None:
+        enqueue["properties"]["type"]["enum"] = types
+        if isinstance(enqueue.get("example"), dict):
+            enqueue["example"]["type"] = types[0]
+    for name in ("Claim", "ClaimMany"):
+        claim: dict[str, Any] | None = schemas.get(name)
+        if claim is None:
+            continue
+        claim["properties"]["types"]["items"]["enum"] = types
+        if isinstance(claim.get("example"), dict) and "types" in claim["example"]:
+            claim["example"]["types"] = types[:1]

@@ -137,6 +137,14 @@ def test_enqueue_documents_its_headers_and_the_configured_job_types(
     assert body["example"]["type"] in JOB_TYPES
 
 
+@pytest.mark.parametrize("path", ["/jobs/claim", "/jobs/claim-many"])
+def test_claims_document_the_configured_job_types(document: dict[str, Any], path: str) -> None:
+    claim = document["paths"][path]["post"]
+    body = _resolve(document, claim["requestBody"]["content"]["application/json"]["schema"])
+    assert body["properties"]["types"]["items"]["enum"] == sorted(JOB_TYPES)
+    assert body["properties"]["types"]["maxItems"] == 100
+
+
 def test_claim_documents_204_without_a_body(document: dict[str, Any]) -> None:
     assert "content" not in document["paths"]["/jobs/claim"]["post"]["responses"]["204"]
 
