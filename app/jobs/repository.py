@@ -24,6 +24,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 
 from app.db import jobs
 from app.jobs.models import Job, JobStatus
@@ -152,6 +153,20 @@ def _job(row: Any) -> Job:
     return Job(*row)
 
 
+# PostgreSQL's deadlock_detected and serialization_failure: the transaction is undone whole
+# and may simply run again.
+_RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+class WriteConflict(Exception):
+    """A concurrent transaction collided with this one (PostgreSQL undid it); run it again."""
+
+
+def _key_order(row: Mapping[str, Any]) -> tuple[bool, str]:
+    key = row.get("idempotency_key")
+    return (key is None, key or "")
+
+
 class JobRepository:
     """Job SQL on one connection. Methods returning `Job | None` return None for "no such row"
     (or, for conditional updates, "the row was not in the expected state")."""
@@ -172,12 +187,23 @@ class JobRepository:
         """Insert several jobs in one statement; the jobs come back in the rows' order.
 
         No ON CONFLICT here: the caller has looked up the idempotency keys in the same
-        transaction, and a concurrent twin raises IntegrityError for it to retry.
+        transaction, and a concurrent twin raises IntegrityError for it to retry; a deadlock
+        with one raises WriteConflict, also to retry.
         """
         if not rows:
             return []
+        # Rows go in in idempotency-key order, whatever the request's order: two batches
+        # sharing keys then wait for each other's keys in one order and cannot deadlock.
+        order = sorted(range(len(rows)), key=lambda i: _key_order(rows[i]))
         stmt = insert(jobs).returning(*jobs.c, sort_by_parameter_order=True)
-        return [_job(row) for row in self.conn.execute(stmt, list(rows))]
+        try:
+            inserted = [_job(row) for row in self.conn.execute(stmt, [rows[i] for i in order])]
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES:
+                raise WriteConflict() from exc
+            raise
+        by_position = dict(zip(order, inserted, strict=True))
+        return [by_position[position] for position in range(len(rows))]
 
     # -- reading --------------------------------------------------------------------------
 
