@@ -299,6 +299,20 @@ def test_finding_07_overlapping_batches_in_opposite_orders_never_deadlock(
         f"r{r}-k{n}" for r in range(rounds) for n in range(keys_per_batch))
 
 
+def test_finding_07_a_batch_keeps_its_request_order_whatever_its_keys(
+        client: FlaskClient, api: Any, producer: Key, worker: Key) -> None:
+    keys = ["zulu", "mike", "alpha"]
+    body = {"jobs": [{"type": "email", "payload": {"k": key}, "idempotency_key": key}
+                     for key in keys]}
+
+    ids = [job["id"] for job in client.post("/jobs/batch", json=body,
+                                            headers=producer.headers).get_json()["jobs"]]
+    claimed = client.post("/jobs/claim-many", json={"max_jobs": 3}, headers=worker.headers)
+
+    assert ids == sorted(ids)
+    assert [job["payload"]["k"] for job in claimed.get_json()["jobs"]] == keys
+
+
 # -- finding 8: a chunked body past the cap was cut and stored -----------------------------------
 
 def _send(port: int, request: bytes) -> bytes:

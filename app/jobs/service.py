@@ -160,6 +160,7 @@ class JobService:
     def _insert_or_replay_many(repo: JobRepository,
                                rows: list[dict[str, Any]]) -> list[tuple[Job, bool]]:
         keys = {row["idempotency_key"] for row in rows if row["idempotency_key"] is not None}
+        repo.lock_idempotency_keys(rows[0]["producer"], keys)
         stored = repo.find_by_idempotency_keys(rows[0]["producer"], keys) if keys else {}
         plan = plan_batch(rows, stored)
         return plan.results(repo.insert_jobs(plan.new_rows))
