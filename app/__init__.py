@@ -14,6 +14,7 @@ from app.clock import Clock
 from app.config import configuration_warnings, load_settings, normalise
 from app.db import Database, make_engine
 from app.errors import register_error_handlers
+from app.jobs.ids import JobIdConverter
 from app.jobs.models import Backoff
 from app.jobs.service import EventSink, JobService, QueueSettings
 from app.keys.service import KeyService
@@ -38,6 +39,15 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # part of this API.
     app = Flask(__name__, instance_relative_config=True, static_folder=None)
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    # UTF-8 as it is: escaping every non-ASCII character as \uXXXX (12 bytes for one outside
+    # the BMP) would triple a listing of non-Latin text.
+    app.json.ensure_ascii = False  # type: ignore[attr-defined]
+    app.url_map.converters["id"] = JobIdConverter
+    # Werkzeug would answer these itself, outside the error handlers, in HTML: `/jobs//1`
+    # with a redirect to `/jobs/1`, OPTIONS with an empty text/html 200. This API has no
+    # such routes: they are 404 and 405 problems like every other unknown path or method.
+    app.url_map.merge_slashes = False
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.config.update(load_settings())
     if test_config is not None:
         app.config.update(test_config)

@@ -39,6 +39,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from app.files import create_private, open_private
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -137,6 +139,15 @@ api_keys = Table(
 
 def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int,
                           read_only: bool) -> None:
+    path = engine.url.database
+    if path and not engine.url.query:  # a plain file path, not a URI with a mode of its own
+
+        @event.listens_for(engine, "do_connect")
+        def create_database_file(*_args: Any) -> None:
+            # Created here rather than by SQLite, which would give it (and so its -wal and
+            # -shm files) whatever the umask allows.
+            create_private(path)
+
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Keep pysqlite from emitting BEGIN itself; the "begin" hook below does it.
@@ -306,7 +317,7 @@ class SqliteWriter:
         if self._lock_pid != os.getpid():
             # A forked child must not share its parent's open file: flock locks belong to
             # the open file, so parent and child would both believe they hold it.
-            self._lock_file = open(self.lock_path, "a+b")  # noqa: SIM115 (kept open)
+            self._lock_file = os.fdopen(open_private(self.lock_path), "r+b")
             self._lock_pid = os.getpid()
         fcntl.flock(self._lock_file, fcntl.LOCK_EX)
         try:

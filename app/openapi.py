@@ -24,6 +24,7 @@ from marshmallow import Schema
 from werkzeug.routing import Rule
 
 from app.errors import PROBLEM_CONTENT_TYPE, ProblemSchema
+from app.jobs.ids import MAX_JOB_ID
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,8 +35,6 @@ SECURITY_SCHEME = "bearerAuth"
 _EXTENSION = "queuelog.openapi"
 # Methods Werkzeug answers by itself on every rule; they are not operations of this API.
 _IMPLICIT_METHODS = frozenset({"HEAD", "OPTIONS"})
-# Ids are signed 64-bit integers in every table; larger ones answer 404 without a lookup.
-MAX_ID = 2**63 - 1
 
 _PROBLEMS: dict[int, tuple[str, str]] = {
     401: ("Unauthorized", "No valid API key: send 'Authorization: Bearer <token>'."),
@@ -194,13 +193,13 @@ _RULE_ARGUMENT = re.compile(r"<(?:(\w+)(?:\([^)]*\))?:)?(\w+)>")
 
 
 def _openapi_path(rule: Rule) -> tuple[str, list[dict[str, Any]]]:
-    """`/jobs/<int:job_id>` as `/jobs/{job_id}`, with the path parameters it declares."""
+    """`/jobs/<id:job_id>` as `/jobs/{job_id}`, with the path parameters it declares."""
     parameters = []
     for converter, name in _RULE_ARGUMENT.findall(rule.rule):
         schema: dict[str, Any] = {"type": "string"}
-        if converter == "int":
-            # Werkzeug's int converter takes digits only; beyond MAX_ID nothing is stored.
-            schema = {"type": "integer", "format": "int64", "minimum": 1, "maximum": MAX_ID}
+        if converter == "id":
+            schema = {"type": "integer", "format": "int64", "minimum": 1,
+                      "maximum": MAX_JOB_ID}
         parameters.append({"name": name, "in": "path", "required": True, "schema": schema})
     return _RULE_ARGUMENT.sub(r"{\2}", rule.rule), parameters
 

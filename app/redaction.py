@@ -9,16 +9,19 @@ MASK = "***"
 
 _SECRET_NAMES = r"(?:password|passwd|pwd|secret|token|api_key|authorization)"  # noqa: S105
 
-# scheme://user:pass@host -> scheme://***@host
+# scheme://user:pass@host -> scheme://***@host. A password may itself hold "@": everything up
+# to the last "@" before the host (the first "/", "?", "#" or space) is hidden.
 # (The scheme and the key names below are bounded or unprefixed so that every pattern runs in
 # linear time: an unbounded `[A-Za-z0-9…]*` tried from each position made a 100,000-character
 # error of letters and hyphens take minutes to redact.)
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]{0,63}://)[^/\s@]+@")
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]{0,63}://)[^/?#\s]+@")
 # "password": "value" (JSON form; escaped quotes inside the value included), and the same
-# with single quotes, as Python prints a dict: {'password': 'value'}
+# with single quotes, as Python prints a dict: {'password': 'value'}; the value may also be
+# a bytes literal (b'value') or any other scalar: a number, true/false/null, True/False/None.
 _JSON_PAIR = re.compile(
     rf'(?P<key>["\'][A-Za-z0-9_\-]*{_SECRET_NAMES}["\']\s*:\s*)'
-    rf'(?P<value>"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\')',
+    rf'(?:(?P<open>b?")(?:[^"\\]|\\.)*"|(?P<open_single>b?\')(?:[^\'\\]|\\.)*\''
+    r"|-?[0-9][0-9.eE+\-]*|(?:true|false|null|none)\b)",
     re.IGNORECASE,
 )
 # password=value, password: value, Authorization: Basic abc (up to the end of the value)
@@ -26,12 +29,22 @@ _PLAIN_PAIR = re.compile(
     # (no `\b[A-Za-z0-9_\-]*` prefix: it matched the same keys, db_password included, since
     # the prefix stays in the text either way, but cost quadratic time on "a-a-a-…")
     rf"(?P<key>{_SECRET_NAMES}\b\s*[=:]\s*)"
-    # a quoted value (password="a b", password='x') whole; else up to a delimiter
-    rf"(?P<value>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'"
+    # a quoted value (password="a b", password='x', password=b'x') whole; else up to a
+    # delimiter
+    rf"(?P<value>b?\"(?:[^\"\\]|\\.)*\"|b?'(?:[^'\\]|\\.)*'"
     rf"|[\"']?(?:(?:Bearer|Basic|Token)\s+)?[^\s,;&'\"}}]+)",
     re.IGNORECASE,
 )
 _BEARER = re.compile(r"\bBearer\s+[A-Za-z0-9\-._~+/]+=*", re.IGNORECASE)
+
+
+def _masked_json_value(match: re.Match[str]) -> str:
+    """The pair with its value masked; a quoted value keeps its quotes (and b prefix)."""
+    if match["open"]:
+        return f'{match["key"]}{match["open"]}{MASK}"'
+    if match["open_single"]:
+        return f"{match['key']}{match['open_single']}{MASK}'"
+    return f"{match['key']}{MASK}"
 
 
 def redact_error(text: str) -> str:
@@ -40,7 +53,7 @@ def redact_error(text: str) -> str:
     Redaction runs on the whole text first, so a secret straddling the cut is masked too.
     """
     text = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{MASK}@", text)
-    text = _JSON_PAIR.sub(lambda m: f'{m["key"]}{m["value"][0]}{MASK}{m["value"][0]}', text)
+    text = _JSON_PAIR.sub(_masked_json_value, text)
     text = _PLAIN_PAIR.sub(lambda m: f"{m['key']}{MASK}", text)
     text = _BEARER.sub(f"Bearer {MASK}", text)
     return text[:MAX_STORED_ERROR_CHARS]

@@ -237,3 +237,53 @@ def test_the_longest_harmless_error_the_api_accepts_is_only_cut(filler):
 ], ids=["one endless value", "key after key", "bearer after bearer", "half-open json"])
 def test_the_longest_error_full_of_secret_names_is_masked_and_cut(filler, stored):
     assert redact_error(_repeat(filler)) == stored
+
+
+# -- finding 10 of issue 13: passwords holding "@", and values that are not plain strings -------
+
+@pytest.mark.parametrize("text,expected", [
+    ("postgres://user:p@ss@host/db", "postgres://***@host/db"),
+    ("redis://:p@ss@w0rd@cache:6379/0 then mail bob@example.com",
+     "redis://***@cache:6379/0 then mail bob@example.com"),
+    ("amqp://guest:a@b@rabbit", "amqp://***@rabbit"),
+    ("https://u:pw@host?next=a@b", "https://***@host?next=a@b"),
+], ids=["one @", "several @, text after kept", "no path", "@ in the query kept"])
+def test_a_url_password_holding_at_signs_is_hidden_up_to_the_last_at_before_the_host(
+        text, expected):
+    assert redact_error(text) == expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    ('{"password": 12345, "user": "bob"}', '{"password": ***, "user": "bob"}'),
+    ('{"pin_token": -1.5e3}', '{"pin_token": ***}'),
+    ('{"secret": true}', '{"secret": ***}'),
+    ('{"secret": false}', '{"secret": ***}'),
+    ('{"api_key": null}', '{"api_key": ***}'),
+    ("{'password': None, 'user': 'bob'}", "{'password': ***, 'user': 'bob'}"),
+    ("{'password': 4242}", "{'password': ***}"),
+    ("password=12345", "password=***"),
+    ("token: 0.5", "token: ***"),
+], ids=["json int", "json float", "true", "false", "null", "python None", "python int",
+        "k=number", "k: number"])
+def test_a_secret_whose_value_is_a_number_or_another_json_scalar_is_hidden(text, expected):
+    assert redact_error(text) == expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("{'password': b'hunter2', 'user': 'bob'}", "{'password': b'***', 'user': 'bob'}"),
+    ('{"token": b"abc"}', '{"token": b"***"}'),
+    ("connect(password=b'hunter 2', host='db')", "connect(password=***, host='db')"),
+    ('secret: b"x y" then', "secret: *** then"),
+], ids=["python dict", "double-quoted", "keyword argument, with a space", "k: bytes"])
+def test_a_secret_whose_value_is_a_bytes_literal_is_hidden_whole(text, expected):
+    assert redact_error(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    '{"tokens": 5, "count": 3}',
+    "{'max_tokens': 200}",
+    "see https://example.com/a@b?c=d@e",
+    "b'password'",
+])
+def test_numbers_and_bytes_under_other_names_are_left_as_they_were(text):
+    assert redact_error(text) == text

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 
 from app.errors import ValidationFailed
+from app.jobs.ids import MAX_JOB_ID
 
-# No job has an id past 64 bits, and neither database can bind one as its id type.
-MAX_JOB_ID = 2**63 - 1
+_ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
 
 
 def encode_cursor(last_id: int) -> str:
@@ -20,7 +21,9 @@ def decode_cursor(cursor: str) -> int:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         version, _, last_id = text.partition(":")
-        if version != "v1" or not last_id.isdigit() or int(last_id) > MAX_JOB_ID:
+        # ASCII digits only: str.isdigit and int() would also take other scripts' digits.
+        if (version != "v1" or not _ASCII_DIGITS.fullmatch(last_id)
+                or int(last_id) > MAX_JOB_ID):
             raise ValueError(cursor)
         return int(last_id)
     except (ValueError, binascii.Error, UnicodeDecodeError):

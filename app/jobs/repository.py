@@ -21,9 +21,11 @@ from sqlalchemy import (
     insert,
     literal_column,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 
 from app.db import jobs
 from app.jobs.models import Job, JobStatus
@@ -152,6 +154,24 @@ def _job(row: Any) -> Job:
     return Job(*row)
 
 
+# PostgreSQL's deadlock_detected and serialization_failure: the transaction is undone whole
+# and may simply run again.
+_RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+class WriteConflict(Exception):
+    """A concurrent transaction collided with this one (PostgreSQL undid it); run it again."""
+
+
+# Transaction-scoped advisory locks on hashes of (producer, key), taken in hash order. A
+# producer's name has no space, so "producer key" names one pair. (Two pairs sharing a hash
+# merely wait for each other.)
+_lock_keys_in_order = text(
+    "SELECT pg_advisory_xact_lock(h) FROM ("
+    " SELECT DISTINCT hashtextextended(:producer || ' ' || k, 0) AS h"
+    " FROM unnest(CAST(:keys AS text[])) AS k ORDER BY h) AS ordered")
+
+
 class JobRepository:
     """Job SQL on one connection. Methods returning `Job | None` return None for "no such row"
     (or, for conditional updates, "the row was not in the expected state")."""
@@ -171,13 +191,31 @@ class JobRepository:
     def insert_jobs(self, rows: list[Mapping[str, Any]]) -> list[Job]:
         """Insert several jobs in one statement; the jobs come back in the rows' order.
 
-        No ON CONFLICT here: the caller has looked up the idempotency keys in the same
-        transaction, and a concurrent twin raises IntegrityError for it to retry.
+        No ON CONFLICT here: the caller has locked and looked up the idempotency keys in the
+        same transaction; a concurrent twin raises IntegrityError and a deadlock or a
+        serialization failure WriteConflict, for it to retry.
         """
         if not rows:
             return []
         stmt = insert(jobs).returning(*jobs.c, sort_by_parameter_order=True)
-        return [_job(row) for row in self.conn.execute(stmt, list(rows))]
+        try:
+            return [_job(row) for row in self.conn.execute(stmt, list(rows))]
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES:
+                raise WriteConflict() from exc
+            raise
+
+    def lock_idempotency_keys(self, producer: str, keys: Collection[str]) -> None:
+        """Take the producer's keys for the rest of the transaction, in one fixed order
+        (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers).
+
+        Two batches sharing keys would otherwise insert them in their requests' orders and
+        each wait on a key the other inserted first: a deadlock. Locked in sorted order,
+        the later batch waits for the earlier one whole, then finds its jobs and replays
+        them. Rows still go in in request order, so ids and claim order follow it.
+        """
+        if keys and self.conn.dialect.name == "postgresql":
+            self.conn.execute(_lock_keys_in_order, {"producer": producer, "keys": list(keys)})
 
     # -- reading --------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from app.jobs.schemas import (
     JobListSchema,
     JobSchema,
     ListQuerySchema,
+    render_job_page,
     represent,
 )
 from app.jobs.service import Claimed, JobService
@@ -89,7 +90,7 @@ def _claim(body: dict[str, Any], limit: int) -> list[Claimed]:
                             wait_seconds=body["wait_seconds"])
 
 
-# The literal routes under /jobs/ are registered before /jobs/<int:job_id>, and ids are
+# The literal routes under /jobs/ are registered before /jobs/<id:job_id>, and ids are
 # integers, so a literal segment is never taken for an id.
 @bp.post("/jobs/claim")
 @documented("Claim the most urgent claimable job, waiting up to wait_seconds for one.",
@@ -188,19 +189,18 @@ def list_jobs() -> Response:
     page, next_cursor = _service().list_jobs(
         current_caller(), status=query.get("status"), job_type=query.get("type"),
         limit=query["limit"], cursor=query.get("cursor"))
-    show_error = current_caller().is_admin
-    return jsonify({"jobs": [represent(job, show_error=show_error) for job in page],
-                    "next_cursor": next_cursor})
+    return Response(render_job_page(page, next_cursor, show_error=current_caller().is_admin),
+                    mimetype="application/json")
 
 
-@bp.get("/jobs/<int:job_id>")
+@bp.get("/jobs/<id:job_id>")
 @documented("Read a job.", replies=[_JOB], errors=[404])
 @require_roles(*ANY_ROLE)
 def get_job(job_id: int) -> Response:
     return _job_response(_service().get_job(current_caller(), job_id))
 
 
-@bp.post("/jobs/<int:job_id>/heartbeat")
+@bp.post("/jobs/<id:job_id>/heartbeat")
 @documented("Extend the lease on a job the caller holds.",
             body=HeartbeatSchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.WORKER)
@@ -211,7 +211,7 @@ def heartbeat_job(job_id: int) -> Response:
         lease_seconds=body.get("lease_seconds")))
 
 
-@bp.post("/jobs/<int:job_id>/complete")
+@bp.post("/jobs/<id:job_id>/complete")
 @documented("Report a held job done.",
             body=CompleteSchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.WORKER)
@@ -221,7 +221,7 @@ def complete_job(job_id: int) -> Response:
         current_caller(), job_id, lease_token=body.get("lease_token"), result=body["result"]))
 
 
-@bp.post("/jobs/<int:job_id>/fail")
+@bp.post("/jobs/<id:job_id>/fail")
 @documented("Report a failed attempt: pending again after a backoff, or failed.",
             body=FailSchema, body_required=True, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.WORKER)
@@ -232,7 +232,7 @@ def fail_job(job_id: int) -> Response:
         retry_in_seconds=body.get("retry_in_seconds")))
 
 
-@bp.post("/jobs/<int:job_id>/cancel")
+@bp.post("/jobs/<id:job_id>/cancel")
 @documented("Cancel a pending job.",
             body=EmptySchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.ADMIN)
@@ -241,7 +241,7 @@ def cancel_job(job_id: int) -> Response:
     return _job_response(_service().cancel(current_caller(), job_id))
 
 
-@bp.post("/jobs/<int:job_id>/retry")
+@bp.post("/jobs/<id:job_id>/retry")
 @documented("Send a failed or cancelled job back to pending, with a fresh retry budget.",
             body=EmptySchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.ADMIN)

@@ -7,12 +7,15 @@ configuration or the clock (allowed types, payload size, run_at's range) live in
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, ClassVar
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from app.clock import parse_rfc3339, to_rfc3339
 from app.errors import ProblemSchema
+from app.jobs.cursor import encode_cursor
+from app.jobs.ids import MAX_JOB_ID
 from app.jobs.models import PRIORITY_LABELS, Job, JobStatus, Priority
 
 MAX_LEASE_SECONDS = 3600
@@ -24,7 +27,10 @@ MAX_WAIT_SECONDS = 20
 MAX_BATCH_JOBS = 1000
 MAX_CLAIM_JOBS = 100
 MAX_COMPLETE_ITEMS = 100
+# A page of GET /jobs stops short of `limit` jobs rather than pass this many bytes of JSON.
+MAX_PAGE_BYTES = 4 * 1024 * 1024
 
+_ASCII_DIGITS = re.compile(r"[0-9]{1,18}")
 _PRINTABLE_ASCII = validate.Regexp(r"^[\x20-\x7e]+\Z", error="Must be printable ASCII.")
 
 
@@ -38,6 +44,16 @@ class StrictInteger(fields.Integer):
         if isinstance(value, bool):
             raise self.make_error("invalid")
         return super()._deserialize(value, attr, data, **kwargs)
+
+
+class QueryInteger(fields.Integer):
+    """An integer in a query string: ASCII digits only. int() would also take other
+    scripts' digits, surrounding spaces, a sign or underscores ("5_0" is 50)."""
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
+        if not isinstance(value, str) or not _ASCII_DIGITS.fullmatch(value):
+            raise self.make_error("invalid")
+        return int(value)
 
 
 class StrictNumber(fields.Float):
@@ -133,7 +149,7 @@ class ListQuerySchema(StrictSchema):
     status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]),
                            metadata={"example": "pending"})
     type = _non_empty_text(100)
-    limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
+    limit = QueryInteger(load_default=50, validate=validate.Range(1, 500))
     cursor = _non_empty_text(200)
 
 
@@ -175,7 +191,7 @@ class CompleteSchema(LeaseFencedSchema):
 
 
 class CompleteItemSchema(CompleteSchema):
-    id = StrictInteger(required=True, validate=validate.Range(min=1))
+    id = StrictInteger(required=True, validate=validate.Range(1, MAX_JOB_ID))
 
 
 class CompleteManySchema(StrictSchema):
@@ -266,3 +282,26 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None) -> 
     if show_error:
         shown["error"] = job.error
     return shown
+
+
+def _compact(value: Any) -> bytes:
+    # As Flask renders JSON here: compact, UTF-8 as it is (app.json.ensure_ascii is off).
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def render_job_page(page: list[Job], next_cursor: str | None, *, show_error: bool,
+                    max_bytes: int = MAX_PAGE_BYTES) -> bytes:
+    """GET /jobs's body (JobListSchema): the page's jobs in order while they fit in
+    `max_bytes`. A page cut short by size carries the cursor after its last job. It always
+    holds its first job, so that listing moves on even past a job larger than the budget."""
+    parts: list[bytes] = []
+    size = len(b'{"jobs":[],"next_cursor":}') + len(_compact(encode_cursor(MAX_JOB_ID)))
+    for position, job in enumerate(page):
+        part = _compact(represent(job, show_error=show_error))
+        size += len(part) + (1 if parts else 0)
+        if parts and size > max_bytes:
+            next_cursor = encode_cursor(page[position - 1].id)
+            break
+        parts.append(part)
+    return b"".join([b'{"jobs":[', b",".join(parts), b'],"next_cursor":',
+                     _compact(next_cursor), b"}"])

@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from app.clock import MICROS, Clock
 from app.db import Database
 from app.errors import Conflict, Forbidden, NotFound, Problem, ValidationFailed
-from app.jobs.cursor import MAX_JOB_ID, decode_cursor, encode_cursor
+from app.jobs.cursor import decode_cursor, encode_cursor
 from app.jobs.intake import (
     IntakeRules,
     new_job_values,
@@ -37,7 +37,7 @@ from app.jobs.models import (
     Transition,
     after_failure,
 )
-from app.jobs.repository import JobRepository
+from app.jobs.repository import JobRepository, WriteConflict
 from app.jobs.waiting import POLL_SECONDS, JobSignal
 from app.keys.models import Caller, Role
 from app.redaction import redact_error
@@ -144,10 +144,10 @@ class JobService:
                 results = self.db.run_write(
                     lambda conn: self._insert_or_replay_many(self._repo(conn, caller), rows))
                 break
-            except IntegrityError:
+            except (IntegrityError, WriteConflict):
                 # A concurrent request stored one of these keys between our look-up and
-                # insert (PostgreSQL only; SQLite's BEGIN IMMEDIATE serialises writers).
-                # Run again: its job is now a replay.
+                # insert, or deadlocked with this one (PostgreSQL only; SQLite's BEGIN
+                # IMMEDIATE serialises writers). Run again: its job is now a replay.
                 if attempt == _BATCH_ATTEMPTS - 1:
                     raise Conflict("Requests with these idempotency keys are in flight; "
                                    "retry.") from None
@@ -161,6 +161,7 @@ class JobService:
     def _insert_or_replay_many(repo: JobRepository,
                                rows: list[dict[str, Any]]) -> list[tuple[Job, bool]]:
         keys = {row["idempotency_key"] for row in rows if row["idempotency_key"] is not None}
+        repo.lock_idempotency_keys(rows[0]["producer"], keys)
         stored = repo.find_by_idempotency_keys(rows[0]["producer"], keys) if keys else {}
         plan = plan_batch(rows, stored)
         return plan.results(repo.insert_jobs(plan.new_rows))
@@ -180,8 +181,6 @@ class JobService:
 
     def get_job(self, caller: Caller, job_id: int) -> Job:
         """The job, if the caller may see it; NotFound otherwise (the two look alike)."""
-        if job_id > MAX_JOB_ID:
-            raise NotFound("No such job.")
         with self.db.read() as conn:
             job = self._repo(conn, caller).get_job(job_id)
         if job is None or not self._visible_to(caller, job):
@@ -252,6 +251,10 @@ class JobService:
                    lease_seconds: int | None, limit: int) -> list[Claimed]:
         lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
         nonce = secrets.token_hex(16)
+        # Each attempt is a moment of its own: a key revoked since the request began (while
+        # this claim waited for work, say) must take nothing, so every attempt's transaction
+        # confirms the key again rather than trusting an earlier check.
+        caller.live_checked = False
 
         def claim_in(conn: Connection) -> list[Job]:
             repo = self._repo(conn, caller)
@@ -341,8 +344,6 @@ class JobService:
             for item, stored_result in zip(items, results_json, strict=True):
                 job_id, token = item["id"], item.get("lease_token")
                 try:
-                    if job_id > MAX_JOB_ID:
-                        raise NotFound("No such job.")
                     job = repo.update_held_job(
                         job_id, worker=caller.name, now_us=now, lease_token=token,
                         values=self._completed_values(stored_result, now))
@@ -365,8 +366,6 @@ class JobService:
 
     def _update_held(self, caller: Caller, job_id: int, lease_token: str | None,
                      values_at: Any) -> Job:
-        if job_id > MAX_JOB_ID:
-            raise NotFound("No such job.")
 
         def update_in(conn: Connection) -> Job:
             repo = self._repo(conn, caller)
@@ -382,8 +381,6 @@ class JobService:
     def fail(self, caller: Caller, job_id: int, *, lease_token: str | None, error: str,
              retry_in_seconds: int | None) -> Job:
         """Record a failed attempt: pending again after a backoff, or failed when none are left."""
-        if job_id > MAX_JOB_ID:
-            raise NotFound("No such job.")
         # PostgreSQL text cannot hold NUL; an error message is diagnostics, so it is kept with
         # each NUL shown as U+FFFD rather than refused, on every engine alike.
         error = redact_error(error).replace("\x00", "\ufffd")
@@ -446,8 +443,6 @@ class JobService:
 
     def _admin_transition(self, caller: Caller, job_id: int, transition: Transition,
                           values_at: Any) -> Job:
-        if job_id > MAX_JOB_ID:
-            raise NotFound("No such job.")
 
         def transition_in(conn: Connection) -> Job:
             repo = self._repo(conn, caller)

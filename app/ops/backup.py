@@ -16,6 +16,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from app.files import create_private
+
 
 class BackupError(RuntimeError):
     """The backup cannot be taken; the message tells the operator why."""
@@ -58,6 +60,9 @@ def backup_sqlite(engine: Engine, target: Path, *, overwrite: bool = False) -> i
 
     partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
     try:
+        # The copy holds everything the database does: owner-only, whatever the umask.
+        # VACUUM INTO writes into an empty file it is given, keeping its mode.
+        create_private(partial)
         # A raw connection: VACUUM cannot run inside the transaction SQLAlchemy would begin,
         # and this one still has the engine's busy timeout.
         raw = engine.raw_connection()

@@ -192,8 +192,8 @@ def test_metrics_add_up_across_workers_that_come_and_go(
         assert figures.requests("POST", "/jobs", 201) == 14
         assert figures.requests("POST", "/jobs/claim", 200) == 6
         assert figures.requests("POST", "/jobs/claim", 204) == 1
-        assert figures.requests("POST", "/jobs/<int:job_id>/complete", 200) == 4
-        assert figures.requests("POST", "/jobs/<int:job_id>/fail", 200) == 2
+        assert figures.requests("POST", "/jobs/<id:job_id>/complete", 200) == 4
+        assert figures.requests("POST", "/jobs/<id:job_id>/fail", 200) == 2
 
     # Dead workers' files were folded: at most the live workers' own files beside the archive
     # (and one of a worker that has exited but is not reaped yet).

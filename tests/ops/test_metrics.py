@@ -99,10 +99,10 @@ def test_metrics_after_a_known_sequence_of_jobs(api: Any, client: Any, clock: An
     assert figures.requests("POST", "/jobs", 201) == 6
     assert figures.requests("POST", "/jobs", 200) == 1
     assert figures.requests("POST", "/jobs/claim", 200) == 4
-    assert figures.requests("POST", "/jobs/<int:job_id>/complete", 200) == 1
-    assert figures.requests("POST", "/jobs/<int:job_id>/fail", 200) == 2
-    assert figures.requests("POST", "/jobs/<int:job_id>/cancel", 200) == 1
-    assert figures.requests("GET", "/jobs/<int:job_id>", 404) == 1
+    assert figures.requests("POST", "/jobs/<id:job_id>/complete", 200) == 1
+    assert figures.requests("POST", "/jobs/<id:job_id>/fail", 200) == 2
+    assert figures.requests("POST", "/jobs/<id:job_id>/cancel", 200) == 1
+    assert figures.requests("GET", "/jobs/<id:job_id>", 404) == 1
     assert figures.requests("GET", "<unmatched>", 404) == 1
     # Routes, never raw paths: ids and unknown paths do not make series of their own.
     routes = figures.label_values("queuelog_http_request_duration_seconds_count", "route")

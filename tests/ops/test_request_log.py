@@ -45,7 +45,7 @@ def test_each_request_logs_one_json_line_with_the_fields(
         "method": "POST", "route": "/jobs", "path": "/jobs", "status": 201,
         "request_id": "trace-42", "key_name": "producer-1"}
     assert (get["route"], get["path"], get["status"]) == (
-        "/jobs/<int:job_id>", f"/jobs/{job_id}", 200)
+        "/jobs/<id:job_id>", f"/jobs/{job_id}", 200)
     assert (anonymous["status"], anonymous["key_name"]) == (401, None)
     assert (unknown["route"], unknown["path"], unknown["status"]) == (None, "/nowhere", 404)
     assert (claim["key_name"], claim["status"]) == ("worker-1", 200)
