@@ -38,6 +38,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from app.jobs.models import CLAIM_ORDER
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -81,11 +83,18 @@ jobs = Table(
 # The claim reads this index in claim order; it holds only pending rows, so its size and the
 # claim's cost do not grow with the finished jobs kept beside them. The literal status
 # matches the claim's WHERE, which is what lets both planners use a partial index.
+
+
+def claim_order_columns(table: Table) -> tuple[Any, ...]:
+    """The jobs table's columns in claim order (app.jobs.models.CLAIM_ORDER), for ORDER BY and
+    the indexes that serve it."""
+    return tuple(table.c[name].desc() if descending else table.c[name]
+                 for name, descending in CLAIM_ORDER)
+
+
 Index(
     "ix_jobs_claim_order",
-    jobs.c.priority.desc(),
-    jobs.c.created_at,
-    jobs.c.id,
+    *claim_order_columns(jobs),
     sqlite_where=text("status = 'pending'"),
     postgresql_where=text("status = 'pending'"),
 )
@@ -94,9 +103,7 @@ Index(
 Index(
     "ix_jobs_claim_order_by_type",
     jobs.c.type,
-    jobs.c.priority.desc(),
-    jobs.c.created_at,
-    jobs.c.id,
+    *claim_order_columns(jobs),
     sqlite_where=text("status = 'pending'"),
     postgresql_where=text("status = 'pending'"),
 )

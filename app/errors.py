@@ -51,10 +51,6 @@ class Conflict(Problem):
     status, title, slug = 409, "Conflict", "conflict"
 
 
-class PayloadTooLarge(Problem):
-    status, title, slug = 413, "Request body too large", "payload-too-large"
-
-
 class UnsupportedMediaType(Problem):
     status, title, slug = 415, "Unsupported media type", "unsupported-media-type"
 
