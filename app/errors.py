@@ -63,6 +63,15 @@ class ServiceUnavailable(Problem):
     status, title, slug = 503, "Service unavailable", "service-unavailable"
 
 
+class DatabaseUnavailable(ServiceUnavailable):
+    """The database did not answer (unreachable, locked up, no pooled connection free): the
+    service's state, not a bug. The client may retry."""
+
+    def __init__(self) -> None:
+        super().__init__("The database is not answering; retry later.",
+                         headers={"Retry-After": "1"})
+
+
 class ProblemSchema(Schema):
     """An RFC 9457 problem as `problem_response` builds it; documents it in /openapi.json."""
 
@@ -121,6 +130,11 @@ def problem_response(status: int, title: str, slug: str, detail: str,
     return response
 
 
+def render_problem(problem: Problem) -> Response:
+    return problem_response(problem.status, problem.title, problem.slug, problem.detail,
+                            problem.errors, problem.headers)
+
+
 _SLUGS = {
     400: "bad-request", 404: "not-found", 405: "method-not-allowed",
     413: "payload-too-large", 415: "unsupported-media-type", 422: "validation-failed",
@@ -130,8 +144,7 @@ _SLUGS = {
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(Problem)
     def on_problem(error: Problem) -> Response:
-        return problem_response(error.status, error.title, error.slug, error.detail,
-                                error.errors, error.headers)
+        return render_problem(error)
 
     @app.errorhandler(ValidationError)
     def on_validation_error(error: ValidationError) -> Response:
@@ -159,9 +172,7 @@ def register_error_handlers(app: Flask) -> None:
         # An unreachable or locked-up database is the service's state, not a bug: 503, and
         # the client may retry. Logged without the statement or its parameters.
         log.warning("database unavailable: %s", type(error).__name__)
-        return problem_response(503, ServiceUnavailable.title, ServiceUnavailable.slug,
-                                "The database is not answering; retry later.",
-                                headers={"Retry-After": "1"})
+        return render_problem(DatabaseUnavailable())
 
     @app.errorhandler(Exception)
     def on_unexpected(error: Exception) -> Response:
