@@ -40,7 +40,8 @@ def authenticate() -> Caller:
     transaction confirms it is still live, and `init_auth` makes sure of it for answers
     that ran none.
     """
-    caller = current_app.extensions["queuelog"].keys.caller_for_token(bearer_token())
+    caller: Caller | None = current_app.extensions["queuelog"].keys.caller_for_token(
+        bearer_token())
     if caller is None:
         raise Unauthorized(_REVOKED)
     g.caller = caller
@@ -48,7 +49,8 @@ def authenticate() -> Caller:
 
 
 def current_caller() -> Caller:
-    return g.caller
+    caller: Caller = g.caller
+    return caller
 
 
 def require_roles(*roles: Role) -> Callable[[F], F]:

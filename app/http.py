@@ -73,7 +73,8 @@ def json_body() -> dict[str, Any]:
 
 
 def load_body(schema: Schema) -> dict[str, Any]:
-    return schema.load(json_body())
+    loaded: dict[str, Any] = schema.load(json_body())
+    return loaded
 
 
 def load_query(schema: Schema) -> dict[str, Any]:
@@ -83,4 +84,5 @@ def load_query(schema: Schema) -> dict[str, Any]:
     if repeated:
         raise ValidationFailed("A query parameter was given more than once.",
                                errors={key: ["Give this parameter once."] for key in repeated})
-    return schema.load(args.to_dict())
+    loaded: dict[str, Any] = schema.load(args.to_dict())
+    return loaded

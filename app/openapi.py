@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
+from apispec.ext.marshmallow.openapi import OpenAPIConverter
 from flask import Blueprint, Flask, Response, current_app, json
 from marshmallow import Schema
 from werkzeug.routing import Rule
@@ -133,6 +134,13 @@ def openapi_bytes(app: Flask) -> bytes:
     return cached
 
 
+def _converter(plugin: MarshmallowPlugin) -> OpenAPIConverter:
+    """The plugin's converter, which APISpec's constructor has set up."""
+    if plugin.converter is None:
+        raise RuntimeError("the marshmallow plugin is not attached to a spec yet")
+    return plugin.converter
+
+
 def build_openapi(app: Flask) -> dict[str, Any]:
     """The OpenAPI document of `app`: every rule of its URL map, every method but HEAD and
     OPTIONS, described from the views' `@documented` notes and their schemas."""
@@ -156,7 +164,7 @@ def build_openapi(app: Flask) -> dict[str, Any]:
         (field,) = header_schema().fields.values()
         spec.components.parameter(name, "header", {
             "name": field.data_key, "required": False, "description": description,
-            "schema": plugin.converter.field2property(field)})
+            "schema": _converter(plugin).field2property(field)})
     for status, (name, description) in _PROBLEMS.items():
         spec.components.response(name, _problem_response(status, description))
 

@@ -46,13 +46,20 @@ T = TypeVar("T")
 class _Work(Generic[T]):
     """One caller's piece of a group commit, and what became of it."""
 
-    __slots__ = ("done", "error", "fn", "result")
+    __slots__ = ("_done", "error", "fn", "result")
 
     def __init__(self, fn: Callable[[Connection], T]) -> None:
         self.fn = fn
         self.result: T | None = None
         self.error: BaseException | None = None
-        self.done = False
+        self._done = False
+
+    def is_done(self) -> bool:
+        """True once a leader (maybe on another thread) has settled this work."""
+        return self._done
+
+    def settle(self) -> None:
+        self._done = True
 
 
 class SqliteWriter:
@@ -77,9 +84,9 @@ class SqliteWriter:
         work = _Work(fn)
         with self._queue_lock:
             self._queued.append(work)
-        while not work.done:
+        while not work.is_done():
             with self._leader:
-                if work.done:
+                if work.is_done():
                     break
                 with self._queue_lock:
                     batch = self._queued[: self.max_batch]
@@ -137,7 +144,7 @@ class SqliteWriter:
             with self._queue_lock:
                 self._queued[:0] = batch[len(ran):]
             for work in ran:
-                work.done = True
+                work.settle()
         return interrupt
 
     def _connection(self) -> Connection:

@@ -16,6 +16,7 @@ another worker takes them at once. A second signal ends the grace period now.
 from __future__ import annotations
 
 import enum
+import functools
 import importlib
 import logging
 import signal
@@ -76,7 +77,8 @@ def load_handler(spec: str) -> Handler:
         target = getattr(target, part)
     if not callable(target):
         raise ValueError(f"{spec} is not callable")
-    return target
+    handler: Handler = target
+    return handler
 
 
 class _JobState(enum.Enum):
@@ -205,7 +207,7 @@ class Worker:
             threading.Thread(target=self._stop_on_signal, args=(signum,),
                              daemon=True).start()
 
-        previous = {}
+        previous: dict[int, Any] = {}
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, on_signal)
         return previous
@@ -417,8 +419,8 @@ class Worker:
             self._count("abandoned")
             log.warning("job %s: handler still running after the grace period; failing it "
                         "back to the queue", held.id)
-            self._report(held, _Report.FAIL, lambda held=held: self.client.fail(
-                held.id, held.lease_token, retry_in_seconds=0,
+            self._report(held, _Report.FAIL, functools.partial(
+                self.client.fail, held.id, held.lease_token, retry_in_seconds=0,
                 error="WorkerShutdown: the worker stopped before the handler finished"))
         # Reports in flight give up by themselves shortly after the deadline.
         with self._changed:

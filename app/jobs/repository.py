@@ -8,7 +8,7 @@ the query's WHERE repeats the index's own literal.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -31,7 +31,7 @@ from app.jobs.models import Job, JobStatus, Transition, claim_order_key
 
 def _status_is(*statuses: JobStatus) -> Any:
     """The status condition, the statuses written as literals (see the module's docstring)."""
-    literals = [literal_column(f"'{status.value}'") for status in statuses]
+    literals: list[Any] = [literal_column(f"'{status.value}'") for status in statuses]
     return jobs.c.status == literals[0] if len(literals) == 1 else jobs.c.status.in_(literals)
 
 
@@ -171,7 +171,7 @@ class JobRepository:
         row = self.conn.execute(stmt, values).first()
         return None if row is None else _job(row)
 
-    def insert_jobs(self, rows: list[Mapping[str, Any]]) -> list[Job]:
+    def insert_jobs(self, rows: Sequence[Mapping[str, Any]]) -> list[Job]:
         """Insert several jobs in one statement; the jobs come back in the rows' order.
 
         No ON CONFLICT here: the caller has looked up the idempotency keys in the same
@@ -218,7 +218,8 @@ class JobRepository:
             return {}
         stmt = select(jobs).where(jobs.c.producer == producer,
                                   jobs.c.idempotency_key.in_(list(keys)))
-        return {job.idempotency_key: job for job in map(_job, self.conn.execute(stmt))}
+        # Every row found has a key: it was found by its key.
+        return {job.idempotency_key or "": job for job in map(_job, self.conn.execute(stmt))}
 
     def has_claimable_work(self, now_us: int, types: Collection[str] | None) -> bool:
         """True when a claim now could find a job: a due pending one, or an expired lease.

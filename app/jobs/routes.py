@@ -60,7 +60,8 @@ def _refuse_unknown_query_parameters() -> None:
 
 
 def _service() -> JobService:
-    return current_app.extensions["queuelog"].jobs
+    service: JobService = current_app.extensions["queuelog"].jobs
+    return service
 
 
 def _job_response(job: Any, status: int = 200, lease_token: str | None = None) -> Response:

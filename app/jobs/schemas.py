@@ -62,7 +62,9 @@ class StrictNumber(fields.Float):
 class PriorityLabel(fields.String):
     """A priority label on the wire (case-insensitive), a Priority in the code."""
 
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Priority:
+    # A string on the wire (so /openapi.json says "string"), a Priority once loaded.
+    def _deserialize(  # type: ignore[override]
+            self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Priority:
         text = super()._deserialize(value, attr, data, **kwargs)
         try:
             return Priority.from_label(text)
@@ -76,7 +78,9 @@ class PriorityLabel(fields.String):
 class Timestamp(fields.String):
     """An RFC 3339 date-time with an offset on the wire, microseconds since the epoch inside."""
 
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
+    # A string on the wire (so /openapi.json says "string"), microseconds once loaded.
+    def _deserialize(  # type: ignore[override]
+            self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
         text = super()._deserialize(value, attr, data, **kwargs)
         try:
             return parse_rfc3339(text)
