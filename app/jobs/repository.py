@@ -1,8 +1,9 @@
 """The only place job SQL lives. Every method runs on the connection (and transaction) it is given.
 
-Values from requests are always bound parameters. The one literal is the status 'pending' or
-'running' in the queries that must match a partial index, which the planners only use when
-the query's WHERE repeats the index's own literal.
+Values from requests are always bound parameters. Statuses, which come from JobStatus and
+never from a request, are written as literals: the planners only use a partial index when
+the query's WHERE repeats the index's own literal ('pending', 'running'). Every change of a
+job's status goes through apply_transition or the claim, each made from its Transition.
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ def _status_is(*statuses: JobStatus) -> Any:
     return jobs.c.status == literals[0] if len(literals) == 1 else jobs.c.status.in_(literals)
 
 
-_PENDING_ROW = _status_is(JobStatus.PENDING)
-_RUNNING_ROW = _status_is(JobStatus.RUNNING)
 _CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
+_RESCUABLE_ROW = _status_is(*Transition.RESCUE.from_statuses)
 _CLAIM_ORDER = claim_order_columns(jobs)
 
 _select_by_id = select(jobs).where(jobs.c.id == bindparam("job_id"))
@@ -49,7 +49,7 @@ _select_by_idempotency_key = select(jobs).where(
 # SKIP LOCKED: a lease another claim is rescuing right now is simply left to that claim.
 _select_expired_leases = (
     select(jobs)
-    .where(_RUNNING_ROW, jobs.c.lease_expires_at <= bindparam("now"))
+    .where(_RESCUABLE_ROW, jobs.c.lease_expires_at <= bindparam("now"))
     .order_by(jobs.c.lease_expires_at)
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
@@ -66,7 +66,7 @@ def _pending_due(restricted_to_one_type: bool) -> Any:
 
 
 _expired_lease_probe = select(jobs.c.id).where(
-    _RUNNING_ROW, jobs.c.lease_expires_at <= bindparam("now")).limit(1)
+    _RESCUABLE_ROW, jobs.c.lease_expires_at <= bindparam("now")).limit(1)
 _due_probe_any_type = _pending_due(restricted_to_one_type=False).limit(1)
 _due_probe_one_type = _pending_due(restricted_to_one_type=True).limit(1)
 
