@@ -12,6 +12,7 @@ test-fast:
 
 lint:
 	.venv-test/bin/ruff check .
+	.venv-test/bin/mypy
 
 # The benchmarks (README.md, "Benchmarks"): about 20 minutes on 2 cores; writes
 # bench/RESULTS.md. The venv holds the project and the peers bench/peers.py compares with.

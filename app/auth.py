@@ -1,4 +1,5 @@
-"""Bearer-key authentication and role checks. Raises problems; never builds responses."""
+"""Bearer-key authentication and role checks. Raises problems; never builds responses (the
+error handlers in app/errors.py render every one)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from flask import Flask, Response, current_app, g, request
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from app.errors import Forbidden, ServiceUnavailable, Unauthorized, problem_response
+from app.errors import Forbidden, Unauthorized
 from app.keys.models import Caller, Role
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_REVOKED = "The API key is unknown or revoked."
 # A token is printable ASCII without spaces; anything longer than this is no token of ours.
 _MAX_TOKEN_LENGTH = 200
 
@@ -38,15 +40,17 @@ def authenticate() -> Caller:
     transaction confirms it is still live, and `init_auth` makes sure of it for answers
     that ran none.
     """
-    caller = current_app.extensions["queuelog"].keys.caller_for_token(bearer_token())
+    caller: Caller | None = current_app.extensions["queuelog"].keys.caller_for_token(
+        bearer_token())
     if caller is None:
-        raise Unauthorized("The API key is unknown or revoked.")
+        raise Unauthorized(_REVOKED)
     g.caller = caller
     return caller
 
 
 def current_caller() -> Caller:
-    return g.caller
+    caller: Caller = g.caller
+    return caller
 
 
 def require_roles(*roles: Role) -> Callable[[F], F]:
@@ -79,13 +83,12 @@ def init_auth(app: Flask) -> None:
             return response
         try:
             live = current_app.extensions["queuelog"].keys.is_live(caller)
-        except (OperationalError, PoolTimeoutError):
-            return problem_response(ServiceUnavailable.status, ServiceUnavailable.title,
-                                    ServiceUnavailable.slug,
-                                    "The database is not answering; retry later.",
-                                    headers={"Retry-After": "1"})
-        if live:
-            return response
-        return problem_response(Unauthorized.status, Unauthorized.title, Unauthorized.slug,
-                                "The API key is unknown or revoked.",
-                                headers=Unauthorized().headers)
+        except (OperationalError, PoolTimeoutError) as error:
+            return _answer(error)
+        return response if live else _answer(Unauthorized(_REVOKED))
+
+
+def _answer(error: Exception) -> Response:
+    """The error handlers' answer to `error`: a hook that runs after the request cannot
+    raise to them, so it asks them."""
+    return current_app.make_response(current_app.handle_user_exception(error))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from flask import Flask, current_app
@@ -18,6 +19,9 @@ from flask.cli import AppGroup, FlaskGroup, with_appcontext
 from app.jobs.models import TERMINAL_STATUSES, Priority
 from app.keys.models import Role
 from app.keys.service import KeyCommandError
+
+if TYPE_CHECKING:  # app imports this module while it is being built
+    from app import Services
 
 _DURATION = re.compile(r"^(\d+)([smhdw])\Z")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
@@ -33,8 +37,9 @@ def parse_duration(text: str) -> int:
     return int(match[1]) * _UNIT_SECONDS[match[2]]
 
 
-def _services():  # type: ignore[no-untyped-def]
-    return current_app.extensions["queuelog"]
+def _services() -> Services:
+    services: Services = current_app.extensions["queuelog"]
+    return services
 
 
 # AppGroup (and with_appcontext on purge): the commands use current_app, and only the

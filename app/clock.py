@@ -55,12 +55,12 @@ def parse_rfc3339(text: str) -> int:
 
     Raises ValueError for anything else (a date alone, a missing offset, a bad field).
     """
-    if not _RFC3339.match(text):
+    match = _RFC3339.match(text)
+    if match is None:
         raise ValueError("not an RFC 3339 date-time with an offset")
     # fromisoformat takes at most 6 fraction digits; RFC 3339 allows more.
-    main, sep, rest = text.partition(".")
-    if sep:
-        digits = re.match(r"\d+", rest).group(0)
-        text = f"{main}.{digits[:6].ljust(6, '0')}{rest[len(digits):]}"
+    fraction = match.group(1)
+    if fraction:
+        text = text.replace(fraction, fraction[:7].ljust(7, "0"), 1)
     moment = datetime.fromisoformat(text.replace("z", "Z"))
     return (moment - EPOCH) // timedelta(microseconds=1)

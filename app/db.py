@@ -11,9 +11,7 @@ dialect's own INSERT for ON CONFLICT DO NOTHING.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -36,10 +34,11 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from app.files import create_private, open_private
+from app.files import create_private
+from app.jobs.models import CLAIM_ORDER
+from app.writer import SqliteWriter
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -87,11 +86,18 @@ jobs = Table(
 # The claim reads this index in claim order; it holds only pending rows, so its size and the
 # claim's cost do not grow with the finished jobs kept beside them. The literal status
 # matches the claim's WHERE, which is what lets both planners use a partial index.
+
+
+def claim_order_columns(table: Table) -> tuple[Any, ...]:
+    """The jobs table's columns in claim order (app.jobs.models.CLAIM_ORDER), for ORDER BY and
+    the indexes that serve it."""
+    return tuple(table.c[name].desc() if descending else table.c[name]
+                 for name, descending in CLAIM_ORDER)
+
+
 Index(
     "ix_jobs_claim_order",
-    jobs.c.priority.desc(),
-    jobs.c.created_at,
-    jobs.c.id,
+    *claim_order_columns(jobs),
     sqlite_where=text("status = 'pending'"),
     postgresql_where=text("status = 'pending'"),
 )
@@ -100,9 +106,7 @@ Index(
 Index(
     "ix_jobs_claim_order_by_type",
     jobs.c.type,
-    jobs.c.priority.desc(),
-    jobs.c.created_at,
-    jobs.c.id,
+    *claim_order_columns(jobs),
     sqlite_where=text("status = 'pending'"),
     postgresql_where=text("status = 'pending'"),
 )
@@ -204,134 +208,12 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
     return create_engine(url, pool_pre_ping=True, **options)
 
 
-class _Work:
-    """One caller's piece of a group commit, and what became of it."""
-
-    __slots__ = ("done", "error", "fn", "result")
-
-    def __init__(self, fn: Callable[[Connection], Any]) -> None:
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.done = False
-
-
-class SqliteWriter:
-    """Serialises SQLite writers and commits their work in groups.
-
-    SQLite has one writer at a time, and with synchronous=FULL every commit waits for an
-    fsync (about 2 ms here). Callers that arrive while a commit is under way queue up; the
-    next one to get the lock (the leader) runs everything queued, each caller's work in its
-    own SAVEPOINT, and commits once. Every caller returns only after the commit that holds
-    its work is on disk, so durability is unchanged while one fsync serves many requests.
-
-    Between processes (gunicorn workers, the CLI) the leader holds an exclusive flock on a
-    file beside the database: a waiting process sleeps in the kernel and wakes as soon as
-    the lock is free, instead of SQLite's busy handler, which sleeps in coarse steps.
-    """
-
-    def __init__(self, engine: Engine, lock_path: str, max_batch: int = 256) -> None:
-        self.engine = engine
-        self.lock_path = lock_path
-        self.max_batch = max_batch
-        self._leader = threading.Lock()
-        self._queued: list[_Work] = []
-        self._queue_lock = threading.Lock()
-        self._lock_file: Any = None
-        self._lock_pid = 0
-        self._conn: Connection | None = None
-        self._conn_pid = 0
-
-    def run(self, fn: Callable[[Connection], T]) -> T:
-        work = _Work(fn)
-        with self._queue_lock:
-            self._queued.append(work)
-        while not work.done:
-            with self._leader:
-                if work.done:
-                    break
-                with self._queue_lock:
-                    batch = self._queued[: self.max_batch]
-                    del self._queued[: self.max_batch]
-                self._commit(batch)
-        if work.error is not None:
-            raise work.error
-        return work.result  # type: ignore[no-any-return]
-
-    @contextmanager
-    def exclusive(self) -> Iterator[Connection]:
-        """A write transaction of one caller, outside any group (key commands, purge)."""
-        with self._leader, self._process_lock():
-            conn = self._connection()
-            with conn.begin():
-                yield conn
-
-    def _commit(self, batch: list[_Work]) -> None:
-        try:
-            with self._process_lock():
-                conn = self._connection()
-                try:
-                    with conn.begin():
-                        if len(batch) == 1:
-                            batch[0].result = batch[0].fn(conn)
-                        else:
-                            for work in batch:
-                                self._run_in_savepoint(conn, work)
-                except DBAPIError as exc:
-                    if exc.connection_invalidated:
-                        self._drop_connection()
-                    raise
-        except BaseException as exc:  # BEGIN, COMMIT or a lone caller's work failed
-            for work in batch:
-                work.error = work.error or exc
-        finally:
-            for work in batch:
-                work.done = True
-
-    def _connection(self) -> Connection:
-        """The writer's own connection, kept open: only the leader uses it, under _leader."""
-        if self._conn is None or self._conn_pid != os.getpid() or self._conn.closed:
-            self._conn = self.engine.connect().execution_options(queuelog_write=True)
-            self._conn_pid = os.getpid()
-        return self._conn
-
-    def _drop_connection(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-
-    @staticmethod
-    def _run_in_savepoint(conn: Connection, work: _Work) -> None:
-        savepoint = conn.begin_nested()
-        try:
-            work.result = work.fn(conn)
-        except Exception as exc:
-            # This caller's error (a 409, say) undoes only its own writes.
-            savepoint.rollback()
-            work.error = exc
-        else:
-            savepoint.commit()
-
-    @contextmanager
-    def _process_lock(self) -> Iterator[None]:
-        if self._lock_pid != os.getpid():
-            # A forked child must not share its parent's open file: flock locks belong to
-            # the open file, so parent and child would both believe they hold it.
-            self._lock_file = os.fdopen(open_private(self.lock_path), "r+b")
-            self._lock_pid = os.getpid()
-        fcntl.flock(self._lock_file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-
-
 class Database:
     """Opens the transactions the services run in."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._sqlite_writer = None
+        self._sqlite_writer: SqliteWriter | None = None
         if engine.dialect.name == "sqlite":
             path = engine.url.database
             self._sqlite_writer = SqliteWriter(engine, f"{path}-writelock")
@@ -343,9 +225,10 @@ class Database:
     def run_write(self, fn: Callable[[Connection], T]) -> T:
         """Run `fn` in a write transaction and return its result once committed.
 
-        On SQLite the work may share its transaction (and fsync) with other callers', each
-        in its own SAVEPOINT: `fn` must do all its writing through the connection it is
-        given and keep no state of its own across calls. Its exception rolls back its work.
+        On SQLite `fn` may run on another request's thread, in a transaction shared with
+        other callers' work: it must follow the contract in app/writer.py (the connection it
+        is given for all its work, no effects outside the database: those come after this
+        returns). Its exception rolls back its own work and is raised here.
         """
         if self._sqlite_writer is not None:
             return self._sqlite_writer.run(fn)

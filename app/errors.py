@@ -81,11 +81,6 @@ class Conflict(Problem):
     title, slug = PROBLEM_KINDS[status]
 
 
-class PayloadTooLarge(Problem):
-    status = 413
-    title, slug = PROBLEM_KINDS[status]
-
-
 class UnsupportedMediaType(Problem):
     status = 415
     title, slug = PROBLEM_KINDS[status]
@@ -105,6 +100,15 @@ def body_too_large_detail(limit_bytes: int) -> str:
     """What a 413 says: the limit, in bytes."""
     return (f"The request body is larger than {limit_bytes} bytes, the most this service "
             "accepts (QUEUELOG_MAX_CONTENT_LENGTH).")
+
+
+class DatabaseUnavailable(ServiceUnavailable):
+    """The database did not answer (unreachable, locked up, no pooled connection free): the
+    service's state, not a bug. The client may retry."""
+
+    def __init__(self) -> None:
+        super().__init__("The database is not answering; retry later.",
+                         headers={"Retry-After": "1"})
 
 
 class ProblemSchema(Schema):
@@ -165,11 +169,15 @@ def problem_response(status: int, title: str, slug: str, detail: str,
     return response
 
 
+def render_problem(problem: Problem) -> Response:
+    return problem_response(problem.status, problem.title, problem.slug, problem.detail,
+                            problem.errors, problem.headers)
+
+
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(Problem)
     def on_problem(error: Problem) -> Response:
-        return problem_response(error.status, error.title, error.slug, error.detail,
-                                error.errors, error.headers)
+        return render_problem(error)
 
     @app.errorhandler(ValidationError)
     def on_validation_error(error: ValidationError) -> Response:
@@ -199,9 +207,7 @@ def register_error_handlers(app: Flask) -> None:
         # An unreachable or locked-up database is the service's state, not a bug: 503, and
         # the client may retry. Logged without the statement or its parameters.
         log.warning("database unavailable: %s", type(error).__name__)
-        return problem_response(503, ServiceUnavailable.title, ServiceUnavailable.slug,
-                                "The database is not answering; retry later.",
-                                headers={"Retry-After": "1"})
+        return render_problem(DatabaseUnavailable())
 
     @app.errorhandler(Exception)
     def on_unexpected(error: Exception) -> Response:

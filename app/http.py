@@ -166,7 +166,8 @@ def no_content() -> Response:
 
 
 def load_body(schema: Schema) -> dict[str, Any]:
-    return schema.load(json_body())
+    loaded: dict[str, Any] = schema.load(json_body())
+    return loaded
 
 
 def load_query(schema: Schema) -> dict[str, Any]:
@@ -176,4 +177,5 @@ def load_query(schema: Schema) -> dict[str, Any]:
     if repeated:
         raise ValidationFailed("A query parameter was given more than once.",
                                errors={key: ["Give this parameter once."] for key in repeated})
-    return schema.load(args.to_dict())
+    loaded: dict[str, Any] = schema.load(args.to_dict())
+    return loaded

@@ -19,12 +19,14 @@ from typing import Any, TypeVar
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
+from apispec.ext.marshmallow.openapi import OpenAPIConverter
 from flask import Blueprint, Flask, Response, current_app, json
 from marshmallow import Schema
 from werkzeug.routing import Rule
 
 from app.errors import PROBLEM_CONTENT_TYPE, ProblemSchema
 from app.jobs.ids import MAX_JOB_ID
+from app.jobs.schemas import IdempotencyKeyHeaderSchema
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,19 +63,15 @@ _HEADERS: dict[str, dict[str, Any]] = {
                     "schema": {"type": "string"}},
 }
 
-_REQUEST_HEADERS: dict[str, dict[str, Any]] = {
-    "IdempotencyKey": {
-        "name": "Idempotency-Key",
-        "in": "header",
-        "required": False,
-        "description": "Makes the enqueue safe to retry: the same key with the same request "
-                       "answers 200 with the job it created; with another request, 422. "
-                       "Scoped to the producer's key. May come in the body instead; both "
-                       "present and different is a 422.",
-        # Printable ASCII, and no space at either end: HTTP strips those from header values.
-        "schema": {"type": "string", "minLength": 1, "maxLength": 255,
-                   "pattern": r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$"},
-    },
+# Request headers, each described by the schema that checks it.
+_REQUEST_HEADERS: dict[str, tuple[type[Schema], str]] = {
+    "IdempotencyKey": (
+        IdempotencyKeyHeaderSchema,
+        "Makes the enqueue safe to retry: the same key with the same request answers 200 "
+        "with the job it created; with another request, 422. Scoped to the producer's key. "
+        "May come in the body instead, under the same rule; both present and different is "
+        "a 422.",
+    ),
 }
 
 
@@ -136,16 +134,24 @@ def openapi_bytes(app: Flask) -> bytes:
     return cached
 
 
+def _converter(plugin: MarshmallowPlugin) -> OpenAPIConverter:
+    """The plugin's converter, which APISpec's constructor has set up."""
+    if plugin.converter is None:
+        raise RuntimeError("the marshmallow plugin is not attached to a spec yet")
+    return plugin.converter
+
+
 def build_openapi(app: Flask) -> dict[str, Any]:
     """The OpenAPI document of `app`: every rule of its URL map, every method but HEAD and
     OPTIONS, described from the views' `@documented` notes and their schemas."""
+    plugin = MarshmallowPlugin(schema_name_resolver=_schema_name)
     spec = APISpec(
         # Client generators name their package after the title (openapi-python-client:
         # "queuelog" would become queuelog_client, the import name of our own client).
         title=API_TITLE,
         version=API_VERSION,
         openapi_version=OPENAPI_VERSION,
-        plugins=[MarshmallowPlugin(schema_name_resolver=_schema_name)],
+        plugins=[plugin],
         info={"description": "A persistent background-job queue served over HTTP. Every "
                              "error is an RFC 9457 problem (application/problem+json)."},
     )
@@ -156,8 +162,11 @@ def build_openapi(app: Flask) -> dict[str, Any]:
     spec.components.schema("Problem", schema=ProblemSchema)
     for name, header in _HEADERS.items():
         spec.components.header(name, header)
-    for name, parameter in _REQUEST_HEADERS.items():
-        spec.components.parameter(name, "header", parameter)
+    for name, (header_schema, description) in _REQUEST_HEADERS.items():
+        (field,) = header_schema().fields.values()
+        spec.components.parameter(name, "header", {
+            "name": field.data_key, "required": False, "description": description,
+            "schema": _converter(plugin).field2property(field)})
     for status, (name, description) in _PROBLEMS.items():
         spec.components.response(name, _problem_response(status, description))
 

@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # run as `python bench/storage.py`
 
 from app.clock import Clock
 from app.db import Database, jobs, make_engine
-from app.jobs.models import Backoff, JobStatus, Priority
+from app.jobs.models import Backoff, JobStatus, Priority, Transition
 from app.jobs.repository import JobRepository
 from app.jobs.service import JobService, QueueSettings
 from app.keys.models import Caller, Role
@@ -57,8 +57,7 @@ def new_job_values(n: int, now: int) -> dict[str, Any]:
 
 
 def completed_values(now: int) -> dict[str, Any]:
-    return {"status": JobStatus.COMPLETED.value, "result": '{"message_id":"0123456789abcdef"}',
-            "lease_expires_at": None, "lease_token": None, "updated_at": now}
+    return Transition.COMPLETE.values(now_us=now, result='{"message_id":"0123456789abcdef"}')
 
 
 def now_us() -> int:
@@ -102,9 +101,9 @@ class RepositoryWay:
 
         def complete_in(conn: Any) -> Any:
             now = now_us()
-            return JobRepository(conn).update_held_job(
-                job_id, worker=WORKER.name, now_us=now, lease_token=token,
-                values=completed_values(now))
+            return JobRepository(conn).apply_transition(
+                Transition.COMPLETE, job_id, completed_values(now), worker=WORKER.name,
+                now_us=now, lease_token=token)
         if self.db.run_write(complete_in) is None:
             raise RuntimeError(f"job {job_id} was not completed")
 

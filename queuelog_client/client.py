@@ -162,6 +162,7 @@ class Client:
         held a job with this idempotency key (generated when not given)."""
         body = _enqueue_body(type, payload, priority, max_retries, run_at, delay_seconds)
         key = idempotency_key or _new_idempotency_key()
+        job: Job
         _, headers, job = self._request("POST", "/jobs", body,
                                         headers={"Idempotency-Key": key})
         job["replayed"] = headers.get("idempotent-replayed", "").lower() == "true"
@@ -179,14 +180,13 @@ class Client:
             if not item.get("idempotency_key"):
                 item["idempotency_key"] = _new_idempotency_key()
             items.append(item)
-        _, _, answer = self._request("POST", "/jobs/batch", {"jobs": items})
-        return answer["jobs"]
+        jobs_stored: list[Job] = self._object("POST", "/jobs/batch", {"jobs": items})["jobs"]
+        return jobs_stored
 
     # -- anyone -------------------------------------------------------------------------------
 
     def get_job(self, job_id: int) -> Job:
-        _, _, job = self._request("GET", f"/jobs/{int(job_id)}")
-        return job
+        return self._object("GET", f"/jobs/{int(job_id)}")
 
     def list_jobs(self, *, status: str | None = None, type: str | None = None,
                   limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
@@ -195,8 +195,7 @@ class Client:
                  (("status", status), ("type", type), ("limit", limit), ("cursor", cursor))
                  if value is not None}
         path = "/jobs" + (f"?{urlencode(query)}" if query else "")
-        _, _, page = self._request("GET", path)
-        return page
+        return self._object("GET", path)
 
     def iter_jobs(self, *, status: str | None = None, type: str | None = None,
                   page_size: int = 100) -> Iterator[Job]:
@@ -216,6 +215,7 @@ class Client:
         """Claim the most urgent due job (with its `lease_token`), waiting up to
         `wait_seconds` for one; None when there was none."""
         body = _claim_body(types, lease_seconds, wait_seconds)
+        job: Job | None
         status, _, job = self._request("POST", "/jobs/claim", body,
                                        timeout=self.timeout + wait_seconds)
         return None if status == 204 else job
@@ -224,32 +224,31 @@ class Client:
                    lease_seconds: int | None = None, wait_seconds: float = 0) -> list[Job]:
         """Claim up to `max_jobs` jobs at once, each with its own `lease_token`."""
         body = _claim_body(types, lease_seconds, wait_seconds) | {"max_jobs": max_jobs}
-        _, _, answer = self._request("POST", "/jobs/claim-many", body,
-                                     timeout=self.timeout + wait_seconds)
-        return answer["jobs"]
+        claimed: list[Job] = self._object("POST", "/jobs/claim-many", body,
+                                          timeout=self.timeout + wait_seconds)["jobs"]
+        return claimed
 
     def heartbeat(self, job_id: int, lease_token: str | None = None, *,
                   lease_seconds: int | None = None) -> Job:
         body: dict[str, Any] = _fenced(lease_token)
         if lease_seconds is not None:
             body["lease_seconds"] = lease_seconds
-        _, _, job = self._request("POST", f"/jobs/{int(job_id)}/heartbeat", body)
-        return job
+        return self._object("POST", f"/jobs/{int(job_id)}/heartbeat", body)
 
     def complete(self, job_id: int, lease_token: str | None = None, *,
                  result: Mapping[str, Any] | None = None) -> Job:
-        """Report success. A retried complete whose first attempt got through answers
-        409 (the job is already completed): check with get_job when that matters."""
+        """Report success. Sent again with the same lease token and result after its answer
+        was lost, it answers 200 with the job as the first one left it; without a lease
+        token such a repeat answers 409."""
         body = _fenced(lease_token) | {"result": None if result is None else dict(result)}
-        _, _, job = self._request("POST", f"/jobs/{int(job_id)}/complete", body)
-        return job
+        return self._object("POST", f"/jobs/{int(job_id)}/complete", body)
 
     def complete_many(self, items: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Complete several jobs (`{"id", "lease_token", "result"}` each); every item is
         answered on its own: `{"id", "status", "job" or "problem"}`."""
-        _, _, answer = self._request("POST", "/jobs/complete-many",
-                                     {"items": [dict(item) for item in items]})
-        return answer["results"]
+        results: list[dict[str, Any]] = self._object(
+            "POST", "/jobs/complete-many", {"items": [dict(item) for item in items]})["results"]
+        return results
 
     def fail(self, job_id: int, lease_token: str | None = None, *, error: str,
              retry_in_seconds: int | None = None) -> Job:
@@ -258,20 +257,23 @@ class Client:
         body = _fenced(lease_token) | {"error": error}
         if retry_in_seconds is not None:
             body["retry_in_seconds"] = retry_in_seconds
-        _, _, job = self._request("POST", f"/jobs/{int(job_id)}/fail", body)
-        return job
+        return self._object("POST", f"/jobs/{int(job_id)}/fail", body)
 
     # -- admins -------------------------------------------------------------------------------
 
     def cancel(self, job_id: int) -> Job:
-        _, _, job = self._request("POST", f"/jobs/{int(job_id)}/cancel", {})
-        return job
+        return self._object("POST", f"/jobs/{int(job_id)}/cancel", {})
 
     def retry(self, job_id: int) -> Job:
-        _, _, job = self._request("POST", f"/jobs/{int(job_id)}/retry", {})
-        return job
+        return self._object("POST", f"/jobs/{int(job_id)}/retry", {})
 
     # -- the wire -----------------------------------------------------------------------------
+
+    def _object(self, method: str, path: str, body: Any = None, *,
+                timeout: float | None = None) -> dict[str, Any]:
+        """The JSON object a route answers with (every route here but a claim's 204)."""
+        answer: dict[str, Any] = self._request(method, path, body, timeout=timeout)[2]
+        return answer
 
     def _request(self, method: str, path: str, body: Any = None, *,
                  headers: Mapping[str, str] | None = None,

@@ -3,8 +3,10 @@
 One thread claims (long polling, only as many jobs as there are free slots), one thread per
 running job calls the handler and reports, and one thread heartbeats every held job at a
 third of its lease. A report that cannot reach the server is retried until it gets an
-answer, so a server restart loses no completion; a 409 means the lease was lost (the job
-went back to the queue and another attempt owns it), which is logged and dropped.
+answer, so a server restart loses no completion. Reports are idempotent on the server: a
+report sent again after its answer was lost gets the same 200 as the first. A 409 means the
+lease was lost (the job went back to the queue and another attempt owns it), which is logged
+and dropped.
 
 Stopping (stop(), SIGTERM or SIGINT): no new claim is made; the jobs held finish within the
 grace period, after which those still running are failed with `retry_in_seconds=0` so
@@ -13,6 +15,8 @@ another worker takes them at once. A second signal ends the grace period now.
 
 from __future__ import annotations
 
+import enum
+import functools
 import importlib
 import logging
 import signal
@@ -73,7 +77,25 @@ def load_handler(spec: str) -> Handler:
         target = getattr(target, part)
     if not callable(target):
         raise ValueError(f"{spec} is not callable")
-    return target
+    handler: Handler = target
+    return handler
+
+
+class _JobState(enum.Enum):
+    """A held job's life in the runner: RUNNING → REPORTING → DONE, or RUNNING → ABANDONED
+    (failed back to the queue at the end of the grace period, while its handler still ran)."""
+
+    RUNNING = enum.auto()
+    REPORTING = enum.auto()
+    DONE = enum.auto()
+    ABANDONED = enum.auto()
+
+
+class _Report(enum.Enum):
+    """The two outcomes a worker reports; the value names it in the log."""
+
+    COMPLETE = "complete"
+    FAIL = "fail"
 
 
 @dataclass
@@ -82,7 +104,7 @@ class _HeldJob:
     lease_token: str | None
     lease_seconds: int
     next_heartbeat: float
-    state: str = "running"  # running → reporting → done, or running → abandoned
+    state: _JobState = _JobState.RUNNING
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -185,7 +207,7 @@ class Worker:
             threading.Thread(target=self._stop_on_signal, args=(signum,),
                              daemon=True).start()
 
-        previous = {}
+        previous: dict[int, Any] = {}
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, on_signal)
         return previous
@@ -257,16 +279,16 @@ class Worker:
                 log.error("job %s failed:\n%s", held.id,
                           "".join(traceback.format_exception(exc)).rstrip())
             with held.lock:
-                if held.state == "abandoned":
+                if held.state is _JobState.ABANDONED:
                     log.warning("job %s finished after the grace period; it was already "
                                 "failed back to the queue", held.id)
                     return
-                held.state = "reporting"
+                held.state = _JobState.REPORTING
             if error is None:
                 self._report_complete(held, result)
             else:
                 self._report_fail(held, error, retry_in)
-            held.state = "done"
+            held.state = _JobState.DONE
         finally:
             with self._changed:
                 self._held.pop(held.id, None)
@@ -274,7 +296,7 @@ class Worker:
 
     def _report_complete(self, held: _HeldJob, result: dict[str, Any] | None) -> None:
         try:
-            outcome = self._report(held, "complete",
+            outcome = self._report(held, _Report.COMPLETE,
                                    lambda: self.client.complete(held.id, held.lease_token,
                                                                 result=result))
         except (TypeError, ValueError) as exc:
@@ -290,15 +312,17 @@ class Worker:
             log.info("job %s completed", held.id)
 
     def _report_fail(self, held: _HeldJob, error: str, retry_in: int | None) -> None:
-        if self._report(held, "fail",
+        if self._report(held, _Report.FAIL,
                         lambda: self.client.fail(held.id, held.lease_token,
                                                  error=error[:MAX_ERROR_CHARS],
                                                  retry_in_seconds=retry_in)):
             self._count("failed")
 
-    def _report(self, held: _HeldJob, what: str, send: Callable[[], Job]) -> bool:
-        """Send until the server answers. True when it took the report; False when the
-        lease was lost (409/404) or the grace period ran out. ValidationFailed is raised."""
+    def _report(self, held: _HeldJob, report: _Report, send: Callable[[], Job]) -> bool:
+        """Send until the server answers. True when it took the report (a repeat after a
+        lost answer included); False when the lease was lost (409/404) or the grace period
+        ran out. ValidationFailed of a complete is raised: the caller fails the job."""
+        what = report.value
         backoff = RECONNECT_BACKOFF_SECONDS
         while True:
             try:
@@ -310,7 +334,7 @@ class Worker:
                             "owns the job", held.id, what, exc.detail)
                 return False
             except ValidationFailed as exc:
-                if what == "complete":
+                if report is _Report.COMPLETE:
                     raise  # the result was refused: the caller fails the job instead
                 log.error("job %s: %s refused: %s", held.id, what, exc)
                 return False
@@ -342,7 +366,7 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         while True:
             with self._changed:
-                due = [h for h in self._held.values() if h.state == "running"]
+                due = [h for h in self._held.values() if h.state is _JobState.RUNNING]
                 if self._claiming_done.is_set() and not due:
                     return
                 now = time.monotonic()
@@ -369,7 +393,7 @@ class Worker:
                         _short(exc))
         except ProblemError as exc:
             held.next_heartbeat = float("inf")
-            if held.state == "running":
+            if held.state is _JobState.RUNNING:
                 log.warning("job %s: heartbeat refused, the lease is lost (%s); the handler "
                             "runs on but its outcome will be refused", held.id, exc.detail)
 
@@ -386,8 +410,8 @@ class Worker:
         abandoned = []
         for held in overdue:
             with held.lock:
-                if held.state == "running":
-                    held.state = "abandoned"
+                if held.state is _JobState.RUNNING:
+                    held.state = _JobState.ABANDONED
                     abandoned.append(held)
         with self._changed:
             self._changed.notify_all()  # the heartbeat thread has no job left to beat for
@@ -395,12 +419,12 @@ class Worker:
             self._count("abandoned")
             log.warning("job %s: handler still running after the grace period; failing it "
                         "back to the queue", held.id)
-            self._report(held, "fail", lambda held=held: self.client.fail(
-                held.id, held.lease_token, retry_in_seconds=0,
+            self._report(held, _Report.FAIL, functools.partial(
+                self.client.fail, held.id, held.lease_token, retry_in_seconds=0,
                 error="WorkerShutdown: the worker stopped before the handler finished"))
         # Reports in flight give up by themselves shortly after the deadline.
         with self._changed:
-            self._changed.wait_for(lambda: all(h.state in {"abandoned", "done"}
+            self._changed.wait_for(lambda: all(h.state in {_JobState.ABANDONED, _JobState.DONE}
                                                for h in self._held.values()),
                                    timeout=FINAL_REPORT_SECONDS)
 

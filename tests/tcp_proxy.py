@@ -1,5 +1,5 @@
 """A TCP forwarder on loopback that a test can cut and restore, standing for a database
-server that goes away and comes back."""
+server that goes away and comes back, or that loses one answer on its way back."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._lose_marker: bytes | None = None
+        self.answers_lost = 0
 
     def start(self) -> None:
         listener = socket.socket()
@@ -42,6 +44,12 @@ class TcpProxy:
                 sock.close()
             self._sockets.clear()
 
+    def lose_answer_to(self, marker: bytes) -> None:
+        """The next request whose first bytes hold `marker` reaches the server; its answer is
+        dropped, and the connection cut, as soon as the answer starts coming back."""
+        with self._lock:
+            self._lose_marker = marker
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -56,16 +64,37 @@ class TcpProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._sockets += [client, upstream]
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+            lose = threading.Event()  # set when this connection's next answer is to be lost
+            threading.Thread(target=self._pipe, args=(client, upstream, lose, False),
+                             daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, lose, True),
+                             daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, lose: threading.Event,
+              answers: bool) -> None:
         try:
             while data := source.recv(65536):
+                if answers and lose.is_set():
+                    self._cut(source, sink)
+                    return
+                if not answers:
+                    self._mark_if_to_be_lost(data, lose)
                 sink.sendall(data)
         except OSError:
             pass
         finally:
             with contextlib.suppress(OSError):
                 sink.shutdown(socket.SHUT_WR)
+
+    def _mark_if_to_be_lost(self, request: bytes, lose: threading.Event) -> None:
+        with self._lock:
+            if self._lose_marker is not None and self._lose_marker in request:
+                self._lose_marker = None
+                lose.set()
+
+    def _cut(self, upstream: socket.socket, client: socket.socket) -> None:
+        with self._lock:
+            self.answers_lost += 1
+        for sock in (client, upstream):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)

@@ -45,3 +45,21 @@ def test_unreachable_postgres_is_a_503_problem_and_the_service_recovers(proxied_
     proxy.start()
     assert api.enqueue(producer).status_code == 201
     assert len(api.list(producer).json["jobs"]) == 2
+
+
+def test_a_request_that_ran_no_transaction_answers_the_same_503(proxied_app):
+    # A claim for no types reads nothing; the key's liveness is then checked after the
+    # request, and an unreachable database there is the same problem as anywhere else.
+    application, proxy = proxied_app
+    services = application.extensions["queuelog"]
+    producer = Key("p", services.keys.create_key("p", Role.PRODUCER))
+    worker = Key("w", services.keys.create_key("w", Role.WORKER))
+    api = Api(application.test_client())
+    assert api.claim(worker, types=[]).status_code == 204
+
+    proxy.stop()
+    after_request = api.claim(worker, types=[])
+    in_request = api.enqueue(producer)
+    assert after_request.status_code == in_request.status_code == 503
+    assert after_request.json == in_request.json
+    assert after_request.headers["Retry-After"] == in_request.headers["Retry-After"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,21 +26,6 @@ class JobStatus(enum.StrEnum):
 
 
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
-
-
-class Transition(enum.Enum):
-    """Each transition and the one status it may start from (or several, for retry)."""
-
-    CLAIM = (JobStatus.PENDING,)
-    HEARTBEAT = (JobStatus.RUNNING,)
-    COMPLETE = (JobStatus.RUNNING,)
-    FAIL = (JobStatus.RUNNING,)
-    CANCEL = (JobStatus.PENDING,)
-    RETRY = (JobStatus.FAILED, JobStatus.CANCELLED)
-
-    @property
-    def from_statuses(self) -> tuple[JobStatus, ...]:
-        return self.value
 
 
 class Priority(enum.IntEnum):
@@ -67,6 +52,17 @@ PRIORITY_LABELS = tuple(p.label for p in Priority)
 
 LEASE_EXPIRED_ERROR = "lease expired"
 
+# The claim order: the highest priority first, then the oldest, then the lowest id. The
+# claim's ORDER BY, its indexes (app/db.py) and the sorts in Python are all made from this.
+CLAIM_ORDER: tuple[tuple[str, bool], ...] = (("priority", True), ("created_at", False),
+                                             ("id", False))
+
+
+def claim_order_key(row: Any) -> tuple[int, ...]:
+    """The sort key of a job (or row) in claim order; its columns are all integers."""
+    return tuple(-getattr(row, name) if descending else getattr(row, name)
+                 for name, descending in CLAIM_ORDER)
+
 
 @dataclass(frozen=True, slots=True)
 class Job:
@@ -92,10 +88,6 @@ class Job:
     created_at: int
     updated_at: int
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Job:
-        return cls(**row)
-
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""
         return (
@@ -105,6 +97,24 @@ class Job:
             and self.lease_expires_at > now_us
             and (lease_token is None or lease_token == self.lease_token)
         )
+
+    def shows_complete(self, worker: str, lease_token: str, result: str | None) -> bool:
+        """True when this job is as a complete by `worker` under `lease_token` with `result`
+        (compact JSON) left it: a repeat of that report, answered with the job again."""
+        return (self.status == JobStatus.COMPLETED and self.worker_id == worker
+                and self.lease_token == lease_token and self.result == result)
+
+    def shows_fail(self, worker: str, lease_token: str, error: str,
+                   retry_in_us: int | None) -> bool:
+        """True when this job is as a fail under `lease_token` with `error` (as stored) and
+        `retry_in_us` (when given) left it. A requeued job names no worker any more: the lease
+        token, handed to the claimer alone, stands for it."""
+        if self.lease_token != lease_token or self.error != error:
+            return False
+        if self.status == JobStatus.FAILED:
+            return self.worker_id == worker
+        return (self.status == JobStatus.PENDING and self.claimed_at is None
+                and (retry_in_us is None or self.run_at - self.updated_at == retry_in_us))
 
     @property
     def has_retries_left(self) -> bool:
@@ -128,26 +138,105 @@ class Backoff:
         return round(draw * MICROS)
 
 
-def after_failure(
-    job: Job, now_us: int, error: str, retry_delay_us: int
-) -> dict[str, Any]:
-    """The columns a failed attempt sets: back to pending while retries are left, else failed."""
+# -- the transitions: where each may start and the columns it writes ------------------------
+# Each function below returns the columns one transition sets; the repository applies them
+# with a conditional UPDATE on the transition's from-statuses. The values may be plain
+# values or SQL expressions (the claim writes its lease token in SQL).
+
+
+def claimed(*, now_us: Any, worker: Any, lease_expires_at: Any,
+            lease_token: Any) -> dict[str, Any]:
+    return {"status": JobStatus.RUNNING.value, "claimed_at": now_us, "worker_id": worker,
+            "lease_expires_at": lease_expires_at, "lease_token": lease_token,
+            "updated_at": now_us}
+
+
+def lease_extended(*, now_us: int, lease_expires_at: int) -> dict[str, Any]:
+    return {"lease_expires_at": lease_expires_at, "updated_at": now_us}
+
+
+def completed(*, now_us: int, result: str | None) -> dict[str, Any]:
+    # The worker and the lease token stay: a repeat of this report is recognised by them.
+    return {"status": JobStatus.COMPLETED.value, "result": result, "lease_expires_at": None,
+            "updated_at": now_us}
+
+
+def after_failure(job: Job, now_us: int, error: str, retry_delay_us: int) -> dict[str, Any]:
+    """The columns a failed attempt sets: back to pending while retries are left, else failed.
+
+    The lease token stays, so that a repeat of the fail report is recognised.
+    """
     if job.has_retries_left:
         return {
-            "status": JobStatus.PENDING,
+            "status": JobStatus.PENDING.value,
             "retry_count": job.retry_count + 1,
             "run_at": now_us + retry_delay_us,
             "claimed_at": None,
             "worker_id": None,
             "lease_expires_at": None,
-            "lease_token": None,
             "error": error,
             "updated_at": now_us,
         }
     return {
-        "status": JobStatus.FAILED,
+        "status": JobStatus.FAILED.value,
         "lease_expires_at": None,
-        "lease_token": None,
         "error": error,
         "updated_at": now_us,
     }
+
+
+def lease_expired(job: Job, now_us: int) -> dict[str, Any]:
+    # A failed attempt whose worker is presumed dead: pending again at once (no backoff).
+    # No report made it, so no lease token is kept for one to be repeated under.
+    return after_failure(job, now_us, LEASE_EXPIRED_ERROR, retry_delay_us=0) | {
+        "lease_token": None}
+
+
+def cancelled(*, now_us: int) -> dict[str, Any]:
+    return {"status": JobStatus.CANCELLED.value, "lease_token": None, "updated_at": now_us}
+
+
+def requeued(*, now_us: int) -> dict[str, Any]:
+    """An admin's retry: pending with a fresh retry budget, claimable at once."""
+    return {"status": JobStatus.PENDING.value, "retry_count": 0, "run_at": now_us,
+            "claimed_at": None, "worker_id": None, "lease_expires_at": None,
+            "lease_token": None, "updated_at": now_us}
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """One edge of the state machine: the statuses it may start from, whether only the
+    worker holding a live lease on the job may take it, and what it writes."""
+
+    from_statuses: tuple[JobStatus, ...]
+    by_lease_holder: bool
+    writes: Callable[..., dict[str, Any]]
+
+
+class Transition(enum.Enum):
+    """Every change of a job's status (or lease), each with its own Edge.
+
+    The repository applies a transition only from its statuses (and, for a worker's report,
+    under the worker's live lease); the service takes every transition through it. Work that
+    must happen with a transition, in its transaction, belongs beside that call.
+    """
+
+    CLAIM = Edge((JobStatus.PENDING,), False, claimed)
+    HEARTBEAT = Edge((JobStatus.RUNNING,), True, lease_extended)
+    COMPLETE = Edge((JobStatus.RUNNING,), True, completed)
+    FAIL = Edge((JobStatus.RUNNING,), True, after_failure)
+    RESCUE = Edge((JobStatus.RUNNING,), False, lease_expired)
+    CANCEL = Edge((JobStatus.PENDING,), False, cancelled)
+    RETRY = Edge((JobStatus.FAILED, JobStatus.CANCELLED), False, requeued)
+
+    @property
+    def from_statuses(self) -> tuple[JobStatus, ...]:
+        return self.value.from_statuses
+
+    @property
+    def by_lease_holder(self) -> bool:
+        return self.value.by_lease_holder
+
+    def values(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The columns this transition writes (the arguments of its Edge's function)."""
+        return self.value.writes(*args, **kwargs)

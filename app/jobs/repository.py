@@ -1,14 +1,15 @@
 """The only place job SQL lives. Every method runs on the connection (and transaction) it is given.
 
-Values from requests are always bound parameters. The one literal is the status 'pending' or
-'running' in the queries that must match a partial index, which the planners only use when
-the query's WHERE repeats the index's own literal.
+Values from requests are always bound parameters. Statuses, which come from JobStatus and
+never from a request, are written as literals: the planners only use a partial index when
+the query's WHERE repeats the index's own literal ('pending', 'running'). Every change of a
+job's status goes through apply_transition or the claim, each made from its Transition.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -27,12 +28,19 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
-from app.db import jobs
-from app.jobs.models import Job, JobStatus
+from app.db import claim_order_columns, jobs
+from app.jobs.models import Job, JobStatus, Transition, claim_order_key
 
-_PENDING = literal_column("'pending'")
-_RUNNING = literal_column("'running'")
-_CLAIM_ORDER = (jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)
+
+def _status_is(*statuses: JobStatus) -> Any:
+    """The status condition, the statuses written as literals (see the module's docstring)."""
+    literals: list[Any] = [literal_column(f"'{status.value}'") for status in statuses]
+    return jobs.c.status == literals[0] if len(literals) == 1 else jobs.c.status.in_(literals)
+
+
+_CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
+_RESCUABLE_ROW = _status_is(*Transition.RESCUE.from_statuses)
+_CLAIM_ORDER = claim_order_columns(jobs)
 
 _select_by_id = select(jobs).where(jobs.c.id == bindparam("job_id"))
 _select_by_id_for_update = _select_by_id.with_for_update()
@@ -43,7 +51,7 @@ _select_by_idempotency_key = select(jobs).where(
 # SKIP LOCKED: a lease another claim is rescuing right now is simply left to that claim.
 _select_expired_leases = (
     select(jobs)
-    .where(jobs.c.status == _RUNNING, jobs.c.lease_expires_at <= bindparam("now"))
+    .where(_RESCUABLE_ROW, jobs.c.lease_expires_at <= bindparam("now"))
     .order_by(jobs.c.lease_expires_at)
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
@@ -53,14 +61,14 @@ _select_expired_leases = (
 def _pending_due(restricted_to_one_type: bool) -> Any:
     """Pending jobs that are due, in claim order (of one type: read through its own index)."""
     stmt = select(jobs.c.id, jobs.c.priority, jobs.c.created_at).where(
-        jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"))
+        _CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"))
     if restricted_to_one_type:
         stmt = stmt.where(jobs.c.type == bindparam("type"))
     return stmt.order_by(*_CLAIM_ORDER)
 
 
 _expired_lease_probe = select(jobs.c.id).where(
-    jobs.c.status == _RUNNING, jobs.c.lease_expires_at <= bindparam("now")).limit(1)
+    _RESCUABLE_ROW, jobs.c.lease_expires_at <= bindparam("now")).limit(1)
 _due_probe_any_type = _pending_due(restricted_to_one_type=False).limit(1)
 _due_probe_one_type = _pending_due(restricted_to_one_type=True).limit(1)
 
@@ -71,15 +79,13 @@ _candidates_one_type = (
     .with_for_update(skip_locked=True)
 )
 
-_CLAIMED_VALUES = {
-    "status": JobStatus.RUNNING.value,
-    "claimed_at": bindparam("now"),
-    "worker_id": bindparam("worker"),
-    "lease_expires_at": bindparam("lease_expires_at"),
+_CLAIMED_VALUES = Transition.CLAIM.values(
+    now_us=bindparam("now"),
+    worker=bindparam("worker"),
+    lease_expires_at=bindparam("lease_expires_at"),
     # One token per job and attempt: the claim's random nonce, then the job's id.
-    "lease_token": bindparam("nonce", type_=String) + "." + cast(jobs.c.id, String),
-    "updated_at": bindparam("now"),
-}
+    lease_token=bindparam("nonce", type_=String) + "." + cast(jobs.c.id, String),
+)
 
 
 def _claim_next_any_type() -> Any:
@@ -90,7 +96,7 @@ def _claim_next_any_type() -> Any:
     # so one claim would take more jobs than its LIMIT.
     candidates = (
         select(jobs.c.id)
-        .where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"))
+        .where(_CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"))
         .order_by(*_CLAIM_ORDER)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
@@ -99,7 +105,7 @@ def _claim_next_any_type() -> Any:
     )
     return (
         update(jobs)
-        .where(jobs.c.id.in_(select(candidates.c.id)), jobs.c.status == _PENDING)
+        .where(jobs.c.id.in_(select(candidates.c.id)), _CLAIMABLE_ROW)
         .values(_CLAIMED_VALUES)
         .returning(*jobs.c)
     )
@@ -109,25 +115,22 @@ _claim_any_type = _claim_next_any_type()
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
 _claim_chosen = (
     update(jobs)
-    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.status == _PENDING)
+    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), _CLAIMABLE_ROW)
     .values(_CLAIMED_VALUES)
     .returning(*jobs.c)
 )
 
 
 @functools.cache
-def _job_update(columns: frozenset[str], *, from_statuses: frozenset[str] | None,
-                fenced: bool) -> Any:
-    """UPDATE of `columns` on one job, RETURNING it. With `from_statuses` None the job must be
-    held: running, by the worker, under a live lease; otherwise its status must be one of
-    them. `fenced` adds: its lease token matches. Built once per shape: building and hashing
-    a statement costs more than running it on the hot paths."""
-    if from_statuses is None:
-        conditions = [jobs.c.status == _RUNNING,
-                      jobs.c.worker_id == bindparam("worker"),
-                      jobs.c.lease_expires_at > bindparam("now")]
-    else:
-        conditions = [jobs.c.status.in_(sorted(from_statuses))]
+def _transition_update(transition: Transition, columns: frozenset[str], fenced: bool) -> Any:
+    """UPDATE of `columns` on one job in one of the transition's from-statuses, RETURNING it.
+    A worker's report also needs the job held: by the worker, under a live lease. `fenced`
+    adds: its lease token matches. Built once per shape: building and hashing a statement
+    costs more than running it on the hot paths."""
+    conditions = [_status_is(*transition.from_statuses)]
+    if transition.by_lease_holder:
+        conditions += [jobs.c.worker_id == bindparam("worker"),
+                       jobs.c.lease_expires_at > bindparam("now")]
     if fenced:
         conditions.append(jobs.c.lease_token == bindparam("held_lease_token"))
     return (
@@ -188,7 +191,7 @@ class JobRepository:
         row = self.conn.execute(stmt, values).first()
         return None if row is None else _job(row)
 
-    def insert_jobs(self, rows: list[Mapping[str, Any]]) -> list[Job]:
+    def insert_jobs(self, rows: Sequence[Mapping[str, Any]]) -> list[Job]:
         """Insert several jobs in one statement; the jobs come back in the rows' order.
 
         No ON CONFLICT here: the caller has locked and looked up the idempotency keys in the
@@ -253,7 +256,8 @@ class JobRepository:
             return {}
         stmt = select(jobs).where(jobs.c.producer == producer,
                                   jobs.c.idempotency_key.in_(list(keys)))
-        return {job.idempotency_key: job for job in map(_job, self.conn.execute(stmt))}
+        # Every row found has a key: it was found by its key.
+        return {job.idempotency_key or "": job for job in map(_job, self.conn.execute(stmt))}
 
     def has_claimable_work(self, now_us: int, types: Collection[str] | None) -> bool:
         """True when a claim now could find a job: a due pending one, or an expired lease.
@@ -282,7 +286,7 @@ class JobRepository:
     def oldest_claimable_run_at(self, now_us: int) -> int | None:
         """The earliest `run_at` among the jobs a claim could take now; None when there are
         none. The literal status keeps the read inside the partial index of pending rows."""
-        stmt = select(func.min(jobs.c.run_at)).where(jobs.c.status == _PENDING,
+        stmt = select(func.min(jobs.c.run_at)).where(_CLAIMABLE_ROW,
                                                      jobs.c.run_at <= bindparam("now"))
         return self.conn.execute(stmt, {"now": now_us}).scalar()
 
@@ -309,35 +313,29 @@ class JobRepository:
                 row for job_type in sorted(types)
                 for row in self.conn.execute(_candidates_one_type, {**params, "type": job_type})
             ]
-            candidates.sort(key=lambda row: (-row.priority, row.created_at, row.id))
+            candidates.sort(key=claim_order_key)
             chosen = [row.id for row in candidates[:limit]]
             if not chosen:
                 return []
             rows = self.conn.execute(_claim_chosen, {**params, "ids": chosen})
         claimed = [_job(row) for row in rows]
         # RETURNING gives no order; hand the jobs out in claim order.
-        claimed.sort(key=lambda job: (-job.priority, job.created_at, job.id))
+        claimed.sort(key=claim_order_key)
         return claimed
 
-    def update_held_job(self, job_id: int, *, worker: str, now_us: int,
-                        lease_token: str | None, values: Mapping[str, Any]) -> Job | None:
-        """Apply `values` if `worker` holds a live lease on the job (named by `lease_token`
-        when given). None when it does not, or when there is no such job."""
-        stmt = _job_update(frozenset(values), from_statuses=None,
-                           fenced=lease_token is not None)
+    def apply_transition(self, transition: Transition, job_id: int,
+                         values: Mapping[str, Any], *, lease_token: str | None = None,
+                         worker: str | None = None, now_us: int | None = None) -> Job | None:
+        """Write `values` (from `transition.values`) if the job is in one of the transition's
+        from-statuses, held by `worker` under a lease live at `now_us` when the transition is
+        a worker's, and under `lease_token` when one is given. None when it is not, or when
+        there is no such job."""
+        if transition.by_lease_holder and (worker is None or now_us is None):
+            raise ValueError(f"{transition.name} needs the worker and the time")
+        stmt = _transition_update(transition, frozenset(values),
+                                  fenced=lease_token is not None)
         params = {"job_id": job_id, "worker": worker, "now": now_us,
                   "held_lease_token": lease_token, **_new_values(values)}
-        row = self.conn.execute(stmt, params).first()
-        return None if row is None else _job(row)
-
-    def update_job_in_status(self, job_id: int, *, from_statuses: Collection[str],
-                             values: Mapping[str, Any],
-                             lease_token: str | None = None) -> Job | None:
-        """Apply `values` if the job's status is one of `from_statuses` (and, when given, its
-        lease token is `lease_token`). None when it is not, or when there is no such job."""
-        stmt = _job_update(frozenset(values), from_statuses=frozenset(from_statuses),
-                           fenced=lease_token is not None)
-        params = {"job_id": job_id, "held_lease_token": lease_token, **_new_values(values)}
         row = self.conn.execute(stmt, params).first()
         return None if row is None else _job(row)
 

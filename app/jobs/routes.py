@@ -22,6 +22,7 @@ from app.jobs.schemas import (
     EnqueueSchema,
     FailSchema,
     HeartbeatSchema,
+    IdempotencyKeyHeaderSchema,
     JobListSchema,
     JobSchema,
     ListQuerySchema,
@@ -60,7 +61,8 @@ def _refuse_unknown_query_parameters() -> None:
 
 
 def _service() -> JobService:
-    return current_app.extensions["queuelog"].jobs
+    service: JobService = current_app.extensions["queuelog"].jobs
+    return service
 
 
 def _job_response(job: Any, status: int = 200, lease_token: str | None = None) -> Response:
@@ -74,11 +76,8 @@ def _idempotency_key_header() -> str | None:
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return None
-    if not 1 <= len(key) <= 255 or not all(" " <= ch <= "~" for ch in key):
-        raise ValidationFailed(
-            "The Idempotency-Key header must be 1-255 printable ASCII characters.",
-            errors={"Idempotency-Key": ["Must be 1-255 printable ASCII characters."]})
-    return key
+    loaded: str = IdempotencyKeyHeaderSchema().load({"Idempotency-Key": key})["idempotency_key"]
+    return loaded
 
 
 def _claim(body: dict[str, Any], limit: int) -> list[Claimed]:

@@ -34,6 +34,13 @@ _ASCII_DIGITS = re.compile(r"[0-9]{1,18}")
 _PRINTABLE_ASCII = validate.Regexp(r"^[\x20-\x7e]+\Z", error="Must be printable ASCII.")
 
 
+def idempotency_key_field(**options: Any) -> fields.String:
+    """An idempotency key, in the `Idempotency-Key` header or in a body alike: 1..255
+    printable ASCII. (HTTP drops spaces at the ends of a header value before it gets here.)"""
+    return fields.String(validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII],
+                         **options)
+
+
 class StrictInteger(fields.Integer):
     """An integer that is a JSON number: no strings, no floats, and booleans are not integers."""
 
@@ -71,7 +78,9 @@ class StrictNumber(fields.Float):
 class PriorityLabel(fields.String):
     """A priority label on the wire (case-insensitive), a Priority in the code."""
 
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Priority:
+    # A string on the wire (so /openapi.json says "string"), a Priority once loaded.
+    def _deserialize(  # type: ignore[override]
+            self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Priority:
         text = super()._deserialize(value, attr, data, **kwargs)
         try:
             return Priority.from_label(text)
@@ -85,7 +94,9 @@ class PriorityLabel(fields.String):
 class Timestamp(fields.String):
     """An RFC 3339 date-time with an offset on the wire, microseconds since the epoch inside."""
 
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
+    # A string on the wire (so /openapi.json says "string"), microseconds once loaded.
+    def _deserialize(  # type: ignore[override]
+            self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
         text = super()._deserialize(value, attr, data, **kwargs)
         try:
             return parse_rfc3339(text)
@@ -110,6 +121,12 @@ class StrictSchema(Schema):
         unknown = RAISE
 
 
+class IdempotencyKeyHeaderSchema(Schema):
+    """The `Idempotency-Key` request header, checked as a body's idempotency_key is."""
+
+    idempotency_key = idempotency_key_field(data_key="Idempotency-Key", required=True)
+
+
 class EmptySchema(StrictSchema):
     """For routes that take no fields: an empty body or {} only."""
 
@@ -126,8 +143,7 @@ class EnqueueSchema(StrictSchema):
         "description": "RFC 3339 with an offset; from 1970-01-01 to one year from now."})
     delay_seconds = StrictInteger(load_default=None,
                                   validate=validate.Range(0, MAX_DELAY_SECONDS))
-    idempotency_key = fields.String(
-        load_default=None, validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII])
+    idempotency_key = idempotency_key_field(load_default=None)
 
     # For /openapi.json: the rule _one_schedule enforces, said in JSON Schema, and a whole
     # example (field examples would be combined into a body that breaks that rule).

@@ -9,9 +9,10 @@ import random
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
@@ -28,15 +29,7 @@ from app.jobs.intake import (
     require_configured_types,
     sized_json,
 )
-from app.jobs.models import (
-    LEASE_EXPIRED_ERROR,
-    TERMINAL_STATUSES,
-    Backoff,
-    Job,
-    JobStatus,
-    Transition,
-    after_failure,
-)
+from app.jobs.models import TERMINAL_STATUSES, Backoff, Job, JobStatus, Transition
 from app.jobs.repository import JobRepository, WriteConflict
 from app.jobs.waiting import POLL_SECONDS, JobSignal
 from app.keys.models import Caller, Role
@@ -73,6 +66,9 @@ def _trust_caller(_conn: Connection, _caller: Caller) -> None:
 
 # Told of what happened to jobs ("enqueued", "claimed", "rescued", …) and how many: metrics.
 EventSink = Callable[[str, int], None]
+# What one write transaction did, counted by name, told to the EventSink after its commit.
+Events = Counter[str]
+T = TypeVar("T")
 
 
 def _ignore_event(_name: str, _count: int) -> None:
@@ -256,18 +252,18 @@ class JobService:
         # confirms the key again rather than trusting an earlier check.
         caller.live_checked = False
 
-        def claim_in(conn: Connection) -> list[Job]:
+        def claim_in(conn: Connection, events: Events) -> list[Job]:
             repo = self._repo(conn, caller)
             now = self.clock.now_us()
-            self._rescue_expired_leases(repo, now)
-            return repo.claim_next_jobs(
+            self._rescue_expired_leases(repo, now, events)
+            jobs = repo.claim_next_jobs(
                 now_us=now, worker=caller.name, lease_expires_at=now + lease_us,
                 nonce=nonce, limit=limit, types=wanted,
             )
+            events["claimed"] += len(jobs)
+            return jobs
 
-        jobs = self.db.run_write(claim_in)
-        self.on_event("claimed", len(jobs))
-        return [Claimed(job, job.lease_token or "") for job in jobs]
+        return [Claimed(job, job.lease_token or "") for job in self._write(claim_in)]
 
     def _wait_for_work(self, wanted: frozenset[str] | None, seen_generation: int,
                        deadline: float) -> bool:
@@ -290,125 +286,120 @@ class JobService:
             return requested_set
         return requested_set & caller.allowed_types
 
-    def _rescue_expired_leases(self, repo: JobRepository, now: int) -> int:
-        # A lease that ran out is a failed attempt whose worker is presumed dead: back to
-        # pending at once (no backoff), or failed when no retries are left.
-        rescued_count = 0
+    @staticmethod
+    def _rescue_expired_leases(repo: JobRepository, now: int, events: Events) -> None:
+        # A lease that ran out is a failed attempt whose worker is presumed dead.
         for job in repo.find_expired_leases(now, RESCUE_BATCH):
-            rescued = repo.update_job_in_status(
-                job.id,
-                from_statuses=Transition.FAIL.from_statuses,
-                lease_token=job.lease_token,
-                values=after_failure(job, now, LEASE_EXPIRED_ERROR, retry_delay_us=0),
-            )
+            rescued = repo.apply_transition(Transition.RESCUE, job.id,
+                                            Transition.RESCUE.values(job, now),
+                                            lease_token=job.lease_token)
             if rescued is not None:
-                rescued_count += 1
-                self.on_event("rescued", 1)
-                self.on_event("retried" if rescued.status == JobStatus.PENDING else "failed", 1)
-        return rescued_count
-
-    def rescue_expired_leases(self) -> int:
-        """Rescue every expired lease now (also done by each claim). Returns how many."""
-        return self.db.run_write(
-            lambda conn: self._rescue_expired_leases(JobRepository(conn), self.clock.now_us()))
+                events["rescued"] += 1
+                events["retried" if rescued.status == JobStatus.PENDING else "failed"] += 1
 
     def heartbeat(self, caller: Caller, job_id: int, *, lease_token: str | None,
                   lease_seconds: int | None) -> Job:
         """Extend the caller's live lease on the job."""
         lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
-        return self._update_held(caller, job_id, lease_token,
-                                 lambda now: {"lease_expires_at": now + lease_us,
-                                              "updated_at": now})
+
+        def heartbeat_in(conn: Connection, _events: Events) -> Job:
+            repo = self._repo(conn, caller)
+            now = self.clock.now_us()
+            values = Transition.HEARTBEAT.values(now_us=now, lease_expires_at=now + lease_us)
+            job = repo.apply_transition(Transition.HEARTBEAT, job_id, values,
+                                        worker=caller.name, now_us=now,
+                                        lease_token=lease_token)
+            return job or self._refuse_report(repo.get_job(job_id), caller, now, lease_token)
+
+        return self._write(heartbeat_in)
 
     def complete(self, caller: Caller, job_id: int, *, lease_token: str | None,
                  result: dict[str, Any] | None) -> Job:
-        limit = self.settings.max_payload_bytes
-        stored_result = None if result is None else sized_json(result, "result", limit)
-        job = self._update_held(caller, job_id, lease_token,
-                                lambda now: self._completed_values(stored_result, now))
-        self.on_event("completed", 1)
-        return job
+        """running → completed, by the worker holding the job. A repeat of a complete that
+        landed (same lease token, same result) answers the job as that one left it."""
+        stored_result = self._stored_result(result)
+        return self._write(lambda conn, events: self._complete_in(
+            self._repo(conn, caller), events, caller, job_id, lease_token, stored_result))
 
     def complete_many(self, caller: Caller,
                       items: list[dict[str, Any]]) -> list[tuple[int, Job | Problem]]:
         """Complete several held jobs in one transaction; each succeeds or fails on its own
         and is answered with the job or the problem a single complete would give."""
-        results_json = [None if item.get("result") is None
-                        else sized_json(item["result"], "result",
-                                   self.settings.max_payload_bytes) for item in items]
+        results = [self._stored_result(item.get("result")) for item in items]
 
-        def complete_each(conn: Connection) -> list[tuple[int, Job | Problem]]:
+        def complete_each(conn: Connection, events: Events) -> list[tuple[int, Job | Problem]]:
             repo = self._repo(conn, caller)
-            now = self.clock.now_us()
             answers: list[tuple[int, Job | Problem]] = []
-            for item, stored_result in zip(items, results_json, strict=True):
-                job_id, token = item["id"], item.get("lease_token")
+            for item, stored_result in zip(items, results, strict=True):
+                job_id = item["id"]
                 try:
-                    job = repo.update_held_job(
-                        job_id, worker=caller.name, now_us=now, lease_token=token,
-                        values=self._completed_values(stored_result, now))
-                    if job is None:
-                        self._explain_not_held(repo.get_job(job_id), caller, now, token)
-                    answers.append((job_id, job))
+                    answers.append((job_id, self._complete_in(
+                        repo, events, caller, job_id, item.get("lease_token"), stored_result)))
                 except (NotFound, Conflict) as problem:
                     answers.append((job_id, problem))
             return answers
 
-        answers = self.db.run_write(complete_each)
-        completed = sum(1 for _, answer in answers if isinstance(answer, Job))
-        self.on_event("completed", completed)
-        return answers
+        return self._write(complete_each)
 
-    @staticmethod
-    def _completed_values(stored_result: str | None, now: int) -> dict[str, Any]:
-        return {"status": JobStatus.COMPLETED.value, "result": stored_result,
-                "lease_expires_at": None, "lease_token": None, "updated_at": now}
+    def _stored_result(self, result: dict[str, Any] | None) -> str | None:
+        if result is None:
+            return None
+        return sized_json(result, "result", self.settings.max_payload_bytes)
 
-    def _update_held(self, caller: Caller, job_id: int, lease_token: str | None,
-                     values_at: Any) -> Job:
-
-        def update_in(conn: Connection) -> Job:
-            repo = self._repo(conn, caller)
-            now = self.clock.now_us()
-            job = repo.update_held_job(job_id, worker=caller.name, now_us=now,
-                                       lease_token=lease_token, values=values_at(now))
-            if job is None:
-                self._explain_not_held(repo.get_job(job_id), caller, now, lease_token)
+    def _complete_in(self, repo: JobRepository, events: Events, caller: Caller, job_id: int,
+                     lease_token: str | None, stored_result: str | None) -> Job:
+        now = self.clock.now_us()
+        job = repo.apply_transition(
+            Transition.COMPLETE, job_id,
+            Transition.COMPLETE.values(now_us=now, result=stored_result),
+            worker=caller.name, now_us=now, lease_token=lease_token)
+        if job is not None:
+            events["completed"] += 1
             return job
-
-        return self.db.run_write(update_in)
+        current = repo.get_job(job_id)
+        if (current is not None and lease_token is not None
+                and current.shows_complete(caller.name, lease_token, stored_result)):
+            return current
+        return self._refuse_report(current, caller, now, lease_token)
 
     def fail(self, caller: Caller, job_id: int, *, lease_token: str | None, error: str,
              retry_in_seconds: int | None) -> Job:
-        """Record a failed attempt: pending again after a backoff, or failed when none are left."""
+        """Record a failed attempt: pending again after a backoff, or failed when none are
+        left. A repeat of a fail that landed (same lease token, error and retry_in_seconds)
+        answers the job as that one left it."""
         # PostgreSQL text cannot hold NUL; an error message is diagnostics, so it is kept with
         # each NUL shown as U+FFFD rather than refused, on every engine alike.
         error = redact_error(error).replace("\x00", "\ufffd")
+        retry_in_us = None if retry_in_seconds is None else retry_in_seconds * MICROS
 
-        def fail_in(conn: Connection) -> Job:
+        def fail_in(conn: Connection, events: Events) -> Job:
             repo = self._repo(conn, caller)
             now = self.clock.now_us()
             job = repo.get_job(job_id, for_update=True)
             if job is None or not job.is_held_by(caller.name, now, lease_token):
-                self._explain_not_held(job, caller, now, lease_token)
-            if retry_in_seconds is not None:
-                delay = retry_in_seconds * MICROS
-            else:
+                if (job is not None and lease_token is not None
+                        and job.shows_fail(caller.name, lease_token, error, retry_in_us)):
+                    return job
+                return self._refuse_report(job, caller, now, lease_token)
+            if retry_in_us is None:
                 delay = self.settings.backoff.delay_us(job.retry_count, self.rng)
-            failed = repo.update_job_in_status(
-                job_id, from_statuses=Transition.FAIL.from_statuses,
-                lease_token=job.lease_token, values=after_failure(job, now, error, delay))
+            else:
+                delay = retry_in_us
+            failed = repo.apply_transition(
+                Transition.FAIL, job_id,
+                Transition.FAIL.values(job, now, error, delay),
+                worker=caller.name, now_us=now, lease_token=job.lease_token)
             if failed is None:  # another transaction changed it first (PostgreSQL only)
                 raise Conflict("The job changed while this request ran; its lease is gone.")
+            events["retried" if failed.status == JobStatus.PENDING else "failed"] += 1
             return failed
 
-        failed = self.db.run_write(fail_in)
-        self.on_event("retried" if failed.status == JobStatus.PENDING else "failed", 1)
-        return failed
+        return self._write(fail_in)
 
     @staticmethod
-    def _explain_not_held(job: Job | None, caller: Caller, now: int,
-                          lease_token: str | None) -> None:
+    def _refuse_report(job: Job | None, caller: Caller, now: int,
+                       lease_token: str | None) -> NoReturn:
+        """Raise the problem that says why the caller does not hold the job."""
         if job is None:
             raise NotFound("No such job.")
         if job.status != JobStatus.RUNNING:
@@ -421,34 +412,36 @@ class JobService:
             raise Conflict("The lease token names an earlier attempt.")
         raise Conflict("The job changed while this request ran.")
 
+    def _write(self, work: Callable[[Connection, Events], T]) -> T:
+        """Run `work` in a write transaction, then tell on_event what it counted.
+
+        `work` may run on another request's thread, in a transaction shared with other
+        requests' work (app/writer.py), so it only counts events: they are told here, once
+        the transaction holding them has committed, and never for work rolled back.
+        """
+        events: Events = Counter()
+        result = self.db.run_write(lambda conn: work(conn, events))
+        for name, count in events.items():
+            if count:
+                self.on_event(name, count)
+        return result
+
     # -- admins ---------------------------------------------------------------------------
 
     def cancel(self, caller: Caller, job_id: int) -> Job:
         """pending → cancelled."""
-        return self._admin_transition(caller, job_id, Transition.CANCEL,
-                                      lambda now: {"status": JobStatus.CANCELLED.value,
-                                                   "updated_at": now})
+        return self._admin_transition(caller, job_id, Transition.CANCEL)
 
     def retry(self, caller: Caller, job_id: int) -> Job:
         """failed | cancelled → pending, with a fresh retry budget, claimable at once."""
-        return self._admin_transition(caller, job_id, Transition.RETRY,
-                                      lambda now: {"status": JobStatus.PENDING.value,
-                                                   "retry_count": 0,
-                                                   "run_at": now,
-                                                   "claimed_at": None,
-                                                   "worker_id": None,
-                                                   "lease_expires_at": None,
-                                                   "lease_token": None,
-                                                   "updated_at": now})
+        return self._admin_transition(caller, job_id, Transition.RETRY)
 
-    def _admin_transition(self, caller: Caller, job_id: int, transition: Transition,
-                          values_at: Any) -> Job:
+    def _admin_transition(self, caller: Caller, job_id: int, transition: Transition) -> Job:
 
-        def transition_in(conn: Connection) -> Job:
+        def transition_in(conn: Connection, _events: Events) -> Job:
             repo = self._repo(conn, caller)
-            now = self.clock.now_us()
-            job = repo.update_job_in_status(job_id, from_statuses=transition.from_statuses,
-                                            values=values_at(now))
+            job = repo.apply_transition(transition, job_id,
+                                        transition.values(now_us=self.clock.now_us()))
             if job is None:
                 current = repo.get_job(job_id)
                 if current is None:
@@ -457,7 +450,7 @@ class JobService:
                 raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
             return job
 
-        return self.db.run_write(transition_in)
+        return self._write(transition_in)
 
     # -- retention ------------------------------------------------------------------------
 

@@ -38,7 +38,8 @@ def _check_copy(path: Path) -> int:
         verdict = copy.execute("PRAGMA integrity_check").fetchone()[0]
         if verdict != "ok":
             raise BackupError(f"the copy failed its integrity check: {verdict}")
-        return copy.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        count: int = copy.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        return count
     finally:
         copy.close()
 
@@ -67,7 +68,10 @@ def backup_sqlite(engine: Engine, target: Path, *, overwrite: bool = False) -> i
         # and this one still has the engine's busy timeout.
         raw = engine.raw_connection()
         try:
-            raw.driver_connection.execute("VACUUM INTO ?", (str(partial),))
+            driver = raw.driver_connection
+            if driver is None:  # only once the pool has invalidated it
+                raise BackupError("the database connection closed before the copy began")
+            driver.execute("VACUUM INTO ?", (str(partial),))
         finally:
             raw.close()
         # VACUUM INTO does not sync what it wrote; the rename below must not publish a file

@@ -185,7 +185,8 @@ bp = Blueprint("metrics", __name__)
 
 
 def metrics_of(app: Flask) -> QueueMetrics:
-    return app.extensions["queuelog_metrics"]
+    metrics: QueueMetrics = app.extensions["queuelog_metrics"]
+    return metrics
 
 
 @bp.get("/metrics")

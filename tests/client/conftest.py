@@ -172,10 +172,12 @@ class RunnerProcess:
 def start_runner(tmp_path: Path) -> Iterator[Callable[..., RunnerProcess]]:
     runners: list[RunnerProcess] = []
 
-    def start(server: LiveServer, token: str, handler: str, *options: str) -> RunnerProcess:
+    def start(server: LiveServer, token: str, handler: str, *options: str,
+              url: str | None = None) -> RunnerProcess:
+        """A runner of `handler` against `server` (or `url`, a way to it)."""
         log_path = tmp_path / f"runner-{len(runners)}.log"
-        runner = RunnerProcess(["--url", server.url, "--handler", handler, *options], token,
-                               log_path)
+        runner = RunnerProcess(["--url", url or server.url, "--handler", handler, *options],
+                               token, log_path)
         runners.append(runner)
         return runner
 

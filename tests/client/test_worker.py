@@ -16,6 +16,7 @@ import pytest
 from queuelog_client import Worker
 from tests.client import handlers
 from tests.client.conftest import LiveServer, wait_until
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +94,32 @@ def test_the_runner_completes_jobs_with_the_handlers_result_and_exits_0_on_sigte
 
     runner.signal(signal.SIGTERM)
     assert runner.wait() == 0, runner.log()
+
+
+def test_a_complete_whose_answer_was_lost_is_sent_again_and_taken_once(live_server,
+                                                                       start_runner):
+    proxy = TcpProxy(live_server.port)
+    proxy.start()
+    proxy.lose_answer_to(b"/complete ")
+    producer = live_server.client(live_server.create_key("shop", "producer"))
+    job = producer.enqueue("email", {"n": 1})
+
+    runner = start_runner(live_server, live_server.create_key("mailer", "worker"),
+                          "tests.client.handlers:succeed", "--wait-seconds", "1",
+                          url=f"http://127.0.0.1:{proxy.port}")
+    wait_until(lambda: live_server.client().get_job(job["id"])["status"] == "completed",
+               what="the job to be completed")
+    runner.signal(signal.SIGTERM)
+    assert runner.wait() == 0, runner.log()
+    proxy.stop()
+
+    log = runner.log()
+    assert proxy.answers_lost == 1  # the first complete landed; its answer never came back
+    assert log.count(f"job {job['id']} completed") == 1, log
+    assert "lease was lost" not in log and "'lost': 0" in log, log
+    assert "'completed': 1" in log, log
+    assert live_server.client().get_job(job["id"])["result"] == {
+        "handled": job["id"], "payload": {"n": 1}}
 
 
 def test_a_handler_that_raises_fails_the_job_with_type_and_message_and_logs_the_traceback(

@@ -71,8 +71,28 @@ def test_idempotency_keys_must_be_1_to_255_printable_ascii(api, producer, key):
     assert api.enqueue(producer, idempotency_key=key).status_code == 422
 
 
-def test_idempotency_header_must_be_1_to_255_printable_ascii(api, producer):
-    assert api.enqueue(producer, headers={"Idempotency-Key": "x" * 256}).status_code == 422
+@pytest.mark.parametrize("key", ["x" * 256, "tab\there", "\x7f", "caf\u00e9"])
+def test_the_header_refuses_what_the_body_refuses(api, producer, key):
+    for sent in ({"headers": {"Idempotency-Key": key}}, {"idempotency_key": key}):
+        response = api.enqueue(producer, **sent)
+        assert response.status_code == 422, sent
+        assert set(response.json["errors"]) & {"Idempotency-Key", "idempotency_key"}
+
+
+@pytest.mark.parametrize("key", ["x" * 255, "~", "order 1001", "a!b\"c"])
+def test_the_header_takes_what_the_body_takes(api, producer, key):
+    by_header = api.enqueue(producer, headers={"Idempotency-Key": key})
+    by_body = api.enqueue(producer, idempotency_key=key)
+    assert (by_header.status_code, by_body.status_code) == (201, 200)  # the body replays it
+    assert by_body.json["id"] == by_header.json["id"]
+
+
+def test_openapi_describes_the_header_and_the_body_key_alike(client):
+    document = client.get("/openapi.json").json
+    header = document["components"]["parameters"]["IdempotencyKey"]["schema"]
+    body = document["components"]["schemas"]["Enqueue"]["properties"]["idempotency_key"]
+    assert {k: header[k] for k in ("type", "minLength", "maxLength", "pattern")} == {
+        k: body[k] for k in ("type", "minLength", "maxLength", "pattern")}
 
 
 def test_twenty_concurrent_requests_with_one_key_make_exactly_one_job(app, producer, admin):

@@ -7,7 +7,15 @@ import random
 import pytest
 
 from app.db import jobs as jobs_table
-from app.jobs.models import Backoff, Job, JobStatus, Priority, after_failure
+from app.jobs.models import (
+    Backoff,
+    Job,
+    JobStatus,
+    Priority,
+    Transition,
+    after_failure,
+    claim_order_key,
+)
 
 
 def make_job(**changes) -> Job:
@@ -67,3 +75,49 @@ def test_priority_labels_map_to_spaced_integers(label, value):
 def test_unknown_priority_label_is_refused():
     with pytest.raises(ValueError):
         Priority.from_label("urgent")
+
+
+def test_every_transition_is_a_member_of_its_own():
+    # Enum members with equal values are aliases of one another: each needs its own value.
+    assert [t.name for t in Transition] == [
+        "CLAIM", "HEARTBEAT", "COMPLETE", "FAIL", "RESCUE", "CANCEL", "RETRY"]
+    assert len({t.value for t in Transition}) == len(list(Transition))
+    assert Transition.FAIL is not Transition.HEARTBEAT
+
+
+def test_only_a_workers_reports_need_the_lease_holder():
+    assert {t for t in Transition if t.by_lease_holder} == {
+        Transition.HEARTBEAT, Transition.COMPLETE, Transition.FAIL}
+
+
+def test_a_report_keeps_its_lease_token_so_that_a_repeat_is_recognised():
+    done = Transition.COMPLETE.values(now_us=5, result='{"ok":true}')
+    assert done["status"] == JobStatus.COMPLETED and "lease_token" not in done
+    completed = make_job(status="completed", result='{"ok":true}', lease_token="t")
+    assert completed.shows_complete("w", "t", '{"ok":true}')
+    assert not completed.shows_complete("w", "t", None)  # another body
+    assert not completed.shows_complete("w", "older", '{"ok":true}')
+    assert not completed.shows_complete("x", "t", '{"ok":true}')
+
+
+def test_a_repeated_fail_matches_the_error_and_the_delay_it_asked_for():
+    requeued = make_job(**Transition.FAIL.values(make_job(), 1000, "boom", 5_000_000))
+    assert requeued.shows_fail("w", "t", "boom", None)
+    assert requeued.shows_fail("w", "t", "boom", 5_000_000)
+    assert not requeued.shows_fail("w", "t", "boom", 6_000_000)
+    assert not requeued.shows_fail("w", "t", "bang", None)
+    reclaimed = make_job(**(Transition.FAIL.values(make_job(), 1000, "boom", 0)
+                            | {"lease_token": "next"}))
+    assert not reclaimed.shows_fail("w", "t", "boom", None)
+
+
+def test_a_rescue_cancel_or_retry_forgets_the_lease_token():
+    assert Transition.RESCUE.values(make_job(), 1000)["lease_token"] is None
+    assert Transition.CANCEL.values(now_us=1)["lease_token"] is None
+    assert Transition.RETRY.values(now_us=1)["lease_token"] is None
+
+
+def test_claim_order_is_priority_then_age_then_id():
+    rows = [make_job(id=3, priority=10, created_at=5), make_job(id=2, priority=20, created_at=9),
+            make_job(id=1, priority=10, created_at=5), make_job(id=4, priority=10, created_at=1)]
+    assert [job.id for job in sorted(rows, key=claim_order_key)] == [2, 4, 1, 3]

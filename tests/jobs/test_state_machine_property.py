@@ -57,14 +57,36 @@ class ModelJob:
     lease_token: str | None = None
     error: str | None = None
     past_tokens: list[str] = field(default_factory=list)
+    # The complete or fail that left the job as it is: (action, worker, token, body, delay).
+    last_report: tuple[str, str, str, dict[str, Any], int] | None = None
 
     def held_by(self, worker: str, now: int, token: str | None) -> bool:
         return (self.status == "running" and self.worker == worker
                 and self.lease_expires_at is not None and self.lease_expires_at > now
                 and (token is None or token == self.lease_token))
 
+    def repeats_last_report(self, action: str, worker: str, token: str | None,
+                            body: dict[str, Any]) -> bool:
+        """A complete or fail repeated after it landed, which answers 200: the same token
+        and body (a fail's retry_in_seconds only counts when given and the job was
+        requeued), by the same worker (a requeued job no longer names it)."""
+        if self.last_report is None or token is None:
+            return False
+        last_action, last_worker, last_token, last_body, delay_us = self.last_report
+        if (action, token) != (last_action, last_token):
+            return False
+        if action == "complete":
+            return worker == last_worker and body == last_body
+        if body["error"] != last_body["error"]:
+            return False
+        if self.status == "failed":
+            return worker == last_worker
+        return ("retry_in_seconds" not in body
+                or body["retry_in_seconds"] * MICROS == delay_us)
+
     def attempt_failed(self, now: int, error: str, delay_us: int) -> None:
         """A failed attempt (by `fail` or an expired lease): pending again or failed."""
+        self.last_report = None
         self.error = error
         self.lease_expires_at = None
         if self.lease_token is not None:
@@ -130,11 +152,16 @@ class QueueMachine(RuleBasedStateMachine):
     def report(self, action: str, job_id: int, worker: str, lease_token: str | None,
                body: dict[str, Any]) -> tuple[Any, ModelJob | None]:
         """POST a worker's heartbeat, complete or fail. When the model says the worker does
-        not hold the job, check the refusal and return no job; else check the 200."""
+        not hold the job, check the refusal and return no job (a repeat of the report that
+        landed: check its 200 and return no job); else check the 200."""
+        sent = dict(body)
         if lease_token is not None:
             body["lease_token"] = lease_token
         response = self.post(f"/jobs/{job_id}/{action}", worker, body)
         job = self.model.get(job_id)
+        if job is not None and job.repeats_last_report(action, worker, lease_token, sent):
+            assert response.status_code == 200, response.get_json()
+            return response, None
         if job is None or not job.held_by(worker, self.now, lease_token):
             self.expect_not_held(response, job_id)
             return response, None
@@ -179,7 +206,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.expect_not_held(response, job_id)
             return
         assert response.status_code == 200, response.get_json()
-        job.status = "cancelled"
+        job.status, job.last_report = "cancelled", None
 
     @rule(job_id=st.one_of(jobs, st.just(UNKNOWN_ID)))
     def retry(self, job_id: int) -> None:
@@ -191,6 +218,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert response.status_code == 200, response.get_json()
         job.status, job.retry_count, job.run_at = "pending", 0, self.now
         job.claimed_at = job.worker = job.lease_expires_at = job.lease_token = None
+        job.last_report = None
 
     # -- workers --------------------------------------------------------------------------
 
@@ -230,7 +258,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert shown["id"] == job.id, "the claim must take the most urgent claimable job"
         job.status, job.worker, job.claimed_at = "running", worker, self.now
         job.lease_expires_at = self.now + (lease_seconds or LEASE_SECONDS) * MICROS
-        job.lease_token = shown["lease_token"]
+        job.lease_token, job.last_report = shown["lease_token"], None
         assert job.lease_token not in job.past_tokens
 
     @rule(job_id=st.one_of(jobs, st.just(UNKNOWN_ID)),
@@ -251,14 +279,18 @@ class QueueMachine(RuleBasedStateMachine):
           worker=st.sampled_from(sorted(WORKER_TYPES)),
           token=st.sampled_from([None, "current", "stale", "forged"]))
     def complete(self, job_id: int, worker: str, token: str) -> None:
-        response, job = self.report("complete", job_id, worker, self.token_for(job_id, token),
+        lease_token = self.token_for(job_id, token)
+        response, job = self.report("complete", job_id, worker, lease_token,
                                     {"result": {"ok": job_id}})
         if job is None:
             return
         assert response.get_json()["result"] == {"ok": job_id}
         job.status, job.lease_expires_at = "completed", None
-        job.past_tokens.append(job.lease_token)  # type: ignore[arg-type]
+        if job.lease_token is not None:
+            job.past_tokens.append(job.lease_token)
         job.lease_token = None
+        if lease_token is not None:
+            job.last_report = ("complete", worker, lease_token, {"result": {"ok": job_id}}, 0)
 
     @rule(job_id=st.one_of(jobs, st.just(UNKNOWN_ID)),
           worker=st.sampled_from(sorted(WORKER_TYPES)),
@@ -269,7 +301,8 @@ class QueueMachine(RuleBasedStateMachine):
         body: dict[str, Any] = {"error": error}
         if retry_in_seconds is not None:
             body["retry_in_seconds"] = retry_in_seconds
-        response, job = self.report("fail", job_id, worker, self.token_for(job_id, token), body)
+        lease_token = self.token_for(job_id, token)
+        response, job = self.report("fail", job_id, worker, lease_token, dict(body))
         if job is None:
             return
         shown = response.get_json()
@@ -282,6 +315,8 @@ class QueueMachine(RuleBasedStateMachine):
             if job.retry_count < job.max_retries:
                 assert ceiling / 2 - 1 <= delay_us <= ceiling + 1, (delay_us, ceiling)
         job.attempt_failed(self.now, error, delay_us)
+        if lease_token is not None:
+            job.last_report = ("fail", worker, lease_token, body, delay_us)
 
     @rule(seconds=st.sampled_from([0.5, 1, 5, 30, 299, 300, 301, 3600]))
     def time_passes(self, seconds: float) -> None:

@@ -1,0 +1,45 @@
+"""The job service tells its event sink (metrics) what happened only once it is committed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from app.db import jobs as jobs_table
+
+
+def test_events_are_told_after_their_transaction_commits_and_once(app, api, producer, worker,
+                                                                   clock):
+    service = app.extensions["queuelog"].jobs
+    told: list[tuple[str, int, Any]] = []
+
+    def rows() -> Any:
+        # A connection of its own: it sees committed rows only.
+        with service.db.read() as conn:
+            return conn.execute(select(jobs_table.c.id, jobs_table.c.status,
+                                       jobs_table.c.retry_count, jobs_table.c.lease_token)
+                                .order_by(jobs_table.c.id)).all()
+
+    service.on_event = lambda name, count: told.append((name, count, rows()))
+
+    first = api.enqueue(producer, max_retries=1).json["id"]
+    lease = api.claim(worker, lease_seconds=1).json["lease_token"]
+    api.enqueue(producer)
+    clock.advance(2)  # the first lease runs out: the next claim rescues it
+    told.clear()
+    again = api.claim(worker).json
+    assert again["id"] == first and again["lease_token"] != lease
+    after_claim = rows()
+    assert sorted(name for name, _, _ in told) == ["claimed", "rescued", "retried"]
+    assert all(seen == after_claim for _, _, seen in told)
+
+    told.clear()
+    body = {"lease_token": again["lease_token"], "result": {"ok": True}}
+    assert api.complete(worker, first, **body).status_code == 200
+    assert [(name, count) for name, count, _ in told] == [("completed", 1)]
+    assert told[0][2] == rows()
+
+    told.clear()
+    assert api.complete(worker, first, **body).status_code == 200  # a repeat: nothing new
+    assert told == []
