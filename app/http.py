@@ -103,7 +103,10 @@ def parse_json(raw: bytes) -> Any:
     """Strict JSON: UTF-8, no NaN or Infinity (nor numbers that overflow to it), no unpaired
     surrogate escapes, nothing nested deeper than MAX_JSON_DEPTH within a field."""
     try:
-        value = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+        # Decoded here, strictly: json.loads would decode bytes with "surrogatepass", letting
+        # a surrogate encoded straight into the UTF-8 (b"\xed\xa0\x80") through unescaped.
+        text = raw.decode("utf-8")
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
         # Only a body nested hundreds of levels deep exhausts the parser's recursion.
         raise ValidationFailed("The body is nested too deeply.",

@@ -151,6 +151,10 @@ def test_finding_03_a_small_deep_body_with_a_unicode_escape_is_a_422_not_a_500(
                                content_type="application/json")
 
         assert _problem(response, 422)["errors"] == errors
+    # The same surrogate encoded straight into the bytes instead of escaped: not UTF-8.
+    smuggled = client.post("/jobs", headers=producer.headers, content_type="application/json",
+                           data=b'{"type": "email", "payload": {"x": "\xed\xa0\x80"}}')
+    assert _problem(smuggled, 422)["errors"] == {"_body": ["Invalid JSON."]}
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
