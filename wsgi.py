@@ -1,3 +1,4 @@
-from app import create_app
+from app import create_app, warn_about_configuration
 
 app = create_app()
+warn_about_configuration(app)

@@ -52,9 +52,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     if test_config is not None:
         app.config.update(test_config)
     normalise(app.config)
-    # On stderr (Flask's default handler), beside gunicorn's own messages, once per process.
-    for warning in configuration_warnings(app.config):
-        app.logger.warning("queuelog: %s", warning)
     if not app.config.get("DATABASE_URL"):
         os.makedirs(app.instance_path, exist_ok=True)
         path = os.path.join(app.instance_path, "queuelog.sqlite3")
@@ -76,6 +73,15 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     register_commands(app)
     return app
+
+
+def warn_about_configuration(app: Flask) -> None:
+    """Log, on stderr (Flask's default handler, beside gunicorn's own messages), what the
+    service will refuse because of its settings. Called where the app is served (wsgi.py,
+    once per gunicorn worker), not by the factory: an operator's command run in a shell
+    without the service's settings would only be told something untrue of the service."""
+    for warning in configuration_warnings(app.config):
+        app.logger.warning("queuelog: %s", warning)
 
 
 def _build_services(config: Mapping[str, Any], on_event: EventSink) -> Services:

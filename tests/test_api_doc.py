@@ -62,3 +62,10 @@ def test_the_readme_points_to_the_api_reference() -> None:
     assert "docs/API.md" in readme
     assert "/openapi.json" in readme
     assert "contract" not in readme.lower()
+
+
+def test_the_readmes_walk_through_says_its_ids_assume_a_fresh_database() -> None:
+    readme = (API_DOC.parent.parent / "README.md").read_text(encoding="utf-8")
+    walk_through = readme.split("## A walk through with curl", 1)[1].split("\n## ", 1)[0]
+    assert "fresh database" in walk_through
+    assert "fresh database" in API_DOC.read_text(encoding="utf-8")

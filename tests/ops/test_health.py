@@ -119,7 +119,7 @@ def test_readyz_has_no_warnings_when_job_types_are_configured(client: Any) -> No
     assert "warnings" not in client.get("/readyz").get_json()
 
 
-def test_starting_without_job_types_warns_on_stderr(tmp_path: Any) -> None:
+def test_serving_without_job_types_warns_on_stderr_and_commands_do_not(tmp_path: Any) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUELOG_")}
     env["QUEUELOG_DATABASE_URL"] = f"sqlite:///{tmp_path / 'q.sqlite3'}"
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
@@ -133,3 +133,11 @@ def test_starting_without_job_types_warns_on_stderr(tmp_path: Any) -> None:
                                 cwd=env["PYTHONPATH"], capture_output=True, text=True,
                                 timeout=60)
     assert "QUEUELOG_JOB_TYPES" not in configured.stderr
+    # An operator's command runs in a shell that may lack the service's settings: it would
+    # only be told something untrue of the service.
+    del env["QUEUELOG_JOB_TYPES"]
+    command = subprocess.run([sys.executable, "-c", "from app.cli import main; main()",
+                              "db", "upgrade"], env=env, cwd=env["PYTHONPATH"],
+                             capture_output=True, text=True, timeout=60)
+    assert command.returncode == 0, command.stderr
+    assert "QUEUELOG_JOB_TYPES" not in command.stderr
