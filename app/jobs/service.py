@@ -260,7 +260,7 @@ class JobService:
                 now_us=now, worker=caller.name, lease_expires_at=now + lease_us,
                 nonce=nonce, limit=limit, types=wanted,
             )
-            events["claimed"] += len(jobs)
+            self._made(repo, Transition.CLAIM, jobs, events)
             return jobs
 
         return [Claimed(job, job.lease_token or "") for job in self._write(claim_in)]
@@ -286,30 +286,31 @@ class JobService:
             return requested_set
         return requested_set & caller.allowed_types
 
-    @staticmethod
-    def _rescue_expired_leases(repo: JobRepository, now: int, events: Events) -> None:
+    def _rescue_expired_leases(self, repo: JobRepository, now: int, events: Events) -> None:
         # A lease that ran out is a failed attempt whose worker is presumed dead.
         for job in repo.find_expired_leases(now, RESCUE_BATCH):
             rescued = repo.apply_transition(Transition.RESCUE, job.id,
                                             Transition.RESCUE.values(job, now),
                                             lease_token=job.lease_token)
             if rescued is not None:
-                events["rescued"] += 1
-                events["retried" if rescued.status == JobStatus.PENDING else "failed"] += 1
+                self._made(repo, Transition.RESCUE, [rescued], events)
 
     def heartbeat(self, caller: Caller, job_id: int, *, lease_token: str | None,
                   lease_seconds: int | None) -> Job:
         """Extend the caller's live lease on the job."""
         lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
 
-        def heartbeat_in(conn: Connection, _events: Events) -> Job:
+        def heartbeat_in(conn: Connection, events: Events) -> Job:
             repo = self._repo(conn, caller)
             now = self.clock.now_us()
             values = Transition.HEARTBEAT.values(now_us=now, lease_expires_at=now + lease_us)
             job = repo.apply_transition(Transition.HEARTBEAT, job_id, values,
                                         worker=caller.name, now_us=now,
                                         lease_token=lease_token)
-            return job or self._refuse_report(repo.get_job(job_id), caller, now, lease_token)
+            if job is None:
+                self._refuse_report(repo.get_job(job_id), caller, now, lease_token)
+            self._made(repo, Transition.HEARTBEAT, [job], events)
+            return job
 
         return self._write(heartbeat_in)
 
@@ -354,7 +355,7 @@ class JobService:
             Transition.COMPLETE.values(now_us=now, result=stored_result),
             worker=caller.name, now_us=now, lease_token=lease_token)
         if job is not None:
-            events["completed"] += 1
+            self._made(repo, Transition.COMPLETE, [job], events)
             return job
         current = repo.get_job(job_id)
         if (current is not None and lease_token is not None
@@ -391,7 +392,7 @@ class JobService:
                 worker=caller.name, now_us=now, lease_token=job.lease_token)
             if failed is None:  # another transaction changed it first (PostgreSQL only)
                 raise Conflict("The job changed while this request ran; its lease is gone.")
-            events["retried" if failed.status == JobStatus.PENDING else "failed"] += 1
+            self._made(repo, Transition.FAIL, [failed], events)
             return failed
 
         return self._write(fail_in)
@@ -411,6 +412,22 @@ class JobService:
         if lease_token is not None and lease_token != job.lease_token:
             raise Conflict("The lease token names an earlier attempt.")
         raise Conflict("The job changed while this request ran.")
+
+    @staticmethod
+    def _made(_repo: JobRepository, transition: Transition, jobs: list[Job],
+              events: Events) -> None:
+        """Called in the transaction of every transition made, with the jobs as it left them.
+        What a transition entails besides its UPDATE belongs here, in the same transaction
+        (and on `_repo`'s connection); today that is the events it counts."""
+        if transition is Transition.CLAIM:
+            events["claimed"] += len(jobs)
+        elif transition is Transition.COMPLETE:
+            events["completed"] += len(jobs)
+        elif transition in (Transition.FAIL, Transition.RESCUE):
+            if transition is Transition.RESCUE:
+                events["rescued"] += len(jobs)
+            for job in jobs:
+                events["retried" if job.status == JobStatus.PENDING else "failed"] += 1
 
     def _write(self, work: Callable[[Connection, Events], T]) -> T:
         """Run `work` in a write transaction, then tell on_event what it counted.
@@ -438,7 +455,7 @@ class JobService:
 
     def _admin_transition(self, caller: Caller, job_id: int, transition: Transition) -> Job:
 
-        def transition_in(conn: Connection, _events: Events) -> Job:
+        def transition_in(conn: Connection, events: Events) -> Job:
             repo = self._repo(conn, caller)
             job = repo.apply_transition(transition, job_id,
                                         transition.values(now_us=self.clock.now_us()))
@@ -448,6 +465,7 @@ class JobService:
                     raise NotFound("No such job.")
                 allowed = " or ".join(transition.from_statuses)
                 raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
+            self._made(repo, transition, [job], events)
             return job
 
         return self._write(transition_in)
