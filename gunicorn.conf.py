@@ -44,7 +44,11 @@ bind = [address.strip() for address in _default_bind().split(",") if address.str
 # may long-poll, up to 20 s for a job to arrive. Threads wait cheaply; a waiting claim holds
 # one thread, never a whole process, so the others keep answering. gthread also parks idle
 # keep-alive connections in a poller instead of a thread.
-worker_class = "gthread"
+# Our subclass of gthread's worker reads each request whole in that poller before a thread
+# sees it, and drops one not whole within 10 s: gthread's own worker gives a thread to every
+# connection that has sent a byte, so a few dozen clients that stop half-way through their
+# headers would hold every thread and the service would answer no one.
+worker_class = "queuelog_gunicorn.worker.BufferingThreadWorker"
 # Processes give CPU parallelism (JSON, validation, hashing) past the GIL. More of them do
 # not help SQLite, which admits one writer at a time: each extra process only adds waiters
 # for its lock. Default: one per core, at most 4; raise it for PostgreSQL.

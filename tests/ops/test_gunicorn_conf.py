@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 from gunicorn.config import Config
+from gunicorn.workers.gthread import ThreadWorker
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
 from app.ops.metrics import COMPACTION_LOCK, WorkerFilesCollector
+from queuelog_gunicorn.worker import BufferingThreadWorker
 from tests.ops.scrape import Scrape
 from tests.ops.servers import ROOT
 
@@ -55,7 +57,9 @@ def test_every_name_is_a_gunicorn_setting_with_a_valid_value(
     assert not unknown, f"not gunicorn settings (typos?): {unknown}"
     for name, value in settings.items():
         cfg.set(name, value)  # gunicorn's own validation
-    assert cfg.worker_class_str == "gthread"
+    # gthread's worker, reading whole requests before a thread sees them.
+    assert issubclass(cfg.worker_class, ThreadWorker)
+    assert cfg.worker_class is BufferingThreadWorker
     assert cfg.preload_app is False
     assert cfg.accesslog is None
     assert cfg.max_requests_jitter > 0
