@@ -25,6 +25,16 @@ _HEX = re.compile(rb"[0-9A-Fa-f]+")
 _DIGITS = re.compile(rb"[0-9]+")
 
 
+def _bare_lf(data: bytes | bytearray, start: int, end: int) -> bool:
+    """Whether a LF between `start` and `end` lacks its CR."""
+    at = data.find(b"\n", start, end)
+    while at >= 0:
+        if at == 0 or data[at - 1] != 0x0D:
+            return True
+        at = data.find(b"\n", at + 1, end)
+    return False
+
+
 class Verdict(enum.Enum):
     INCOMPLETE = "wait for more bytes"
     READY = "hand the bytes to a thread"
@@ -79,7 +89,7 @@ class RequestProgress:
         self.cut = False
         self.wants_continue = False  # the client waits for "100 Continue" before its body
         self._stage = _Stage.HEAD
-        self._scanned = 0  # where the search for the end of the head resumes
+        self._scanned = 0  # how far the head (later the trailers) has been searched
         self._body_start = 0
         self._position = 0  # the next unread byte of a chunked body
         self._chunk_left = 0
@@ -98,14 +108,14 @@ class RequestProgress:
     # -- the head ---------------------------------------------------------------------------
 
     def _check_head(self, data: bytes | bytearray) -> Verdict | None:
-        end = data.find(b"\r\n\r\n", self._scanned)
+        end = data.find(b"\r\n\r\n", max(0, self._scanned - 3))
+        # gunicorn refuses a head longer than its limits, or with a bare LF, from what is
+        # here: no need to wait for the rest.
+        if _bare_lf(data, self._scanned, end if end >= 0 else len(data)):
+            return Verdict.READY
         if end < 0:
-            self._scanned = max(0, len(data) - 3)
-            # gunicorn refuses a head longer than its limits, or with a bare LF, from what is
-            # here: no need to wait for the rest.
-            if len(data) > self.limits.head or data.count(b"\n") != data.count(b"\r\n"):
-                return Verdict.READY
-            return Verdict.INCOMPLETE
+            self._scanned = len(data)
+            return Verdict.READY if len(data) > self.limits.head else Verdict.INCOMPLETE
         lines = bytes(data[:end]).split(b"\r\n")
         if lines[0] == b"":
             lines.pop(0)
@@ -181,8 +191,10 @@ class RequestProgress:
                     return self._incomplete(data)
                 if data[self._position:self._position + 2] == b"\r\n":
                     return Verdict.READY
-                if data.find(b"\r\n\r\n", self._position) >= 0:
+                self._scanned = max(self._scanned, self._position)
+                if data.find(b"\r\n\r\n", max(self._position, self._scanned - 3)) >= 0:
                     return Verdict.READY
+                self._scanned = len(data)
                 if len(data) - self._position > self.limits.trailers:
                     return Verdict.READY  # gunicorn refuses the trailers
                 return self._incomplete(data)

@@ -127,32 +127,42 @@ class BufferingThreadWorker(ThreadWorker):  # type: ignore[misc]
         """A kept-alive connection's next request begins: its deadline starts now."""
         self.poller.unregister(client)
         self.keepalived_conns.remove(conn)
-        self._await_request(conn)
-        self._receive(conn)
+        self._await_request(conn, readable=True)
 
-    def _await_request(self, conn: BufferedConn) -> None:
+    def _await_request(self, conn: BufferedConn, readable: bool = False) -> None:
         conn.progress = RequestProgress(self.limits)
         conn.cut = False
         self.arriving[conn] = time.monotonic() + REQUEST_DEADLINE_SECONDS
+        # Whole already (pipelined, or in the bytes that made the socket readable): no need to
+        # watch the socket at all.
         if conn.arrived.data and self._judge(conn):
-            return  # a pipelined request was whole already
-        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._receive, conn))
+            return
+        if readable and self._receive(conn):
+            return
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_readable, conn))
 
-    def _receive(self, conn: BufferedConn, _sock: Any = None) -> None:
-        try:
-            data = conn.sock.recv(RECEIVE_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._drop(conn)
-            return
-        if not data:
-            self._drop(conn)  # closed before its request was whole
-            return
-        conn.arrived.data += data
-        if self._judge(conn):
-            with contextlib.suppress(KeyError, ValueError):
+    def _on_readable(self, conn: BufferedConn, _sock: Any) -> None:
+        if self._receive(conn):
+            with contextlib.suppress(KeyError, ValueError, OSError):
                 self.poller.unregister(conn.sock)
+
+    def _receive(self, conn: BufferedConn) -> bool:
+        """Read what has arrived; True once the connection is handed over or closed."""
+        while True:
+            try:
+                data = conn.sock.recv(RECEIVE_SIZE)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                data = b""
+            if not data:
+                self._drop(conn)  # closed before its request was whole
+                return True
+            conn.arrived.data += data
+            if self._judge(conn):
+                return True
+            if len(data) < RECEIVE_SIZE:
+                return False  # the socket is drained: wait for the poller
 
     def _judge(self, conn: BufferedConn) -> bool:
         """Hand the request over, close, or wait; True unless waiting."""
