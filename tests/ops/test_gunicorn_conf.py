@@ -1,5 +1,6 @@
 """gunicorn.conf.py, loaded the way gunicorn loads it: its settings, their environment
-overrides, its metrics directory, and the folding of dead workers' metrics files."""
+overrides, its metrics directory; and the folding of dead workers' metrics files
+(queuelog_gunicorn/multiprocess.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from gunicorn.workers.gthread import ThreadWorker
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
-from app.ops.metrics import COMPACTION_LOCK, WorkerFilesCollector
+from app.ops.metrics import WorkerFilesCollector
+from queuelog_gunicorn.multiprocess import COMPACTION_LOCK, compact_dead_workers
 from queuelog_gunicorn.worker import BufferingThreadWorker
 from tests.ops.scrape import Scrape
 from tests.ops.servers import ROOT
@@ -26,7 +28,7 @@ from tests.ops.servers import ROOT
 ISOLATED = ("PROMETHEUS_MULTIPROC_DIR", "QUEUELOG_METRICS_DIR_OWNER", "QUEUELOG_BIND", "PORT",
             "GUNICORN_WORKERS", "GUNICORN_THREADS", "GUNICORN_MAX_REQUESTS")
 # Names in the file that are not gunicorn settings.
-HELPERS = {"annotations", "Any", "defaultdict", "compact_dead_workers"}
+HELPERS = {"annotations", "Any"}
 
 
 @pytest.fixture
@@ -129,9 +131,7 @@ def figures(scrape: Scrape) -> tuple[float, ...]:
             round(scrape.value(HISTOGRAM + "_sum", route="/jobs"), 6))
 
 
-def test_dead_workers_files_fold_into_one_archive_and_the_totals_stay(
-        load_conf: Callable[..., dict[str, Any]], tmp_path: Path) -> None:
-    compact = load_conf()["compact_dead_workers"]
+def test_dead_workers_files_fold_into_one_archive_and_the_totals_stay(tmp_path: Path) -> None:
     path = tmp_path / "metrics"
     path.mkdir()
     for pid, (enqueued, fast, slow) in {101: (3, 2, 1), 102: (5, 4, 0), 103: (7, 1, 6)}.items():
@@ -140,7 +140,7 @@ def test_dead_workers_files_fold_into_one_archive_and_the_totals_stay(
     before = figures(scrape_files(path))
     assert before == (15, 7, 14, 14, round(7 * 0.05 + 7 * 0.5, 6))
 
-    assert compact(str(path), {103}) == 4
+    assert compact_dead_workers(str(path), {103}) == 4
 
     assert sorted(p.name for p in path.glob("*.db")) == [
         "counter_103.db", "counter_archive.db", "histogram_103.db", "histogram_archive.db"]
@@ -148,21 +148,20 @@ def test_dead_workers_files_fold_into_one_archive_and_the_totals_stay(
 
     # A later exit adds to the archive rather than replacing it.
     write_worker_file(path, "counter", 104, 10)
-    assert compact(str(path), {103}) == 1
+    assert compact_dead_workers(str(path), {103}) == 1
     assert scrape_files(path).value("queuelog_jobs_enqueued_total") == 25
     assert sorted(p.name for p in path.glob("counter_*.db")) == [
         "counter_103.db", "counter_archive.db"]
 
 
 def test_folding_waits_for_no_scrape_and_leaves_the_files_for_the_next_exit(
-        load_conf: Callable[..., dict[str, Any]], tmp_path: Path) -> None:
-    compact = load_conf()["compact_dead_workers"]
+        tmp_path: Path) -> None:
     path = tmp_path / "metrics"
     path.mkdir()
     write_worker_file(path, "counter", 101, 3)
     with open(path / COMPACTION_LOCK, "a+b") as scrape_in_progress:
         fcntl.flock(scrape_in_progress, fcntl.LOCK_SH)
-        assert compact(str(path), set()) == 0
+        assert compact_dead_workers(str(path), set()) == 0
         assert (path / "counter_101.db").exists()
-    assert compact(str(path), set()) == 1
+    assert compact_dead_workers(str(path), set()) == 1
     assert scrape_files(path).value("queuelog_jobs_enqueued_total") == 3
