@@ -23,7 +23,7 @@ from app.ops.metrics import WorkerFilesCollector
 from queuelog_gunicorn.multiprocess import COMPACTION_LOCK, compact_dead_workers
 from queuelog_gunicorn.worker import BufferingThreadWorker
 from tests.ops.scrape import Scrape
-from tests.ops.servers import ROOT
+from tests.servers import REPO_ROOT
 
 ISOLATED = ("PROMETHEUS_MULTIPROC_DIR", "QUEUELOG_METRICS_DIR_OWNER", "QUEUELOG_BIND", "PORT",
             "GUNICORN_WORKERS", "GUNICORN_THREADS", "GUNICORN_MAX_REQUESTS")
@@ -43,7 +43,7 @@ def load_conf(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., 
     def load(**env: str) -> dict[str, Any]:
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        return runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+        return runpy.run_path(str(REPO_ROOT / "gunicorn.conf.py"))
 
     return load
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.ops.servers import ROOT, Server, server_environment
-from tests.servers import free_port
+from tests.servers import REPO_ROOT, GunicornServer, free_port, server_environment
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +32,7 @@ def checkout_with_venv(directory: Path) -> Path:
     for name in ("scripts/serve.sh", "setup.cfg", "pyproject.toml", "gunicorn.conf.py",
                  "wsgi.py"):
         (directory / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ROOT / name, directory / name)
+        shutil.copyfile(REPO_ROOT / name, directory / name)
     bin_dir = directory / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     for name, body in SHIMS.items():
@@ -49,14 +48,15 @@ def answers(port: int) -> bool:
         return False
 
 
-def serve(checkout: Path, tmp_path: Path, ports: tuple[int, int], run: int) -> Server:
+def serve(checkout: Path, tmp_path: Path, ports: tuple[int, int], run: int) -> GunicornServer:
     env = server_environment(
         tmp_path, TEST_PYTHON=sys.executable, PIP_CALLS=str(tmp_path / "pip-calls"),
         QUEUELOG_DATABASE_URL=f"sqlite:///{tmp_path / 'served.sqlite3'}",
         QUEUELOG_BIND=",".join(f"127.0.0.1:{port}" for port in ports))
     logs = tmp_path / f"run-{run}"
     logs.mkdir()
-    return Server(["sh", str(checkout / "scripts" / "serve.sh")], env, ports[0], logs)
+    return GunicornServer(["sh", str(checkout / "scripts" / "serve.sh")], env, port=ports[0],
+                          logs=logs).start()
 
 
 def test_serve_sh_listens_where_queuelog_bind_says_and_installs_only_when_needed(

@@ -13,8 +13,13 @@ import pytest
 import requests
 
 from tests.ops.raw_http import RawConnection, request_bytes
-from tests.ops.servers import Server, bearer, gunicorn_argv, server_environment
-from tests.servers import create_api_key
+from tests.servers import (
+    GunicornServer,
+    bearer,
+    create_api_key,
+    gunicorn_argv,
+    server_environment,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +31,8 @@ HALF_OPEN = 60
 
 
 @pytest.fixture
-def served(start_server: Callable[..., Server], sqlite_template: str,
-           tmp_path: Path) -> tuple[Server, str]:
+def served(start_server: Callable[..., GunicornServer], sqlite_template: str,
+           tmp_path: Path) -> tuple[GunicornServer, str]:
     """The shipped settings with their default thread count (16 per worker), two workers:
     fewer threads in all than the half-open connections below. Returns (server, token)."""
     database = tmp_path / "served.sqlite3"
@@ -48,13 +53,13 @@ def connections() -> Iterator[list[RawConnection]]:
         connection.close()
 
 
-def enqueue(server: Server, token: str, n: int) -> requests.Response:
-    return requests.post(server.url("/jobs"), json={"type": "email", "payload": {"n": n}},
+def enqueue(server: GunicornServer, token: str, n: int) -> requests.Response:
+    return requests.post(server.url_of("/jobs"), json={"type": "email", "payload": {"n": n}},
                          headers=bearer(token), timeout=PATIENCE_SECONDS)
 
 
 def test_half_open_connections_do_not_stop_the_service_and_are_closed_after_the_deadline(
-        served: tuple[Server, str], connections: list[RawConnection]) -> None:
+        served: tuple[GunicornServer, str], connections: list[RawConnection]) -> None:
     server, token = served
     for n in range(HALF_OPEN):
         connection = RawConnection(server.port)
@@ -65,22 +70,22 @@ def test_half_open_connections_do_not_stop_the_service_and_are_closed_after_the_
 
     # While all of them are held open, the service answers others, as often as asked.
     for n in range(5):
-        health = requests.get(server.url("/healthz"), timeout=PATIENCE_SECONDS)
+        health = requests.get(server.url_of("/healthz"), timeout=PATIENCE_SECONDS)
         assert health.status_code == 200 and health.json() == {"status": "ok"}
         created = enqueue(server, token, n)
         assert created.status_code == 201, created.text
     with requests.Session() as session:  # keep-alive still serves several requests
         for _ in range(3):
-            assert session.get(server.url("/healthz"), timeout=PATIENCE_SECONDS).ok
+            assert session.get(server.url_of("/healthz"), timeout=PATIENCE_SECONDS).ok
 
     # Each of them is closed by the server, without an answer, once the deadline passes.
     assert all(connection.closed_by_server(within=PATIENCE_SECONDS)
                for connection in connections)
-    assert requests.get(server.url("/healthz"), timeout=PATIENCE_SECONDS).ok
+    assert requests.get(server.url_of("/healthz"), timeout=PATIENCE_SECONDS).ok
 
 
 def test_a_slow_but_whole_request_within_the_deadline_is_served(
-        served: tuple[Server, str], connections: list[RawConnection]) -> None:
+        served: tuple[GunicornServer, str], connections: list[RawConnection]) -> None:
     server, token = served
     for n, chunked in enumerate((False, True)):
         raw = request_bytes("POST", "/jobs", token=token, chunked=chunked,
@@ -95,13 +100,13 @@ def test_a_slow_but_whole_request_within_the_deadline_is_served(
         assert response.status == 201, response.body
         job = response.json()
         assert job["payload"] == {"n": n, "text": "x" * 40}
-        stored = requests.get(server.url(f"/jobs/{job['id']}"), headers=bearer(token),
+        stored = requests.get(server.url_of(f"/jobs/{job['id']}"), headers=bearer(token),
                               timeout=PATIENCE_SECONDS)
         assert stored.json()["payload"] == job["payload"]
 
 
 def test_a_request_still_trickling_in_at_the_deadline_is_dropped(
-        served: tuple[Server, str], connections: list[RawConnection]) -> None:
+        served: tuple[GunicornServer, str], connections: list[RawConnection]) -> None:
     server, token = served
     raw = request_bytes("POST", "/jobs", token=token, body={"type": "email"})
     connection = RawConnection(server.port)
@@ -120,12 +125,12 @@ def test_a_request_still_trickling_in_at_the_deadline_is_dropped(
             dropped = True
             break
     assert dropped
-    assert requests.get(server.url("/jobs"), headers=bearer(token),
+    assert requests.get(server.url_of("/jobs"), headers=bearer(token),
                         timeout=PATIENCE_SECONDS).json()["jobs"] == []
 
 
 def test_a_body_larger_than_the_cap_is_refused_with_a_problem_before_it_arrives(
-        served: tuple[Server, str], connections: list[RawConnection]) -> None:
+        served: tuple[GunicornServer, str], connections: list[RawConnection]) -> None:
     server, token = served
     connection = RawConnection(server.port)
     connections.append(connection)
@@ -141,7 +146,7 @@ def test_a_body_larger_than_the_cap_is_refused_with_a_problem_before_it_arrives(
 
 
 def test_pipelined_requests_are_answered_in_order_however_they_arrive(
-        served: tuple[Server, str], connections: list[RawConnection]) -> None:
+        served: tuple[GunicornServer, str], connections: list[RawConnection]) -> None:
     server, token = served
     first = request_bytes("POST", "/jobs", token=token, body={"type": "email"})
     second = request_bytes("GET", "/healthz")
