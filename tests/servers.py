@@ -243,7 +243,7 @@ class LiveServer(GunicornServer):
             *UNCONFIGURED,
             "--bind", f"{HOST}:{self.port}",
             "--workers", str(self.workers),
-            "--worker-class", "gthread",
+            "--worker-class", WORKER_CLASS,
             "--threads", str(self.threads),
             "--timeout", "120",
             "--graceful-timeout", "5",

@@ -21,6 +21,7 @@ from app.keys.models import Role
 from queuelog_client import Client
 from tests.servers import (
     UNCONFIGURED,
+    WORKER_CLASS,
     GunicornServer,
     free_port,
     gunicorn_argv,
@@ -70,7 +71,7 @@ class LiveServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = GunicornServer(
-            gunicorn_argv(*UNCONFIGURED, "--workers", "2", "--worker-class", "gthread",
+            gunicorn_argv(*UNCONFIGURED, "--workers", "2", "--worker-class", WORKER_CLASS,
                           "--threads", "8", "--bind", f"127.0.0.1:{self.port}"),
             server_environment(directory, QUEUELOG_DATABASE_URL=self.db_url,
                                QUEUELOG_JOB_TYPES=JOB_TYPES),
