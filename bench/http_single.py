@@ -119,9 +119,10 @@ def measure(options: Any) -> Report:
             f"HTTP {label} vs bare Flask, {TARGET_CLIENTS} clients", f"≥ {TARGET_RATIO}",
             ratio.show(2), ratio.median >= TARGET_RATIO))
     report.notes += [
-        "Both servers run the shipped gunicorn.conf.py (gthread, workers = cores, 16 threads "
-        "each); only the bind address differs. queuelog runs on a fresh SQLite file with "
-        "its defaults (WAL, synchronous=FULL, group commit), its request log to /dev/null.",
+        "Both servers run the shipped gunicorn.conf.py (its threaded worker class, workers = "
+        "cores, 16 threads each); only the bind address differs. queuelog runs on a fresh "
+        "SQLite file with its defaults (WAL, synchronous=FULL, group commit), its request "
+        "log to /dev/null.",
         "The ratio is queuelog's jobs/s over the baseline's in the same repeat; the two runs "
         "of a repeat alternate which goes first.",
         "A claim + complete operation is two requests; its latency spans both. The queue is "
