@@ -6,20 +6,17 @@ GUNICORN_CMD_ARGS override both.
 
 This file must stay free of `app` imports: the master process would then hold the
 application's modules, every worker would inherit them, and a HUP would no longer load new
-code. For the same reason the app is not preloaded (see preload_app).
+code. For the same reason the app is not preloaded (see preload_app). What the master needs
+besides settings (the worker class, the metrics files' housekeeping) lives in
+queuelog_gunicorn, which imports nothing of the app.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import glob
 import os
-import shutil
-import tempfile
-import time
-from collections import defaultdict
 from typing import Any
+
+from queuelog_gunicorn import multiprocess
 
 
 def _env_int(name: str, default: int) -> int:
@@ -44,7 +41,11 @@ bind = [address.strip() for address in _default_bind().split(",") if address.str
 # may long-poll, up to 20 s for a job to arrive. Threads wait cheaply; a waiting claim holds
 # one thread, never a whole process, so the others keep answering. gthread also parks idle
 # keep-alive connections in a poller instead of a thread.
-worker_class = "gthread"
+# Our subclass of gthread's worker reads each request whole in that poller before a thread
+# sees it, and drops one not whole within 10 s: gthread's own worker gives a thread to every
+# connection that has sent a byte, so a few dozen clients that stop half-way through their
+# headers would hold every thread and the service would answer no one.
+worker_class = "queuelog_gunicorn.worker.BufferingThreadWorker"
 # Processes give CPU parallelism (JSON, validation, hashing) past the GIL. More of them do
 # not help SQLite, which admits one writer at a time: each extra process only adds waiters
 # for its lock. Default: one per core, at most 4; raise it for PostgreSQL.
@@ -103,98 +104,12 @@ control_socket_disable = True
 proc_name = "queuelog"
 
 
-# -- metrics across workers ------------------------------------------------------------------
-#
-# prometheus_client decides at import time whether metrics go to per-process files, by
-# PROMETHEUS_MULTIPROC_DIR; so the variable is set here, while the configuration loads and
-# before anything imports prometheus_client (a --preload would import the app before
-# on_starting runs). Each master gets a fresh, empty directory: counts left from an earlier
-# run would be added to this one's.
+# -- hooks ------------------------------------------------------------------------------------
 
-_METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
-_METRICS_DIR_OWNER = "QUEUELOG_METRICS_DIR_OWNER"
-# Also named in app/ops/metrics.py (COMPACTION_LOCK): scrapes take it shared.
-_COMPACTION_LOCK = "compaction.lock"
-# Only these kinds add up across processes; queuelog keeps no gauges in worker memory.
-_SUMMED_KINDS = ("counter", "histogram")
-
-
-def _prepare_metrics_dir() -> str:
-    if (os.environ.get(_METRICS_DIR_OWNER) == str(os.getpid())
-            and os.path.isdir(os.environ.get(_METRICS_DIR, ""))):
-        # The configuration is read again on HUP: the live workers' files stay.
-        return os.environ[_METRICS_DIR]
-    path = tempfile.mkdtemp(prefix="queuelog-metrics-")
-    os.environ[_METRICS_DIR] = path
-    os.environ[_METRICS_DIR_OWNER] = str(os.getpid())
-    return path
-
-
-_prepare_metrics_dir()
-
-
-@contextlib.contextmanager
-def _compaction_lock(path: str, wait_seconds: float = 1.0) -> Any:
-    """Yields True once the lock is held, False when scrapes held it for `wait_seconds`: the
-    master never blocks on a worker for long."""
-    with open(os.path.join(path, _COMPACTION_LOCK), "a+b") as lock:
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    yield False
-                    return
-                time.sleep(0.01)
-                continue
-            yield True
-            return
-
-
-def compact_dead_workers(path: str, live_pids: set[int]) -> int:
-    """Fold the counter and histogram files of processes no longer alive into one archive file
-    per kind, and delete theirs. Returns how many files were folded.
-
-    Without this, every recycled worker (max_requests) would leave its files behind, and
-    every scrape would read all of them: a scrape's cost would grow for as long as the master
-    lives.
-    """
-    from prometheus_client.mmap_dict import MmapedDict
-
-    folded = 0
-    with _compaction_lock(path) as locked:
-        if not locked:
-            return 0  # the next worker exit folds these too
-        for kind in _SUMMED_KINDS:
-            dead = []
-            for name in glob.glob(os.path.join(path, f"{kind}_*.db")):
-                pid = os.path.basename(name)[len(kind) + 1:-3]
-                if pid.isdigit() and int(pid) not in live_pids:
-                    dead.append(name)
-            if not dead:
-                continue
-            archive = os.path.join(path, f"{kind}_archive.db")
-            totals: dict[str, float] = defaultdict(float)
-            for name in [archive, *dead] if os.path.exists(archive) else dead:
-                for key, value, _timestamp, _pos in MmapedDict.read_all_values_from_file(name):
-                    # A counter's or a histogram bucket's value in one process adds to the
-                    # others' (buckets are stored per bucket, not cumulatively).
-                    totals[key] += value
-            fresh = os.path.join(path, f"{kind}_archive.tmp")
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(fresh)
-            merged = MmapedDict(fresh)
-            try:
-                for key, value in totals.items():
-                    merged.write_value(key, value, 0.0)
-            finally:
-                merged.close()
-            os.replace(fresh, archive)
-            for name in dead:
-                os.remove(name)
-            folded += len(dead)
-    return folded
+# Metrics across workers: prometheus_client reads PROMETHEUS_MULTIPROC_DIR when it is imported,
+# so the directory is named now, while this file loads, before any worker (or a --preload)
+# imports it. Each master gets a fresh one.
+multiprocess.prepare_directory()
 
 
 def post_fork(server: Any, worker: Any) -> None:
@@ -207,17 +122,11 @@ def post_fork(server: Any, worker: Any) -> None:
 
 
 def child_exit(server: Any, worker: Any) -> None:
-    from prometheus_client import multiprocess
-
-    path = os.environ[_METRICS_DIR]
-    multiprocess.mark_process_dead(worker.pid, path)
-    live = set(server.WORKERS) | {os.getpid()}
     try:
-        compact_dead_workers(path, live)
+        multiprocess.worker_exited(worker.pid, set(server.WORKERS) | {os.getpid()})
     except Exception:  # the master must outlive a damaged metrics file
         server.log.exception("could not fold worker %s's metrics files", worker.pid)
 
 
 def on_exit(server: Any) -> None:
-    if os.environ.get(_METRICS_DIR_OWNER) == str(os.getpid()):
-        shutil.rmtree(os.environ[_METRICS_DIR], ignore_errors=True)
+    multiprocess.remove_directory()

@@ -24,8 +24,9 @@ if __package__ in (None, ""):  # run as `python bench/depth.py`
 
 from app.db import Database, jobs, make_engine
 from app.jobs.repository import JobRepository
-from bench import common
-from bench.common import Report, Spread, Table, Target
+from bench.data import migrated_database, scratch_directory
+from bench.report import Report, Table, Target, run_script
+from bench.stats import Spread, percentile
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def rows(count: int, status: str, first_us: int, seed: int, every: int = 0) -> A
 
 def build(directory: str, store: Store) -> str:
     """A migrated database holding the store's jobs, inserted directly (setup, not timed)."""
-    url = common.migrated_database(
+    url = migrated_database(
         directory, f"depth-{store.pending}-{store.finished}-{store.every}.sqlite3")
     conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -184,7 +185,7 @@ def measure(options: Any) -> Report:
     figures = {(case.label, figure): Spread() for case in chosen
                for figure in ("statement", "statement_p99", "transaction", "transaction_p99")}
     build_seconds: dict[Store, float] = {}
-    with common.scratch_directory("queuelog-bench-depth-") as directory:
+    with scratch_directory("queuelog-bench-depth-") as directory:
         urls: dict[Store, str] = {}
         for case in chosen:
             if case.store not in urls:
@@ -208,13 +209,13 @@ def measure(options: Any) -> Report:
                 for runner in runners:
                     label = runner.case.label
                     figures[(label, "statement")].add(
-                        common.percentile(runner.statement, 50) * 1e6)
+                        percentile(runner.statement, 50) * 1e6)
                     figures[(label, "statement_p99")].add(
-                        common.percentile(runner.statement, 99) * 1e6)
+                        percentile(runner.statement, 99) * 1e6)
                     figures[(label, "transaction")].add(
-                        common.percentile(runner.transaction, 50) * 1e6)
+                        percentile(runner.transaction, 50) * 1e6)
                     figures[(label, "transaction_p99")].add(
-                        common.percentile(runner.transaction, 99) * 1e6)
+                        percentile(runner.transaction, 99) * 1e6)
                     runner.put_back()
                 print(f"repeat {repeat + 1}: statement p50 " + ", ".join(
                     f"{r.case.label} {figures[(r.case.label, 'statement')].values[-1]:,.0f} µs"
@@ -268,7 +269,7 @@ def measure(options: Any) -> Report:
 
 
 def main(argv: list[str] | None = None) -> None:
-    common.run_script(measure, __doc__, argv)
+    run_script(measure, __doc__, argv)
 
 
 if __name__ == "__main__":

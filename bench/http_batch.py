@@ -18,8 +18,18 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/http_batch.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
-from bench.common import Client, HttpError, Report, Spread, Table, Target, scenario
+from bench.data import (
+    RESULT,
+    create_keys,
+    fill_queue,
+    job_body,
+    migrated_database,
+    scratch_directory,
+)
+from bench.load import Client, HttpError, run_load, scenario
+from bench.report import Report, Table, Target, run_script
+from bench.servers import queuelog_server
+from bench.stats import Spread, ms, percentile
 
 CLIENTS = (1, 8)
 # (scenario, jobs per request): requests per load run at 1 and at 8 clients. Bounded again by
@@ -52,7 +62,7 @@ LONG_POLL_GOAL_MS = 100
 def enqueue_batch(client: Client, context: Mapping[str, Any]) -> int:
     size = context["size"]
     client.call("POST", "/jobs/batch",
-                {"jobs": [common.job_body(context["client_index"]) for _ in range(size)]},
+                {"jobs": [job_body(context["client_index"]) for _ in range(size)]},
                 expect=(201,))
     return size
 
@@ -65,7 +75,7 @@ def claim_complete_many(client: Client, context: Mapping[str, Any]) -> int:
     if not jobs:
         return 0
     _, answer = client.call("POST", "/jobs/complete-many", {"items": [
-        {"id": job["id"], "lease_token": job["lease_token"], "result": common.RESULT}
+        {"id": job["id"], "lease_token": job["lease_token"], "result": RESULT}
         for job in jobs]}, expect=(200,))
     if any(result["status"] != 200 for result in answer["results"]):
         raise HttpError(f"complete-many refused some jobs: {answer['results'][:3]}")
@@ -105,7 +115,7 @@ def long_poll_latency(port: int, producer: str, worker: str,
     waiter.join(LONG_POLL_WAIT_SECONDS + 10)
     if "at" not in answered:
         raise HttpError("the waiting claim was not answered with the job it waited for")
-    return common.ms(answered["at"] - stored), common.ms(answered["at"] - sent)
+    return ms(answered["at"] - stored), ms(answered["at"] - sent)
 
 
 class LongPoll:
@@ -122,10 +132,10 @@ class LongPoll:
             after_stored, after_sent = long_poll_latency(port, producer, worker, types)
             stored.append(after_stored)
             sent.append(after_sent)
-        self.stored.add(common.percentile(stored, 50))
-        self.stored_p99.add(common.percentile(stored, 99))
+        self.stored.add(percentile(stored, 50))
+        self.stored_p99.add(percentile(stored, 99))
         self.maximum.add(max(stored))
-        self.sent.add(common.percentile(sent, 50))
+        self.sent.add(percentile(sent, 50))
 
 
 def pending_jobs(url: str) -> int:
@@ -140,27 +150,27 @@ def measure(options: Any) -> Report:
     figures: dict[tuple[str, int, int], dict[str, Spread]] = {}
     idle_poll, backlog_poll = LongPoll(), LongPoll()
     backlog = Spread()
-    with common.scratch_directory("queuelog-bench-batch-") as directory:
-        url = common.migrated_database(directory)
-        tokens = common.create_keys(url, {"producer-0": "producer", "producer-1": "producer",
-                                          "worker-0": "worker", "worker-1": "worker"})
+    with scratch_directory("queuelog-bench-batch-") as directory:
+        url = migrated_database(directory)
+        tokens = create_keys(url, {"producer-0": "producer", "producer-1": "producer",
+                                   "worker-0": "worker", "worker-1": "worker"})
         producers = [tokens["producer-0"], tokens["producer-1"]]
         workers = [tokens["worker-0"], tokens["worker-1"]]
-        idle_url = common.migrated_database(directory, "idle.sqlite3")
-        idle_tokens = common.create_keys(idle_url, {"producer": "producer",
-                                                    "worker": "worker"})
-        with common.queuelog_server(directory, url) as server, \
-                common.queuelog_server(directory, idle_url) as idle:
+        idle_url = migrated_database(directory, "idle.sqlite3")
+        idle_tokens = create_keys(idle_url, {"producer": "producer",
+                                             "worker": "worker"})
+        with queuelog_server(directory, url) as server, \
+                queuelog_server(directory, idle_url) as idle:
             for repeat in range(options.repeats):
                 for (name, size), counts in requests.items():
                     for clients in CLIENTS:
                         count = counts[clients]
                         if name == "claim_complete_many":
-                            common.fill_queue(server.port, producers[0], count * size)
+                            fill_queue(server.port, producers[0], count * size)
                         keys = producers if name == "enqueue_batch" else workers
-                        result = common.run_load(name, server.port, keys, clients=clients,
-                                                 operations=count, max_seconds=MAX_SECONDS,
-                                                 params={"size": size})
+                        result = run_load(name, server.port, keys, clients=clients,
+                                          operations=count, max_seconds=MAX_SECONDS,
+                                          params={"size": size})
                         spread = figures.setdefault((name, size, clients), {
                             "jobs": Spread(), "requests": Spread(), "p50": Spread(),
                             "p99": Spread()})
@@ -240,7 +250,7 @@ def measure(options: Any) -> Report:
 
 
 def main(argv: list[str] | None = None) -> None:
-    common.run_script(measure, __doc__, argv)
+    run_script(measure, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,18 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/http_single.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
-from bench.common import Client, Report, Spread, Table, Target, scenario
+from bench.data import (
+    RESULT,
+    create_keys,
+    fill_queue,
+    job_body,
+    migrated_database,
+    scratch_directory,
+)
+from bench.load import Client, run_load, scenario
+from bench.report import Report, Table, Target, run_script
+from bench.servers import baseline_server, queuelog_server
+from bench.stats import Spread
 
 CLIENTS = (1, 8, 32)
 # Operations per load run (bounded again by MAX_SECONDS): enough for a steady p99.
@@ -31,7 +41,7 @@ TARGET_RATIO = 0.5
 
 @scenario
 def enqueue_one(client: Client, context: Mapping[str, Any]) -> int:
-    client.call("POST", "/jobs", common.job_body(context["client_index"]), expect=(201,))
+    client.call("POST", "/jobs", job_body(context["client_index"]), expect=(201,))
     return 1
 
 
@@ -41,7 +51,7 @@ def claim_complete_one(client: Client, context: Mapping[str, Any]) -> int:
     if status == 204:
         return 0
     client.call("POST", f"/jobs/{job['id']}/complete",
-                {"lease_token": job["lease_token"], "result": common.RESULT}, expect=(200,))
+                {"lease_token": job["lease_token"], "result": RESULT}, expect=(200,))
     return 1
 
 
@@ -53,20 +63,20 @@ def measure(options: Any) -> Report:
     figures: dict[tuple[str, int, str], dict[str, Spread]] = {}
     ratios: dict[tuple[str, int], Spread] = {}
     client_cpu = Spread()
-    with common.scratch_directory("queuelog-bench-http-") as directory:
-        url = common.migrated_database(directory)
-        tokens = common.create_keys(url, {"producer-0": "producer", "producer-1": "producer",
-                                          "worker-0": "worker", "worker-1": "worker"})
+    with scratch_directory("queuelog-bench-http-") as directory:
+        url = migrated_database(directory)
+        tokens = create_keys(url, {"producer-0": "producer", "producer-1": "producer",
+                                   "worker-0": "worker", "worker-1": "worker"})
         producers = [tokens["producer-0"], tokens["producer-1"]]
         workers = [tokens["worker-0"], tokens["worker-1"]]
-        with common.queuelog_server(directory, url) as queuelog, \
-                common.baseline_server(directory) as baseline:
+        with queuelog_server(directory, url) as queuelog, \
+                baseline_server(directory) as baseline:
             for repeat in range(options.repeats):
                 for clients in CLIENTS:
                     for name in SCENARIO_NAMES:
                         count = operations[clients]
                         if name == "claim_complete_one":
-                            common.fill_queue(queuelog.port, producers[0], count)
+                            fill_queue(queuelog.port, producers[0], count)
                         keys = producers if name == "enqueue_one" else workers
                         # Alternate which server goes first, so neither always follows the
                         # other's disk writes.
@@ -75,8 +85,8 @@ def measure(options: Any) -> Report:
                             order.reverse()
                         run = {}
                         for label, server in order:
-                            result = common.run_load(name, server.port, keys, clients=clients,
-                                                     operations=count, max_seconds=MAX_SECONDS)
+                            result = run_load(name, server.port, keys, clients=clients,
+                                              operations=count, max_seconds=MAX_SECONDS)
                             run[label] = result
                             spread = figures.setdefault((name, clients, label), {
                                 "jobs": Spread(), "p50": Spread(), "p99": Spread()})
@@ -109,9 +119,10 @@ def measure(options: Any) -> Report:
             f"HTTP {label} vs bare Flask, {TARGET_CLIENTS} clients", f"≥ {TARGET_RATIO}",
             ratio.show(2), ratio.median >= TARGET_RATIO))
     report.notes += [
-        "Both servers run the shipped gunicorn.conf.py (gthread, workers = cores, 16 threads "
-        "each); only the bind address differs. queuelog runs on a fresh SQLite file with "
-        "its defaults (WAL, synchronous=FULL, group commit), its request log to /dev/null.",
+        "Both servers run the shipped gunicorn.conf.py (its threaded worker class, workers = "
+        "cores, 16 threads each); only the bind address differs. queuelog runs on a fresh "
+        "SQLite file with its defaults (WAL, synchronous=FULL, group commit), its request "
+        "log to /dev/null.",
         "The ratio is queuelog's jobs/s over the baseline's in the same repeat; the two runs "
         "of a repeat alternate which goes first.",
         "A claim + complete operation is two requests; its latency spans both. The queue is "
@@ -125,7 +136,7 @@ def measure(options: Any) -> Report:
 
 
 def main(argv: list[str] | None = None) -> None:
-    common.run_script(measure, __doc__, argv)
+    run_script(measure, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,13 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/memory.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
-from bench.common import Report, Server, Spread, Table
+from bench.data import create_keys, migrated_database, scratch_directory
 from bench.http_batch import CLIENTS  # noqa: F401 (registers the batch scenarios)
+from bench.load import run_load
+from bench.report import Report, Table, run_script
+from bench.servers import baseline_server, queuelog_server, worker_memory_kib
+from bench.stats import Spread
+from tests.servers import GunicornServer
 
 FULL_JOBS, SMOKE_JOBS = 100_000, 300
 ENQUEUE_BATCH, CLAIM_BATCH = 1000, 100
@@ -29,14 +33,15 @@ LOAD_CLIENTS = 4
 MAX_SECONDS = 600.0
 
 
-def drive(server: Server, producer: str, worker: str, jobs: int, enqueue_batch: int) -> None:
+def drive(server: GunicornServer, producer: str, worker: str, jobs: int,
+          enqueue_batch: int) -> None:
     """Enqueue `jobs` jobs, then claim and complete them all."""
-    common.run_load("enqueue_batch", server.port, [producer], clients=LOAD_CLIENTS,
-                    operations=jobs // enqueue_batch, max_seconds=MAX_SECONDS,
-                    params={"size": enqueue_batch})
-    result = common.run_load("claim_complete_many", server.port, [worker],
-                             clients=LOAD_CLIENTS, operations=jobs // CLAIM_BATCH,
-                             max_seconds=MAX_SECONDS, params={"size": CLAIM_BATCH})
+    run_load("enqueue_batch", server.port, [producer], clients=LOAD_CLIENTS,
+             operations=jobs // enqueue_batch, max_seconds=MAX_SECONDS,
+             params={"size": enqueue_batch})
+    result = run_load("claim_complete_many", server.port, [worker],
+                      clients=LOAD_CLIENTS, operations=jobs // CLAIM_BATCH,
+                      max_seconds=MAX_SECONDS, params={"size": CLAIM_BATCH})
     if result.jobs != jobs:
         print(f"warning: {result.jobs} of {jobs} jobs claimed and completed",
               file=sys.stderr, flush=True)
@@ -45,19 +50,19 @@ def drive(server: Server, producer: str, worker: str, jobs: int, enqueue_batch: 
 def one_repeat(directory: str, jobs: int, enqueue_batch: int) -> dict[str, dict[str, int]]:
     """Peak and current RSS (KiB) of the single worker: at boot and after the jobs, for
     queuelog and the baseline."""
-    url = common.migrated_database(directory, f"memory-{time.monotonic_ns()}.sqlite3")
-    tokens = common.create_keys(url, {"producer": "producer", "worker": "worker"})
+    url = migrated_database(directory, f"memory-{time.monotonic_ns()}.sqlite3")
+    tokens = create_keys(url, {"producer": "producer", "worker": "worker"})
     figures: dict[str, dict[str, int]] = {}
     for label in ("baseline", "queuelog"):
         if label == "queuelog":
-            server = common.queuelog_server(directory, url, GUNICORN_WORKERS="1")
+            server = queuelog_server(directory, url, GUNICORN_WORKERS="1")
         else:
-            server = common.baseline_server(directory, GUNICORN_WORKERS="1")
+            server = baseline_server(directory, GUNICORN_WORKERS="1")
         with server:
             (pid,) = server.worker_pids()
-            booted = common.worker_memory_kib(pid)
+            booted = worker_memory_kib(pid)
             drive(server, tokens["producer"], tokens["worker"], jobs, enqueue_batch)
-            after = common.worker_memory_kib(pid)
+            after = worker_memory_kib(pid)
             if server.worker_pids() != [pid]:
                 raise RuntimeError(f"{label}: the worker was replaced during the run")
         figures[label] = {"boot_hwm": booted["VmHWM"], "hwm": after["VmHWM"],
@@ -74,7 +79,7 @@ def measure(options: Any) -> Report:
                     options.repeats)
     spreads = {(label, figure): Spread() for label in ("queuelog", "baseline")
                for figure in ("boot_hwm", "hwm", "rss", "growth")}
-    with common.scratch_directory("queuelog-bench-memory-") as directory:
+    with scratch_directory("queuelog-bench-memory-") as directory:
         for _ in range(options.repeats):
             for label, figures in one_repeat(directory, jobs, enqueue_batch).items():
                 for figure, kib in figures.items():
@@ -104,7 +109,7 @@ def measure(options: Any) -> Report:
 
 
 def main(argv: list[str] | None = None) -> None:
-    common.run_script(measure, __doc__, argv)
+    run_script(measure, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/peers.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
-from bench.common import Report, Spread, Table, Target
+from bench.data import migrated_database, scratch_directory
+from bench.report import Report, Table, Target, run_script
+from bench.stats import Spread
 from bench.storage import RepositoryWay
 
 FULL_JOBS, SMOKE_JOBS = 10_000, 200
@@ -46,8 +47,7 @@ class QueuelogPeer:
     ack = "claim, then complete: two commits; an unacknowledged job returns when its lease ends"
 
     def __init__(self, directory: str) -> None:
-        self.way = RepositoryWay(common.migrated_database(directory, "queuelog.sqlite3"),
-                                 "FULL")
+        self.way = RepositoryWay(migrated_database(directory, "queuelog.sqlite3"), "FULL")
 
     def durability(self) -> str:
         with self.way.db.engine.connect() as conn:
@@ -202,7 +202,7 @@ def measure(options: Any) -> Report:
     rates = {(key, phase): Spread() for key, _ in available for phase in PHASES}
     versus = {(key, phase): Spread() for key, _ in available for phase in PHASES}
     durability: dict[str, str] = {}
-    with common.scratch_directory("queuelog-bench-peers-") as directory:
+    with scratch_directory("queuelog-bench-peers-") as directory:
         for repeat in range(options.repeats):
             seconds, durability = run_pass(directory, repeat, count, available)
             for key, _ in available:
@@ -260,7 +260,7 @@ def measure(options: Any) -> Report:
 
 
 def main(argv: list[str] | None = None) -> None:
-    common.run_script(measure, __doc__, argv)
+    run_script(measure, __doc__, argv)
 
 
 if __name__ == "__main__":

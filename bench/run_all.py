@@ -22,7 +22,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python bench/run_all.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
+from bench import ROOT
+from bench.machine import machine_notes
 
 BENCH = Path(__file__).resolve().parent
 # Cheapest first: a broken environment shows before the long runs.
@@ -56,7 +57,7 @@ def run_script(name: str, options: argparse.Namespace, directory: str) -> dict |
     if options.repeats is not None:
         argv += ["--repeats", str(options.repeats)]
     print(f"\n### {name}: {' '.join(argv[1:])}", flush=True)
-    status = subprocess.run(argv, cwd=common.ROOT, check=False).returncode
+    status = subprocess.run(argv, cwd=ROOT, check=False).returncode
     if status != 0 or not report_path.exists():
         return None
     return json.loads(report_path.read_text())
@@ -103,7 +104,7 @@ def document(reports: dict[str, dict | None], notes: list[tuple[str, str]],
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
     started = time.monotonic()
-    notes = common.machine_notes()
+    notes = machine_notes()
     reports: dict[str, dict | None] = {}
     with tempfile.TemporaryDirectory(prefix="queuelog-bench-reports-") as directory:
         for name in options.only:

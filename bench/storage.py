@@ -26,8 +26,9 @@ from app.jobs.models import Backoff, JobStatus, Priority, Transition
 from app.jobs.repository import JobRepository
 from app.jobs.service import JobService, QueueSettings
 from app.keys.models import Caller, Role
-from bench import common
-from bench.common import Report, Spread, Table, Target
+from bench.data import migrated_database, scratch_directory
+from bench.report import Report, Table, Target, run_script
+from bench.stats import Spread, percentile
 
 FULL_JOBS = 2000
 SMOKE_JOBS = 100
@@ -144,7 +145,7 @@ class Statements:
     def __init__(self, directory: str) -> None:
         from sqlalchemy import event
 
-        url = common.migrated_database(directory, "statements.sqlite3")
+        url = migrated_database(directory, "statements.sqlite3")
         caught: list[tuple[str, tuple[Any, ...], list[str]]] = []
 
         def catch(_conn: Any, _cursor: Any, statement: str, parameters: Any, context: Any,
@@ -236,7 +237,7 @@ def run_pass(directory: str, tag: str, count: int, synchronous: str,
     ways: dict[str, Any] = {}
     for way in WAYS:
         name = f"{way}-{tag}.sqlite3"
-        url = common.migrated_database(directory, name)
+        url = migrated_database(directory, name)
         if way == "raw":
             ways[way] = RawWay(str(Path(directory) / name), synchronous, statements)
         elif way == "repository":
@@ -272,7 +273,7 @@ def measure(options: Any) -> Report:
     figures: dict[tuple[str, str, str], Spread] = {}
     p50: dict[tuple[str, str, str], Spread] = {}
     ratios: dict[tuple[str, str, str], Spread] = {}
-    with common.scratch_directory("queuelog-bench-storage-") as directory:
+    with scratch_directory("queuelog-bench-storage-") as directory:
         statements = Statements(directory)
         for repeat in range(options.repeats):
             for synchronous in ("FULL", "OFF"):
@@ -283,7 +284,7 @@ def measure(options: Any) -> Report:
                     for operation in OPERATIONS:
                         rate[(way, operation)] = count / sum(latencies[way][operation])
                         p50.setdefault((synchronous, way, operation), Spread()).add(
-                            common.percentile(latencies[way][operation], 50) * 1e6)
+                            percentile(latencies[way][operation], 50) * 1e6)
                     rate[(way, "cycle")] = count / (sum(latencies[way]["claim"])
                                                     + sum(latencies[way]["complete"]))
                 for (way, operation), value in rate.items():
@@ -336,7 +337,7 @@ def measure(options: Any) -> Report:
 
 
 def main(argv: list[str] | None = None) -> None:
-    common.run_script(measure, __doc__, argv)
+    run_script(measure, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,26 @@
-"""Real gunicorn servers for the end-to-end tests: start `gunicorn wsgi:app` on a free loopback
-port over a given database, wait until it answers, stop it or kill -9 its whole process group.
+"""Real gunicorn servers for the tests and the benchmarks, from this checkout: started in a
+session of their own on a loopback port, waited for with bounded waits, stopped gracefully
+or killed with their whole process group however the caller ends.
 
-The server runs this checkout's code: its working directory and PYTHONPATH are the repository
-root, and `-c /dev/null` keeps it from reading a gunicorn.conf.py there, so each test states
-every setting it relies on.
+Two kinds of launch: with the shipped gunicorn.conf.py (the default: `gunicorn_argv()` from
+the repository root, the address from QUEUELOG_BIND), or with UNCONFIGURED, where gunicorn
+reads no settings file and the caller states every setting it relies on (LiveServer).
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-import requests
 from sqlalchemy.engine import make_url
 
 from app.clock import Clock
@@ -31,6 +33,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 15.0
+# No gunicorn.conf.py; and no control socket, which gunicorn opens at one fixed path per user,
+# where two servers at once would fight over it.
+UNCONFIGURED = ("-c", os.devnull, "--no-control-socket")
+# The worker class gunicorn.conf.py ships.
+WORKER_CLASS = "queuelog_gunicorn.worker.BufferingThreadWorker"
+# Variables of the caller's shell that would change what a server does.
+_SCRUBBED_PREFIXES = ("QUEUELOG_", "GUNICORN_", "PROMETHEUS_MULTIPROC_DIR", "PORT")
 
 
 def free_port() -> int:
@@ -40,10 +49,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _gunicorn_knows(flag: str) -> bool:
-    from gunicorn.config import KNOWN_SETTINGS
+def server_environment(directory: Path, **overrides: str) -> dict[str, str]:
+    """The caller's environment without queuelog's and gunicorn's settings, running this
+    checkout's code, with a TMPDIR of its own under `directory` (where the metrics directory
+    appears)."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(_SCRUBBED_PREFIXES)}
+    tmpdir = directory / "server-tmp"
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    env.update(PYTHONPATH=str(REPO_ROOT), TMPDIR=str(tmpdir), PYTHONUNBUFFERED="1")
+    env.update(overrides)
+    return env
 
-    return any(flag in (setting.cli or ()) for setting in KNOWN_SETTINGS)
+
+def gunicorn_argv(*flags: str, app: str = "wsgi:app") -> list[str]:
+    return [sys.executable, "-m", "gunicorn", *flags, app]
+
+
+def bearer(token: str) -> dict[str, Any]:
+    return {"Authorization": f"Bearer {token}"}
 
 
 def _process_group_members(pgid: int) -> list[int]:
@@ -64,96 +88,108 @@ def _process_group_members(pgid: int) -> list[int]:
     return members
 
 
-class LiveServer:
-    """One gunicorn master and its workers, in a process group of their own."""
+class GunicornServer:
+    """One command that runs gunicorn (gunicorn itself, or a script that execs it) on `port`,
+    in a process group of its own, its output in `logs`. start() may be called again after
+    stop() or kill(): a restart on the same port."""
 
-    def __init__(self, database_url: str, *, log_path: Path, workers: int = 4,
-                 threads: int = 4, settings: Mapping[str, str] | None = None,
-                 port: int | None = None) -> None:
-        self.database_url = database_url
-        self.log_path = log_path
-        self.workers = workers
-        self.threads = threads
-        self.settings = dict(settings or {})
-        self.port = port or free_port()
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], *, port: int, logs: Path,
+                 name: str | None = None, keep_stdout: bool = True) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.port = port
+        name = name or f"gunicorn-{port}"
+        self.stdout_path = logs / f"{name}.stdout.log" if keep_stdout else None
+        self.stderr_path = logs / f"{name}.stderr.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
-    def _command(self) -> list[str]:
-        command = [
-            sys.executable, "-m", "gunicorn",
-            "-c", os.devnull,
-            "--bind", f"{HOST}:{self.port}",
-            "--workers", str(self.workers),
-            "--worker-class", "gthread",
-            "--threads", str(self.threads),
-            "--timeout", "120",
-            "--graceful-timeout", "5",
-        ]
-        # Newer gunicorns open a control socket at one fixed path per user; two servers at
-        # once would fight over it.
-        if _gunicorn_knows("--no-control-socket"):
-            command.append("--no-control-socket")
-        return [*command, "wsgi:app"]
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
 
-    def _environment(self) -> dict[str, str]:
-        env = {name: value for name, value in os.environ.items()
-               if not name.startswith("QUEUELOG_") and name != "GUNICORN_CMD_ARGS"}
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-        env.update({
-            "QUEUELOG_DATABASE_URL": self.database_url,
-            "QUEUELOG_JOB_TYPES": "email,pdf,sync",
-            "QUEUELOG_DB_POOL_SIZE": str(self.threads),
-        })
-        env.update({f"QUEUELOG_{key}": value for key, value in self.settings.items()})
-        return env
+    def url_of(self, path: str) -> str:
+        return self.url + path
 
-    def start(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> LiveServer:
-        """Start the server and return once it answers GET /openapi.json. When its port was
-        taken in between, start again on another."""
-        for _attempt in range(3):
-            with self.log_path.open("ab") as log:
-                self.process = subprocess.Popen(
-                    self._command(), cwd=REPO_ROOT, env=self._environment(),
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            if self._wait_until_ready(timeout):
-                return self
-            self.kill()
-            if "in use" not in self.log_tail():
-                break
-            self.port = free_port()
-        raise RuntimeError(f"gunicorn did not start; its log ends with:\n{self.log_tail()}")
+    def command(self) -> list[str]:
+        return self.argv
 
-    def _wait_until_ready(self, timeout: float) -> bool:
-        assert self.process is not None
+    def start(self) -> GunicornServer:
+        """Start the command; it is not answering yet (see wait_until_answering)."""
+        with contextlib.ExitStack() as files:
+            stdout: Any = subprocess.DEVNULL  # one JSON line per request, when not kept
+            if self.stdout_path is not None:
+                stdout = files.enter_context(self.stdout_path.open("ab"))
+            stderr = files.enter_context(self.stderr_path.open("ab"))
+            self.process = subprocess.Popen(
+                self.command(), cwd=REPO_ROOT, env=self.env, stdout=stdout, stderr=stderr,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def stdout(self) -> str:
+        assert self.stdout_path is not None, "stdout was not kept"
+        return self.stdout_path.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.stderr().splitlines()[-lines:])
+
+    def wait_for(self, condition: Callable[[], bool], what: str,
+                 timeout: float = STARTUP_TIMEOUT_SECONDS) -> None:
+        """Poll `condition` until it holds; fail when the server exits or `timeout` passes."""
+        assert self.process is not None, "not started"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if condition():
+                return
             if self.process.poll() is not None:
-                return False
-            try:
-                if requests.get(f"{self.url}/openapi.json", timeout=2).status_code == 200:
-                    return True
-            except requests.RequestException:
-                pass
+                raise RuntimeError(f"the server exited ({self.process.returncode}) while "
+                                   f"waiting for {what}:\n{self.log_tail()}")
             time.sleep(0.1)
-        return False
+        raise RuntimeError(f"timed out waiting for {what}:\n{self.log_tail()}")
 
-    def stop(self) -> None:
-        """SIGTERM the group (a graceful gunicorn shutdown), SIGKILL what is left."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
-        self.kill()
+    def answers(self, path: str) -> bool:
+        """Whether GET `path` answers 200 now."""
+        connection = http.client.HTTPConnection(HOST, self.port, timeout=2)
+        try:
+            connection.request("GET", path)
+            return connection.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            connection.close()
+
+    def wait_until_answering(self, path: str = "/readyz",
+                             timeout: float = STARTUP_TIMEOUT_SECONDS) -> None:
+        self.wait_for(lambda: self.answers(path), f"GET {path} to answer 200", timeout)
+
+    def worker_pids(self) -> list[int]:
+        children = Path(f"/proc/{self.pid}/task/{self.pid}/children")
+        return [int(pid) for pid in children.read_text().split()]
+
+    def send_signal(self, sig: int = signal.SIGTERM) -> None:
+        """Signal the first process: gunicorn's master (a script in front execs it)."""
+        os.kill(self.pid, sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Signal the master (SIGTERM: a graceful shutdown) and wait for it to exit; returns
+        its exit status. Whatever is left of the group is killed then."""
+        assert self.process is not None, "not started"
+        try:
+            if self.process.poll() is None:
+                self.send_signal(sig)
+            return self.process.wait(timeout=timeout)
+        finally:
+            self.kill()
 
     def kill(self) -> None:
         """kill -9 the master and every worker at once, and wait until all are gone."""
@@ -172,14 +208,71 @@ class LiveServer:
                 raise RuntimeError(
                     f"gunicorn workers outlived SIGKILL: {_process_group_members(pgid)}")
             time.sleep(0.05)
-        self.process = None
 
-    def log_tail(self, lines: int = 40) -> str:
+    def __enter__(self) -> GunicornServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.stop()
+            self.kill()
+
+
+class LiveServer(GunicornServer):
+    """`gunicorn wsgi:app` without the shipped settings, over a given database: the end-to-end
+    tests state every setting they rely on."""
+
+    def __init__(self, database_url: str, *, log_path: Path, workers: int = 4,
+                 threads: int = 4, settings: Mapping[str, str] | None = None,
+                 port: int | None = None) -> None:
+        self.database_url = database_url
+        self.workers = workers
+        self.threads = threads
+        env = server_environment(log_path.parent, **{
+            "QUEUELOG_DATABASE_URL": database_url,
+            "QUEUELOG_JOB_TYPES": "email,pdf,sync",
+            "QUEUELOG_DB_POOL_SIZE": str(threads),
+            **{f"QUEUELOG_{key}": value for key, value in (settings or {}).items()},
+        })
+        super().__init__([], env, port=port or free_port(), logs=log_path.parent,
+                         name=log_path.stem)
+
+    def command(self) -> list[str]:
+        return gunicorn_argv(
+            *UNCONFIGURED,
+            "--bind", f"{HOST}:{self.port}",
+            "--workers", str(self.workers),
+            "--worker-class", WORKER_CLASS,
+            "--threads", str(self.threads),
+            "--timeout", "120",
+            "--graceful-timeout", "5",
+        )
+
+    def start(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> LiveServer:
+        """Start the server and return once it answers GET /openapi.json. When its port was
+        taken in between, start again on another."""
+        for _attempt in range(3):
+            super().start()
+            try:
+                self.wait_until_answering("/openapi.json", timeout)
+                return self
+            except RuntimeError:
+                self.kill()
+                if "in use" not in self.log_tail():
+                    break
+                self.port = free_port()
+        raise RuntimeError(f"gunicorn did not start; its log ends with:\n{self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_SECONDS) -> int:
+        """SIGTERM (a graceful gunicorn shutdown), SIGKILL what is left."""
+        if self.process is None:
+            return 0
         try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+            return super().stop(sig, timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -signal.SIGKILL
 
 
 def create_api_key(database_url: str, name: str, role: str, *,

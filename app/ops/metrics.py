@@ -33,6 +33,7 @@ from app.jobs.models import JobStatus
 from app.jobs.repository import JobRepository
 from app.keys.models import Role
 from app.openapi import Reply, documented
+from queuelog_gunicorn.multiprocess import COMPACTION_LOCK
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,6 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 # let a client create time series without bound.
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED_ROUTE = "<unmatched>"
-# gunicorn.conf.py holds this lock exclusively while it folds a dead worker's files into the
-# archive files; a scrape holds it shared, so it never reads a worker's counts twice or not
-# at all. The name must not end in .db, which is what the merge reads.
-COMPACTION_LOCK = "compaction.lock"
 
 
 class QueueMetrics:
@@ -125,6 +122,7 @@ class WorkerFilesCollector(Collector):
         return []
 
     def collect(self) -> Iterable[Metric]:
+        # Shared: the master folds dead workers' files under the exclusive lock.
         with open(os.path.join(self.path, COMPACTION_LOCK), "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_SH)
             files = glob.glob(os.path.join(self.path, "*.db"))

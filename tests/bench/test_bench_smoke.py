@@ -3,16 +3,13 @@ its own process. Nothing here looks at a timing; the figures are for bench/RESUL
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-# Variables of the developer's shell that would change what the servers do.
-_SCRUBBED_PREFIXES = ("QUEUELOG_", "GUNICORN_", "PROMETHEUS_MULTIPROC_DIR", "PORT")
+from tests.servers import REPO_ROOT, server_environment
 
 # script: the first line of the report it prints, and a column of its first table.
 SCRIPTS = {
@@ -26,11 +23,9 @@ SCRIPTS = {
 
 
 def run_bench(*argv: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(_SCRUBBED_PREFIXES)}
-    env.update(PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
-    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+    return subprocess.run([sys.executable, *argv], cwd=REPO_ROOT,
+                          env=server_environment(tmp_path), capture_output=True, text=True,
+                          timeout=300, check=False)
 
 
 @pytest.mark.slow

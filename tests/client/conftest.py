@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,14 @@ import pytest
 from app import create_app
 from app.keys.models import Role
 from queuelog_client import Client
-from tests.servers import free_port
+from tests.servers import (
+    UNCONFIGURED,
+    WORKER_CLASS,
+    GunicornServer,
+    free_port,
+    gunicorn_argv,
+    server_environment,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_TYPES = "email,pdf,sync"
@@ -53,16 +59,6 @@ def _child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _gunicorn_flags() -> list[str]:
-    # Recent gunicorns open a control socket at one fixed path per user; several test
-    # servers (and other checkouts' tests) must not fight over it.
-    from gunicorn.config import KNOWN_SETTINGS
-
-    if any(setting.name == "control_socket_disable" for setting in KNOWN_SETTINGS):
-        return ["--no-control-socket"]
-    return []
-
-
 class LiveServer:
     """gunicorn serving this checkout on a free loopback port over one SQLite file, which
     outlives restarts of the server."""
@@ -74,8 +70,12 @@ class LiveServer:
         self.db_url = f"sqlite:///{database}"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = directory / "gunicorn.log"
-        self.process: subprocess.Popen[bytes] | None = None
+        self.server = GunicornServer(
+            gunicorn_argv(*UNCONFIGURED, "--workers", "2", "--worker-class", WORKER_CLASS,
+                          "--threads", "8", "--bind", f"127.0.0.1:{self.port}"),
+            server_environment(directory, QUEUELOG_DATABASE_URL=self.db_url,
+                               QUEUELOG_JOB_TYPES=JOB_TYPES),
+            port=self.port, logs=directory)
         self.admin_token = self.create_key("admin", "admin")
 
     def create_key(self, name: str, role: str, **limits: Any) -> str:
@@ -89,45 +89,26 @@ class LiveServer:
         return Client(self.url, token or self.admin_token, **options)
 
     def start(self) -> None:
-        env = _child_env(QUEUELOG_DATABASE_URL=self.db_url, QUEUELOG_JOB_TYPES=JOB_TYPES)
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", "-c", "/dev/null", "--workers", "2",
-                 "--worker-class", "gthread", "--threads", "8",
-                 "--bind", f"127.0.0.1:{self.port}", *_gunicorn_flags(), "wsgi:app"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        self._wait_ready()
+        self.server.start()
+        self.server.wait_for(self._answers, "the server to answer",
+                             timeout=START_TIMEOUT_SECONDS)
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise AssertionError(f"gunicorn exited at start:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    pass
-                self.client(max_attempts=1, timeout=5).list_jobs(limit=1)
-                return
-            except Exception:  # not listening yet, or not answering yet
-                time.sleep(0.05)
-        raise AssertionError(f"gunicorn did not get ready:\n{self.log()}")
+    def _answers(self) -> bool:
+        try:
+            self.client(max_attempts=1, timeout=5).list_jobs(limit=1)
+            return True
+        except Exception:  # not listening yet, or not answering yet
+            return False
 
     def stop(self) -> None:
         """Kill the whole process group (master and workers), like a crash of the host.
         Nothing is left to flush (SQLite commits with synchronous=FULL), and gunicorn's own
         shutdowns took seconds here (a graceful one waits on open connections; a quick one
         once left a worker behind for 15 s)."""
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=15)
-        self.process = None
+        self.server.kill()
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+        return self.server.log_tail()
 
 
 @pytest.fixture

@@ -43,8 +43,8 @@ def sqlite_file_url(sqlite_template: str, tmp_path: Path) -> str:
 
 @pytest.fixture
 def live_server(start_server: StartServer, sqlite_file_url: str) -> LiveServer:
-    """`gunicorn wsgi:app`, 4 gthread workers, on a free loopback port over a fresh SQLite
-    file."""
+    """`gunicorn wsgi:app`, 4 workers of the shipped worker class, on a free loopback port
+    over a fresh SQLite file."""
     return start_server(sqlite_file_url)
 
 

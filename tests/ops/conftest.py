@@ -7,21 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.servers import Server
-from tests.servers import free_port
+from tests.servers import HOST, GunicornServer, free_port
 
 
 @pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    """start_server(argv, env) runs a server on a free port (QUEUELOG_BIND is set for it);
+def start_server(tmp_path: Path) -> Iterator[Callable[..., GunicornServer]]:
+    """start_server(argv, env) starts a server on a free port (QUEUELOG_BIND is set for it);
     every server started is killed, with its whole process group, when the test ends."""
-    servers: list[Server] = []
+    servers: list[GunicornServer] = []
 
-    def start(argv: list[str], env: Mapping[str, str]) -> Server:
+    def start(argv: list[str], env: Mapping[str, str]) -> GunicornServer:
         port = free_port()
-        server = Server(argv, {**env, "QUEUELOG_BIND": f"127.0.0.1:{port}"}, port, tmp_path)
+        server = GunicornServer(argv, {**env, "QUEUELOG_BIND": f"{HOST}:{port}"}, port=port,
+                                logs=tmp_path)
         servers.append(server)
-        return server
+        return server.start()
 
     yield start
     for server in servers:

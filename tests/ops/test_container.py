@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.ops.servers import ROOT, Server, bearer, server_environment
+from tests.servers import REPO_ROOT, GunicornServer, bearer, server_environment
 
-ENTRYPOINT = ["sh", str(ROOT / "docker" / "entrypoint.sh")]
-HEALTHCHECK = [sys.executable, str(ROOT / "docker" / "healthcheck.py")]
+ENTRYPOINT = ["sh", str(REPO_ROOT / "docker" / "entrypoint.sh")]
+HEALTHCHECK = [sys.executable, str(REPO_ROOT / "docker" / "healthcheck.py")]
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def image_like_env(tmp_path: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_entry_script_brings_up_a_migrated_serving_instance_from_an_empty_volume(
-        start_server: Callable[..., Server], image_like_env: dict[str, str],
+        start_server: Callable[..., GunicornServer], image_like_env: dict[str, str],
         tmp_path: Path) -> None:
     volume = tmp_path / "volume"
     volume.mkdir()
@@ -52,10 +52,10 @@ def test_entry_script_brings_up_a_migrated_serving_instance_from_an_empty_volume
                              timeout=60, check=True)
     token = created.stdout.strip().splitlines()[-1]
 
-    enqueued = requests.post(server.url("/jobs"), json={"type": "email", "payload": {"to": 1}},
+    enqueued = requests.post(server.url_of("/jobs"), json={"type": "email", "payload": {"to": 1}},
                              headers=bearer(token), timeout=10)
     assert enqueued.status_code == 201
-    fetched = requests.get(server.url(enqueued.headers["Location"]), headers=bearer(token),
+    fetched = requests.get(server.url_of(enqueued.headers["Location"]), headers=bearer(token),
                            timeout=10)
     assert fetched.json()["status"] == "pending"
     health_env = {**image_like_env, "QUEUELOG_BIND": f"0.0.0.0:{server.port}"}
@@ -76,14 +76,14 @@ def test_entry_script_refuses_a_database_directory_it_cannot_write(
         image_like_env: dict[str, str], tmp_path: Path) -> None:
     missing = tmp_path / "not-mounted"
     result = subprocess.run(ENTRYPOINT, env={**image_like_env, "QUEUELOG_DATA_DIR": str(missing)},
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert f"{missing} is not a writable directory" in result.stderr
     assert not missing.exists()
 
 
 def test_the_image_runs_the_entry_script_as_a_non_root_user_with_a_volume() -> None:
-    dockerfile = (ROOT / "Dockerfile").read_text()
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM python:3.11-slim" in dockerfile
     assert "\nUSER queuelog\n" in dockerfile
     assert 'VOLUME ["/var/lib/queuelog"]' in dockerfile

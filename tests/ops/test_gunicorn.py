@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, text
 
 from tests.conftest import JOB_TYPES
 from tests.ops.scrape import Scrape
-from tests.ops.servers import Server, bearer, gunicorn_argv, server_environment
+from tests.servers import GunicornServer, bearer, gunicorn_argv, server_environment
 from tests.servers import create_api_key as create_key
 
 pytestmark = pytest.mark.slow
@@ -53,8 +53,8 @@ def _read_response(sock: socket.socket) -> tuple[int, Any]:
 
 
 class InFlightEnqueue:
-    """A POST /jobs whose headers the server has read (it answered 100 Continue) and whose
-    body is held back: a request that is provably inside a worker, in progress."""
+    """A POST /jobs whose headers a worker has read (it answered 100 Continue) and whose body
+    is held back: a request that is provably in progress in a worker."""
 
     def __init__(self, port: int, token: str, n: int) -> None:
         self.n = n
@@ -83,8 +83,8 @@ def server_env(db_url: str, tmp_path: Path) -> dict[str, str]:
                               QUEUELOG_JOB_TYPES=",".join(sorted(JOB_TYPES)))
 
 
-def test_sigterm_lets_in_flight_requests_finish(
-        start_server: Callable[..., Server], server_env: dict[str, str], db_url: str) -> None:
+def test_sigterm_lets_in_flight_requests_finish(start_server: Callable[..., GunicornServer],
+                                                server_env: dict[str, str], db_url: str) -> None:
     token = create_key(db_url, "producer-1", "producer")
     server = start_server(gunicorn_argv(), {**server_env, "GUNICORN_WORKERS": "2",
                                             "GUNICORN_THREADS": "8"})
@@ -100,7 +100,7 @@ def test_sigterm_lets_in_flight_requests_finish(
             sent_after_signal = signalled.is_set()
             try:
                 status: str | int = requests.post(
-                    server.url("/jobs"), json={"type": "pdf"}, headers=bearer(token),
+                    server.url_of("/jobs"), json={"type": "pdf"}, headers=bearer(token),
                     timeout=10).status_code
             except requests.RequestException as exc:
                 status = type(exc).__name__
@@ -145,7 +145,7 @@ def test_sigterm_lets_in_flight_requests_finish(
 
 
 def test_metrics_add_up_across_workers_that_come_and_go(
-        start_server: Callable[..., Server], server_env: dict[str, str], db_url: str,
+        start_server: Callable[..., GunicornServer], server_env: dict[str, str], db_url: str,
         tmp_path: Path) -> None:
     keys = {role: bearer(create_key(db_url, f"{role}-1", role))
             for role in ("producer", "worker", "admin")}
@@ -158,7 +158,7 @@ def test_metrics_add_up_across_workers_that_come_and_go(
 
     def call(method: str, path: str, role: str, **body: Any) -> requests.Response:
         # A new connection per request, so requests spread over the workers.
-        return requests.request(method, server.url(path), json=body, headers=keys[role],
+        return requests.request(method, server.url_of(path), json=body, headers=keys[role],
                                 timeout=30)
 
     for job_type, count in (("email", 10), ("pdf", 4)):

@@ -1,5 +1,6 @@
 """gunicorn.conf.py, loaded the way gunicorn loads it: its settings, their environment
-overrides, its metrics directory, and the folding of dead workers' metrics files."""
+overrides, its metrics directory; and the folding of dead workers' metrics files
+(queuelog_gunicorn/multiprocess.py)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,20 @@ from typing import Any
 
 import pytest
 from gunicorn.config import Config
+from gunicorn.workers.gthread import ThreadWorker
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
-from app.ops.metrics import COMPACTION_LOCK, WorkerFilesCollector
+from app.ops.metrics import WorkerFilesCollector
+from queuelog_gunicorn.multiprocess import COMPACTION_LOCK, compact_dead_workers
+from queuelog_gunicorn.worker import BufferingThreadWorker
 from tests.ops.scrape import Scrape
-from tests.ops.servers import ROOT
+from tests.servers import REPO_ROOT
 
 ISOLATED = ("PROMETHEUS_MULTIPROC_DIR", "QUEUELOG_METRICS_DIR_OWNER", "QUEUELOG_BIND", "PORT",
             "GUNICORN_WORKERS", "GUNICORN_THREADS", "GUNICORN_MAX_REQUESTS")
 # Names in the file that are not gunicorn settings.
-HELPERS = {"annotations", "Any", "defaultdict", "compact_dead_workers"}
+HELPERS = {"annotations", "Any"}
 
 
 @pytest.fixture
@@ -39,7 +43,7 @@ def load_conf(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., 
     def load(**env: str) -> dict[str, Any]:
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        return runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+        return runpy.run_path(str(REPO_ROOT / "gunicorn.conf.py"))
 
     return load
 
@@ -55,7 +59,9 @@ def test_every_name_is_a_gunicorn_setting_with_a_valid_value(
     assert not unknown, f"not gunicorn settings (typos?): {unknown}"
     for name, value in settings.items():
         cfg.set(name, value)  # gunicorn's own validation
-    assert cfg.worker_class_str == "gthread"
+    # gthread's worker, reading whole requests before a thread sees them.
+    assert issubclass(cfg.worker_class, ThreadWorker)
+    assert cfg.worker_class is BufferingThreadWorker
     assert cfg.preload_app is False
     assert cfg.accesslog is None
     assert cfg.max_requests_jitter > 0
@@ -125,9 +131,7 @@ def figures(scrape: Scrape) -> tuple[float, ...]:
             round(scrape.value(HISTOGRAM + "_sum", route="/jobs"), 6))
 
 
-def test_dead_workers_files_fold_into_one_archive_and_the_totals_stay(
-        load_conf: Callable[..., dict[str, Any]], tmp_path: Path) -> None:
-    compact = load_conf()["compact_dead_workers"]
+def test_dead_workers_files_fold_into_one_archive_and_the_totals_stay(tmp_path: Path) -> None:
     path = tmp_path / "metrics"
     path.mkdir()
     for pid, (enqueued, fast, slow) in {101: (3, 2, 1), 102: (5, 4, 0), 103: (7, 1, 6)}.items():
@@ -136,7 +140,7 @@ def test_dead_workers_files_fold_into_one_archive_and_the_totals_stay(
     before = figures(scrape_files(path))
     assert before == (15, 7, 14, 14, round(7 * 0.05 + 7 * 0.5, 6))
 
-    assert compact(str(path), {103}) == 4
+    assert compact_dead_workers(str(path), {103}) == 4
 
     assert sorted(p.name for p in path.glob("*.db")) == [
         "counter_103.db", "counter_archive.db", "histogram_103.db", "histogram_archive.db"]
@@ -144,21 +148,20 @@ def test_dead_workers_files_fold_into_one_archive_and_the_totals_stay(
 
     # A later exit adds to the archive rather than replacing it.
     write_worker_file(path, "counter", 104, 10)
-    assert compact(str(path), {103}) == 1
+    assert compact_dead_workers(str(path), {103}) == 1
     assert scrape_files(path).value("queuelog_jobs_enqueued_total") == 25
     assert sorted(p.name for p in path.glob("counter_*.db")) == [
         "counter_103.db", "counter_archive.db"]
 
 
 def test_folding_waits_for_no_scrape_and_leaves_the_files_for_the_next_exit(
-        load_conf: Callable[..., dict[str, Any]], tmp_path: Path) -> None:
-    compact = load_conf()["compact_dead_workers"]
+        tmp_path: Path) -> None:
     path = tmp_path / "metrics"
     path.mkdir()
     write_worker_file(path, "counter", 101, 3)
     with open(path / COMPACTION_LOCK, "a+b") as scrape_in_progress:
         fcntl.flock(scrape_in_progress, fcntl.LOCK_SH)
-        assert compact(str(path), set()) == 0
+        assert compact_dead_workers(str(path), set()) == 0
         assert (path / "counter_101.db").exists()
-    assert compact(str(path), set()) == 1
+    assert compact_dead_workers(str(path), set()) == 1
     assert scrape_files(path).value("queuelog_jobs_enqueued_total") == 3

@@ -6,9 +6,9 @@ import re
 
 from app.config import SETTINGS
 from app.ops.metrics import JOB_EVENTS, QueueGauges, QueueMetrics
-from tests.ops.servers import ROOT
+from tests.servers import REPO_ROOT
 
-README = (ROOT / "README.md").read_text()
+README = (REPO_ROOT / "README.md").read_text()
 
 
 def test_every_queuelog_setting_is_documented() -> None:
@@ -17,7 +17,7 @@ def test_every_queuelog_setting_is_documented() -> None:
 
 
 def test_every_gunicorn_override_is_documented() -> None:
-    variables = set(re.findall(r"GUNICORN_[A-Z_]+", (ROOT / "gunicorn.conf.py").read_text()))
+    variables = set(re.findall(r"GUNICORN_[A-Z_]+", (REPO_ROOT / "gunicorn.conf.py").read_text()))
     assert variables
     assert not [v for v in sorted(variables) if f"`{v}`" not in README]
 

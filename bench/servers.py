@@ -1,0 +1,47 @@
+"""The servers the HTTP benchmarks measure, both under the shipped gunicorn.conf.py (only the
+bind address and what `overrides` set differ from production): queuelog, and the bare Flask
+baseline (bench/baseline_app.py). They are launched by the tests' launcher, tests/servers.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.data import JOB_TYPES
+from tests.servers import HOST, GunicornServer, free_port, gunicorn_argv, server_environment
+
+
+def gunicorn_server(app: str, directory: str, overrides: dict[str, str],
+                    ready_path: str = "/readyz") -> GunicornServer:
+    """gunicorn serving `app` from the project root, answering once this returns."""
+    port = free_port()
+    logs = Path(directory) / f"server-{port}"
+    env = server_environment(logs, QUEUELOG_BIND=f"{HOST}:{port}", **overrides)
+    # stdout carries one JSON line per request; nothing reads it here.
+    server = GunicornServer(gunicorn_argv(app=app), env, port=port, logs=logs,
+                            keep_stdout=False).start()
+    try:
+        server.wait_until_answering(ready_path)
+    except BaseException:
+        server.kill()
+        raise
+    return server
+
+
+def queuelog_server(directory: str, url: str, **overrides: str) -> GunicornServer:
+    return gunicorn_server("wsgi:app", directory, {
+        "QUEUELOG_DATABASE_URL": url, "QUEUELOG_JOB_TYPES": JOB_TYPES, **overrides})
+
+
+def baseline_server(directory: str, **overrides: str) -> GunicornServer:
+    return gunicorn_server("bench.baseline_app:app", directory, overrides, ready_path="/healthz")
+
+
+def worker_memory_kib(pid: int) -> dict[str, int]:
+    """VmHWM (peak resident set) and VmRSS of a process, in KiB."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("VmHWM", "VmRSS"):
+            values[name] = int(rest.split()[0])
+    return values
