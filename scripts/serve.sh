@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e .
+.venv/bin/python -m pip install --quiet -e ./client -e .
 export QUEUELOG_JOB_TYPES="${QUEUELOG_JOB_TYPES:-email,report}"
 .venv/bin/queuelog db upgrade
 echo "queuelog: create keys with .venv/bin/queuelog keys create NAME --role producer|worker|admin"
