@@ -8,5 +8,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv-test/bin/python ] || "$PYTHON" -m venv .venv-test
 .venv-test/bin/python -m pip install --quiet --upgrade pip
+# setuptools packs whatever an earlier build left in build/lib into the wheel it makes.
+rm -rf build client/build
 .venv-test/bin/python -m pip install --quiet ./client ".[test,bench]"
 exec .venv-test/bin/python -m pytest "$@"
