@@ -1,21 +1,34 @@
 # queuelog: the job queue behind gunicorn, SQLite in a volume by default.
 #
+# The image installs wheels built beforehand on the host, so its build needs no package index
+# (only the base image): with a Python of the image's version (3.11) on the same architecture,
+#
+#   pip wheel --wheel-dir wheels ./client .
 #   docker build -t queuelog .
 #   docker run -d --name queuelog -p 8000:8000 -v queuelog-data:/var/lib/queuelog \
 #       -e QUEUELOG_JOB_TYPES=email,pdf --stop-timeout 40 queuelog
 #   docker exec queuelog queuelog keys create ops --role admin
-FROM python:3.11-slim
+#
+# Any base with python3 and its venv module will do (a Debian made with debootstrap and
+# imported, where no registry is reachable): --build-arg BASE_IMAGE=localhost/debian-python.
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
+# PATH is spelled out: an imported base carries no environment to extend.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/queuelog/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
-# A plain (not editable) install: the package, its dependencies, and the Alembic scripts it
-# carries as data files, so that `queuelog db upgrade` works from any directory. The source
-# tree is not kept in the image.
-COPY . /tmp/queuelog-src
-RUN pip install /tmp/queuelog-src && rm -rf /tmp/queuelog-src
+# A virtual environment, so that the same steps work on the python image and on a Debian
+# base (whose python3 refuses installs into the system's site-packages). A plain install of
+# the server and its client from the wheels alone: the Alembic scripts travel in the
+# server's wheel as data files, so `queuelog db upgrade` works from any directory.
+COPY wheels/ /tmp/wheels/
+RUN python3 -m venv /opt/queuelog \
+    && pip install --no-index --find-links /tmp/wheels queuelog \
+    && rm -rf /tmp/wheels
 
 # No root at run time. The data directory is created owned by this user, so a fresh named
 # volume mounted there inherits the ownership.

@@ -227,7 +227,7 @@ def measure(options: Any) -> Report:
                   durability.get(key, "?"), by_key[key].ack)
     for key in missing:
         table.add(by_key[key].name, "not installed", "", "", "", "",
-                  "pip install '.[bench]' to include it")
+                  "pip install ./client '.[bench]' to include it")
     report.tables.append(table)
     if "huey" in dict(available):
         for phase in PHASES:

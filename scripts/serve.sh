@@ -11,10 +11,10 @@ PYTHON=${PYTHON:-python3}
 # Install when the venv is new or the project's metadata changed, not on every start: a
 # later start then needs no package index.
 STAMP=.venv/queuelog-installed
-METADATA=$(cat setup.cfg pyproject.toml | cksum)
+METADATA=$(cat setup.cfg pyproject.toml client/pyproject.toml | cksum)
 if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$METADATA" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e .
+    .venv/bin/python -m pip install --quiet -e ./client -e .
     echo "$METADATA" > "$STAMP"
 fi
 export QUEUELOG_JOB_TYPES="${QUEUELOG_JOB_TYPES:-email,report}"

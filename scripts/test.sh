@@ -1,6 +1,6 @@
 #!/bin/sh
-# Install queuelog with its test extra into ./.venv-test (a plain, non-editable install, as
-# users get) and run the whole test suite.
+# Install queuelog with its test extra, and the client (client/, the server's dependency),
+# into ./.venv-test (a plain, non-editable install, as users get) and run the whole suite.
 # Arguments go to pytest (e.g. -m "not slow" for the fast tests alone). The PostgreSQL half
 # runs when QUEUELOG_TEST_POSTGRES_URL names a server; otherwise the summary says it skipped.
 set -eu
@@ -8,5 +8,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv-test/bin/python ] || "$PYTHON" -m venv .venv-test
 .venv-test/bin/python -m pip install --quiet --upgrade pip
-.venv-test/bin/python -m pip install --quiet ".[test,bench]"
+# setuptools packs whatever an earlier build left in build/lib into the wheel it makes.
+rm -rf build client/build
+.venv-test/bin/python -m pip install --quiet ./client ".[test,bench]"
 exec .venv-test/bin/python -m pytest "$@"

@@ -51,9 +51,11 @@ def wait_until(probe: Callable[[], T], timeout: float = 30.0, what: str = "condi
 
 
 def _child_env(**extra: str) -> dict[str, str]:
-    """The test's environment less its QUEUELOG_ settings, with the checkout importable."""
+    """The test's environment less its QUEUELOG_ settings, with the checkout's server and
+    client importable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUELOG_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), str(ROOT / "client"), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env

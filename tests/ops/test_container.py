@@ -1,22 +1,32 @@
-"""The container's entry script and health check, run on the host (no container engine runs
-here): `queuelog` and `gunicorn` on PATH are this worktree's, as the image's would be."""
+"""The container: the image built from the Dockerfile and run with podman (over a Debian base
+made here, tests/ops/podman.py), and its entry script and health check run on the host, where
+`queuelog` and `gunicorn` on PATH are this worktree's, as the image's are."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
-from tests.servers import REPO_ROOT, GunicornServer, bearer, server_environment
+from tests.ops import podman as container
+from tests.ops.podman import RUN_FLAGS, podman
+from tests.servers import REPO_ROOT, GunicornServer, bearer, free_port, server_environment
 
 ENTRYPOINT = ["sh", str(REPO_ROOT / "docker" / "entrypoint.sh")]
 HEALTHCHECK = [sys.executable, str(REPO_ROOT / "docker" / "healthcheck.py")]
+IMAGE_UID = "10001"
+STOP_GRACE_SECONDS = 40  # more than gunicorn's graceful_timeout (30 s), as README says
 
 
 @pytest.fixture
@@ -82,10 +92,116 @@ def test_entry_script_refuses_a_database_directory_it_cannot_write(
     assert not missing.exists()
 
 
-def test_the_image_runs_the_entry_script_as_a_non_root_user_with_a_volume() -> None:
-    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
-    assert dockerfile.startswith("#") and "FROM python:3.11-slim" in dockerfile
-    assert "\nUSER queuelog\n" in dockerfile
-    assert 'VOLUME ["/var/lib/queuelog"]' in dockerfile
-    assert "HEALTHCHECK" in dockerfile and "healthcheck.py" in dockerfile
-    assert 'ENTRYPOINT ["/srv/queuelog/entrypoint.sh"]' in dockerfile
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Dockerfile built over a Debian base, from wheels built here: no registry, no index."""
+    base = container.base_image()
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert container.python_version(base) == python, (
+        f"the wheels are built by Python {python}; the base image {base} has another")
+    with container.built_image(container.build_context(tmp_path_factory.mktemp("context")),
+                               base) as name:
+        yield name
+
+
+class Container:
+    """One `podman run` of the image, its port published on loopback only."""
+
+    def __init__(self, image: str, volume: str) -> None:
+        self.port = free_port()
+        self.id = podman(
+            "run", "--detach", *RUN_FLAGS, "--publish", f"127.0.0.1:{self.port}:8000",
+            "--volume", f"{volume}:/var/lib/queuelog", "--env", "QUEUELOG_JOB_TYPES=email",
+            "--env", "GUNICORN_WORKERS=2", "--env", "GUNICORN_THREADS=4", image,
+        ).stdout.strip().splitlines()[-1]
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def wait_until_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(self.url("/readyz"), timeout=2).status_code == 200:
+                    return
+            state = podman("inspect", "--format", "{{.State.Status}}", self.id).stdout.strip()
+            if state != "running" or time.monotonic() > deadline:
+                raise AssertionError(f"the container is {state}, /readyz never answered 200:\n"
+                                     f"{self.logs()}")
+            time.sleep(0.2)
+
+    def exec(self, *argv: str) -> str:
+        return podman("exec", self.id, *argv).stdout
+
+    def logs(self) -> str:
+        logs = podman("logs", self.id, check=False)
+        return logs.stdout + logs.stderr
+
+    def exit_code(self) -> int:
+        return int(podman("inspect", "--format", "{{.State.ExitCode}}", self.id).stdout)
+
+    def remove(self) -> None:
+        podman("rm", "--force", self.id, check=False)
+
+
+@pytest.fixture
+def run_container(image: str) -> Iterator[Callable[[], Container]]:
+    """run_container() starts the image over this test's volume; all are removed at the end."""
+    volume = f"queuelog-test-{uuid.uuid4().hex[:12]}"
+    podman("volume", "create", volume)
+    started: list[Container] = []
+
+    def run() -> Container:
+        started.append(Container(image, volume))
+        return started[-1]
+
+    yield run
+    for each in started:
+        each.remove()
+    podman("volume", "rm", "--force", volume, check=False)
+
+
+def _create_key(running: Container, name: str, role: str) -> dict[str, Any]:
+    """A key made as README says, with `exec`: the token is the last line printed."""
+    return bearer(running.exec("queuelog", "keys", "create", name, "--role", role)
+                  .strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_image_serves_jobs_as_non_root_and_keeps_them_in_its_volume_across_restarts(
+        run_container: Callable[[], Container]) -> None:
+    first = run_container()
+    first.wait_until_ready()
+    # gunicorn, PID 1 (the entry script exec'd it), and anything exec'd run unprivileged.
+    assert re.search(rf"^Uid:\s+{IMAGE_UID}\s", first.exec("cat", "/proc/1/status"), re.M)
+    assert first.exec("id", "-u").strip() == IMAGE_UID
+    assert podman("healthcheck", "run", first.id, check=False).returncode == 0
+
+    producer = _create_key(first, "shop", "producer")
+    worker = _create_key(first, "mailer", "worker")
+    enqueued = requests.post(first.url("/jobs"), json={"type": "email", "payload": {"to": 1}},
+                             headers=producer, timeout=10)
+    assert enqueued.status_code == 201, enqueued.text
+    claimed = requests.post(first.url("/jobs/claim"), headers=worker, timeout=10)
+    assert claimed.status_code == 200, claimed.text
+    job = claimed.json()
+    assert job["id"] == enqueued.json()["id"] and job["status"] == "running"
+    completed = requests.post(first.url(f"/jobs/{job['id']}/complete"), headers=worker,
+                              json={"lease_token": job["lease_token"], "result": {"sent": True}},
+                              timeout=10)
+    assert completed.status_code == 200, completed.text
+
+    # The stop signal reaches gunicorn, which finishes and exits 0 within the grace period;
+    # a container still running at its end would be killed (exit 137).
+    podman("stop", "--time", str(STOP_GRACE_SECONDS), first.id,
+           timeout=STOP_GRACE_SECONDS + 30)
+    assert first.exit_code() == 0
+    assert "Handling signal: term" in first.logs()
+
+    second = run_container()  # a new container over the same volume
+    second.wait_until_ready()
+    kept = requests.get(second.url(f"/jobs/{job['id']}"), headers=producer, timeout=10)
+    assert kept.status_code == 200, kept.text
+    assert kept.json()["status"] == "completed" and kept.json()["result"] == {"sent": True}
+    # Already at head: the entry script's upgrade on the second start migrated nothing.
+    assert "Running upgrade" not in second.logs()
