@@ -158,13 +158,13 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0003"
+        assert current_revision(conn) == head_revision() == "0005"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
             "SELECT tablename FROM pg_tables WHERE schemaname='public'"))}
     database.engine.dispose()
-    assert {"jobs", "api_keys", "alembic_version"} <= tables
+    assert {"jobs", "api_keys", "job_types", "alembic_version"} <= tables
 
 
 def test_migrations_run_down_and_up_again(empty_db_url):

@@ -91,6 +91,7 @@ class Job:
     error: str | None
     created_at: int
     updated_at: int
+    concurrency_key: str | None = None  # flow control's per-key cap (app/types)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
