@@ -267,7 +267,7 @@ class JobService:
                 nonce=nonce, limit=limit, types=types, gate=claim_gate,
             )
             if flow is not None and gate is not None:
-                flow.spend(conn, gate, jobs, now)
+                flow.spend(conn, gate, jobs)
             return jobs
 
         jobs = self.db.run_write(claim_in)

@@ -79,7 +79,7 @@ class TypeSettings:
                 held = (self.tokens_available(now_us) if self.rate_per_second is not None
                         else math.inf)
                 updated = replace(updated, tokens=min(held, float(updated.effective_burst)),
-                                  tokens_at=now_us)
+                                  tokens_at=max(now_us, self.tokens_at or now_us))
         return updated
 
     def values(self) -> dict[str, Any]:
@@ -118,6 +118,10 @@ class ClaimGate:
     key_caps: Mapping[str, int] = field(default_factory=dict)
     key_running: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     tokens: Mapping[str, float] = field(default_factory=dict)  # rated types' buckets, now
+    # When each bucket was last filled: never earlier than a claim before this one had it
+    # (a claim that read the clock, then waited for the row's lock, must not be credited
+    # again with time its predecessor was already credited with).
+    bucket_at: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def for_claim(cls, settings: Iterable[TypeSettings], running: RunningCounts,
@@ -127,6 +131,7 @@ class ClaimGate:
         key_caps: dict[str, int] = {}
         key_running: dict[str, dict[str, int]] = {}
         tokens_now: dict[str, float] = {}
+        bucket_at: dict[str, int] = {}
         for s in settings:
             if s.paused:
                 blocked[s.type] = SkipReason.PAUSED
@@ -139,6 +144,7 @@ class ClaimGate:
                 reason = SkipReason.MAX_RUNNING
             if s.rate_per_second is not None:
                 tokens_now[s.type] = s.tokens_available(now_us)
+                bucket_at[s.type] = max(now_us, s.tokens_at or now_us)
                 # A hair of slack: a bucket refilled to 0.9999999 by float arithmetic is 1.
                 tokens = math.floor(tokens_now[s.type] + 1e-9)
                 if tokens < budget:
@@ -152,7 +158,7 @@ class ClaimGate:
                 key_caps[s.type] = s.max_running_per_key
                 key_running[s.type] = {key: n for (t, key), n in running.items()
                                        if t == s.type and key is not None}
-        return cls(blocked, budgets, key_caps, key_running, tokens_now)
+        return cls(blocked, budgets, key_caps, key_running, tokens_now, bucket_at)
 
     def full_keys(self, job_type: str) -> list[str]:
         """The concurrency keys of `job_type` at their cap now."""
@@ -188,14 +194,14 @@ class ClaimGate:
     def budget(self, job_type: str, limit: int) -> int:
         return min(limit, self.budgets.get(job_type, limit))
 
-    def tokens_after(self, claimed_types: Iterable[str]) -> dict[str, float]:
-        """Each rated type's bucket once the claimed jobs (one type per job) are paid for;
-        only the types that claimed something."""
+    def buckets_after(self, claimed_types: Iterable[str]) -> dict[str, tuple[float, int]]:
+        """(tokens, as of when) of each rated type's bucket once the claimed jobs (one type
+        per job) are paid for; only the types that claimed something."""
         spent: dict[str, int] = {}
         for job_type in claimed_types:
             if job_type in self.tokens:
                 spent[job_type] = spent.get(job_type, 0) + 1
-        return {t: max(0.0, self.tokens[t] - n) for t, n in spent.items()}
+        return {t: (max(0.0, self.tokens[t] - n), self.bucket_at[t]) for t, n in spent.items()}
 
 
 OPEN_GATE = ClaimGate()

@@ -29,7 +29,7 @@ _select_settings = select(job_types).where(job_types.c.type.in_(
 _spend_tokens = (
     update(job_types)
     .where(job_types.c.type == bindparam("t"))
-    .values(tokens=bindparam("tokens"), tokens_at=bindparam("now"))
+    .values(tokens=bindparam("tokens"), tokens_at=bindparam("at"))
 )
 
 
@@ -66,11 +66,11 @@ class TypeRepository:
         self.conn.execute(update(job_types).where(job_types.c.type == values.pop("type"))
                           .values(values))
 
-    def spend_tokens(self, spent: dict[str, float], now_us: int) -> None:
-        """Store each rate-limited type's bucket as it is after this claim."""
-        if spent:
-            self.conn.execute(_spend_tokens, [{"t": t, "tokens": tokens, "now": now_us}
-                                              for t, tokens in sorted(spent.items())])
+    def save_buckets(self, buckets: dict[str, tuple[float, int]]) -> None:
+        """Store each rate-limited type's bucket (tokens, as of when) after a claim."""
+        if buckets:
+            self.conn.execute(_spend_tokens, [{"t": t, "tokens": tokens, "at": at}
+                                              for t, (tokens, at) in sorted(buckets.items())])
 
     def note_last_claim(self, types: Collection[str], now_us: int) -> None:
         """Move each type's last_claim_at forward to `now_us` (never back)."""

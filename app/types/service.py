@@ -76,11 +76,10 @@ class FlowControl:
         but the blocked."""
         return (self.job_types if wanted is None else wanted) - frozenset(gate.blocked)
 
-    def spend(self, conn: Connection, gate: ClaimGate, claimed: list[Job], now_us: int) -> None:
+    def spend(self, conn: Connection, gate: ClaimGate, claimed: list[Job]) -> None:
         """Take the claimed jobs' tokens from their types' buckets, in the claim's
         transaction (under the rows' locks on PostgreSQL)."""
-        TypeRepository(conn).spend_tokens(gate.tokens_after(job.type for job in claimed),
-                                          now_us)
+        TypeRepository(conn).save_buckets(gate.buckets_after(job.type for job in claimed))
 
     def note_claimed(self, claimed: list[Job]) -> None:
         """Record when each type was last claimed; at most once a second per type and
