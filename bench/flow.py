@@ -10,15 +10,21 @@
    QUEUELOG_TYPE_COUNTS_MAX_AGE_SECONDS old, refreshed in the background).
 
     PYTHONPATH=. python bench/flow.py [--smoke] [--repeats N]
+
+With QUEUELOG_BENCH_POSTGRES_URL set to a PostgreSQL server URL, the claim rows are measured
+on PostgreSQL as well.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import sqlite3
 import sys
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +33,15 @@ if __package__ in (None, ""):  # run as `python bench/flow.py`
 
 from app.db import jobs
 from bench import common
-from bench.common import Client, Report, Spread, Table, Target, scenario
+from bench.common import Client, Report, Spread, Table, Target
 
+# The worker's cycle (POST /jobs/claim, then complete) as http_single.py measures it; the
+# import registers the scenario under its name for the load generator.
+from bench.http_single import claim_complete_one
+
+# With this set to a PostgreSQL server URL, the claim rows are measured there too (in a
+# database of their own, dropped afterwards).
+POSTGRES_VARIABLE = "QUEUELOG_BENCH_POSTGRES_URL"
 CLIENTS = 8
 FULL_OPERATIONS, SMOKE_OPERATIONS = 3000, 100
 MAX_SECONDS = 15.0
@@ -46,16 +59,6 @@ STORE_SMOKE = [("completed", 2_000), ("failed", 100), ("cancelled", 100), ("pend
 TYPES_REQUESTS_FULL, TYPES_REQUESTS_SMOKE = 300, 20
 TYPES_TARGET_MS = 50.0
 COLUMNS = [column.name for column in jobs.c if column.name != "id"]
-
-
-@scenario
-def claim_complete_one(client: Client, context: Mapping[str, Any]) -> int:
-    status, job = client.call("POST", "/jobs/claim", {}, expect=(200, 204))
-    if status == 204:
-        return 0
-    client.call("POST", f"/jobs/{job['id']}/complete",
-                {"lease_token": job["lease_token"], "result": common.RESULT}, expect=(200,))
-    return 1
 
 
 def fill_with_keys(port: int, token: str, count: int) -> None:
@@ -79,14 +82,40 @@ def set_limits(port: int, token: str, settings: Mapping[str, Any]) -> None:
         client.close()
 
 
-def measure_claims(options: Any, report: Report) -> None:
+@contextlib.contextmanager
+def postgres_database(server_url: str) -> Iterator[str]:
+    """A fresh, migrated database on the PostgreSQL server at `server_url`, dropped after."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from app.migrations import upgrade
+
+    name = f"queuelog_bench_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def measure_claims(options: Any, report: Report, engine: str) -> None:
     count = SMOKE_OPERATIONS if options.smoke else FULL_OPERATIONS
     rates: dict[str, Spread] = {"without limits": Spread(), "limits configured, not reached":
                                 Spread()}
     p50: dict[str, Spread] = {name: Spread() for name in rates}
     ratio = Spread()
-    with common.scratch_directory("queuelog-bench-flow-") as directory:
-        url = common.migrated_database(directory)
+    with common.scratch_directory("queuelog-bench-flow-") as directory, \
+            contextlib.ExitStack() as stack:
+        if engine == "PostgreSQL":
+            url = stack.enter_context(postgres_database(os.environ[POSTGRES_VARIABLE]))
+        else:
+            url = common.migrated_database(directory)
         tokens = common.create_keys(url, {"producer-0": "producer", "worker-0": "worker",
                                           "worker-1": "worker", "admin-0": "admin"})
         workers = [tokens["worker-0"], tokens["worker-1"]]
@@ -100,23 +129,23 @@ def measure_claims(options: Any, report: Report) -> None:
                     set_limits(server.port, tokens["admin-0"],
                                LIMITS if label.startswith("limits") else NO_LIMITS)
                     fill_with_keys(server.port, tokens["producer-0"], count)
-                    result = common.run_load("claim_complete_one", server.port, workers,
+                    result = common.run_load(claim_complete_one.__name__, server.port, workers,
                                              clients=CLIENTS, operations=count,
                                              max_seconds=MAX_SECONDS)
                     run[label] = result.jobs_per_second
                     rates[label].add(result.jobs_per_second)
                     p50[label].add(result.p50_ms)
                 ratio.add(run["limits configured, not reached"] / run["without limits"])
-                print(f"repeat {repeat + 1}: " + ", ".join(
+                print(f"{engine} repeat {repeat + 1}: " + ", ".join(
                     f"{label} {value:,.0f} jobs/s" for label, value in run.items()),
                     file=sys.stderr, flush=True)
-    table = Table(f"HTTP claim + complete, {CLIENTS} clients, SQLite (median [min-max] over "
-                  "repeats)", ["types", "jobs/s", "p50 ms per claim + complete"])
+    table = Table(f"HTTP claim + complete, {CLIENTS} clients, {engine} (median [min-max] "
+                  "over repeats)", ["types", "jobs/s", "p50 ms per claim + complete"])
     for label in rates:
         table.add(label, rates[label].show(), p50[label].show(2))
     report.tables.append(table)
     report.targets.append(Target(
-        "claim rate, limits configured but not reached / without limits (same run)",
+        f"claim rate, limits configured but not reached / without limits (same run), {engine}",
         f"≥ {TARGET_RATIO}", ratio.show(2), ratio.median >= TARGET_RATIO))
 
 
@@ -194,7 +223,9 @@ def measure_types(options: Any, report: Report) -> None:
 def measure(options: Any) -> Report:
     report = Report("Flow control: limited claims and GET /types", "python bench/flow.py",
                     options.smoke, options.repeats)
-    measure_claims(options, report)
+    measure_claims(options, report, "SQLite")
+    if os.environ.get(POSTGRES_VARIABLE):
+        measure_claims(options, report, "PostgreSQL")
     measure_types(options, report)
     report.notes += [
         "Claims: one gunicorn server with the shipped gunicorn.conf.py over a fresh SQLite "

@@ -188,7 +188,7 @@ class QueueGauges(Collector):
                 oldest_run_at = repo.oldest_claimable_run_at(now)
                 # Index reads only (pending and running rows), per configured type.
                 summaries = {t: repo.pending_summary(t, now) for t in configured}
-                running = repo.count_running(configured)
+                running = repo.count_running()
         except SQLAlchemyError as exc:
             log.warning("metrics: the database did not answer: %s", type(exc).__name__)
             up.add_metric([], 0)

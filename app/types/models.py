@@ -169,9 +169,15 @@ class ClaimGate:
 
     def restricts(self, limit: int) -> bool:
         """False when a claim of up to `limit` jobs in plain claim order cannot break any
-        limit: nothing blocked, no key caps, every budget at least `limit`."""
-        return (bool(self.blocked) or bool(self.key_caps)
-                or any(budget < limit for budget in self.budgets.values()))
+        limit: nothing blocked, every budget at least `limit`, and no key at its cap (nor,
+        for a claim of several, any key cap, since one claim may meet a key twice). The
+        claim then runs as it would without flow control, which keeps limits that are not
+        reached cheap."""
+        if self.blocked or any(budget < limit for budget in self.budgets.values()):
+            return True
+        if limit > 1:
+            return bool(self.key_caps)
+        return any(self.full_keys(job_type) for job_type in self.key_caps)
 
     def pick(self, job_type: str, candidates: Iterable[Any], limit: int) -> list[Any]:
         """The candidates of one type (rows with `concurrency_key`, in claim order) that the

@@ -68,9 +68,8 @@ class TypeRepository:
 
     def save_buckets(self, buckets: dict[str, tuple[float, int]]) -> None:
         """Store each rate-limited type's bucket (tokens, as of when) after a claim."""
-        if buckets:
-            self.conn.execute(_spend_tokens, [{"t": t, "tokens": tokens, "at": at}
-                                              for t, (tokens, at) in sorted(buckets.items())])
+        for job_type, (tokens, at) in sorted(buckets.items()):
+            self.conn.execute(_spend_tokens, {"t": job_type, "tokens": tokens, "at": at})
 
     def note_last_claim(self, types: Collection[str], now_us: int) -> None:
         """Move each type's last_claim_at forward to `now_us` (never back)."""

@@ -63,10 +63,10 @@ class FlowControl:
         if for_claim and counted and conn.dialect.name == "postgresql":
             fresh = {s.type: s for s in types.lock_settings(counted)}
             relevant = [fresh.get(s.type, s) for s in relevant]
-        capped = [s.type for s in relevant
-                  if s.max_running is not None or s.max_running_per_key is not None]
         jobs = JobRepository(conn)
-        gate = ClaimGate.for_claim(relevant, jobs.count_running(capped), now_us)
+        capped = any(s.max_running is not None or s.max_running_per_key is not None
+                     for s in relevant)
+        gate = ClaimGate.for_claim(relevant, jobs.count_running() if capped else {}, now_us)
         if for_claim:
             self._count_skips(jobs, gate, now_us)
         return gate
@@ -216,7 +216,7 @@ class TypeService:
             now = self.clock.now_us()
             stored = TypeRepository(conn).settings_of(names)
             jobs = JobRepository(conn)
-            running = jobs.count_running(names)
+            running = jobs.count_running()
             summaries = {name: jobs.pending_summary(name, now) for name in names}
         views = []
         for name in names:
