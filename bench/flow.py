@@ -32,6 +32,7 @@ if __package__ in (None, ""):  # run as `python bench/flow.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.db import jobs
+from app.keys.models import Role
 from bench import common
 from bench.common import Client, Report, Spread, Table, Target
 
@@ -47,6 +48,7 @@ FULL_OPERATIONS, SMOKE_OPERATIONS = 3000, 100
 MAX_SECONDS = 15.0
 KEYS = 64
 TARGET_RATIO = 0.8
+SERVICE_CLAIMS, SERVICE_SMOKE_CLAIMS, TURN = 2000, 100, 10
 LIMITS = {"max_running": 100_000, "max_running_per_key": 100_000,
           "rate_per_second": 100_000, "burst": 100_000}
 NO_LIMITS = dict.fromkeys(LIMITS)
@@ -149,6 +151,62 @@ def measure_claims(options: Any, report: Report, engine: str) -> None:
         f"≥ {TARGET_RATIO}", ratio.show(2), ratio.median >= TARGET_RATIO))
 
 
+def measure_service_claims(options: Any, report: Report, engine: str) -> None:
+    """The claim alone (JobService.claim: its transaction, flow control included), in this
+    process, against two databases alike but for the limits, taking turns every TURN
+    claims so that the machine's changing load falls on both."""
+    from app import create_app
+
+    count = SERVICE_SMOKE_CLAIMS if options.smoke else SERVICE_CLAIMS
+    seconds: dict[str, list[float]] = {"without limits": [], "limits configured, not reached":
+                                       []}
+    with common.scratch_directory("queuelog-bench-flow-svc-") as directory, \
+            contextlib.ExitStack() as stack:
+        services = {}
+        for label in seconds:
+            if engine == "PostgreSQL":
+                url = stack.enter_context(postgres_database(os.environ[POSTGRES_VARIABLE]))
+            else:
+                url = common.migrated_database(directory, f"{label[:7]}.sqlite3")
+            app = create_app({"DATABASE_URL": url, "JOB_TYPES": common.JOB_TYPES})
+            found = app.extensions["queuelog"]
+            stack.callback(found.db.engine.dispose)
+            producer = found.keys.caller_for_token(found.keys.create_key("p", Role.PRODUCER))
+            worker = found.keys.caller_for_token(found.keys.create_key("w", Role.WORKER))
+            found.jobs.enqueue_many(producer, [
+                {**common.job_body(n), "type": TYPES[n % len(TYPES)], "priority": None,
+                 "max_retries": 3, "concurrency_key": f"customer-{n % KEYS}"}
+                for n in range(count)])
+            for job_type in TYPES:
+                found.types.update_type(job_type, LIMITS if label.startswith("limits")
+                                        else NO_LIMITS)
+            services[label] = (found.jobs, worker)
+        for turn in range(0, count, TURN):
+            labels = list(seconds) if (turn // TURN) % 2 == 0 else list(reversed(seconds))
+            for label in labels:
+                jobs_service, worker = services[label]
+                for _ in range(TURN):
+                    began = time.perf_counter()
+                    claimed = jobs_service.claim(worker)
+                    seconds[label].append(time.perf_counter() - began)
+                    # Completed at once (not timed): as many run as workers hold, not more.
+                    jobs_service.complete(worker, claimed[0].job.id, lease_token=None,
+                                          result=None)
+    rate = {label: len(values) / sum(values) for label, values in seconds.items()}
+    table = Table(f"The claim transaction alone (JobService.claim), {engine}, one thread, "
+                  f"{count:,} claims each, taking turns every {TURN}",
+                  ["types", "claims/s", "p50 µs", "p99 µs"])
+    for label, values in seconds.items():
+        table.add(label, f"{rate[label]:,.0f}",
+                  f"{common.percentile(values, 50) * 1e6:,.0f}",
+                  f"{common.percentile(values, 99) * 1e6:,.0f}")
+    report.tables.append(table)
+    ratio = rate["limits configured, not reached"] / rate["without limits"]
+    report.targets.append(Target(
+        f"claim rate, limits configured but not reached / without limits, {engine}, "
+        "claim transaction", f"≥ {TARGET_RATIO}", f"{ratio:.2f}", ratio >= TARGET_RATIO))
+
+
 def build_million(directory: str, store: list[tuple[str, int]]) -> str:
     """A migrated database holding `store`, inserted directly (setup, not timed)."""
     url = common.migrated_database(directory, "million.sqlite3")
@@ -223,9 +281,11 @@ def measure_types(options: Any, report: Report) -> None:
 def measure(options: Any) -> Report:
     report = Report("Flow control: limited claims and GET /types", "python bench/flow.py",
                     options.smoke, options.repeats)
-    measure_claims(options, report, "SQLite")
-    if os.environ.get(POSTGRES_VARIABLE):
-        measure_claims(options, report, "PostgreSQL")
+    engines = ["SQLite"] + (["PostgreSQL"] if os.environ.get(POSTGRES_VARIABLE) else [])
+    for engine in engines:
+        measure_service_claims(options, report, engine)
+    for engine in engines:
+        measure_claims(options, report, engine)
     measure_types(options, report)
     report.notes += [
         "Claims: one gunicorn server with the shipped gunicorn.conf.py over a fresh SQLite "

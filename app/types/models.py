@@ -36,7 +36,7 @@ class TypeSettings:
     updated_at: int | None = None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> TypeSettings:
+    def from_row(cls, row: Mapping[Any, Any]) -> TypeSettings:
         return cls(**row)
 
     @property

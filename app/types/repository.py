@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, or_, select, update
+from sqlalchemy import Connection, bindparam, or_, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.db import job_types
 from app.types.models import TypeSettings
 
-_select_limited = select(job_types).where(or_(
-    job_types.c.paused.is_(True),
+_counts_running = or_(
     job_types.c.max_running.is_not(None),
     job_types.c.max_running_per_key.is_not(None),
     job_types.c.rate_per_second.is_not(None),
-))
+)
+_select_limited = select(job_types).where(or_(job_types.c.paused.is_(True), _counts_running))
+
+
+@functools.cache
+def _lock_limited(of_some_types: bool) -> Any:
+    """One round trip for a PostgreSQL claim: the rows with a cap or a rate locked FOR UPDATE
+    in type order (so that claims never deadlock), and the rows only paused, read."""
+    locked = select(job_types).where(_counts_running)
+    paused_only = select(job_types).where(job_types.c.paused.is_(True), ~_counts_running)
+    if of_some_types:
+        of_types = job_types.c.type.in_(bindparam("types", expanding=True))
+        locked, paused_only = locked.where(of_types), paused_only.where(of_types)
+    locked_rows = locked.order_by(job_types.c.type).with_for_update().cte("locked")
+    return union_all(select(locked_rows), paused_only)
+
+
 # Sorted, so that claims locking several types' rows always take them in one order.
 _lock_settings = (
     select(job_types)
@@ -45,6 +61,14 @@ class TypeRepository:
         """The rows of every type that is paused or has a cap or a rate: the few a claim
         must look at (a table of one row per configured type at most)."""
         return [TypeSettings.from_row(row._mapping) for row in self.conn.execute(_select_limited)]
+
+    def lock_limited_settings(self, types: Collection[str] | None) -> list[TypeSettings]:
+        """The limited rows (of these types; None: of every type), those with a cap or a rate
+        locked FOR UPDATE on PostgreSQL: the claims of a limited type take turns on its row,
+        so each counts what the one before it started."""
+        params = {} if types is None else {"types": sorted(types)}
+        rows = self.conn.execute(_lock_limited(types is not None), params)
+        return [TypeSettings.from_row(row._mapping) for row in rows]
 
     def lock_settings(self, types: Collection[str]) -> list[TypeSettings]:
         """Read these types' rows FOR UPDATE (PostgreSQL), in type order: the claims of a

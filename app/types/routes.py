@@ -26,7 +26,8 @@ def _refuse_query_parameters() -> None:
 
 
 def _service() -> TypeService:
-    return current_app.extensions["queuelog"].types
+    service: TypeService = current_app.extensions["queuelog"].types
+    return service
 
 
 @bp.get("/types")

@@ -51,18 +51,19 @@ class FlowControl:
         it, which leaves the claim exactly as it is without flow control.
 
         For a claim (not a waiting claim's peek) on PostgreSQL, the rows of the types with a
-        cap or a rate are locked first, in type order, and read again: claims of such a type
-        take turns, and each counts the running jobs after the one before it committed.
-        SQLite's BEGIN IMMEDIATE already makes every claim take its turn.
+        cap or a rate are locked as they are read, in type order: claims of such a type take
+        turns, and each counts the running jobs (in a statement after the lock, so with a
+        snapshot that sees the one before it committed). SQLite's BEGIN IMMEDIATE already
+        makes every claim take its turn.
         """
         types = TypeRepository(conn)
-        relevant = [s for s in types.limited_settings() if wanted is None or s.type in wanted]
+        if for_claim and conn.dialect.name == "postgresql":
+            relevant = types.lock_limited_settings(wanted)
+        else:
+            relevant = [s for s in types.limited_settings()
+                        if wanted is None or s.type in wanted]
         if not relevant:
             return None
-        counted = sorted(s.type for s in relevant if s.counts_running)
-        if for_claim and counted and conn.dialect.name == "postgresql":
-            fresh = {s.type: s for s in types.lock_settings(counted)}
-            relevant = [fresh.get(s.type, s) for s in relevant]
         jobs = JobRepository(conn)
         capped = any(s.max_running is not None or s.max_running_per_key is not None
                      for s in relevant)
