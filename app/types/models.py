@@ -209,5 +209,3 @@ class ClaimGate:
                 spent[job_type] = spent.get(job_type, 0) + 1
         return {t: (max(0.0, self.tokens[t] - n), self.bucket_at[t]) for t, n in spent.items()}
 
-
-OPEN_GATE = ClaimGate()

@@ -16,7 +16,7 @@ from app.db import Database
 from app.errors import NotFound
 from app.jobs.models import Job, JobStatus
 from app.jobs.repository import JobRepository
-from app.types.models import ClaimGate, TypeSettings, defaults
+from app.types.models import ClaimGate, SkipReason, TypeSettings, defaults
 from app.types.repository import TypeRepository
 
 # Told of each claim that passed over due work of a type (or of a key) held back by its
@@ -104,7 +104,7 @@ class FlowControl:
         for job_type in sorted(gate.key_caps):
             full = gate.full_keys(job_type)
             if full and jobs.has_due_work_of(job_type, now_us, full):
-                self.on_skip(job_type, "max_running_per_key")
+                self.on_skip(job_type, SkipReason.KEY_MAX_RUNNING)
 
 
 @dataclass(frozen=True)
