@@ -136,4 +136,4 @@ def test_alembic_upgrade_head_from_the_checkout_migrates_the_configured_database
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0003",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0005",)
