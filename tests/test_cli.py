@@ -38,7 +38,7 @@ def test_installed_command_migrates_and_creates_keys_from_any_directory(tmp_path
     assert created.returncode == 0, created.stderr
 
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0003",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0005",)
         assert conn.execute("SELECT name, role FROM api_keys").fetchall() == [
             ("first-admin", "admin")]
     assert created.stdout.strip().splitlines()[-1].startswith("ql_")
