@@ -20,6 +20,7 @@ from app.jobs.service import EventSink, JobService, QueueSettings
 from app.keys.service import KeyService
 from app.ops import init_ops
 from app.ops.metrics import QueueMetrics
+from app.types.service import FlowControl, SkipSink, TypeService
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Services:
     clock: Clock
     jobs: JobService
     keys: KeyService
+    types: TypeService
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -58,7 +60,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.config["DATABASE_URL"] = f"sqlite:///{path}"
 
     metrics = QueueMetrics.from_environment()
-    app.extensions["queuelog"] = _build_services(app.config, on_event=metrics.count_job_event)
+    app.extensions["queuelog"] = _build_services(app.config, on_event=metrics.count_job_event,
+                                                 on_skip=metrics.count_flow_skip)
     init_ops(app, metrics)  # first: its request hooks wrap every other
 
     register_error_handlers(app)
@@ -66,6 +69,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.jobs.routes import bp as jobs_bp
 
     app.register_blueprint(jobs_bp)
+    from app.types.routes import bp as types_bp
+
+    app.register_blueprint(types_bp)
     from app.openapi import bp as openapi_bp
 
     app.register_blueprint(openapi_bp)
@@ -84,7 +90,8 @@ def warn_about_configuration(app: Flask) -> None:
         app.logger.warning("queuelog: %s", warning)
 
 
-def _build_services(config: Mapping[str, Any], on_event: EventSink) -> Services:
+def _build_services(config: Mapping[str, Any], on_event: EventSink,
+                    on_skip: SkipSink) -> Services:
     engine = make_engine(
         config["DATABASE_URL"],
         pool_size=config["DB_POOL_SIZE"],
@@ -102,10 +109,13 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink) -> Services:
         max_waiting_claims=config["MAX_WAITING_CLAIMS"],
     )
     keys = KeyService(db, clock)
+    flow = FlowControl(db, clock, settings.job_types, on_skip=on_skip)
     return Services(
         db=db,
         clock=clock,
         jobs=JobService(db, clock, settings, on_event=on_event,
-                        confirm_caller=keys.confirm_live),
+                        confirm_caller=keys.confirm_live, flow=flow),
         keys=keys,
+        types=TypeService(db, clock, settings.job_types,
+                          config["TYPE_COUNTS_MAX_AGE_SECONDS"]),
     )

@@ -1,6 +1,6 @@
-"""The operator's commands: `queuelog db …`, `queuelog keys …`, `queuelog purge`,
-`queuelog copy`, `queuelog backup`, and the worker runner `queuelog worker …` (from the
-client package).
+"""The operator's commands: `queuelog db …`, `queuelog keys …`, `queuelog types …`,
+`queuelog purge`, `queuelog copy`, `queuelog backup`, and the worker runner
+`queuelog worker …` (from the client package).
 
 `queuelog` is a Flask CLI group over the app factory, so `flask --app app …` works the same.
 """
@@ -16,9 +16,11 @@ import click
 from flask import Flask, current_app
 from flask.cli import AppGroup, FlaskGroup, with_appcontext
 
+from app.errors import NotFound
 from app.jobs.models import TERMINAL_STATUSES, Priority
 from app.keys.models import Role
 from app.keys.service import KeyCommandError
+from app.types.models import MAX_LIMIT, MAX_RATE, MIN_RATE
 
 if TYPE_CHECKING:  # app imports this module while it is being built
     from app import Services
@@ -104,6 +106,78 @@ def keys_revoke(name: str) -> None:
     click.echo(f"revoked {name!r}")
 
 
+types_group = AppGroup("types", help="Read and change job types' flow control.")
+
+
+def _limit_text(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+@types_group.command("list")
+def types_list() -> None:
+    """Each configured type: paused, limits, counts, oldest claimable age, last claim."""
+    from app.clock import to_rfc3339
+
+    click.echo(f"{'type':<20} {'paused':<7} {'max_run':<8} {'per_key':<8} {'rate/s':<9} "
+               f"{'burst':<6} {'pending':>8} {'running':>8} {'oldest_s':>9}  last_claim_at")
+    for view in _services().types.list_types():
+        s, c = view.settings, view.counts
+        oldest = ("-" if view.oldest_claimable_age_seconds is None
+                  else f"{view.oldest_claimable_age_seconds:.1f}")
+        click.echo(f"{s.type:<20} {'yes' if s.paused else 'no':<7} "
+                   f"{_limit_text(s.max_running):<8} {_limit_text(s.max_running_per_key):<8} "
+                   f"{_limit_text(s.rate_per_second):<9} {s.effective_burst:<6} "
+                   f"{c.pending:>8} {c.running:>8} {oldest:>9}  "
+                   f"{to_rfc3339(s.last_claim_at) or '-'}")
+
+
+_LIMIT = click.IntRange(1, MAX_LIMIT)
+
+
+@types_group.command("set")
+@click.argument("job_type")
+@click.option("--paused/--resume", default=None, help="stop or resume claims of the type")
+@click.option("--max-running", type=_LIMIT, help="running jobs of the type at most")
+@click.option("--max-running-per-key", type=_LIMIT,
+              help="running jobs per concurrency_key at most")
+@click.option("--rate", type=click.FloatRange(MIN_RATE, MAX_RATE),
+              help="claims per second (token bucket)")
+@click.option("--burst", type=_LIMIT, help="tokens the bucket holds at most")
+@click.option("--clear-max-running", is_flag=True, help="remove the running cap")
+@click.option("--clear-max-running-per-key", is_flag=True, help="remove the per-key cap")
+@click.option("--clear-rate", is_flag=True, help="remove the rate")
+@click.option("--clear-burst", is_flag=True, help="burst back to ceil(rate)")
+def types_set(job_type: str, paused: bool | None, max_running: int | None,
+              max_running_per_key: int | None, rate: float | None, burst: int | None,
+              clear_max_running: bool, clear_max_running_per_key: bool, clear_rate: bool,
+              clear_burst: bool) -> None:
+    """Change a type's settings (the others stay); the next claim applies them."""
+    patch: dict[str, object] = {}
+    for name, value, clear in (("max_running", max_running, clear_max_running),
+                               ("max_running_per_key", max_running_per_key,
+                                clear_max_running_per_key),
+                               ("rate_per_second", rate, clear_rate),
+                               ("burst", burst, clear_burst)):
+        if value is not None and clear:
+            raise click.UsageError(f"give a value for {name} or clear it, not both")
+        if value is not None or clear:
+            patch[name] = value
+    if paused is not None:
+        patch["paused"] = paused
+    if not patch:
+        raise click.UsageError("nothing to change; see --help")
+    try:
+        view = _services().types.update_type(job_type, patch)
+    except NotFound:
+        raise click.ClickException(
+            f"{job_type!r} is not a configured job type (QUEUELOG_JOB_TYPES)") from None
+    s = view.settings
+    click.echo(f"{s.type}: paused={'yes' if s.paused else 'no'} "
+               f"max_running={_limit_text(s.max_running)} "
+               f"max_running_per_key={_limit_text(s.max_running_per_key)} "
+               f"rate_per_second={_limit_text(s.rate_per_second)} burst={s.effective_burst}")
+
+
 @click.command("purge")
 @click.option("--older-than", "older_than", required=True,
               help="age since the last change, <n>[smhdw], e.g. 30d")
@@ -171,6 +245,7 @@ def worker(args: tuple[str, ...]) -> None:
 def register_commands(app: Flask) -> None:
     app.cli.add_command(db_group)
     app.cli.add_command(keys_group)
+    app.cli.add_command(types_group)
     app.cli.add_command(purge)
     app.cli.add_command(copy)
     app.cli.add_command(backup)

@@ -85,6 +85,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("MAX_WAITING_CLAIMS", 8, _int_in(0, 10_000),
             "long-polling claims a process lets wait at once; keep it below GUNICORN_THREADS "
             "so that waiting claims never take every thread"),
+    Setting("TYPE_COUNTS_MAX_AGE_SECONDS", 10.0, _float_in(0, 3600),
+            "GET /types may show completed/failed/cancelled counts this old (counted again "
+            "in the background); 0 counts on every request"),
     Setting("SQLITE_SYNCHRONOUS", "FULL", _sqlite_synchronous,
             "SQLite synchronous pragma; FULL means a 201 is on disk"),
     Setting("SQLITE_BUSY_TIMEOUT_MS", 30_000, _int_in(0, 600_000),

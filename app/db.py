@@ -19,9 +19,11 @@ from urllib.parse import quote
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Connection,
     Engine,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -78,6 +80,9 @@ jobs = Table(
     Column("error", Text, nullable=True),
     Column("created_at", Micros, nullable=False),
     Column("updated_at", Micros, nullable=False),
+    # Appended by migration 0005 (flow control): columns are added at the end of the table,
+    # and the Job record keeps this order.
+    Column("concurrency_key", String(255), nullable=True),
     # SQLite: never reuse an id, not even after the newest jobs are purged (the highest id
     # ever given is kept in sqlite_sequence). PostgreSQL's sequence never goes back anyway.
     sqlite_autoincrement=True,
@@ -102,11 +107,17 @@ Index(
     postgresql_where=text("status = 'pending'"),
 )
 # The same order within each type, for claims limited to some types (workers whose keys
-# list types): without it such a claim walks past every pending job of the other types.
+# list types, and every claim while flow control holds a type back): without it such a claim
+# walks past every pending job of the other types. run_at comes last (migration 0005): the
+# claim checks it without reading the row, and GET /types counts each type's pending and
+# scheduled jobs and finds its oldest claimable one from this index alone. (A separate
+# (type, run_at) index would not do: without statistics SQLite's planner prefers it for the
+# claim, whose type = ? AND run_at <= ? it matches better, and then sorts every due row.)
 Index(
     "ix_jobs_claim_order_by_type",
     jobs.c.type,
     *claim_order_columns(jobs),
+    jobs.c.run_at,
     sqlite_where=text("status = 'pending'"),
     postgresql_where=text("status = 'pending'"),
 )
@@ -117,6 +128,27 @@ Index(
     sqlite_where=text("status = 'running'"),
     postgresql_where=text("status = 'running'"),
 )
+# Flow control counts the running jobs of a type, and of each (type, concurrency_key), inside
+# every claim of a limited type: through this index the count costs as many entries as jobs
+# run (bounded by the workers), never the stored ones.
+Index(
+    "ix_jobs_running_type_key",
+    jobs.c.type,
+    jobs.c.concurrency_key,
+    sqlite_where=text("status = 'running'"),
+    postgresql_where=text("status = 'running'"),
+)
+# GET /types counts the finished jobs of each type from this index alone (a full scan of the
+# table takes seconds at a million rows). Its literal statuses keep it out of every other
+# query: the listings bind their status as a parameter, which the planners cannot match to a
+# partial index.
+Index(
+    "ix_jobs_finished_type_status",
+    jobs.c.type,
+    jobs.c.status,
+    sqlite_where=text("status IN ('completed', 'failed', 'cancelled')"),
+    postgresql_where=text("status IN ('completed', 'failed', 'cancelled')"),
+)
 # The idempotency guard: one job per (producer, key); NULL keys never collide.
 Index("uq_jobs_producer_idempotency_key", jobs.c.producer, jobs.c.idempotency_key, unique=True)
 # Listing a producer's or a worker's own jobs. There is deliberately no index on status
@@ -124,6 +156,24 @@ Index("uq_jobs_producer_idempotency_key", jobs.c.producer, jobs.c.idempotency_ke
 # and then sorts every pending row, where the partial index above needs no sort at all.
 Index("ix_jobs_producer_id", jobs.c.producer, jobs.c.id)
 Index("ix_jobs_worker_id_id", jobs.c.worker_id, jobs.c.id)
+
+# One row per job type whose settings were ever changed (a type without a row has the
+# defaults: not paused, no limits). The token bucket's state lives on the row, so that every
+# claim of a rate-limited type reads and spends it under the row's lock.
+job_types = Table(
+    "job_types",
+    metadata,
+    Column("type", String(100), primary_key=True),
+    Column("paused", Boolean, nullable=False),
+    Column("max_running", Integer, nullable=True),
+    Column("max_running_per_key", Integer, nullable=True),
+    Column("rate_per_second", Float, nullable=True),
+    Column("burst", Integer, nullable=True),  # NULL: ceil(rate_per_second), at least 1
+    Column("tokens", Float, nullable=True),  # the bucket as of tokens_at
+    Column("tokens_at", Micros, nullable=True),
+    Column("last_claim_at", Micros, nullable=True),
+    Column("updated_at", Micros, nullable=False),
+)
 
 # No AUTOINCREMENT here: a key's row is never deleted (revocation keeps it, so that its name
 # is never reused), hence its id is never freed; and the id is shown nowhere.

@@ -12,7 +12,16 @@ from alembic import command
 from sqlalchemy import text
 
 from app.db import Database, make_engine
-from app.jobs.repository import _candidates_one_type, _claim_any_type, _due_probe_one_type
+from app.jobs.repository import (
+    _candidates_one_type,
+    _candidates_one_type_by_key,
+    _claim_any_type,
+    _count_finished,
+    _count_running,
+    _due_probe_one_type,
+    _due_probe_one_type_by_key,
+    _pending_summary,
+)
 from app.migrations import alembic_config, current_revision, head_revision, upgrade
 
 
@@ -122,17 +131,18 @@ def test_in_memory_sqlite_is_refused():
 def _sqlite_plan(template: str, stmt: Any, params: dict[str, Any]) -> list[str]:
     database = Database(make_engine(f"sqlite:///{template}"))
     compiled = stmt.compile(dialect=database.engine.dialect)
+    # Expanded with the values, so that an expanding IN renders as its list of parameters.
+    expanded = compiled.construct_expanded_state(
+        {name: value for name, value in params.items() if name in compiled.binds})
     with database.read() as conn:
-        plan = conn.exec_driver_sql(
-            "EXPLAIN QUERY PLAN " + str(compiled),
-            tuple(compiled.construct_params(params).get(name) for name in compiled.positiontup),
-        ).all()
+        plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + expanded.statement,
+                                    tuple(expanded.positional_parameters)).all()
     database.engine.dispose()
     return [row[-1] for row in plan]
 
 
 CLAIM_PARAMS = {"now": 0, "worker": "w", "lease_expires_at": 0, "nonce": "n", "limit": 1,
-                "type": "email"}
+                "type": "email", "full_keys": ["customer-1"]}
 
 
 def test_sqlite_claim_reads_the_partial_claim_order_index(sqlite_template):
@@ -141,11 +151,26 @@ def test_sqlite_claim_reads_the_partial_claim_order_index(sqlite_template):
     assert not any("TEMP B-TREE" in step for step in plan)  # no sort: already in claim order
 
 
-@pytest.mark.parametrize("stmt", [_candidates_one_type, _due_probe_one_type])
+@pytest.mark.parametrize("stmt", [_candidates_one_type, _due_probe_one_type,
+                                  _candidates_one_type_by_key, _due_probe_one_type_by_key])
 def test_sqlite_claims_of_one_type_read_that_types_part_of_the_index(sqlite_template, stmt):
     plan = _sqlite_plan(sqlite_template, stmt, CLAIM_PARAMS)
-    assert any("USING INDEX ix_jobs_claim_order_by_type (type=?)" in step for step in plan), plan
+    assert any("USING INDEX ix_jobs_claim_order_by_type (type=?)" in step
+               or "USING COVERING INDEX ix_jobs_claim_order_by_type (type=?)" in step
+               for step in plan), plan
     assert not any("TEMP B-TREE" in step for step in plan)
+
+
+@pytest.mark.parametrize("stmt,index", [
+    (_pending_summary, "ix_jobs_claim_order_by_type (type=?)"),
+    (_count_running, "ix_jobs_running_type_key"),
+    (_count_finished, "COVERING INDEX ix_jobs_finished_type_status"),
+])
+def test_sqlite_type_counts_read_partial_indexes_never_the_table(sqlite_template, stmt, index):
+    # GET /types and the per-type gauges, beside a million finished jobs.
+    plan = _sqlite_plan(sqlite_template, stmt, CLAIM_PARAMS)
+    assert any(index in step for step in plan), plan
+    assert not any(step.startswith("SCAN jobs") and "INDEX" not in step for step in plan)
 
 
 def test_migrated_schema_equals_the_code_tables(empty_db_url):
@@ -164,7 +189,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
             if database.dialect == "sqlite" else
             "SELECT tablename FROM pg_tables WHERE schemaname='public'"))}
     database.engine.dispose()
-    assert {"jobs", "api_keys", "alembic_version"} <= tables
+    assert {"jobs", "api_keys", "job_types", "alembic_version"} <= tables
 
 
 def test_migrations_run_down_and_up_again(empty_db_url):

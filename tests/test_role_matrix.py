@@ -37,6 +37,9 @@ ROUTES = {
     "claim-many": Route("POST", "/jobs/claim-many", "pending", {"max_jobs": 5}),
     "complete-many": Route("POST", "/jobs/complete-many", "running",
                            {"items": [{"id": "{id}", "result": {"ok": True}}]}),
+    "types": Route("GET", "/types", "pending", None),
+    "type": Route("GET", "/types/pdf", "pending", None),
+    "type-patch": Route("PATCH", "/types/pdf", "pending", {"max_running": 5}),
 }
 
 # route -> role -> (status, the job's status afterwards, as an admin sees it)
@@ -65,6 +68,12 @@ EXPECTED: dict[str, dict[str, tuple[int, str]]] = {
                    "admin": (403, "pending")},
     "complete-many": {"producer": (403, "running"), "worker": (200, "completed"),
                       "admin": (403, "running")},
+    "types": {"producer": (403, "pending"), "worker": (403, "pending"),
+              "admin": (200, "pending")},
+    "type": {"producer": (403, "pending"), "worker": (403, "pending"),
+             "admin": (200, "pending")},
+    "type-patch": {"producer": (403, "pending"), "worker": (403, "pending"),
+                   "admin": (200, "pending")},
 }
 
 
@@ -120,6 +129,8 @@ def test_each_role_gets_the_contracts_answer_on_each_route(
         # A refused request leaves the job exactly as it was, and creates none.
         assert api.get(admin, job_id).json == before
         assert [job["id"] for job in api.list(admin).json["jobs"]] == [job_id]
+        # … and the type's settings as they were.
+        assert client.get("/types/pdf", headers=admin.headers).json["max_running"] is None
         return
 
     after = api.get(admin, job_id).json
@@ -139,6 +150,11 @@ def test_each_role_gets_the_contracts_answer_on_each_route(
     elif route_name == "complete-many":
         assert body["results"][0]["status"] == 200
         assert body["results"][0]["job"]["result"] == {"ok": True}
+    elif route_name == "types":
+        assert [t["type"] for t in body["types"]] == ["email", "pdf", "sync"]
+    elif route_name in ("type", "type-patch"):
+        assert body["type"] == "pdf" and body["counts"]["pending"] == 1
+        assert body["max_running"] == (5 if route_name == "type-patch" else None)
     elif route_name == "list":
         assert [job["id"] for job in body["jobs"]] == [job_id]
         assert body["next_cursor"] is None

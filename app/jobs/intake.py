@@ -92,10 +92,11 @@ def new_job_values(rules: IntakeRules, caller: Caller, request: dict[str, Any],
         run_at = now + request["delay_seconds"] * MICROS
         schedule = ["delay_seconds", request["delay_seconds"]]
 
+    concurrency_key = request.get("concurrency_key")
     fingerprint = None
     if idempotency_key is not None:
         fingerprint = request_fingerprint(job_type, request["payload"], priority,
-                                          request["max_retries"], schedule)
+                                          request["max_retries"], schedule, concurrency_key)
 
     return {
         "type": job_type,
@@ -116,15 +117,21 @@ def new_job_values(rules: IntakeRules, caller: Caller, request: dict[str, Any],
         "error": None,
         "created_at": now,
         "updated_at": now,
+        "concurrency_key": concurrency_key,
     }
 
 
 def request_fingerprint(job_type: str, payload: dict[str, Any], priority: int,
-                        max_retries: int, schedule: list[Any] | None) -> str:
+                        max_retries: int, schedule: list[Any] | None,
+                        concurrency_key: str | None = None) -> str:
     """What makes two requests "the same request": type, canonical payload (keys sorted,
-    compact), effective priority, max_retries and the schedule as sent."""
-    canonical = json.dumps([job_type, payload, int(priority), max_retries, schedule],
-                           sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    compact), effective priority, max_retries, the schedule as sent, and the concurrency key.
+    A request without a concurrency key fingerprints as it did before the field existed, so
+    replays of jobs stored earlier are still recognised."""
+    fields: list[Any] = [job_type, payload, int(priority), max_retries, schedule]
+    if concurrency_key is not None:
+        fields.append(["concurrency_key", concurrency_key])
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 

@@ -87,6 +87,7 @@ class Job:
     error: str | None
     created_at: int
     updated_at: int
+    concurrency_key: str | None = None  # flow control's per-key cap (app/types)
 
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""

@@ -14,13 +14,16 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Row,
     String,
     bindparam,
+    case,
     cast,
     delete,
     func,
     insert,
     literal_column,
+    or_,
     select,
     text,
     update,
@@ -30,6 +33,7 @@ from sqlalchemy.exc import DBAPIError
 
 from app.db import claim_order_columns, jobs
 from app.jobs.models import Job, JobStatus, Transition, claim_order_key
+from app.types.models import ClaimGate
 
 
 def _status_is(*statuses: JobStatus) -> Any:
@@ -41,6 +45,11 @@ def _status_is(*statuses: JobStatus) -> Any:
 _CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
 _RESCUABLE_ROW = _status_is(*Transition.RESCUE.from_statuses)
 _CLAIM_ORDER = claim_order_columns(jobs)
+_PENDING = literal_column("'pending'")
+_RUNNING = literal_column("'running'")
+# In the order of the partial index's own IN list, which is what the planners match.
+_FINISHED = [literal_column(f"'{status.value}'") for status in
+             (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)]
 
 _select_by_id = select(jobs).where(jobs.c.id == bindparam("job_id"))
 _select_by_id_for_update = _select_by_id.with_for_update()
@@ -77,6 +86,53 @@ _candidates_one_type = (
     _pending_due(restricted_to_one_type=True)
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
+)
+
+# Candidates of one type under a per-key cap: keys already at their cap are left out here, so
+# a claim of one job always finds the first allowed one; a claim of several may still meet a
+# key twice and pass over its second job (ClaimGate.pick).
+_not_a_full_key = or_(jobs.c.concurrency_key.is_(None),
+                      jobs.c.concurrency_key.not_in(bindparam("full_keys", expanding=True)))
+_candidates_one_type_by_key = (
+    select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
+    .where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"),
+           jobs.c.type == bindparam("type"), _not_a_full_key)
+    .order_by(*_CLAIM_ORDER)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+_due_probe_one_type_by_key = (
+    select(jobs.c.id)
+    .where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"),
+           jobs.c.type == bindparam("type"), _not_a_full_key)
+    .order_by(*_CLAIM_ORDER)
+    .limit(1)
+)
+# A claim-many under per-key caps reads further down a type's claim order while the keys it
+# meets are full, up to this many candidates, so that one busy key cannot make it scan the
+# whole backlog.
+MAX_GATED_CANDIDATES = 1024
+
+# Counted through the partial index of running rows by (type, concurrency_key). Every type
+# at once: the running rows are as many as the workers hold, and a statement without an
+# expanding IN is compiled once and served from the cache on every claim.
+_count_running = (
+    select(jobs.c.type, jobs.c.concurrency_key, func.count())
+    .where(jobs.c.status == _RUNNING)
+    .group_by(jobs.c.type, jobs.c.concurrency_key)
+)
+# One type's pending jobs, its scheduled ones and its oldest due run_at, from the per-type
+# claim-order index alone (run_at is its last column).
+_pending_summary = (
+    select(func.count(),
+           func.coalesce(func.sum(case((jobs.c.run_at > bindparam("now"), 1), else_=0)), 0),
+           func.min(case((jobs.c.run_at <= bindparam("now"), jobs.c.run_at))))
+    .where(jobs.c.status == _PENDING, jobs.c.type == bindparam("type"))
+)
+_count_finished = (
+    select(jobs.c.type, jobs.c.status, func.count())
+    .where(jobs.c.status.in_(_FINISHED))
+    .group_by(jobs.c.type, jobs.c.status)
 )
 
 _CLAIMED_VALUES = Transition.CLAIM.values(
@@ -259,17 +315,53 @@ class JobRepository:
         # Every row found has a key: it was found by its key.
         return {job.idempotency_key or "": job for job in map(_job, self.conn.execute(stmt))}
 
-    def has_claimable_work(self, now_us: int, types: Collection[str] | None) -> bool:
+    def has_claimable_work(self, now_us: int, types: Collection[str] | None,
+                           gate: ClaimGate | None = None) -> bool:
         """True when a claim now could find a job: a due pending one, or an expired lease.
-        Index probes only; cheap enough to poll while claims wait."""
+        Index probes only; cheap enough to poll while claims wait. Under a `gate` (with
+        `types` then the types it lets through) only work the gate allows counts: a waiting
+        claim must not wake for jobs it may not take."""
         if self.conn.execute(_expired_lease_probe, {"now": now_us}).first() is not None:
             return True
         if types is None:
             return self.conn.execute(_due_probe_any_type, {"now": now_us}).first() is not None
-        return any(
-            self.conn.execute(_due_probe_one_type, {"now": now_us, "type": job_type}).first()
-            is not None
-            for job_type in sorted(types))
+        for job_type in sorted(types):
+            full_keys = gate.full_keys(job_type) if gate is not None else []
+            stmt, params = _due_probe_one_type, {"now": now_us, "type": job_type}
+            if full_keys:
+                stmt, params = _due_probe_one_type_by_key, {**params, "full_keys": full_keys}
+            if self.conn.execute(stmt, params).first() is not None:
+                return True
+        return False
+
+    def has_due_work_of(self, job_type: str, now_us: int,
+                        concurrency_keys: Collection[str] | None = None) -> bool:
+        """True when a job of this type (and, when given, of one of these keys) is due."""
+        if concurrency_keys is None:
+            return self.conn.execute(
+                _due_probe_one_type, {"now": now_us, "type": job_type}).first() is not None
+        stmt = (select(jobs.c.id)
+                .where(jobs.c.status == _PENDING, jobs.c.run_at <= now_us,
+                       jobs.c.type == job_type,
+                       jobs.c.concurrency_key.in_(sorted(concurrency_keys)))
+                .limit(1))
+        return self.conn.execute(stmt).first() is not None
+
+    def count_running(self) -> dict[tuple[str, str | None], int]:
+        """Running jobs by (type, concurrency_key)."""
+        return {(job_type, key): count
+                for job_type, key, count in self.conn.execute(_count_running)}
+
+    def pending_summary(self, job_type: str, now_us: int) -> tuple[int, int, int | None]:
+        """(pending, scheduled: the part of them not due yet, the oldest due run_at or None)."""
+        pending, scheduled, oldest = self.conn.execute(
+            _pending_summary, {"type": job_type, "now": now_us}).one()
+        return int(pending), int(scheduled), oldest
+
+    def count_finished(self) -> dict[tuple[str, str], int]:
+        """Completed, failed and cancelled jobs by (type, status), from their partial index."""
+        return {(job_type, status): count
+                for job_type, status, count in self.conn.execute(_count_finished)}
 
     def find_expired_leases(self, now_us: int, limit: int) -> list[Job]:
         """Running jobs whose lease ran out, oldest expiry first (locked on PostgreSQL)."""
@@ -293,11 +385,14 @@ class JobRepository:
     # -- changing -------------------------------------------------------------------------
 
     def claim_next_jobs(self, *, now_us: int, worker: str, lease_expires_at: int, nonce: str,
-                        limit: int, types: Collection[str] | None) -> list[Job]:
+                        limit: int, types: Collection[str] | None,
+                        gate: ClaimGate | None = None) -> list[Job]:
         """Mark up to `limit` claimable jobs running for `worker`, returned in claim order.
 
-        `types=None` means any type. Must run in a write transaction (BEGIN IMMEDIATE on
-        SQLite), which makes the read of the candidates and their update one step.
+        `types=None` means any type. Under a `gate` that restricts this claim, `types` are
+        the types it lets through, and each type's candidates are chosen within the gate's
+        budget and key caps. Must run in a write transaction (BEGIN IMMEDIATE on SQLite),
+        which makes the read of the candidates and their update one step.
         """
         params: dict[str, Any] = {
             "now": now_us, "worker": worker, "lease_expires_at": lease_expires_at,
@@ -311,7 +406,7 @@ class JobRepository:
             # those types to sort them.
             candidates = [
                 row for job_type in sorted(types)
-                for row in self.conn.execute(_candidates_one_type, {**params, "type": job_type})
+                for row in self._candidates_of(job_type, params, gate)
             ]
             candidates.sort(key=claim_order_key)
             chosen = [row.id for row in candidates[:limit]]
@@ -322,6 +417,27 @@ class JobRepository:
         # RETURNING gives no order; hand the jobs out in claim order.
         claimed.sort(key=claim_order_key)
         return claimed
+
+    def _candidates_of(self, job_type: str, params: dict[str, Any],
+                       gate: ClaimGate | None) -> list[Row[Any]]:
+        """One type's candidates in claim order, within the gate's budget and key caps."""
+        if gate is None:
+            return list(self.conn.execute(_candidates_one_type, {**params, "type": job_type}))
+        budget = gate.budget(job_type, params["limit"])
+        if budget <= 0:
+            return []
+        full_keys = gate.full_keys(job_type)
+        if job_type not in gate.key_caps:
+            return list(self.conn.execute(
+                _candidates_one_type, {**params, "type": job_type, "limit": budget}))
+        fetch = budget
+        while True:
+            rows = list(self.conn.execute(_candidates_one_type_by_key, {
+                **params, "type": job_type, "limit": fetch, "full_keys": full_keys}))
+            chosen = gate.pick(job_type, rows, budget)
+            if len(chosen) >= budget or len(rows) < fetch or fetch >= MAX_GATED_CANDIDATES:
+                return chosen
+            fetch = min(fetch * 4, MAX_GATED_CANDIDATES)
 
     def apply_transition(self, transition: Transition, job_id: int,
                          values: Mapping[str, Any], *, lease_token: str | None = None,

@@ -144,6 +144,10 @@ class EnqueueSchema(StrictSchema):
     delay_seconds = StrictInteger(load_default=None,
                                   validate=validate.Range(0, MAX_DELAY_SECONDS))
     idempotency_key = idempotency_key_field(load_default=None)
+    concurrency_key = fields.String(
+        load_default=None, validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII],
+        metadata={"description": "With the type's max_running_per_key set, at most that many "
+                                 "jobs of one (type, concurrency_key) run at once."})
 
     # For /openapi.json: the rule _one_schedule enforces, said in JSON Schema, and a whole
     # example (field examples would be combined into a body that breaks that rule).
@@ -234,6 +238,7 @@ class JobSchema(Schema):
     retry_count = fields.Integer(required=True)
     max_retries = fields.Integer(required=True)
     idempotency_key = fields.String(required=True, allow_none=True)
+    concurrency_key = fields.String(required=True, allow_none=True)
     run_at = fields.String(required=True, metadata={"format": "date-time"})
     claimed_at = fields.String(required=True, allow_none=True, metadata={"format": "date-time"})
     worker_id = fields.String(required=True, allow_none=True)
@@ -285,6 +290,7 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None) -> 
         "retry_count": job.retry_count,
         "max_retries": job.max_retries,
         "idempotency_key": job.idempotency_key,
+        "concurrency_key": job.concurrency_key,
         "run_at": to_rfc3339(job.run_at),
         "claimed_at": to_rfc3339(job.claimed_at),
         "worker_id": job.worker_id,

@@ -34,6 +34,7 @@ from app.jobs.repository import JobRepository, WriteConflict
 from app.jobs.waiting import POLL_SECONDS, JobSignal
 from app.keys.models import Caller, Role
 from app.redaction import redact_error
+from app.types.service import FlowControl
 
 # Expired leases rescued by one claim at most, so one claim's transaction stays short.
 RESCUE_BATCH = 100
@@ -78,8 +79,11 @@ def _ignore_event(_name: str, _count: int) -> None:
 class JobService:
     def __init__(self, db: Database, clock: Clock, settings: QueueSettings,
                  rng: random.Random | None = None, on_event: EventSink = _ignore_event,
-                 confirm_caller: CallerCheck = _trust_caller) -> None:
+                 confirm_caller: CallerCheck = _trust_caller,
+                 flow: FlowControl | None = None) -> None:
         self.db = db
+        # None: no flow control at all (services built without the type settings).
+        self.flow = flow
         self.on_event = on_event
         self.confirm_caller = confirm_caller
         self.clock = clock
@@ -252,18 +256,30 @@ class JobService:
         # confirms the key again rather than trusting an earlier check.
         caller.live_checked = False
 
+        flow = self.flow
+
         def claim_in(conn: Connection, events: Events) -> list[Job]:
             repo = self._repo(conn, caller)
             now = self.clock.now_us()
             self._rescue_expired_leases(repo, now, events)
+            # None: no limit concerns this claim, which then runs as without flow control.
+            gate = None if flow is None else flow.gate(conn, wanted, now)
+            types, claim_gate = wanted, None
+            if flow is not None and gate is not None and gate.restricts(limit):
+                types, claim_gate = flow.allowed_types(gate, wanted), gate
             jobs = repo.claim_next_jobs(
                 now_us=now, worker=caller.name, lease_expires_at=now + lease_us,
-                nonce=nonce, limit=limit, types=wanted,
+                nonce=nonce, limit=limit, types=types, gate=claim_gate,
             )
+            if flow is not None and gate is not None:
+                flow.spend(conn, gate, jobs)
             self._made(repo, Transition.CLAIM, jobs, events)
             return jobs
 
-        return [Claimed(job, job.lease_token or "") for job in self._write(claim_in)]
+        jobs = self._write(claim_in)
+        if jobs and flow is not None:
+            flow.note_claimed(jobs)
+        return [Claimed(job, job.lease_token or "") for job in jobs]
 
     def _wait_for_work(self, wanted: frozenset[str] | None, seen_generation: int,
                        deadline: float) -> bool:
@@ -272,9 +288,20 @@ class JobService:
             if self.signal.wait(seen_generation, timeout=min(POLL_SECONDS, remaining)):
                 return True
             with self.db.read() as conn:
-                if JobRepository(conn).has_claimable_work(self.clock.now_us(), wanted):
+                if self._may_claim_now(conn, wanted):
                     return True
         return False
+
+    def _may_claim_now(self, conn: Connection, wanted: frozenset[str] | None) -> bool:
+        """The waiting claim's peek: is there work this claim could take now, flow control
+        included (a paused or full type's backlog must not wake it again and again)?"""
+        now = self.clock.now_us()
+        gate = None if self.flow is None else self.flow.gate(conn, wanted, now,
+                                                              for_claim=False)
+        types = wanted
+        if gate is not None and self.flow is not None:
+            types = self.flow.allowed_types(gate, wanted)
+        return JobRepository(conn).has_claimable_work(now, types, gate)
 
     @staticmethod
     def _claimable_types(caller: Caller, requested: Iterable[str] | None) -> frozenset[str] | None:

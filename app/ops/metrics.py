@@ -66,6 +66,12 @@ class QueueMetrics:
             event: Counter(f"queuelog_jobs_{event}", help_text, registry=owner)
             for event, help_text in JOB_EVENTS.items()
         }
+        self._flow_skips = Counter(
+            "queuelog_flow_skipped_claims",
+            "Claims that passed over due jobs of a type (or of a concurrency key) held back "
+            "by its flow control, by type and reason (paused, max_running, rate, "
+            "max_running_per_key).",
+            ("type", "reason"), registry=owner)
         self._request_duration = Histogram(
             "queuelog_http_request_duration_seconds",
             "Time the app took to answer a request, by method, route (the URL rule, not the "
@@ -86,6 +92,11 @@ class QueueMetrics:
         # does not know yet must not turn its answer into an error.
         if counter is not None and count > 0:
             counter.inc(count)
+
+    def count_flow_skip(self, job_type: str, reason: str) -> None:
+        """Flow control's skip sink. Types are the configured ones, reasons four constants:
+        the label values are bounded."""
+        self._flow_skips.labels(job_type, reason).inc()
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         if method not in KNOWN_METHODS:
@@ -154,15 +165,28 @@ class QueueGauges(Collector):
             "queuelog_oldest_claimable_job_age_seconds",
             "How long the oldest claimable job (pending, run_at reached) has been claimable; "
             "0 when none is.")
+        yield GaugeMetricFamily("queuelog_type_pending_jobs",
+                                "Pending jobs of each configured type (scheduled included).",
+                                labels=("type",))
+        yield GaugeMetricFamily("queuelog_type_running_jobs",
+                                "Running jobs of each configured type.", labels=("type",))
+        yield GaugeMetricFamily(
+            "queuelog_type_oldest_claimable_age_seconds",
+            "How long each type's oldest claimable job has been claimable; 0 when none is.",
+            labels=("type",))
 
     def collect(self) -> Iterable[Metric]:
-        up, jobs, oldest_age = self._families()
+        up, jobs, oldest_age, type_pending, type_running, type_oldest = self._families()
+        configured = sorted(self.job_types)
         try:
             with self.db.read() as conn:
                 repo = JobRepository(conn)
                 counts = repo.count_jobs_by_status_and_type()
                 now = self.clock.now_us()
                 oldest_run_at = repo.oldest_claimable_run_at(now)
+                # Index reads only (pending and running rows), per configured type.
+                summaries = {t: repo.pending_summary(t, now) for t in configured}
+                running = repo.count_running()
         except SQLAlchemyError as exc:
             log.warning("metrics: the database did not answer: %s", type(exc).__name__)
             up.add_metric([], 0)
@@ -176,7 +200,14 @@ class QueueGauges(Collector):
                 jobs.add_metric([status.value, job_type], counts.get((status.value, job_type), 0))
         age = 0.0 if oldest_run_at is None else max(0.0, (now - oldest_run_at) / MICROS)
         oldest_age.add_metric([], age)
-        return [up, jobs, oldest_age]
+        for job_type in configured:
+            pending, _scheduled, oldest = summaries[job_type]
+            type_pending.add_metric([job_type], pending)
+            type_running.add_metric([job_type], sum(
+                n for (t, _key), n in running.items() if t == job_type))
+            type_oldest.add_metric([job_type], 0.0 if oldest is None
+                                   else max(0.0, (now - oldest) / MICROS))
+        return [up, jobs, oldest_age, type_pending, type_running, type_oldest]
 
 
 bp = Blueprint("metrics", __name__)

@@ -19,6 +19,7 @@ SCRIPTS = {
     "http_batch": ("== HTTP, batches and long polling", "jobs per request"),
     "peers": ("== Peers:", "dequeue + ack jobs/s"),
     "memory": ("== Memory: one gunicorn worker", "peak (VmHWM) after"),
+    "flow": ("== Flow control: limited claims and GET /types", "limits configured, not reached"),
 }
 
 

@@ -30,6 +30,7 @@ def test_enqueue_answers_201_with_the_job_and_its_location(api, producer, clock)
         "retry_count": 0,
         "max_retries": 3,
         "idempotency_key": None,
+        "concurrency_key": None,
         "run_at": to_rfc3339(clock.now_us()),
         "claimed_at": None,
         "worker_id": None,

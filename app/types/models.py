@@ -1,0 +1,211 @@
+"""A job type's settings and the flow-control rules a claim applies, free of HTTP and SQL.
+
+A claim of limited types reads the settings and the running counts in its own transaction
+(under the settings rows' locks on PostgreSQL, under BEGIN IMMEDIATE on SQLite), and
+`ClaimGate.for_claim` turns them into what the claim may take: the types it must pass over,
+how many jobs of each limited type it may start, and which concurrency keys are full.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.clock import MICROS
+
+MAX_LIMIT = 100_000
+MIN_RATE = 0.001
+MAX_RATE = 100_000.0
+
+
+@dataclass(frozen=True)
+class TypeSettings:
+    """One row of job_types; a type never changed has `defaults(type)`. Times in µs."""
+
+    type: str
+    paused: bool = False
+    max_running: int | None = None
+    max_running_per_key: int | None = None
+    rate_per_second: float | None = None
+    burst: int | None = None  # None: ceil(rate_per_second), at least 1
+    tokens: float | None = None  # the token bucket as of tokens_at
+    tokens_at: int | None = None
+    last_claim_at: int | None = None
+    updated_at: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> TypeSettings:
+        return cls(**row)
+
+    @property
+    def effective_burst(self) -> int:
+        if self.burst is not None:
+            return self.burst
+        if self.rate_per_second is None:
+            return 1
+        return max(1, math.ceil(self.rate_per_second))
+
+    @property
+    def counts_running(self) -> bool:
+        """Its claims must be serialised and count what runs: a cap or a rate is set."""
+        return (self.max_running is not None or self.max_running_per_key is not None
+                or self.rate_per_second is not None)
+
+    @property
+    def is_limited(self) -> bool:
+        return self.paused or self.counts_running
+
+    def tokens_available(self, now_us: int) -> float:
+        """The bucket refilled up to now (rate set); a full bucket when it was never spent.
+        A clock that went back (another host's) refills nothing rather than draining."""
+        if self.rate_per_second is None:
+            return math.inf
+        burst = float(self.effective_burst)
+        if self.tokens is None or self.tokens_at is None:
+            return burst
+        elapsed = max(0, now_us - self.tokens_at) / MICROS
+        return min(burst, self.tokens + self.rate_per_second * elapsed)
+
+    def changed(self, now_us: int, patch: Mapping[str, Any]) -> TypeSettings:
+        """These settings with `patch` applied at `now_us`. A new rate or burst keeps the
+        tokens already in the bucket (at most the new burst); a first rate starts full."""
+        updated = replace(self, **patch, updated_at=now_us)
+        if "rate_per_second" in patch or "burst" in patch:
+            if updated.rate_per_second is None:
+                updated = replace(updated, tokens=None, tokens_at=None)
+            else:
+                held = (self.tokens_available(now_us) if self.rate_per_second is not None
+                        else math.inf)
+                updated = replace(updated, tokens=min(held, float(updated.effective_burst)),
+                                  tokens_at=max(now_us, self.tokens_at or now_us))
+        return updated
+
+    def values(self) -> dict[str, Any]:
+        """The row as stored."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def defaults(job_type: str) -> TypeSettings:
+    return TypeSettings(type=job_type)
+
+
+class SkipReason:
+    """Why a claim passed over a type or a key (the label of the skip counter)."""
+
+    PAUSED = "paused"
+    MAX_RUNNING = "max_running"
+    RATE = "rate"
+    KEY_MAX_RUNNING = "max_running_per_key"
+
+
+# (type, concurrency_key or None) -> jobs running
+RunningCounts = Mapping[tuple[str, str | None], int]
+
+
+@dataclass(frozen=True)
+class ClaimGate:
+    """What one claim may take under flow control.
+
+    `blocked` types are left out of the claim altogether (so their backlog costs it nothing);
+    each type in `budgets` may start at most that many jobs; in each type of `key_caps`, a
+    concurrency key may run at most its cap, and `key_running` holds what runs now.
+    """
+
+    blocked: Mapping[str, str] = field(default_factory=dict)
+    budgets: Mapping[str, int] = field(default_factory=dict)
+    key_caps: Mapping[str, int] = field(default_factory=dict)
+    key_running: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    tokens: Mapping[str, float] = field(default_factory=dict)  # rated types' buckets, now
+    # When each bucket was last filled: never earlier than a claim before this one had it
+    # (a claim that read the clock, then waited for the row's lock, must not be credited
+    # again with time its predecessor was already credited with).
+    bucket_at: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def for_claim(cls, settings: Iterable[TypeSettings], running: RunningCounts,
+                  now_us: int) -> ClaimGate:
+        blocked: dict[str, str] = {}
+        budgets: dict[str, int] = {}
+        key_caps: dict[str, int] = {}
+        key_running: dict[str, dict[str, int]] = {}
+        tokens_now: dict[str, float] = {}
+        bucket_at: dict[str, int] = {}
+        for s in settings:
+            if s.paused:
+                blocked[s.type] = SkipReason.PAUSED
+                continue
+            budget = math.inf
+            reason = ""
+            if s.max_running is not None:
+                total = sum(n for (t, _key), n in running.items() if t == s.type)
+                budget = max(0, s.max_running - total)
+                reason = SkipReason.MAX_RUNNING
+            if s.rate_per_second is not None:
+                tokens_now[s.type] = s.tokens_available(now_us)
+                bucket_at[s.type] = max(now_us, s.tokens_at or now_us)
+                # A hair of slack: a bucket refilled to 0.9999999 by float arithmetic is 1.
+                tokens = math.floor(tokens_now[s.type] + 1e-9)
+                if tokens < budget:
+                    budget, reason = max(0, tokens), SkipReason.RATE
+            if budget <= 0:
+                blocked[s.type] = reason
+                continue
+            if budget != math.inf:
+                budgets[s.type] = int(budget)
+            if s.max_running_per_key is not None:
+                key_caps[s.type] = s.max_running_per_key
+                key_running[s.type] = {key: n for (t, key), n in running.items()
+                                       if t == s.type and key is not None}
+        return cls(blocked, budgets, key_caps, key_running, tokens_now, bucket_at)
+
+    def full_keys(self, job_type: str) -> list[str]:
+        """The concurrency keys of `job_type` at their cap now."""
+        cap = self.key_caps.get(job_type)
+        if cap is None:
+            return []
+        return sorted(key for key, n in self.key_running.get(job_type, {}).items() if n >= cap)
+
+    def restricts(self, limit: int) -> bool:
+        """False when a claim of up to `limit` jobs in plain claim order cannot break any
+        limit: nothing blocked, every budget at least `limit`, and no key at its cap (nor,
+        for a claim of several, any key cap, since one claim may meet a key twice). The
+        claim then runs as it would without flow control, which keeps limits that are not
+        reached cheap."""
+        if self.blocked or any(budget < limit for budget in self.budgets.values()):
+            return True
+        if limit > 1:
+            return bool(self.key_caps)
+        return any(self.full_keys(job_type) for job_type in self.key_caps)
+
+    def pick(self, job_type: str, candidates: Iterable[Any], limit: int) -> list[Any]:
+        """The candidates of one type (rows with `concurrency_key`, in claim order) that the
+        claim may take: at most its budget, and no key beyond its cap."""
+        budget = min(limit, self.budgets.get(job_type, limit))
+        cap = self.key_caps.get(job_type)
+        running = dict(self.key_running.get(job_type, {}))
+        chosen: list[Any] = []
+        for row in candidates:
+            if len(chosen) >= budget:
+                break
+            key = row.concurrency_key if cap is not None else None
+            if cap is not None and key is not None:
+                if running.get(key, 0) >= cap:
+                    continue
+                running[key] = running.get(key, 0) + 1
+            chosen.append(row)
+        return chosen
+
+    def budget(self, job_type: str, limit: int) -> int:
+        return min(limit, self.budgets.get(job_type, limit))
+
+    def buckets_after(self, claimed_types: Iterable[str]) -> dict[str, tuple[float, int]]:
+        """(tokens, as of when) of each rated type's bucket once the claimed jobs (one type
+        per job) are paid for; only the types that claimed something."""
+        spent: dict[str, int] = {}
+        for job_type in claimed_types:
+            if job_type in self.tokens:
+                spent[job_type] = spent.get(job_type, 0) + 1
+        return {t: (max(0.0, self.tokens[t] - n), self.bucket_at[t]) for t, n in spent.items()}
+

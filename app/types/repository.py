@@ -1,0 +1,107 @@
+"""The only place job_types SQL lives. Every method runs on the connection it is given."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, or_, select, union_all, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from app.db import job_types
+from app.types.models import TypeSettings
+
+_counts_running = or_(
+    job_types.c.max_running.is_not(None),
+    job_types.c.max_running_per_key.is_not(None),
+    job_types.c.rate_per_second.is_not(None),
+)
+_select_limited = select(job_types).where(or_(job_types.c.paused.is_(True), _counts_running))
+
+
+@functools.cache
+def _lock_limited(of_some_types: bool) -> Any:
+    """One round trip for a PostgreSQL claim: the rows with a cap or a rate locked FOR UPDATE
+    in type order (so that claims never deadlock), and the rows only paused, read."""
+    locked = select(job_types).where(_counts_running)
+    paused_only = select(job_types).where(job_types.c.paused.is_(True), ~_counts_running)
+    if of_some_types:
+        of_types = job_types.c.type.in_(bindparam("types", expanding=True))
+        locked, paused_only = locked.where(of_types), paused_only.where(of_types)
+    locked_rows = locked.order_by(job_types.c.type).with_for_update().cte("locked")
+    return union_all(select(locked_rows), paused_only)
+
+
+# Sorted, so that claims locking several types' rows always take them in one order.
+_lock_settings = (
+    select(job_types)
+    .where(job_types.c.type.in_(bindparam("types", expanding=True)))
+    .order_by(job_types.c.type)
+    .with_for_update()
+)
+_select_settings = select(job_types).where(job_types.c.type.in_(
+    bindparam("types", expanding=True)))
+_spend_tokens = (
+    update(job_types)
+    .where(job_types.c.type == bindparam("t"))
+    .values(tokens=bindparam("tokens"), tokens_at=bindparam("at"))
+)
+
+
+def _insert(dialect: str) -> Any:
+    return postgresql.insert(job_types) if dialect == "postgresql" else sqlite.insert(job_types)
+
+
+class TypeRepository:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def limited_settings(self) -> list[TypeSettings]:
+        """The rows of every type that is paused or has a cap or a rate: the few a claim
+        must look at (a table of one row per configured type at most)."""
+        return [TypeSettings.from_row(row._mapping) for row in self.conn.execute(_select_limited)]
+
+    def lock_limited_settings(self, types: Collection[str] | None) -> list[TypeSettings]:
+        """The limited rows (of these types; None: of every type), those with a cap or a rate
+        locked FOR UPDATE on PostgreSQL: the claims of a limited type take turns on its row,
+        so each counts what the one before it started."""
+        params = {} if types is None else {"types": sorted(types)}
+        rows = self.conn.execute(_lock_limited(types is not None), params)
+        return [TypeSettings.from_row(row._mapping) for row in rows]
+
+    def lock_settings(self, types: Collection[str]) -> list[TypeSettings]:
+        """Read these types' rows FOR UPDATE (PostgreSQL), in type order: the claims of a
+        limited type take turns on its row, so each counts what the one before it started."""
+        rows = self.conn.execute(_lock_settings, {"types": sorted(types)})
+        return [TypeSettings.from_row(row._mapping) for row in rows]
+
+    def settings_of(self, types: Collection[str]) -> dict[str, TypeSettings]:
+        rows = self.conn.execute(_select_settings, {"types": sorted(types)})
+        return {row.type: TypeSettings.from_row(row._mapping) for row in rows}
+
+    def ensure_row(self, settings: TypeSettings) -> None:
+        """Store the type's row unless there is one (a type never changed has none)."""
+        stmt = _insert(self.conn.dialect.name).values(settings.values())
+        self.conn.execute(stmt.on_conflict_do_nothing(index_elements=["type"]))
+
+    def save(self, settings: TypeSettings) -> None:
+        values = settings.values()
+        self.conn.execute(update(job_types).where(job_types.c.type == values.pop("type"))
+                          .values(values))
+
+    def save_buckets(self, buckets: dict[str, tuple[float, int]]) -> None:
+        """Store each rate-limited type's bucket (tokens, as of when) after a claim."""
+        for job_type, (tokens, at) in sorted(buckets.items()):
+            self.conn.execute(_spend_tokens, {"t": job_type, "tokens": tokens, "at": at})
+
+    def note_last_claim(self, types: Collection[str], now_us: int) -> None:
+        """Move each type's last_claim_at forward to `now_us` (never back)."""
+        for job_type in sorted(types):
+            self.ensure_row(TypeSettings(type=job_type, updated_at=now_us))
+        self.conn.execute(
+            update(job_types)
+            .where(job_types.c.type.in_(sorted(types)),
+                   or_(job_types.c.last_claim_at.is_(None),
+                       job_types.c.last_claim_at < now_us))
+            .values(last_claim_at=now_us))
