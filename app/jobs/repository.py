@@ -45,10 +45,10 @@ def _status_is(*statuses: JobStatus) -> Any:
 _CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
 _RESCUABLE_ROW = _status_is(*Transition.RESCUE.from_statuses)
 _CLAIM_ORDER = claim_order_columns(jobs)
-_PENDING = literal_column("'pending'")
-_RUNNING = literal_column("'running'")
+_PENDING: Any = literal_column("'pending'")
+_RUNNING: Any = literal_column("'running'")
 # In the order of the partial index's own IN list, which is what the planners match.
-_FINISHED = [literal_column(f"'{status.value}'") for status in
+_FINISHED: list[Any] = [literal_column(f"'{status.value}'") for status in
              (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)]
 
 _select_by_id = select(jobs).where(jobs.c.id == bindparam("job_id"))
