@@ -81,6 +81,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink) -> Services:
         max_payload_bytes=config["MAX_PAYLOAD_BYTES"],
         backoff=Backoff(config["RETRY_BACKOFF_SECONDS"], config["RETRY_BACKOFF_MAX_SECONDS"]),
         max_waiting_claims=config["MAX_WAITING_CLAIMS"],
+        max_waiting_requests=config["MAX_WAITING_REQUESTS"],
     )
     keys = KeyService(db, clock)
     return Services(

@@ -85,6 +85,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("MAX_WAITING_CLAIMS", 8, _int_in(0, 10_000),
             "long-polling claims a process lets wait at once; keep it below GUNICORN_THREADS "
             "so that waiting claims never take every thread"),
+    Setting("MAX_WAITING_REQUESTS", 8, _int_in(0, 10_000),
+            "GET /jobs/{id}?wait_seconds requests a process lets wait at once for a job to "
+            "finish (a budget of their own, apart from claims'); past it they answer at once"),
     Setting("SQLITE_SYNCHRONOUS", "FULL", _sqlite_synchronous,
             "SQLite synchronous pragma; FULL means a 201 is on disk"),
     Setting("SQLITE_BUSY_TIMEOUT_MS", 30_000, _int_in(0, 600_000),

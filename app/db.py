@@ -38,6 +38,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from app.jobs.models import STATUS_BITS
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -76,6 +78,9 @@ jobs = Table(
     Column("error", Text, nullable=True),
     Column("created_at", Micros, nullable=False),
     Column("updated_at", Micros, nullable=False),
+    Column("unique_key", String(255), nullable=True),
+    Column("unique_scope", String(64), nullable=True),
+    Column("unique_while", SmallInteger, nullable=True),
 )
 
 # The claim reads this index in claim order; it holds only pending rows, so its size and the
@@ -109,6 +114,24 @@ Index(
 )
 # The idempotency guard: one job per (producer, key); NULL keys never collide.
 Index("uq_jobs_producer_idempotency_key", jobs.c.producer, jobs.c.idempotency_key, unique=True)
+# Unique jobs: one job per (producer, scope) among the jobs whose status is in their own
+# `while` set. The predicate reads the row itself, so a transition that moves a job out of
+# its while statuses frees its key in the same statement, with no code of its own. Holder
+# look-ups repeat this text: both planners use a partial index only for a WHERE that
+# implies the index's own.
+UNIQUE_HOLDER_PREDICATE = (
+    "unique_scope IS NOT NULL AND (unique_while & CASE status "
+    + " ".join(f"WHEN '{status.value}' THEN {bit}" for status, bit in STATUS_BITS.items())
+    + " ELSE 0 END) <> 0"
+)
+Index(
+    "uq_jobs_producer_unique_scope",
+    jobs.c.producer,
+    jobs.c.unique_scope,
+    unique=True,
+    sqlite_where=text(UNIQUE_HOLDER_PREDICATE),
+    postgresql_where=text(UNIQUE_HOLDER_PREDICATE),
+)
 # Listing a producer's or a worker's own jobs. There is deliberately no index on status
 # alone: without statistics SQLite's planner prefers it for the claim's status = 'pending'
 # and then sorts every pending row, where the partial index above needs no sort at all.

@@ -25,11 +25,13 @@ class Problem(Exception):
     slug = "internal-error"
 
     def __init__(self, detail: str | None = None, *, errors: dict[str, Any] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(detail or self.title)
         self.detail = detail or self.title
         self.errors = errors
         self.headers = headers or {}
+        self.extra = extra or {}  # members of this problem type beyond the standard ones
 
 
 class Unauthorized(Problem):
@@ -49,6 +51,17 @@ class NotFound(Problem):
 
 class Conflict(Problem):
     status, title, slug = 409, "Conflict", "conflict"
+
+
+class UniqueConflict(Conflict):
+    """A job of the same unique scope stands in the way (`reject`, or `replace` of a job that
+    is no longer pending); the problem names it."""
+
+    slug = "unique-conflict"
+
+    def __init__(self, detail: str, existing_job_id: int | None) -> None:
+        super().__init__(detail, extra=None if existing_job_id is None
+                         else {"existing_job_id": existing_job_id})
 
 
 class PayloadTooLarge(Problem):
@@ -98,7 +111,8 @@ def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:
 
 
 def _body(status: int, title: str, slug: str, detail: str,
-          errors: dict[str, Any] | None) -> dict[str, Any]:
+          errors: dict[str, Any] | None, extra: dict[str, Any] | None = None
+          ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_BASE + slug,
         "title": title,
@@ -107,18 +121,21 @@ def _body(status: int, title: str, slug: str, detail: str,
     }
     if errors is not None:
         body["errors"] = errors
+    body.update(extra or {})
     return body
 
 
 def problem_body(problem: Problem) -> dict[str, Any]:
     """The problem as a JSON object, for answers that carry several (complete-many)."""
-    return _body(problem.status, problem.title, problem.slug, problem.detail, problem.errors)
+    return _body(problem.status, problem.title, problem.slug, problem.detail, problem.errors,
+                 problem.extra)
 
 
 def problem_response(status: int, title: str, slug: str, detail: str,
                      errors: dict[str, Any] | None = None,
-                     headers: dict[str, str] | None = None) -> Response:
-    body = _body(status, title, slug, detail, errors)
+                     headers: dict[str, str] | None = None,
+                     extra: dict[str, Any] | None = None) -> Response:
+    body = _body(status, title, slug, detail, errors, extra)
     response = Response(json.dumps(body), status=status, mimetype=PROBLEM_CONTENT_TYPE)
     for name, value in (headers or {}).items():
         response.headers[name] = value
@@ -135,7 +152,7 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(Problem)
     def on_problem(error: Problem) -> Response:
         return problem_response(error.status, error.title, error.slug, error.detail,
-                                error.errors, error.headers)
+                                error.errors, error.headers, error.extra)
 
     @app.errorhandler(ValidationError)
     def on_validation_error(error: ValidationError) -> Response:

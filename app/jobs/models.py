@@ -27,6 +27,16 @@ class JobStatus(enum.StrEnum):
 
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 
+# Each status's bit in a job's `unique_while` mask (the statuses in which it holds its unique
+# key). Stored, and spelled into the unique index's predicate: never renumber.
+STATUS_BITS: dict[JobStatus, int] = {
+    JobStatus.PENDING: 1,
+    JobStatus.RUNNING: 2,
+    JobStatus.COMPLETED: 4,
+    JobStatus.FAILED: 8,
+    JobStatus.CANCELLED: 16,
+}
+
 
 class Transition(enum.Enum):
     """Each transition and the one status it may start from (or several, for retry)."""
@@ -91,6 +101,9 @@ class Job:
     error: str | None
     created_at: int
     updated_at: int
+    unique_key: str | None  # as the producer gave it, or the default digest
+    unique_scope: str | None  # digest of type, unique key and period bucket
+    unique_while: int | None  # STATUS_BITS of the statuses in which the key is held
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:

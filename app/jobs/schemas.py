@@ -7,6 +7,7 @@ configuration or the clock (allowed types, payload size, run_at's range) live in
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, ClassVar
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
@@ -14,6 +15,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 from app.clock import parse_rfc3339, to_rfc3339
 from app.errors import ProblemSchema
 from app.jobs.models import PRIORITY_LABELS, Job, JobStatus, Priority
+from app.jobs.uniqueness import DEFAULT_WHILE, OnConflict, while_set_problem
 
 MAX_LEASE_SECONDS = 3600
 MAX_DELAY_SECONDS = 31_536_000
@@ -21,6 +23,8 @@ MAX_RETRY_IN_SECONDS = 86_400
 MAX_RETRIES = 25
 MAX_ERROR_CHARS = 100_000
 MAX_WAIT_SECONDS = 20
+MAX_RESULT_WAIT_SECONDS = 60
+MAX_UNIQUE_PERIOD_SECONDS = 31_536_000
 MAX_BATCH_JOBS = 1000
 MAX_CLAIM_JOBS = 100
 MAX_COMPLETE_ITEMS = 100
@@ -98,6 +102,49 @@ class EmptySchema(StrictSchema):
     """For routes that take no fields: an empty body or {} only."""
 
 
+class QuerySeconds(fields.Float):
+    """Seconds in a query string: ASCII digits with an optional fraction, nothing else."""
+
+    _FORM = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> float:
+        if not isinstance(value, str) or not self._FORM.fullmatch(value):
+            raise ValidationError("Must be a number of seconds in ASCII digits, like 5 or 2.5.")
+        return float(value)
+
+
+_STATUS_NAMES = [s.value for s in JobStatus]
+
+
+class UniqueSchema(StrictSchema):
+    """`unique` on an enqueue: which jobs count as the same work (contract §10)."""
+
+    key = fields.String(validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII],
+                        metadata={"description": "Default: a digest of type and payload."})
+    period_seconds = StrictInteger(
+        validate=validate.Range(1, MAX_UNIQUE_PERIOD_SECONDS),
+        metadata={"description": "Twins collide only when their run_at falls in the same "
+                                 "period, aligned to the Unix epoch."})
+    while_ = fields.List(
+        fields.String(validate=validate.OneOf(_STATUS_NAMES)), data_key="while",
+        attribute="while", validate=validate.Length(min=1, max=len(_STATUS_NAMES)),
+        metadata={"description": "The statuses in which a job holds its key. Must include "
+                                 "pending; with completed or failed, also running.",
+                  "example": list(DEFAULT_WHILE)})
+    on_conflict = fields.String(validate=validate.OneOf([c.value for c in OnConflict]),
+                                metadata={"description": "Default: return."})
+
+    openapi_extra: ClassVar[dict[str, Any]] = {
+        "example": {"key": "reindex-customer-42", "period_seconds": 60,
+                    "while": list(DEFAULT_WHILE), "on_conflict": "replace"}}
+
+    @validates_schema
+    def _enforceable_while(self, data: dict[str, Any], **_: Any) -> None:
+        problem = while_set_problem(data.get("while") or DEFAULT_WHILE)
+        if problem is not None:
+            raise ValidationError(problem, "while")
+
+
 class EnqueueSchema(StrictSchema):
     type = fields.String(required=True, validate=validate.Length(min=1, max=100))
     payload = fields.Dict(load_default=dict)
@@ -112,6 +159,9 @@ class EnqueueSchema(StrictSchema):
                                   validate=validate.Range(0, MAX_DELAY_SECONDS))
     idempotency_key = fields.String(
         load_default=None, validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII])
+    unique = fields.Nested(UniqueSchema, load_default=None, allow_none=True, metadata={
+        "description": "Keep one job for the same work: a twin is returned, rejected (409) "
+                       "or replaced (debounce)."})
 
     # For /openapi.json: the rule _one_schedule enforces, said in JSON Schema, and a whole
     # example (field examples would be combined into a body that breaks that rule).
@@ -135,6 +185,13 @@ class ListQuerySchema(StrictSchema):
     type = _non_empty_text(100)
     limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
     cursor = _non_empty_text(200)
+
+
+class GetJobQuerySchema(StrictSchema):
+    wait_seconds = QuerySeconds(
+        load_default=0, validate=validate.Range(0, MAX_RESULT_WAIT_SECONDS),
+        metadata={"description": "Wait up to this long for the job to be completed, failed "
+                                 "or cancelled; then answer with the job as it is."})
 
 
 class BatchEnqueueSchema(StrictSchema):
@@ -212,10 +269,16 @@ class JobSchema(Schema):
     error = fields.String(allow_none=True, metadata={"description": "Admins only."})
     created_at = fields.String(required=True, metadata={"format": "date-time"})
     updated_at = fields.String(required=True, metadata={"format": "date-time"})
+    unique_key = fields.String(required=True, allow_none=True,
+                               metadata={"description": "Set on jobs enqueued with unique."})
 
 
 class BatchJobSchema(JobSchema):
     replayed = fields.Boolean(required=True)
+    deduplicated = fields.Raw(required=True, metadata={
+        "description": "false: a new job (or a replay); true: the item met a twin holding "
+                       "its unique key and returned it; \"replaced\": it replaced the twin.",
+        "enum": [False, True, "replaced"]})
 
 
 class BatchJobListSchema(Schema):
@@ -260,6 +323,7 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None) -> 
         "result": None if job.result is None else json.loads(job.result),
         "created_at": to_rfc3339(job.created_at),
         "updated_at": to_rfc3339(job.updated_at),
+        "unique_key": job.unique_key,
     }
     if lease_token is not None:
         shown["lease_token"] = lease_token
