@@ -85,9 +85,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("MAX_WAITING_CLAIMS", 8, _int_in(0, 10_000),
             "long-polling claims a process lets wait at once; keep it below GUNICORN_THREADS "
             "so that waiting claims never take every thread"),
-    Setting("MAX_WAITING_REQUESTS", 8, _int_in(0, 10_000),
+    Setting("MAX_WAITING_REQUESTS", 4, _int_in(0, 10_000),
             "GET /jobs/{id}?wait_seconds requests a process lets wait at once for a job to "
-            "finish (a budget of their own, apart from claims'); past it they answer at once"),
+            "finish (a budget of their own); past it they answer at once. Keep it plus "
+            "MAX_WAITING_CLAIMS below GUNICORN_THREADS"),
     Setting("SQLITE_SYNCHRONOUS", "FULL", _sqlite_synchronous,
             "SQLite synchronous pragma; FULL means a 201 is on disk"),
     Setting("SQLITE_BUSY_TIMEOUT_MS", 30_000, _int_in(0, 600_000),

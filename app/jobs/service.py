@@ -68,7 +68,7 @@ class QueueSettings:
     max_payload_bytes: int
     backoff: Backoff
     max_waiting_claims: int = 8
-    max_waiting_requests: int = 8
+    max_waiting_requests: int = 4
 
 
 @dataclass(frozen=True)
