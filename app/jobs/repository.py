@@ -216,7 +216,7 @@ class JobRepository:
             return {}
         stmt = select(jobs).where(jobs.c.producer == producer,
                                   jobs.c.unique_scope.in_(list(scopes)), _unique_holder)
-        return {job.unique_scope: job for job in map(_job, self.conn.execute(stmt))}
+        return {job.unique_scope or "": job for job in map(_job, self.conn.execute(stmt))}
 
     def list_jobs(self, *, after_id: int, limit: int, producer: str | None = None,
                   worker: str | None = None, status: str | None = None,

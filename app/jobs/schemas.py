@@ -102,15 +102,26 @@ class EmptySchema(StrictSchema):
     """For routes that take no fields: an empty body or {} only."""
 
 
-class QuerySeconds(fields.Float):
-    """Seconds in a query string: ASCII digits with an optional fraction, nothing else."""
+class ResultWaitSeconds(fields.Float):
+    """GET /jobs/{id}'s wait_seconds: 0 to 60 seconds, in ASCII digits with an optional
+    fraction. /openapi.json says it as a string of that form (a query string holds no
+    numbers), the range spelled into its pattern."""
 
     _FORM = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
+    PATTERN = r"^([0-9]|[1-5][0-9])(\.[0-9]{1,6})?$|^60(\.0{1,6})?$"
+
+    def __init__(self, **kwargs: Any) -> None:
+        metadata = {"type": "string", "pattern": self.PATTERN, "default": "0",
+                    **kwargs.pop("metadata", {})}
+        super().__init__(load_default=0.0, metadata=metadata, **kwargs)
 
     def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> float:
         if not isinstance(value, str) or not self._FORM.fullmatch(value):
             raise ValidationError("Must be a number of seconds in ASCII digits, like 5 or 2.5.")
-        return float(value)
+        seconds = float(value)
+        if seconds > MAX_RESULT_WAIT_SECONDS:
+            raise ValidationError(f"Must be from 0 to {MAX_RESULT_WAIT_SECONDS}.")
+        return seconds
 
 
 _STATUS_NAMES = [s.value for s in JobStatus]
@@ -188,10 +199,10 @@ class ListQuerySchema(StrictSchema):
 
 
 class GetJobQuerySchema(StrictSchema):
-    wait_seconds = QuerySeconds(
-        load_default=0, validate=validate.Range(0, MAX_RESULT_WAIT_SECONDS),
-        metadata={"description": "Wait up to this long for the job to be completed, failed "
-                                 "or cancelled; then answer with the job as it is."})
+    wait_seconds = ResultWaitSeconds(
+        metadata={"description": "Seconds (0..60) to wait for the job to be completed, "
+                                 "failed or cancelled; then answer with the job as it is.",
+                  "example": "30"})
 
 
 class BatchEnqueueSchema(StrictSchema):

@@ -586,7 +586,7 @@ class JobService:
         twin = None if job is None else repo.find_unique_holder(job.producer,
                                                                  job.unique_scope or "")
         raise UniqueConflict("Another job holds this job's unique key; retry it once that "
-                             "job has left its while statuses.", twin and twin.id)
+                             "job has left its while statuses.", None if twin is None else twin.id)
 
     # -- retention ------------------------------------------------------------------------
 
