@@ -90,6 +90,9 @@ class ProblemSchema(Schema):
     errors = fields.Dict(keys=fields.String(), values=fields.List(fields.String()),
                          metadata={"description": "For validation failures: each field, "
                                                   "named by its dotted path, and its messages."})
+    existing_job_id = fields.Integer(metadata={
+        "description": "On a unique-conflict: the job holding the unique key, when there is "
+                       "one the caller may see (a twin within the same batch has no id yet)."})
 
 
 def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:

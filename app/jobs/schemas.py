@@ -202,7 +202,7 @@ class GetJobQuerySchema(StrictSchema):
     wait_seconds = ResultWaitSeconds(
         metadata={"description": "Seconds (0..60) to wait for the job to be completed, "
                                  "failed or cancelled; then answer with the job as it is.",
-                  "example": "30"})
+                  "example": "0.5"})
 
 
 class BatchEnqueueSchema(StrictSchema):

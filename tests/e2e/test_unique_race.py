@@ -40,38 +40,29 @@ def producers(server: LiveServer, database_url: str, name: str, count: int
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("on_conflict,twin_status", [("return", 200), ("reject", 409)])
 def test_24_concurrent_enqueues_of_one_unique_key_store_one_job(
-        start_server: Callable[..., LiveServer], server_database_url: str) -> None:
+        start_server: Callable[..., LiveServer], server_database_url: str, on_conflict: str,
+        twin_status: int) -> None:
+    """return: one 201, 23 answers 200 with that job and Deduplicated: true. reject: one
+    201, 23 answers 409 naming that job."""
     server = start_server(server_database_url)
     clients = producers(server, server_database_url, "shop", CONCURRENT)
 
-    answers = enqueue_all_at_once(clients, {"type": "email", "payload": {"customer": 42},
-                                            "unique": {"key": "reindex-42"}})
+    answers = enqueue_all_at_once(clients, {
+        "type": "email", "payload": {"customer": 42},
+        "unique": {"key": "reindex-42", "on_conflict": on_conflict}})
 
     assert server_errors(clients) == {}
-    assert Counter(a.status_code for a in answers) == {201: 1, 200: CONCURRENT - 1}
-    assert len({a.json()["id"] for a in answers}) == 1
-    assert sorted(a.headers.get("Deduplicated", "") for a in answers) == \
-        [""] + ["true"] * (CONCURRENT - 1)
-    assert len(clients[0].list_all()) == 1
-
-
-@pytest.mark.slow
-def test_24_concurrent_rejecting_enqueues_answer_one_201_and_23_409(
-        start_server: Callable[..., LiveServer], server_database_url: str) -> None:
-    server = start_server(server_database_url)
-    clients = producers(server, server_database_url, "shop", CONCURRENT)
-
-    answers = enqueue_all_at_once(clients, {"type": "email", "payload": {"customer": 42},
-                                            "unique": {"key": "reindex-42",
-                                                       "on_conflict": "reject"}})
-
-    assert server_errors(clients) == {}
-    assert Counter(a.status_code for a in answers) == {201: 1, 409: CONCURRENT - 1}
-    created = next(a.json() for a in answers if a.status_code == 201)
-    assert {a.json()["existing_job_id"] for a in answers if a.status_code == 409} == \
-        {created["id"]}
-    assert [job["id"] for job in clients[0].list_all()] == [created["id"]]
+    assert Counter(a.status_code for a in answers) == {201: 1, twin_status: CONCURRENT - 1}
+    created = next(a.json()["id"] for a in answers if a.status_code == 201)
+    twins = [a for a in answers if a.status_code == twin_status]
+    if on_conflict == "return":
+        assert {a.json()["id"] for a in twins} == {created}
+        assert {a.headers["Deduplicated"] for a in twins} == {"true"}
+    else:
+        assert {a.json()["existing_job_id"] for a in twins} == {created}
+    assert [job["id"] for job in clients[0].list_all()] == [created]
 
 
 @pytest.mark.slow

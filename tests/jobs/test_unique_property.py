@@ -71,9 +71,17 @@ class UniqueMachine(RuleBasedStateMachine):
     def post(self, path: str, key: str, body: dict[str, Any] | None = None) -> Any:
         return self.client.post(path, json=body, headers=self.keys[key].headers)
 
-    def pick(self, index: int, *statuses: str) -> int:
+    def act(self, index: int, statuses: tuple[str, ...], action: str, key: str,
+            body: dict[str, Any] | None = None) -> tuple[Any, ModelJob | None]:
+        """POST /jobs/{id}/{action} on a job picked among those in `statuses`; with none,
+        on an unknown id, which must answer 404 (and then no job is returned)."""
         candidates = sorted(job.id for job in self.model.values() if job.status in statuses)
-        return candidates[index % len(candidates)] if candidates else UNKNOWN_ID
+        job_id = candidates[index % len(candidates)] if candidates else UNKNOWN_ID
+        response = self.post(f"/jobs/{job_id}/{action}", key, body)
+        if not candidates:
+            assert response.status_code == 404
+            return response, None
+        return response, self.model[job_id]
 
     def holder(self, producer: str, key: str, other_than: int | None = None) -> ModelJob | None:
         holders = [job for job in self.model.values()
@@ -130,23 +138,17 @@ class UniqueMachine(RuleBasedStateMachine):
 
     @rule(index=PICK)
     def complete(self, index: int) -> None:
-        job_id = self.pick(index, "running")
-        response = self.post(f"/jobs/{job_id}/complete", "worker")
-        job = self.model.get(job_id)
-        if job is None or job.status != "running":
-            assert response.status_code in (404, 409)
+        response, job = self.act(index, ("running",), "complete", "worker")
+        if job is None:
             return
         assert response.status_code == 200, response.get_json()
         job.status = "completed"
 
     @rule(index=PICK)
     def fail(self, index: int) -> None:
-        job_id = self.pick(index, "running")
-        response = self.post(f"/jobs/{job_id}/fail", "worker",
-                             {"error": "boom", "retry_in_seconds": 0})
-        job = self.model.get(job_id)
-        if job is None or job.status != "running":
-            assert response.status_code in (404, 409)
+        response, job = self.act(index, ("running",), "fail", "worker",
+                                 {"error": "boom", "retry_in_seconds": 0})
+        if job is None:
             return
         assert response.status_code == 200, response.get_json()
         if job.retry_count < job.max_retries:
@@ -161,22 +163,16 @@ class UniqueMachine(RuleBasedStateMachine):
 
     @rule(index=PICK)
     def cancel(self, index: int) -> None:
-        job_id = self.pick(index, "pending")
-        response = self.post(f"/jobs/{job_id}/cancel", "admin")
-        job = self.model.get(job_id)
-        if job is None or job.status != "pending":
-            assert response.status_code in (404, 409)
+        response, job = self.act(index, ("pending",), "cancel", "admin")
+        if job is None:
             return
         assert response.status_code == 200, response.get_json()
         job.status = "cancelled"
 
     @rule(index=PICK)
     def retry(self, index: int) -> None:
-        job_id = self.pick(index, "failed", "cancelled")
-        response = self.post(f"/jobs/{job_id}/retry", "admin")
-        job = self.model.get(job_id)
-        if job is None or job.status not in ("failed", "cancelled"):
-            assert response.status_code in (404, 409)
+        response, job = self.act(index, ("failed", "cancelled"), "retry", "admin")
+        if job is None:
             return
         twin = None if job.let_go else self.holder(job.producer, job.key, other_than=job.id)
         if twin is not None:
