@@ -207,7 +207,9 @@ class JobService:
         plan = plan_batch(items, repo.find_by_idempotency_keys(producer, keys),
                           repo.find_unique_holders(producer, scopes))
         replaced = {}
-        for job_id, values in plan.replacements.items():
+        # In id order: concurrent batches replacing the same twins lock them in one order
+        # and so cannot deadlock each other on PostgreSQL.
+        for job_id, values in sorted(plan.replacements.items()):
             job = repo.update_job_in_status(job_id, from_statuses=_REPLACEABLE, values=values)
             if job is None:
                 raise _TwinMoved()
