@@ -107,6 +107,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         max_payload_bytes=config["MAX_PAYLOAD_BYTES"],
         backoff=Backoff(config["RETRY_BACKOFF_SECONDS"], config["RETRY_BACKOFF_MAX_SECONDS"]),
         max_waiting_claims=config["MAX_WAITING_CLAIMS"],
+        max_waiting_requests=config["MAX_WAITING_REQUESTS"],
     )
     keys = KeyService(db, clock)
     flow = FlowControl(db, clock, settings.job_types, on_skip=on_skip)

@@ -88,6 +88,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TYPE_COUNTS_MAX_AGE_SECONDS", 10.0, _float_in(0, 3600),
             "GET /types may show completed/failed/cancelled counts this old (counted again "
             "in the background); 0 counts on every request"),
+    Setting("MAX_WAITING_REQUESTS", 4, _int_in(0, 10_000),
+            "GET /jobs/{id}?wait_seconds requests a process lets wait at once for a job to "
+            "finish (a budget of their own); past it they answer at once. Keep it plus "
+            "MAX_WAITING_CLAIMS below GUNICORN_THREADS"),
     Setting("SQLITE_SYNCHRONOUS", "FULL", _sqlite_synchronous,
             "SQLite synchronous pragma; FULL means a 201 is on disk"),
     Setting("SQLITE_BUSY_TIMEOUT_MS", 30_000, _int_in(0, 600_000),

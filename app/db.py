@@ -39,7 +39,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from app.files import create_private
-from app.jobs.models import CLAIM_ORDER
+from app.jobs.models import CLAIM_ORDER, STATUS_BITS
 from app.writer import SqliteWriter
 
 NAMING_CONVENTION = {
@@ -83,6 +83,9 @@ jobs = Table(
     # Appended by migration 0005 (flow control): columns are added at the end of the table,
     # and the Job record keeps this order.
     Column("concurrency_key", String(255), nullable=True),
+    Column("unique_key", String(255), nullable=True),
+    Column("unique_scope", String(64), nullable=True),
+    Column("unique_while", SmallInteger, nullable=True),
     # SQLite: never reuse an id, not even after the newest jobs are purged (the highest id
     # ever given is kept in sqlite_sequence). PostgreSQL's sequence never goes back anyway.
     sqlite_autoincrement=True,
@@ -151,6 +154,24 @@ Index(
 )
 # The idempotency guard: one job per (producer, key); NULL keys never collide.
 Index("uq_jobs_producer_idempotency_key", jobs.c.producer, jobs.c.idempotency_key, unique=True)
+# Unique jobs: one job per (producer, scope) among the jobs whose status is in their own
+# `while` set. The predicate reads the row itself, so a transition that moves a job out of
+# its while statuses frees its key in the same statement, with no code of its own. Holder
+# look-ups repeat this text: both planners use a partial index only for a WHERE that
+# implies the index's own.
+UNIQUE_HOLDER_PREDICATE = (
+    "unique_scope IS NOT NULL AND (unique_while & CASE status "
+    + " ".join(f"WHEN '{status.value}' THEN {bit}" for status, bit in STATUS_BITS.items())
+    + " ELSE 0 END) <> 0"
+)
+Index(
+    "uq_jobs_producer_unique_scope",
+    jobs.c.producer,
+    jobs.c.unique_scope,
+    unique=True,
+    sqlite_where=text(UNIQUE_HOLDER_PREDICATE),
+    postgresql_where=text(UNIQUE_HOLDER_PREDICATE),
+)
 # Listing a producer's or a worker's own jobs. There is deliberately no index on status
 # alone: without statistics SQLite's planner prefers it for the claim's status = 'pending'
 # and then sorts every pending row, where the partial index above needs no sort at all.

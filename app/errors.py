@@ -51,11 +51,13 @@ class Problem(Exception):
     title, slug = PROBLEM_KINDS[500]
 
     def __init__(self, detail: str | None = None, *, errors: dict[str, Any] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(detail or self.title)
         self.detail = detail or self.title
         self.errors = errors
         self.headers = headers or {}
+        self.extra = extra or {}  # members of this problem type beyond the standard ones
 
 
 class Unauthorized(Problem):
@@ -79,6 +81,17 @@ class NotFound(Problem):
 class Conflict(Problem):
     status = 409
     title, slug = PROBLEM_KINDS[status]
+
+
+class UniqueConflict(Conflict):
+    """A job of the same unique scope stands in the way (`reject`, or `replace` of a job that
+    is no longer pending); the problem names it."""
+
+    slug = "unique-conflict"
+
+    def __init__(self, detail: str, existing_job_id: int | None) -> None:
+        super().__init__(detail, extra=None if existing_job_id is None
+                         else {"existing_job_id": existing_job_id})
 
 
 class UnsupportedMediaType(Problem):
@@ -121,6 +134,9 @@ class ProblemSchema(Schema):
     errors = fields.Dict(keys=fields.String(), values=fields.List(fields.String()),
                          metadata={"description": "For validation failures: each field, "
                                                   "named by its dotted path, and its messages."})
+    existing_job_id = fields.Integer(metadata={
+        "description": "On a unique-conflict: the job holding the unique key, when there is "
+                       "one the caller may see (a twin within the same batch has no id yet)."})
 
 
 def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -142,7 +158,8 @@ def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:
 
 
 def _body(status: int, title: str, slug: str, detail: str,
-          errors: dict[str, Any] | None) -> dict[str, Any]:
+          errors: dict[str, Any] | None, extra: dict[str, Any] | None = None
+          ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_BASE + slug,
         "title": title,
@@ -151,18 +168,21 @@ def _body(status: int, title: str, slug: str, detail: str,
     }
     if errors is not None:
         body["errors"] = errors
+    body.update(extra or {})
     return body
 
 
 def problem_body(problem: Problem) -> dict[str, Any]:
     """The problem as a JSON object, for answers that carry several (complete-many)."""
-    return _body(problem.status, problem.title, problem.slug, problem.detail, problem.errors)
+    return _body(problem.status, problem.title, problem.slug, problem.detail, problem.errors,
+                 problem.extra)
 
 
 def problem_response(status: int, title: str, slug: str, detail: str,
                      errors: dict[str, Any] | None = None,
-                     headers: dict[str, str] | None = None) -> Response:
-    body = _body(status, title, slug, detail, errors)
+                     headers: dict[str, str] | None = None,
+                     extra: dict[str, Any] | None = None) -> Response:
+    body = _body(status, title, slug, detail, errors, extra)
     response = Response(json.dumps(body), status=status, mimetype=PROBLEM_CONTENT_TYPE)
     for name, value in (headers or {}).items():
         response.headers[name] = value
@@ -171,7 +191,7 @@ def problem_response(status: int, title: str, slug: str, detail: str,
 
 def render_problem(problem: Problem) -> Response:
     return problem_response(problem.status, problem.title, problem.slug, problem.detail,
-                            problem.errors, problem.headers)
+                            problem.errors, problem.headers, problem.extra)
 
 
 def register_error_handlers(app: Flask) -> None:

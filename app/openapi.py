@@ -57,6 +57,12 @@ _HEADERS: dict[str, dict[str, Any]] = {
                        "with the same idempotency key.",
         "schema": {"type": "string", "enum": ["true"]},
     },
+    "Deduplicated": {
+        "description": "Present when the request met a twin holding its unique key: true "
+                       "when the twin is returned as it was, replaced when it took this "
+                       "request's payload and schedule (debounce).",
+        "schema": {"type": "string", "enum": ["true", "replaced"]},
+    },
     "WWW-Authenticate": {"description": "The scheme to authenticate with: Bearer.",
                          "schema": {"type": "string"}},
     "Retry-After": {"description": "Seconds to wait before retrying.",

@@ -92,7 +92,9 @@ def rows(count: int, status: str, first_us: int, seed: int, every: int = 0) -> A
                rng.choice((0, 10, 10, 10, 20, 30)), status, 0, 3, f"producer-{i % 4}", None,
                None, at, at + 1000 if finished else None, "worker-0" if finished else None,
                None, None, '{"message_id":"0123456789abcdef"}' if finished else None, None,
-               at, at + 2000 if finished else at, None)  # concurrency_key: none
+               at, at + 2000 if finished else at,
+               # Columns appended since (unique jobs' and any later ones) are NULL here.
+               *[None] * (len(COLUMNS) - 18))
 
 
 def build(directory: str, store: Store) -> str:

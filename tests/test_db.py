@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import text
+from sqlalchemy import column, table, text
+from sqlalchemy.exc import IntegrityError
 
 from app.db import Database, make_engine
 from app.jobs.repository import (
@@ -183,7 +184,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0004"
+        assert current_revision(conn) == head_revision() == "0006"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
@@ -198,3 +199,26 @@ def test_migrations_run_down_and_up_again(empty_db_url):
     command.downgrade(config, "base")
     command.upgrade(config, "head")
     command.check(config)
+
+
+def test_unique_jobs_migration_keeps_stored_jobs_and_enforces_one_holder(empty_db_url):
+    """0006 on a database that already holds jobs: they stay, with no unique key, and the
+    new index refuses a second holder of one scope while letting a finished one be."""
+    upgrade(empty_db_url, "0003")
+    row = {"type": "email", "payload": "{}", "priority": 10, "status": "pending",
+           "retry_count": 0, "max_retries": 3, "producer": "p", "run_at": 0,
+           "created_at": 0, "updated_at": 0}
+    engine = make_engine(empty_db_url, pooled=False)
+    with engine.begin() as conn:
+        # The table as 0003 left it, not as the code declares it now.
+        conn.execute(table("jobs", *map(column, row)).insert(), row)
+    upgrade(empty_db_url)
+    held = {**row, "unique_key": "k", "unique_scope": "s", "unique_while": 3}
+    insert_held = table("jobs", *map(column, held)).insert()
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT unique_key FROM jobs")).scalars().all() == [None]
+        conn.execute(insert_held, held)
+        conn.execute(insert_held, {**held, "status": "completed"})  # out of its while set
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(insert_held, {**held, "status": "running"})
+    engine.dispose()

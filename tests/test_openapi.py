@@ -131,7 +131,7 @@ def test_enqueue_documents_its_headers_and_the_configured_job_types(
     body = _resolve(document, enqueue["requestBody"]["content"]["application/json"]["schema"])
 
     assert set(created["headers"]) == {"Location"}
-    assert set(replayed["headers"]) == {"Location", "Idempotent-Replayed"}
+    assert set(replayed["headers"]) == {"Location", "Idempotent-Replayed", "Deduplicated"}
     assert [_resolve(document, p)["name"] for p in enqueue["parameters"]] == ["Idempotency-Key"]
     assert body["properties"]["type"]["enum"] == sorted(JOB_TYPES)
     assert body["example"]["type"] in JOB_TYPES

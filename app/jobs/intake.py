@@ -1,5 +1,8 @@
-"""From an enqueue request to a new job row, and the idempotency rules that decide whether a
-request makes a job or replays one. Pure: no database, no HTTP."""
+"""From an enqueue request to a new job row, and the rules that decide whether a request makes a
+job, replays one (idempotency) or meets a twin (unique). Pure: no database, no HTTP.
+
+Order of the rules: an idempotency replay first (a replay is never a duplicate), then a
+unique twin, then a new job."""
 
 from __future__ import annotations
 
@@ -10,8 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.clock import MICROS
-from app.errors import Forbidden, ValidationFailed
+from app.errors import Forbidden, UniqueConflict, ValidationFailed
 from app.jobs.models import Job, JobStatus, Priority
+from app.jobs.uniqueness import (
+    NOT_UNIQUE_COLUMNS,
+    Deduplicated,
+    OnConflict,
+    UniqueRequest,
+    resolve_unique,
+)
 from app.keys.models import Caller
 
 ONE_YEAR_US = 365 * 24 * 3600 * MICROS
@@ -56,9 +66,19 @@ def require_configured_types(configured: frozenset[str], requested: Iterable[str
             errors={field: [f"Not configured: {', '.join(unknown)} (configured: {listed})."]})
 
 
-def new_job_values(rules: IntakeRules, caller: Caller, request: dict[str, Any],
-                   header_key: str | None, now: int) -> dict[str, Any]:
-    """The row a validated enqueue request stores. Raises ValidationFailed or Forbidden."""
+@dataclass(frozen=True)
+class NewJob:
+    """A validated enqueue request: the row it stores, its unique options, and whether it
+    named a schedule (a replacing request without one keeps its twin's run_at)."""
+
+    values: dict[str, Any]
+    unique: UniqueRequest | None
+    scheduled: bool
+
+
+def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
+            header_key: str | None, now: int) -> NewJob:
+    """The job a validated enqueue request makes. Raises ValidationFailed or Forbidden."""
     job_type = request["type"]
     require_configured_types(rules.job_types, [job_type], "type")
     if caller.allowed_types is not None and job_type not in caller.allowed_types:
@@ -97,8 +117,11 @@ def new_job_values(rules: IntakeRules, caller: Caller, request: dict[str, Any],
     if idempotency_key is not None:
         fingerprint = request_fingerprint(job_type, request["payload"], priority,
                                           request["max_retries"], schedule, concurrency_key)
+    unique = None
+    if request.get("unique") is not None:
+        unique = resolve_unique(request["unique"], job_type, request["payload"], run_at)
 
-    return {
+    values = {
         "type": job_type,
         "payload": payload,
         "priority": int(priority),
@@ -118,7 +141,9 @@ def new_job_values(rules: IntakeRules, caller: Caller, request: dict[str, Any],
         "created_at": now,
         "updated_at": now,
         "concurrency_key": concurrency_key,
+        **(NOT_UNIQUE_COLUMNS if unique is None else unique.columns),
     }
+    return NewJob(values, unique, scheduled=schedule is not None)
 
 
 def request_fingerprint(job_type: str, payload: dict[str, Any], priority: int,
@@ -148,43 +173,128 @@ def replayed(twin: Job, values: dict[str, Any], position: int | None = None) -> 
     return twin
 
 
-@dataclass(frozen=True)
+def replacement_values(new: NewJob) -> dict[str, Any]:
+    """What `replace` (debounce) changes on the pending twin: the new payload, priority,
+    max_retries and while set, and the new schedule when one was named. Its id, idempotency
+    key, producer and created_at stay."""
+    values = new.values
+    replacement = {name: values[name] for name in
+                   ("payload", "priority", "max_retries", "unique_while", "updated_at")}
+    if new.scheduled:
+        replacement["run_at"] = values["run_at"]
+    return replacement
+
+
+def twin_conflict(twin: Job | None, new: NewJob, position: int | None = None
+                  ) -> UniqueConflict:
+    at = "" if position is None else f"jobs.{position}: "
+    assert new.unique is not None
+    if new.unique.on_conflict is OnConflict.REPLACE:
+        detail = f"{at}the job holding this unique key is {twin.status if twin else 'taken'}; " \
+                 "only a pending job can be replaced."
+    else:
+        detail = f"{at}a job holds this unique key."
+    return UniqueConflict(detail, None if twin is None else twin.id)
+
+
+def meet_stored_twin(twin: Job, new: NewJob, position: int | None = None
+                     ) -> dict[str, Any] | None:
+    """What `new` does to the stored twin holding its key: None to return the twin as it is,
+    else the replacement values. Raises UniqueConflict (reject, or replace of a job that is
+    no longer pending)."""
+    assert new.unique is not None
+    on_conflict = new.unique.on_conflict
+    if on_conflict is OnConflict.RETURN:
+        return None
+    if on_conflict is OnConflict.REPLACE and twin.status == JobStatus.PENDING:
+        return replacement_values(new)
+    raise twin_conflict(twin, new, position)
+
+
+@dataclass
 class BatchPlan:
-    """What each row of a batch becomes: ("stored", job) a replay of a stored job,
-    ("earlier", position) a replay of an earlier row, ("new", index into new_rows)."""
+    """What each item of a batch becomes: ("replay", job) a replay of a stored job,
+    ("replay_item", position) of an earlier item, ("new", index into new_rows),
+    ("twin", job id, Deduplicated) a stored twin (replaced through `replacements`),
+    ("twin_item", position, Deduplicated) the job of an earlier item."""
 
-    steps: list[tuple[str, Any]]
+    steps: list[tuple[str, Any, Any]]
     new_rows: list[dict[str, Any]]
+    replacements: dict[int, dict[str, Any]]  # stored twin's id → its replacement values
 
-    def results(self, inserted: list[Job]) -> list[tuple[Job, bool]]:
-        """(job, replayed) per row, once `new_rows` are stored as `inserted`."""
-        results: list[tuple[Job, bool]] = []
-        for kind, ref in self.steps:
-            if kind == "stored":
-                results.append((ref, True))
+    def results(self, inserted: list[Job], replaced: dict[int, Job]
+                ) -> list[tuple[Job, bool, Deduplicated]]:
+        """(job, replayed, deduplicated) per item, once `new_rows` are stored as `inserted`
+        and the replacements made as `replaced` (by id; the twins as they were otherwise)."""
+        results: list[tuple[Job, bool, Deduplicated]] = []
+        for kind, ref, how in self.steps:
+            if kind == "replay":
+                results.append((ref, True, Deduplicated.NO))
+            elif kind == "replay_item":
+                results.append((results[ref][0], True, Deduplicated.NO))
             elif kind == "new":
-                results.append((inserted[ref], False))
+                results.append((inserted[ref], False, Deduplicated.NO))
+            elif kind == "twin":
+                results.append((replaced.get(ref.id, ref), False, how))
             else:
-                results.append((results[ref][0], True))
-        return results
+                results.append((results[ref][0], False, how))
+        # An item whose job a later item replaced shows the job as it was finally stored.
+        final = {job.id: job for job, _, _ in results}
+        return [(final[job.id], replayed, how) for job, replayed, how in results]
 
 
-def plan_batch(rows: list[dict[str, Any]], stored: dict[str, Job]) -> BatchPlan:
-    """Decide each row of a batch, given the producer's stored jobs by idempotency key."""
-    first_row_with_key: dict[str, int] = {}
-    steps: list[tuple[str, Any]] = []
-    new_rows: list[dict[str, Any]] = []
-    for position, row in enumerate(rows):
+def plan_batch(items: list[NewJob], stored: dict[str, Job], twins: dict[str, Job]
+               ) -> BatchPlan:
+    """Decide each item of a batch, given the producer's stored jobs by idempotency key and
+    the stored jobs holding the items' unique scopes, by scope. Raises ValidationFailed (an
+    idempotency key reused) or UniqueConflict."""
+    first_item_with_key: dict[str, int] = {}
+    # Each unique scope met so far: the earlier item that holds it, or the stored twin.
+    holder_item: dict[str, int] = {}
+    plan = BatchPlan([], [], {})
+    new_row_of_item: dict[int, int] = {}
+    for position, item in enumerate(items):
+        row = item.values
         key = row["idempotency_key"]
+        scope = item.unique.scope if item.unique is not None else None
         if key is not None and key in stored:
-            steps.append(("stored", replayed(stored[key], row, position)))
-        elif key is not None and key in first_row_with_key:
-            if rows[first_row_with_key[key]]["request_fingerprint"] != row["request_fingerprint"]:
+            plan.steps.append(("replay", replayed(stored[key], row, position), None))
+        elif key is not None and key in first_item_with_key:
+            earlier = items[first_item_with_key[key]].values
+            if earlier["request_fingerprint"] != row["request_fingerprint"]:
                 raise key_reused(position)
-            steps.append(("earlier", first_row_with_key[key]))
+            plan.steps.append(("replay_item", first_item_with_key[key], None))
+        elif scope is not None and scope in twins:
+            twin = twins[scope]
+            replacement = meet_stored_twin(twin, item, position)
+            if replacement is not None:
+                plan.replacements[twin.id] = plan.replacements.get(twin.id, {}) | replacement
+            plan.steps.append(("twin", twin, Deduplicated.RETURNED if replacement is None
+                               else Deduplicated.REPLACED))
+        elif scope is not None and scope in holder_item:
+            earlier_position = holder_item[scope]
+            how = _meet_earlier_item(plan, new_row_of_item[earlier_position], item, position)
+            plan.steps.append(("twin_item", earlier_position, how))
         else:
             if key is not None:
-                first_row_with_key[key] = position
-            steps.append(("new", len(new_rows)))
-            new_rows.append(row)
-    return BatchPlan(steps, new_rows)
+                first_item_with_key[key] = position
+            if scope is not None:
+                holder_item[scope] = position
+            new_row_of_item[position] = len(plan.new_rows)
+            plan.steps.append(("new", len(plan.new_rows), None))
+            plan.new_rows.append(dict(row))
+    return plan
+
+
+def _meet_earlier_item(plan: BatchPlan, new_row: int, item: NewJob, position: int
+                       ) -> Deduplicated:
+    """A later item meeting the unique scope of an earlier new item of its batch: the
+    earlier item's row is the twin, still pending."""
+    assert item.unique is not None
+    on_conflict = item.unique.on_conflict
+    if on_conflict is OnConflict.RETURN:
+        return Deduplicated.RETURNED
+    if on_conflict is OnConflict.REJECT:
+        raise twin_conflict(None, item, position)
+    plan.new_rows[new_row].update(replacement_values(item))
+    return Deduplicated.REPLACED

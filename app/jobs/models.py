@@ -27,6 +27,16 @@ class JobStatus(enum.StrEnum):
 
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 
+# Each status's bit in a job's `unique_while` mask (the statuses in which it holds its unique
+# key). Stored, and spelled into the unique index's predicate: never renumber.
+STATUS_BITS: dict[JobStatus, int] = {
+    JobStatus.PENDING: 1,
+    JobStatus.RUNNING: 2,
+    JobStatus.COMPLETED: 4,
+    JobStatus.FAILED: 8,
+    JobStatus.CANCELLED: 16,
+}
+
 
 class Priority(enum.IntEnum):
     """Stored as integers with gaps, so a level can be added without renumbering."""
@@ -88,6 +98,9 @@ class Job:
     created_at: int
     updated_at: int
     concurrency_key: str | None = None  # flow control's per-key cap (app/types)
+    unique_key: str | None = None  # as the producer gave it, or the default digest
+    unique_scope: str | None = None  # digest of type, unique key and period bucket
+    unique_while: int | None = None  # STATUS_BITS of the statuses in which the key is held
 
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""
@@ -204,6 +217,10 @@ def requeued(*, now_us: int) -> dict[str, Any]:
             "lease_token": None, "updated_at": now_us}
 
 
+def replaced(changes: dict[str, Any]) -> dict[str, Any]:
+    return changes
+
+
 @dataclass(frozen=True, slots=True)
 class Edge:
     """One edge of the state machine: the statuses it may start from, whether only the
@@ -229,6 +246,9 @@ class Transition(enum.Enum):
     RESCUE = Edge((JobStatus.RUNNING,), False, lease_expired)
     CANCEL = Edge((JobStatus.PENDING,), False, cancelled)
     RETRY = Edge((JobStatus.FAILED, JobStatus.CANCELLED), False, requeued)
+    # A unique job's debounce: a pending twin takes a new request's payload, priority,
+    # max_retries and schedule (app/jobs/uniqueness.py works out the columns).
+    REPLACE = Edge((JobStatus.PENDING,), False, replaced)
 
     @property
     def from_statuses(self) -> tuple[JobStatus, ...]:

@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
-from app.db import claim_order_columns, jobs
+from app.db import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
 from app.jobs.models import Job, JobStatus, Transition, claim_order_key
 from app.types.models import ClaimGate
 
@@ -56,6 +56,13 @@ _select_by_id_for_update = _select_by_id.with_for_update()
 _select_by_idempotency_key = select(jobs).where(
     jobs.c.producer == bindparam("producer"),
     jobs.c.idempotency_key == bindparam("idempotency_key"),
+)
+# The predicate is the unique index's own text, so the look-up reads that index.
+_unique_holder = text(UNIQUE_HOLDER_PREDICATE)
+_select_unique_holder = select(jobs).where(
+    jobs.c.producer == bindparam("producer"),
+    jobs.c.unique_scope == bindparam("unique_scope"),
+    _unique_holder,
 )
 # SKIP LOCKED: a lease another claim is rescuing right now is simply left to that claim.
 _select_expired_leases = (
@@ -241,9 +248,11 @@ class JobRepository:
     # -- creating -------------------------------------------------------------------------
 
     def insert_job(self, values: Mapping[str, Any]) -> Job | None:
-        """Insert a job. None when (producer, idempotency_key) is taken: the caller replays."""
-        stmt = _insert_statement(self.conn.dialect.name,
-                                 skip_conflicts=values.get("idempotency_key") is not None)
+        """Insert a job. None when (producer, idempotency_key) is taken, or its unique scope
+        is held: the caller finds the job that stands in the way."""
+        skip_conflicts = (values.get("idempotency_key") is not None
+                          or values.get("unique_scope") is not None)
+        stmt = _insert_statement(self.conn.dialect.name, skip_conflicts=skip_conflicts)
         row = self.conn.execute(stmt, values).first()
         return None if row is None else _job(row)
 
@@ -289,6 +298,21 @@ class JobRepository:
             {"producer": producer, "idempotency_key": idempotency_key},
         ).first()
         return None if row is None else _job(row)
+
+    def find_unique_holder(self, producer: str, unique_scope: str) -> Job | None:
+        """The producer's job that holds this unique scope now (in one of its while
+        statuses); None when no job does."""
+        row = self.conn.execute(_select_unique_holder,
+                                {"producer": producer, "unique_scope": unique_scope}).first()
+        return None if row is None else _job(row)
+
+    def find_unique_holders(self, producer: str, scopes: Collection[str]) -> dict[str, Job]:
+        """The producer's jobs holding these unique scopes now, by scope."""
+        if not scopes:
+            return {}
+        stmt = select(jobs).where(jobs.c.producer == producer,
+                                  jobs.c.unique_scope.in_(list(scopes)), _unique_holder)
+        return {job.unique_scope or "": job for job in map(_job, self.conn.execute(stmt))}
 
     def list_jobs(self, *, after_id: int, limit: int, producer: str | None = None,
                   worker: str | None = None, status: str | None = None,

@@ -21,6 +21,7 @@ from app.jobs.schemas import (
     EmptySchema,
     EnqueueSchema,
     FailSchema,
+    GetJobQuerySchema,
     HeartbeatSchema,
     IdempotencyKeyHeaderSchema,
     JobListSchema,
@@ -29,7 +30,8 @@ from app.jobs.schemas import (
     render_job_page,
     represent,
 )
-from app.jobs.service import Claimed, JobService
+from app.jobs.service import Claimed, Enqueued, JobService
+from app.jobs.uniqueness import Deduplicated
 from app.keys.models import Role
 from app.openapi import Reply, documented
 
@@ -40,6 +42,7 @@ _JOB = Reply(200, "The job.", JobSchema)
 
 _enqueue_schema = EnqueueSchema()
 _list_query_schema = ListQuerySchema()
+_get_query_schema = GetJobQuerySchema()
 _claim_schema = ClaimSchema()
 _heartbeat_schema = HeartbeatSchema()
 _complete_schema = CompleteSchema()
@@ -50,14 +53,21 @@ _claim_many_schema = ClaimManySchema()
 _complete_many_schema = CompleteManySchema()
 
 
+# The query parameters each route takes; GET /jobs's own schema refuses unknown ones.
+_QUERY_PARAMETERS = {"jobs.get_job": frozenset({"wait_seconds"})}
+
+
 @bp.before_request
 def _refuse_unknown_query_parameters() -> None:
-    # Only GET /jobs takes query parameters (its schema refuses unknown ones); anywhere else
-    # a parameter is a client's mistake, said at once rather than silently ignored.
-    if request.args and request.endpoint != "jobs.list_jobs":
-        raise ValidationFailed("This route takes no query parameters.",
-                               errors={name: ["Unknown query parameter."]
-                                       for name in request.args})
+    # A parameter a route does not take is a client's mistake, said at once rather than
+    # silently ignored.
+    if not request.args or request.endpoint == "jobs.list_jobs":
+        return
+    known = _QUERY_PARAMETERS.get(request.endpoint or "", frozenset())
+    unknown = [name for name in request.args if name not in known]
+    if unknown:
+        raise ValidationFailed("This route takes no such query parameter.",
+                               errors={name: ["Unknown query parameter."] for name in unknown})
 
 
 def _service() -> JobService:
@@ -132,8 +142,10 @@ def enqueue_batch() -> Response:
     body = load_body(_batch_schema)
     results = _service().enqueue_many(current_caller(), body["jobs"])
     show_error = current_caller().is_admin
-    response = jsonify({"jobs": [represent(job, show_error=show_error) | {"replayed": replayed}
-                                 for job, replayed in results]})
+    response = jsonify({"jobs": [represent(outcome.job, show_error=show_error)
+                                 | {"replayed": outcome.replayed,
+                                    "deduplicated": outcome.deduplicated.wire}
+                                 for outcome in results]})
     response.status_code = 201
     return response
 
@@ -162,19 +174,29 @@ def complete_many_jobs() -> Response:
 @documented("Enqueue a job.",
             body=EnqueueSchema, body_required=True, request_headers=["IdempotencyKey"],
             replies=[Reply(201, "The new job, pending.", JobSchema, ("Location",)),
-                     Reply(200, "A replay: the job this idempotency key created before.",
-                           JobSchema, ("Location", "Idempotent-Replayed"))],
+                     Reply(200, "A replay (the job this idempotency key created before), or "
+                                "the twin holding this request's unique key, returned or "
+                                "replaced.",
+                           JobSchema, ("Location", "Idempotent-Replayed", "Deduplicated"))],
             errors=[409])
 @require_roles(Role.PRODUCER, Role.ADMIN)
 def enqueue_job() -> Response:
     header_key = _idempotency_key_header()
     body = load_body(_enqueue_schema)
-    job, replayed = _service().enqueue(current_caller(), body, header_key)
-    response = _job_response(job, 200 if replayed else 201)
-    response.headers["Location"] = url_for("jobs.get_job", job_id=job.id)
-    if replayed:
+    outcome = _service().enqueue(current_caller(), body, header_key)
+    response = _job_response(outcome.job, 201 if outcome.created else 200)
+    response.headers["Location"] = url_for("jobs.get_job", job_id=outcome.job.id)
+    if outcome.replayed:
         response.headers["Idempotent-Replayed"] = "true"
+    _say_deduplicated(response, outcome)
     return response
+
+
+def _say_deduplicated(response: Response, outcome: Enqueued) -> None:
+    if outcome.deduplicated is Deduplicated.RETURNED:
+        response.headers["Deduplicated"] = "true"
+    elif outcome.deduplicated is Deduplicated.REPLACED:
+        response.headers["Deduplicated"] = "replaced"
 
 
 @bp.get("/jobs")
@@ -193,10 +215,13 @@ def list_jobs() -> Response:
 
 
 @bp.get("/jobs/<id:job_id>")
-@documented("Read a job.", replies=[_JOB], errors=[404])
+@documented("Read a job, waiting up to wait_seconds for it to finish.",
+            query=GetJobQuerySchema, replies=[_JOB], errors=[404])
 @require_roles(*ANY_ROLE)
 def get_job(job_id: int) -> Response:
-    return _job_response(_service().get_job(current_caller(), job_id))
+    query = load_query(_get_query_schema)
+    return _job_response(_service().get_job(current_caller(), job_id,
+                                            wait_seconds=query["wait_seconds"]))
 
 
 @bp.post("/jobs/<id:job_id>/heartbeat")

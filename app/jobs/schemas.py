@@ -17,6 +17,7 @@ from app.errors import ProblemSchema
 from app.jobs.cursor import encode_cursor
 from app.jobs.ids import MAX_JOB_ID
 from app.jobs.models import PRIORITY_LABELS, Job, JobStatus, Priority
+from app.jobs.uniqueness import DEFAULT_WHILE, OnConflict, while_set_problem
 
 MAX_LEASE_SECONDS = 3600
 MAX_DELAY_SECONDS = 31_536_000
@@ -24,6 +25,8 @@ MAX_RETRY_IN_SECONDS = 86_400
 MAX_RETRIES = 25
 MAX_ERROR_CHARS = 100_000
 MAX_WAIT_SECONDS = 20
+MAX_RESULT_WAIT_SECONDS = 60
+MAX_UNIQUE_PERIOD_SECONDS = 31_536_000
 MAX_BATCH_JOBS = 1000
 MAX_CLAIM_JOBS = 100
 MAX_COMPLETE_ITEMS = 100
@@ -131,6 +134,60 @@ class EmptySchema(StrictSchema):
     """For routes that take no fields: an empty body or {} only."""
 
 
+class ResultWaitSeconds(fields.Float):
+    """GET /jobs/{id}'s wait_seconds: 0 to 60 seconds, in ASCII digits with an optional
+    fraction. /openapi.json says it as a string of that form (a query string holds no
+    numbers), the range spelled into its pattern."""
+
+    _FORM = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
+    PATTERN = r"^([0-9]|[1-5][0-9])(\.[0-9]{1,6})?$|^60(\.0{1,6})?$"
+
+    def __init__(self, **kwargs: Any) -> None:
+        metadata = {"type": "string", "pattern": self.PATTERN, "default": "0",
+                    **kwargs.pop("metadata", {})}
+        super().__init__(load_default=0.0, metadata=metadata, **kwargs)
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> float:
+        if not isinstance(value, str) or not self._FORM.fullmatch(value):
+            raise ValidationError("Must be a number of seconds in ASCII digits, like 5 or 2.5.")
+        seconds = float(value)
+        if seconds > MAX_RESULT_WAIT_SECONDS:
+            raise ValidationError(f"Must be from 0 to {MAX_RESULT_WAIT_SECONDS}.")
+        return seconds
+
+
+_STATUS_NAMES = [s.value for s in JobStatus]
+
+
+class UniqueSchema(StrictSchema):
+    """`unique` on an enqueue: which jobs count as the same work (contract §10)."""
+
+    key = fields.String(validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII],
+                        metadata={"description": "Default: a digest of type and payload."})
+    period_seconds = StrictInteger(
+        validate=validate.Range(1, MAX_UNIQUE_PERIOD_SECONDS),
+        metadata={"description": "Twins collide only when their run_at falls in the same "
+                                 "period, aligned to the Unix epoch."})
+    while_ = fields.List(
+        fields.String(validate=validate.OneOf(_STATUS_NAMES)), data_key="while",
+        attribute="while", validate=validate.Length(min=1, max=len(_STATUS_NAMES)),
+        metadata={"description": "The statuses in which a job holds its key. Must include "
+                                 "pending; with completed or failed, also running.",
+                  "example": list(DEFAULT_WHILE)})
+    on_conflict = fields.String(validate=validate.OneOf([c.value for c in OnConflict]),
+                                metadata={"description": "Default: return."})
+
+    openapi_extra: ClassVar[dict[str, Any]] = {
+        "example": {"key": "reindex-customer-42", "period_seconds": 60,
+                    "while": list(DEFAULT_WHILE), "on_conflict": "replace"}}
+
+    @validates_schema
+    def _enforceable_while(self, data: dict[str, Any], **_: Any) -> None:
+        problem = while_set_problem(data.get("while") or DEFAULT_WHILE)
+        if problem is not None:
+            raise ValidationError(problem, "while")
+
+
 class EnqueueSchema(StrictSchema):
     type = fields.String(required=True, validate=validate.Length(min=1, max=100))
     payload = fields.Dict(load_default=dict)
@@ -148,6 +205,9 @@ class EnqueueSchema(StrictSchema):
         load_default=None, validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII],
         metadata={"description": "With the type's max_running_per_key set, at most that many "
                                  "jobs of one (type, concurrency_key) run at once."})
+    unique = fields.Nested(UniqueSchema, load_default=None, allow_none=True, metadata={
+        "description": "Keep one job for the same work: a twin is returned, rejected (409) "
+                       "or replaced (debounce)."})
 
     # For /openapi.json: the rule _one_schedule enforces, said in JSON Schema, and a whole
     # example (field examples would be combined into a body that breaks that rule).
@@ -171,6 +231,13 @@ class ListQuerySchema(StrictSchema):
     type = _non_empty_text(100)
     limit = QueryInteger(load_default=50, validate=validate.Range(1, 500))
     cursor = _non_empty_text(200)
+
+
+class GetJobQuerySchema(StrictSchema):
+    wait_seconds = ResultWaitSeconds(
+        metadata={"description": "Seconds (0..60) to wait for the job to be completed, "
+                                 "failed or cancelled; then answer with the job as it is.",
+                  "example": "0.5"})
 
 
 class BatchEnqueueSchema(StrictSchema):
@@ -249,10 +316,16 @@ class JobSchema(Schema):
     error = fields.String(allow_none=True, metadata={"description": "Admins only."})
     created_at = fields.String(required=True, metadata={"format": "date-time"})
     updated_at = fields.String(required=True, metadata={"format": "date-time"})
+    unique_key = fields.String(required=True, allow_none=True,
+                               metadata={"description": "Set on jobs enqueued with unique."})
 
 
 class BatchJobSchema(JobSchema):
     replayed = fields.Boolean(required=True)
+    deduplicated = fields.Raw(required=True, metadata={
+        "description": "false: a new job (or a replay); true: the item met a twin holding "
+                       "its unique key and returned it; \"replaced\": it replaced the twin.",
+        "enum": [False, True, "replaced"]})
 
 
 class BatchJobListSchema(Schema):
@@ -298,6 +371,7 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None) -> 
         "result": None if job.result is None else json.loads(job.result),
         "created_at": to_rfc3339(job.created_at),
         "updated_at": to_rfc3339(job.updated_at),
+        "unique_key": job.unique_key,
     }
     if lease_token is not None:
         shown["lease_token"] = lease_token

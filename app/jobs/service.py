@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import secrets
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
@@ -19,11 +18,20 @@ from sqlalchemy.exc import IntegrityError
 
 from app.clock import MICROS, Clock
 from app.db import Database
-from app.errors import Conflict, Forbidden, NotFound, Problem, ValidationFailed
+from app.errors import (
+    Conflict,
+    Forbidden,
+    NotFound,
+    Problem,
+    UniqueConflict,
+    ValidationFailed,
+)
 from app.jobs.cursor import decode_cursor, encode_cursor
 from app.jobs.intake import (
     IntakeRules,
-    new_job_values,
+    NewJob,
+    meet_stored_twin,
+    new_job,
     plan_batch,
     replayed,
     require_configured_types,
@@ -31,7 +39,8 @@ from app.jobs.intake import (
 )
 from app.jobs.models import TERMINAL_STATUSES, Backoff, Job, JobStatus, Transition
 from app.jobs.repository import JobRepository, WriteConflict
-from app.jobs.waiting import POLL_SECONDS, JobSignal
+from app.jobs.uniqueness import Deduplicated, holds_key_in
+from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitingBudget
 from app.keys.models import Caller, Role
 from app.redaction import redact_error
 from app.types.service import FlowControl
@@ -40,6 +49,13 @@ from app.types.service import FlowControl
 RESCUE_BATCH = 100
 # A batch whose keys race a concurrent request on PostgreSQL is run again this many times.
 _BATCH_ATTEMPTS = 3
+# An enqueue whose twin changes between the insert and its look-up (PostgreSQL: the twin was
+# claimed, finished or purged in between) tries again this many times.
+_TWIN_ATTEMPTS = 3
+# `replace` (debounce) changes a twin only while it waits to run.
+# Not a metric event: the count of jobs a transaction left completed, failed or cancelled,
+# which wakes the reads waiting for a job to finish once it has committed.
+FINISHED = "finished"
 
 
 @dataclass(frozen=True)
@@ -49,6 +65,29 @@ class QueueSettings:
     max_payload_bytes: int
     backoff: Backoff
     max_waiting_claims: int = 8
+    max_waiting_requests: int = 4
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """What an enqueue made: a new job, a replay (idempotency), or a twin met (unique)."""
+
+    job: Job
+    replayed: bool = False
+    deduplicated: Deduplicated = Deduplicated.NO
+
+    @property
+    def created(self) -> bool:
+        return not self.replayed and self.deduplicated is Deduplicated.NO
+
+
+class _TwinMoved(Exception):
+    """A batch's stored twin stopped being pending before its replacement (PostgreSQL)."""
+
+
+def _is_unique_scope_violation(error: IntegrityError) -> bool:
+    # Told apart by the index's name (PostgreSQL) or its column (SQLite's message).
+    return "unique_scope" in str(error.orig)
 
 
 @dataclass(frozen=True)
@@ -91,10 +130,11 @@ class JobService:
         self.rng = rng or random.SystemRandom()
         self.intake = IntakeRules(settings.job_types, settings.max_payload_bytes)
         self.signal = JobSignal()
-        # A waiting claim holds a server thread; past this many, claims answer at once, so
-        # that waiting claims can never take every thread from the other requests.
-        self._waiting_slots = threading.BoundedSemaphore(max(settings.max_waiting_claims, 1))
-        self._may_wait = settings.max_waiting_claims > 0
+        # Told when a job of this process may have finished (completed, failed, cancelled).
+        self.finished = JobSignal()
+        # Claims waiting for work, and reads waiting for a job to finish, each have a budget.
+        self._claim_waits = WaitingBudget(settings.max_waiting_claims)
+        self._result_waits = WaitingBudget(settings.max_waiting_requests)
 
     def _repo(self, conn: Connection, caller: Caller) -> JobRepository:
         """The repository on `conn`, once the caller's key is confirmed live in the same
@@ -105,32 +145,34 @@ class JobService:
     # -- producers ------------------------------------------------------------------------
 
     def enqueue(self, caller: Caller, request: dict[str, Any],
-                header_idempotency_key: str | None = None) -> tuple[Job, bool]:
-        """Store a new job, or find the one this idempotency key made before.
+                header_idempotency_key: str | None = None) -> Enqueued:
+        """Store a new job, replay the one this idempotency key made before, or meet the twin
+        holding this request's unique key (return it, reject, or replace it).
 
-        Returns (job, replayed). Raises ValidationFailed, Forbidden or Conflict.
+        Raises ValidationFailed, Forbidden, Conflict or UniqueConflict.
         """
         now = self.clock.now_us()
-        values = new_job_values(self.intake, caller, request, header_idempotency_key, now)
-        job, replayed = self.db.run_write(
-            lambda conn: self._insert_or_replay(self._repo(conn, caller), values))
-        if not replayed:
+        new = new_job(self.intake, caller, request, header_idempotency_key, now)
+        outcome = self.db.run_write(
+            lambda conn: self._insert_or_meet(self._repo(conn, caller), new))
+        if outcome.created:
             self.on_event("enqueued", 1)
-            self.signal.notify()
-        return job, replayed
+        if outcome.created or outcome.deduplicated is Deduplicated.REPLACED:
+            self.signal.notify()  # a replacement may have moved its run_at closer
+        return outcome
 
-    def enqueue_many(self, caller: Caller,
-                     requests: list[dict[str, Any]]) -> list[tuple[Job, bool]]:
-        """Store several jobs in one transaction, all or nothing; (job, replayed) in order.
+    def enqueue_many(self, caller: Caller, requests: list[dict[str, Any]]) -> list[Enqueued]:
+        """Store several jobs in one transaction, all or nothing; what each item made, in order.
 
         Every item is checked before anything is written; field errors are keyed by position
-        (`jobs.3.type`). Idempotency keys work per item, a repeat within the batch included.
+        (`jobs.3.type`). Idempotency keys and unique keys work per item, and an item meets an
+        earlier item of the batch as it would a stored job.
         """
         now = self.clock.now_us()
-        rows, errors = [], {}
+        items, errors = [], {}
         for position, request in enumerate(requests):
             try:
-                rows.append(new_job_values(self.intake, caller, request, None, now))
+                items.append(new_job(self.intake, caller, request, None, now))
             except ValidationFailed as exc:
                 errors.update({f"jobs.{position}.{field}": messages
                                for field, messages in (exc.errors or {}).items()})
@@ -142,45 +184,94 @@ class JobService:
         for attempt in range(_BATCH_ATTEMPTS):
             try:
                 results = self.db.run_write(
-                    lambda conn: self._insert_or_replay_many(self._repo(conn, caller), rows))
+                    lambda conn: self._insert_or_meet_many(self._repo(conn, caller), items))
                 break
-            except (IntegrityError, WriteConflict):
+            except (IntegrityError, WriteConflict, _TwinMoved):
                 # A concurrent request stored one of these keys between our look-up and
-                # insert, or deadlocked with this one (PostgreSQL only; SQLite's BEGIN
-                # IMMEDIATE serialises writers). Run again: its job is now a replay.
+                # insert, deadlocked with this one, or moved a twin we meant to replace
+                # (PostgreSQL only; SQLite's BEGIN IMMEDIATE serialises writers). Run again:
+                # it is now a replay or a twin.
                 if attempt == _BATCH_ATTEMPTS - 1:
-                    raise Conflict("Requests with these idempotency keys are in flight; "
-                                   "retry.") from None
-        created = sum(1 for _, replayed in results if not replayed)
+                    raise Conflict("Requests with these idempotency or unique keys are in "
+                                   "flight; retry.") from None
+        created = sum(1 for outcome in results if outcome.created)
         if created:
             self.on_event("enqueued", created)
+        if any(not outcome.replayed and outcome.deduplicated is not Deduplicated.RETURNED
+               for outcome in results):
             self.signal.notify()
         return results
 
     @staticmethod
-    def _insert_or_replay_many(repo: JobRepository,
-                               rows: list[dict[str, Any]]) -> list[tuple[Job, bool]]:
-        keys = {row["idempotency_key"] for row in rows if row["idempotency_key"] is not None}
-        repo.lock_idempotency_keys(rows[0]["producer"], keys)
-        stored = repo.find_by_idempotency_keys(rows[0]["producer"], keys) if keys else {}
-        plan = plan_batch(rows, stored)
-        return plan.results(repo.insert_jobs(plan.new_rows))
+    def _insert_or_meet_many(repo: JobRepository, items: list[NewJob]) -> list[Enqueued]:
+        producer = items[0].values["producer"]
+        keys = {item.values["idempotency_key"] for item in items
+                if item.values["idempotency_key"] is not None}
+        repo.lock_idempotency_keys(producer, keys)
+        scopes = {item.unique.scope for item in items if item.unique is not None}
+        plan = plan_batch(items, repo.find_by_idempotency_keys(producer, keys),
+                          repo.find_unique_holders(producer, scopes))
+        replaced = {}
+        # In id order: concurrent batches replacing the same twins lock them in one order
+        # and so cannot deadlock each other on PostgreSQL.
+        for job_id, values in sorted(plan.replacements.items()):
+            job = repo.apply_transition(Transition.REPLACE, job_id, values)
+            if job is None:
+                raise _TwinMoved()
+            replaced[job_id] = job
+        return [Enqueued(job, replayed=was_replayed, deduplicated=how) for job, was_replayed, how
+                in plan.results(repo.insert_jobs(plan.new_rows), replaced)]
 
     @staticmethod
-    def _insert_or_replay(repo: JobRepository, values: dict[str, Any]) -> tuple[Job, bool]:
-        job = repo.insert_job(values)
-        if job is not None:
-            return job, False
-        # The unique index on (producer, idempotency_key) refused the row: replay the twin.
-        twin = repo.find_by_idempotency_key(values["producer"], values["idempotency_key"])
-        if twin is None:
-            raise Conflict("A request with this idempotency key is still in flight; retry.")
-        return replayed(twin, values), True
+    def _insert_or_meet(repo: JobRepository, new: NewJob) -> Enqueued:
+        values = new.values
+        for _attempt in range(_TWIN_ATTEMPTS):
+            job = repo.insert_job(values)
+            if job is not None:
+                return Enqueued(job)
+            # Refused by a unique index. The idempotency key is asked first: a replay is never
+            # a duplicate.
+            if values["idempotency_key"] is not None:
+                twin = repo.find_by_idempotency_key(values["producer"], values["idempotency_key"])
+                if twin is not None:
+                    return Enqueued(replayed(twin, values), replayed=True)
+            if new.unique is not None:
+                holder = repo.find_unique_holder(values["producer"], new.unique.scope)
+                if holder is not None:
+                    replacement = meet_stored_twin(holder, new)
+                    if replacement is None:
+                        return Enqueued(holder, deduplicated=Deduplicated.RETURNED)
+                    replaced = repo.apply_transition(Transition.REPLACE, holder.id,
+                                                     replacement)
+                    if replaced is not None:
+                        return Enqueued(replaced, deduplicated=Deduplicated.REPLACED)
+            # The job that stood in the way moved on between the insert and the look-up.
+        raise Conflict("A request with this idempotency or unique key is in flight; retry.")
 
     # -- reading --------------------------------------------------------------------------
 
-    def get_job(self, caller: Caller, job_id: int) -> Job:
-        """The job, if the caller may see it; NotFound otherwise (the two look alike)."""
+    def get_job(self, caller: Caller, job_id: int, wait_seconds: float = 0) -> Job:
+        """The job, if the caller may see it; NotFound otherwise (the two look alike).
+
+        With `wait_seconds`, an unfinished job is read again as soon as this process finishes
+        a job, and every POLL_SECONDS for the other processes and hosts, until it is
+        completed, failed or cancelled or the time is up; then it is answered as it is. Past
+        the process's budget of waiting requests it is answered at once.
+        """
+        seen = self.finished.generation
+        job = self._read_visible(caller, job_id)
+        if job.status in TERMINAL_STATUSES or wait_seconds <= 0:
+            return job
+        with self._result_waits.slot() as granted:
+            deadline = time.monotonic() + wait_seconds
+            while (granted and job.status not in TERMINAL_STATUSES
+                   and (remaining := deadline - time.monotonic()) > 0):
+                self.finished.wait(seen, timeout=min(POLL_SECONDS, remaining))
+                seen = self.finished.generation
+                job = self._read_visible(caller, job_id)
+        return job
+
+    def _read_visible(self, caller: Caller, job_id: int) -> Job:
         with self.db.read() as conn:
             job = self._repo(conn, caller).get_job(job_id)
         if job is None or not self._visible_to(caller, job):
@@ -236,16 +327,12 @@ class JobService:
         claimed = self._claim_now(caller, wanted, lease_seconds, limit)
         if claimed or wait_seconds <= 0:
             return claimed
-        if not (self._may_wait and self._waiting_slots.acquire(blocking=False)):
-            return claimed
-        try:
+        with self._claim_waits.slot() as granted:
             deadline = time.monotonic() + wait_seconds
-            while not claimed and self._wait_for_work(wanted, seen, deadline):
+            while granted and not claimed and self._wait_for_work(wanted, seen, deadline):
                 seen = self.signal.generation
                 claimed = self._claim_now(caller, wanted, lease_seconds, limit)
-            return claimed
-        finally:
-            self._waiting_slots.release()
+        return claimed
 
     def _claim_now(self, caller: Caller, wanted: frozenset[str] | None,
                    lease_seconds: int | None, limit: int) -> list[Claimed]:
@@ -316,9 +403,8 @@ class JobService:
     def _rescue_expired_leases(self, repo: JobRepository, now: int, events: Events) -> None:
         # A lease that ran out is a failed attempt whose worker is presumed dead.
         for job in repo.find_expired_leases(now, RESCUE_BATCH):
-            rescued = repo.apply_transition(Transition.RESCUE, job.id,
-                                            Transition.RESCUE.values(job, now),
-                                            lease_token=job.lease_token)
+            rescued = self._end_attempt(repo, Transition.RESCUE, job,
+                                        Transition.RESCUE.values(job, now))
             if rescued is not None:
                 self._made(repo, Transition.RESCUE, [rescued], events)
 
@@ -413,16 +499,43 @@ class JobService:
                 delay = self.settings.backoff.delay_us(job.retry_count, self.rng)
             else:
                 delay = retry_in_us
-            failed = repo.apply_transition(
-                Transition.FAIL, job_id,
-                Transition.FAIL.values(job, now, error, delay),
-                worker=caller.name, now_us=now, lease_token=job.lease_token)
+            failed = self._end_attempt(repo, Transition.FAIL, job,
+                                       Transition.FAIL.values(job, now, error, delay),
+                                       worker=caller.name, now_us=now)
             if failed is None:  # another transaction changed it first (PostgreSQL only)
                 raise Conflict("The job changed while this request ran; its lease is gone.")
             self._made(repo, Transition.FAIL, [failed], events)
             return failed
 
         return self._write(fail_in)
+
+    @staticmethod
+    def _end_attempt(repo: JobRepository, transition: Transition, job: Job,
+                     values: dict[str, Any], *, worker: str | None = None,
+                     now_us: int | None = None) -> Job | None:
+        """Apply a failed attempt's `values` (FAIL or RESCUE) to the running `job` (None if it
+        changed).
+
+        Under a while set without running, a job sent back to pending enters its while set
+        again; when a twin enqueued meanwhile holds the key, this job lets go of it rather
+        than have the worker's report refused: the twin stands for the work, and this job
+        still runs its retry.
+        """
+        def move(changes: dict[str, Any]) -> Job | None:
+            return repo.apply_transition(transition, job.id, changes,
+                                         lease_token=job.lease_token, worker=worker,
+                                         now_us=now_us)
+
+        if not (holds_key_in(job.unique_while, values["status"])
+                and not holds_key_in(job.unique_while, job.status)):
+            return move(values)
+        try:
+            with repo.conn.begin_nested():
+                return move(values)
+        except IntegrityError as exc:
+            if not _is_unique_scope_violation(exc):
+                raise
+        return move(values | {"unique_while": None})
 
     @staticmethod
     def _refuse_report(job: Job | None, caller: Caller, now: int,
@@ -446,6 +559,8 @@ class JobService:
         """Called in the transaction of every transition made, with the jobs as it left them.
         What a transition entails besides its UPDATE belongs here, in the same transaction
         (and on `_repo`'s connection); today that is the events it counts."""
+        # Not a metric: wakes the reads waiting for a job to finish (GET ?wait_seconds).
+        events[FINISHED] += sum(1 for job in jobs if job.status in TERMINAL_STATUSES)
         if transition is Transition.CLAIM:
             events["claimed"] += len(jobs)
         elif transition is Transition.COMPLETE:
@@ -465,6 +580,8 @@ class JobService:
         """
         events: Events = Counter()
         result = self.db.run_write(lambda conn: work(conn, events))
+        if events.pop(FINISHED, 0):
+            self.finished.notify()
         for name, count in events.items():
             if count:
                 self.on_event(name, count)
@@ -484,8 +601,8 @@ class JobService:
 
         def transition_in(conn: Connection, events: Events) -> Job:
             repo = self._repo(conn, caller)
-            job = repo.apply_transition(transition, job_id,
-                                        transition.values(now_us=self.clock.now_us()))
+            job = self._transition_holding_keys(repo, job_id, transition,
+                                                transition.values(now_us=self.clock.now_us()))
             if job is None:
                 current = repo.get_job(job_id)
                 if current is None:
@@ -496,6 +613,25 @@ class JobService:
             return job
 
         return self._write(transition_in)
+
+    @staticmethod
+    def _transition_holding_keys(repo: JobRepository, job_id: int, transition: Transition,
+                                 values: dict[str, Any]) -> Job | None:
+        """An admin's transition; a retry that would bring a job back into its while set
+        while a twin holds its unique key is refused (409 naming the twin)."""
+        if transition is not Transition.RETRY:
+            return repo.apply_transition(transition, job_id, values)
+        try:
+            with repo.conn.begin_nested():
+                return repo.apply_transition(transition, job_id, values)
+        except IntegrityError as exc:
+            if not _is_unique_scope_violation(exc):
+                raise
+        job = repo.get_job(job_id)
+        twin = None if job is None else repo.find_unique_holder(job.producer,
+                                                                 job.unique_scope or "")
+        raise UniqueConflict("Another job holds this job's unique key; retry it once that "
+                             "job has left its while statuses.", None if twin is None else twin.id)
 
     # -- retention ------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
-"""Waking claims that wait for work (`wait_seconds`, like SQS long polling).
+"""Waking requests that wait: claims waiting for work (`wait_seconds`, like SQS long polling)
+and reads waiting for a job to finish (GET /jobs/{id}?wait_seconds=N).
 
-A job enqueued by this process wakes its waiting claims at once through a condition
-variable. Jobs enqueued by other gunicorn workers or other hosts, and delayed jobs coming
+A change made by this process wakes its waiting requests at once through a condition
+variable. Changes made by other gunicorn workers or other hosts, and delayed jobs coming
 due, are noticed by a cheap indexed peek every POLL_SECONDS, which works the same on SQLite
 and PostgreSQL and needs no connection held while waiting.
 """
@@ -9,6 +10,8 @@ and PostgreSQL and needs no connection held while waiting.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 POLL_SECONDS = 0.05
 
@@ -33,3 +36,23 @@ class JobSignal:
         with self._condition:
             return self._condition.wait_for(lambda: self._generation != seen_generation,
                                             timeout=timeout)
+
+
+class WaitingBudget:
+    """How many requests of one kind may wait at once in this process. A waiting request
+    holds a server thread; past the budget a request answers at once instead, so waiting
+    requests can never take every thread from the others."""
+
+    def __init__(self, limit: int) -> None:
+        self._slots = threading.BoundedSemaphore(max(limit, 1))
+        self._may_wait = limit > 0
+
+    @contextmanager
+    def slot(self) -> Iterator[bool]:
+        """Yields whether this request may wait; the slot is given back on leaving."""
+        granted = self._may_wait and self._slots.acquire(blocking=False)
+        try:
+            yield granted
+        finally:
+            if granted:
+                self._slots.release()

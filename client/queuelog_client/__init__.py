@@ -20,6 +20,7 @@ from queuelog_client.errors import (
     ServiceUnavailable,
     Unauthorized,
     ValidationFailed,
+    WaitTimeout,
 )
 from queuelog_client.worker import RetryLater, Worker, load_handler
 
@@ -38,6 +39,7 @@ __all__ = [
     "ServiceUnavailable",
     "Unauthorized",
     "ValidationFailed",
+    "WaitTimeout",
     "Worker",
     "load_handler",
 ]

@@ -26,7 +26,13 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from queuelog_client.errors import ProblemError, ServerError, ServerUnreachable, problem_error
+from queuelog_client.errors import (
+    ProblemError,
+    ServerError,
+    ServerUnreachable,
+    WaitTimeout,
+    problem_error,
+)
 
 __all__ = ["Client"]
 
@@ -35,6 +41,9 @@ USER_AGENT = "queuelog-client/0.1"
 MAX_IDLE_CONNECTIONS = 16
 # A Retry-After beyond this is not waited out in one sleep: the caller should hear back.
 MAX_RETRY_AFTER_SECONDS = 60.0
+# The server waits at most this long in one GET /jobs/{id}?wait_seconds=N.
+MAX_WAIT_PER_REQUEST_SECONDS = 60.0
+FINISHED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 Job = dict[str, Any]
 
@@ -157,21 +166,34 @@ class Client:
     def enqueue(self, type: str, payload: Mapping[str, Any] | None = None, *,
                 priority: str | None = None, max_retries: int | None = None,
                 run_at: datetime | str | None = None, delay_seconds: int | None = None,
-                idempotency_key: str | None = None) -> Job:
+                idempotency_key: str | None = None,
+                unique: Mapping[str, Any] | None = None) -> Job:
         """Enqueue one job and return it, with `"replayed": True` when the server already
-        held a job with this idempotency key (generated when not given)."""
+        held a job with this idempotency key (generated when not given).
+
+        `unique` keeps one job for the same work: `{"key", "period_seconds", "while",
+        "on_conflict"}`, all optional (`{}` means: the same type and payload, while pending or
+        running, return the twin). The job comes back with `"deduplicated"`: False for a new
+        job, True when the twin holding the key was returned, "replaced" when it took this
+        payload and schedule. `on_conflict="reject"` raises Conflict, whose
+        `problem["existing_job_id"]` names the twin."""
         body = _enqueue_body(type, payload, priority, max_retries, run_at, delay_seconds)
+        if unique is not None:
+            body["unique"] = dict(unique)
         key = idempotency_key or _new_idempotency_key()
         job: Job
         _, headers, job = self._request("POST", "/jobs", body,
                                         headers={"Idempotency-Key": key})
         job["replayed"] = headers.get("idempotent-replayed", "").lower() == "true"
+        deduplicated = headers.get("deduplicated", "").lower()
+        job["deduplicated"] = "replaced" if deduplicated == "replaced" else deduplicated == "true"
         return job
 
     def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
         """Enqueue several jobs in one transaction (all or none) and return them in order,
-        each with `"replayed"`. Each item is a POST /jobs body (`type`, `payload`, …); items
-        without an `idempotency_key` get a fresh one."""
+        each with `"replayed"` and `"deduplicated"`. Each item is a POST /jobs body (`type`,
+        `payload`, `unique`, …); items without an `idempotency_key` get a fresh one. An item
+        whose unique key an earlier item of the batch holds meets that item's job."""
         items = []
         for job in jobs:
             item = dict(job)
@@ -187,6 +209,27 @@ class Client:
 
     def get_job(self, job_id: int) -> Job:
         return self._object("GET", f"/jobs/{int(job_id)}")
+
+    def wait(self, job_id: int, timeout: float) -> Job:
+        """Wait up to `timeout` seconds for the job to be completed, failed or cancelled and
+        return it (its `result`, or its status, says how it went). Raises WaitTimeout, with
+        the job as it was last seen, when it has not finished in time.
+
+        The server holds each request up to a minute and answers within about 100 ms of the
+        job finishing; longer timeouts are covered by asking again."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            remaining = max(deadline - time.monotonic(), 0.0)
+            wait_seconds = round(min(remaining, MAX_WAIT_PER_REQUEST_SECONDS), 3)
+            _, _, answer = self._request(
+                "GET", f"/jobs/{int(job_id)}?wait_seconds={wait_seconds}",
+                timeout=self.timeout + wait_seconds)
+            job: dict[str, Any] = answer
+            if job["status"] in FINISHED_STATUSES:
+                return job
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {int(job_id)} is still {job['status']} after "
+                                  f"{timeout} s", job)
 
     def list_jobs(self, *, status: str | None = None, type: str | None = None,
                   limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:

@@ -19,6 +19,14 @@ class ServerUnreachable(QueuelogError):
     """
 
 
+class WaitTimeout(QueuelogError, TimeoutError):
+    """Client.wait: the job did not finish within the timeout. `job` is the job as last seen."""
+
+    def __init__(self, message: str, job: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.job = job
+
+
 class ProblemError(QueuelogError):
     """The server answered with an error status and, normally, a problem document."""
 

@@ -17,6 +17,7 @@ SCRIPTS = {
     "depth": ("== Depth: claim latency", "statement p50"),
     "http_single": ("== HTTP, one job per request", "bare Flask jobs/s"),
     "http_batch": ("== HTTP, batches and long polling", "jobs per request"),
+    "await_latency": ("== Waiting for a result across processes", "p99"),
     "peers": ("== Peers:", "dequeue + ack jobs/s"),
     "memory": ("== Memory: one gunicorn worker", "peak (VmHWM) after"),
     "flow": ("== Flow control: limited claims and GET /types", "limits configured, not reached"),

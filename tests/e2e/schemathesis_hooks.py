@@ -47,3 +47,17 @@ def map_body(context: Any, body: Any) -> Any:
     if valid_wait and wait > _LONGEST_FUZZED_WAIT:
         return {**body, "wait_seconds": _LONGEST_FUZZED_WAIT}
     return body
+
+
+# Likewise GET /jobs/{id}?wait_seconds=N may wait up to 60 s for a job to finish (proven by
+# tests/jobs/test_wait_for_result.py): valid generated waits are shortened the same way.
+@schemathesis.hook
+def map_query(context: Any, query: Any) -> Any:
+    wait = query.get("wait_seconds") if isinstance(query, dict) else None
+    try:
+        seconds = float(wait) if isinstance(wait, str) else None
+    except ValueError:
+        seconds = None
+    if seconds is not None and _LONGEST_FUZZED_WAIT < seconds <= 60:
+        return {**query, "wait_seconds": str(_LONGEST_FUZZED_WAIT)}
+    return query

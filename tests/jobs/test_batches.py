@@ -33,7 +33,7 @@ def test_batch_stores_every_job_in_request_order(client, api, producer):
     assert created == sorted(created, key=lambda job: job["id"])
     for job in created:
         stored = api.get(producer, job["id"]).json
-        assert stored == {k: v for k, v in job.items() if k != "replayed"}
+        assert stored == {k: v for k, v in job.items() if k not in ("replayed", "deduplicated")}
 
 
 def test_batch_of_a_thousand_jobs_is_accepted_and_a_thousand_and_one_refused(client, api,

@@ -38,6 +38,7 @@ def test_enqueue_answers_201_with_the_job_and_its_location(api, producer, clock)
         "result": None,
         "created_at": to_rfc3339(clock.now_us()),
         "updated_at": to_rfc3339(clock.now_us()),
+        "unique_key": None,
     }
     assert "error" not in job and "lease_token" not in job
     assert RFC3339_UTC.match(job["created_at"])

@@ -23,7 +23,8 @@ def make_job(**changes) -> Job:
         id=1, type="email", payload="{}", priority=10, status="running", retry_count=0,
         max_retries=3, producer="p", idempotency_key=None, request_fingerprint=None,
         run_at=0, claimed_at=0, worker_id="w", lease_expires_at=100, lease_token="t",
-        result=None, error=None, created_at=0, updated_at=0)
+        result=None, error=None, created_at=0, updated_at=0, unique_key=None,
+        unique_scope=None, unique_while=None)
     return Job(**(fields | changes))
 
 
