@@ -81,7 +81,7 @@ def test_unknown_priority_label_is_refused():
 def test_every_transition_is_a_member_of_its_own():
     # Enum members with equal values are aliases of one another: each needs its own value.
     assert [t.name for t in Transition] == [
-        "CLAIM", "HEARTBEAT", "COMPLETE", "FAIL", "RESCUE", "CANCEL", "RETRY"]
+        "CLAIM", "HEARTBEAT", "COMPLETE", "FAIL", "RESCUE", "CANCEL", "RETRY", "REPLACE"]
     assert len({t.value for t in Transition}) == len(list(Transition))
     assert Transition.FAIL is not Transition.HEARTBEAT
 
