@@ -56,7 +56,7 @@ def worker_exited(pid: int, live_pids: set[int],
     from prometheus_client import multiprocess
 
     path = environ[DIRECTORY_VARIABLE]
-    multiprocess.mark_process_dead(pid, path)
+    multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
     compact_dead_workers(path, live_pids)
 
 
@@ -87,6 +87,7 @@ def compact_dead_workers(path: str, live_pids: set[int]) -> int:
     every scrape would read all of them: a scrape's cost would grow for as long as the master
     lives.
     """
+    # prometheus_client leaves MmapedDict and mark_process_dead unannotated (the ignores below).
     from prometheus_client.mmap_dict import MmapedDict
 
     folded = 0
@@ -104,19 +105,20 @@ def compact_dead_workers(path: str, live_pids: set[int]) -> int:
             archive = os.path.join(path, f"{kind}_archive.db")
             totals: dict[str, float] = defaultdict(float)
             for name in [archive, *dead] if os.path.exists(archive) else dead:
-                for key, value, _timestamp, _pos in MmapedDict.read_all_values_from_file(name):
+                values = MmapedDict.read_all_values_from_file(name)  # type: ignore[no-untyped-call]
+                for key, value, _timestamp, _pos in values:
                     # A counter's or a histogram bucket's value in one process adds to the
                     # others' (buckets are stored per bucket, not cumulatively).
                     totals[key] += value
             fresh = os.path.join(path, f"{kind}_archive.tmp")
             with contextlib.suppress(FileNotFoundError):
                 os.remove(fresh)
-            merged = MmapedDict(fresh)
+            merged = MmapedDict(fresh)  # type: ignore[no-untyped-call]
             try:
                 for key, value in totals.items():
-                    merged.write_value(key, value, 0.0)
+                    merged.write_value(key, value, 0.0)  # type: ignore[no-untyped-call]
             finally:
-                merged.close()
+                merged.close()  # type: ignore[no-untyped-call]
             os.replace(fresh, archive)
             for name in dead:
                 os.remove(name)
