@@ -56,7 +56,7 @@ def worker_exited(pid: int, live_pids: set[int],
     from prometheus_client import multiprocess
 
     path = environ[DIRECTORY_VARIABLE]
-    multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+    multiprocess.mark_process_dead(pid, path)
     compact_dead_workers(path, live_pids)
 
 
