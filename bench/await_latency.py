@@ -12,11 +12,15 @@ import threading
 import time
 from pathlib import Path
 
+from bench.data import create_keys, migrated_database, scratch_directory
+from bench.load import Client, HttpError
+from bench.report import Report, Table, Target, run_script
+from bench.servers import queuelog_server
+from bench.stats import Spread, ms, percentile
+
 if __package__ in (None, ""):  # run as `python bench/await_latency.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
-from bench.common import Client, HttpError, Report, Spread, Table, Target
 
 TRIALS = {False: 50, True: 3}
 WAIT_SECONDS = 10
@@ -61,23 +65,23 @@ def one_trial(waiting_port: int, completing_port: int, producer: str, worker: st
     if answered.get("status") != "completed":
         raise HttpError(f"the waiting read answered {answered or 'nothing'}, not the "
                         "completed job")
-    return common.ms(float(answered["at"]) - completed)
+    return ms(float(answered["at"]) - completed)
 
 
 def measure(options: object) -> Report:
     smoke, repeats = options.smoke, options.repeats  # type: ignore[attr-defined]
     trials = TRIALS[smoke]
     p50, p99, worst = Spread(), Spread(), Spread()
-    with common.scratch_directory("queuelog-bench-await-") as directory:
-        url = common.migrated_database(directory)
-        tokens = common.create_keys(url, {"producer": "producer", "worker": "worker"})
-        with common.queuelog_server(directory, url) as waiting, \
-                common.queuelog_server(directory, url) as completing:
+    with scratch_directory("queuelog-bench-await-") as directory:
+        url = migrated_database(directory)
+        tokens = create_keys(url, {"producer": "producer", "worker": "worker"})
+        with queuelog_server(directory, url) as waiting, \
+                queuelog_server(directory, url) as completing:
             for _ in range(repeats):
                 samples = [one_trial(waiting.port, completing.port, tokens["producer"],
                                      tokens["worker"]) for _ in range(trials)]
-                p50.add(common.percentile(samples, 50))
-                p99.add(common.percentile(samples, 99))
+                p50.add(percentile(samples, 50))
+                p99.add(percentile(samples, 99))
                 worst.add(max(samples))
 
     report = Report("Waiting for a result across processes", "python bench/await_latency.py",
@@ -104,7 +108,7 @@ def measure(options: object) -> Report:
 
 
 def main(argv: list[str] | None = None) -> None:
-    common.run_script(measure, __doc__, argv)
+    run_script(measure, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -33,12 +33,15 @@ if __package__ in (None, ""):  # run as `python bench/flow.py`
 
 from app.db import jobs
 from app.keys.models import Role
-from bench import common
-from bench.common import Client, Report, Spread, Table, Target
 
 # The worker's cycle (POST /jobs/claim, then complete) as http_single.py measures it; the
 # import registers the scenario under its name for the load generator.
+from bench.data import JOB_TYPES, create_keys, job_body, migrated_database, scratch_directory
 from bench.http_single import claim_complete_one
+from bench.load import Client, run_load
+from bench.report import Report, Table, Target, run_script
+from bench.servers import queuelog_server
+from bench.stats import Spread, ms, percentile
 
 # With this set to a PostgreSQL server URL, the claim rows are measured there too (in a
 # database of their own, dropped afterwards).
@@ -52,7 +55,7 @@ SERVICE_CLAIMS, SERVICE_SMOKE_CLAIMS, TURN = 2000, 100, 10
 LIMITS = {"max_running": 100_000, "max_running_per_key": 100_000,
           "rate_per_second": 100_000, "burst": 100_000}
 NO_LIMITS = dict.fromkeys(LIMITS)
-TYPES = common.JOB_TYPES.split(",")
+TYPES = JOB_TYPES.split(",")
 # The million: (status, how many); pending ones are split between due and scheduled below.
 STORE_FULL = [("completed", 940_000), ("failed", 20_000), ("cancelled", 10_000),
               ("pending", 25_000), ("running", 5_000)]
@@ -68,7 +71,7 @@ def fill_with_keys(port: int, token: str, count: int) -> None:
     try:
         for start in range(0, count, 1000):
             client.call("POST", "/jobs/batch", {"jobs": [
-                {**common.job_body(n), "type": TYPES[n % len(TYPES)],
+                {**job_body(n), "type": TYPES[n % len(TYPES)],
                  "concurrency_key": f"customer-{n % KEYS}"}
                 for n in range(start, min(count, start + 1000))]})
     finally:
@@ -112,16 +115,16 @@ def measure_claims(options: Any, report: Report, engine: str) -> None:
                                 Spread()}
     p50: dict[str, Spread] = {name: Spread() for name in rates}
     ratio = Spread()
-    with common.scratch_directory("queuelog-bench-flow-") as directory, \
+    with scratch_directory("queuelog-bench-flow-") as directory, \
             contextlib.ExitStack() as stack:
         if engine == "PostgreSQL":
             url = stack.enter_context(postgres_database(os.environ[POSTGRES_VARIABLE]))
         else:
-            url = common.migrated_database(directory)
-        tokens = common.create_keys(url, {"producer-0": "producer", "worker-0": "worker",
+            url = migrated_database(directory)
+        tokens = create_keys(url, {"producer-0": "producer", "worker-0": "worker",
                                           "worker-1": "worker", "admin-0": "admin"})
         workers = [tokens["worker-0"], tokens["worker-1"]]
-        with common.queuelog_server(directory, url) as server:
+        with queuelog_server(directory, url) as server:
             for repeat in range(options.repeats):
                 order = list(rates)
                 if repeat % 2:
@@ -131,7 +134,7 @@ def measure_claims(options: Any, report: Report, engine: str) -> None:
                     set_limits(server.port, tokens["admin-0"],
                                LIMITS if label.startswith("limits") else NO_LIMITS)
                     fill_with_keys(server.port, tokens["producer-0"], count)
-                    result = common.run_load(claim_complete_one.__name__, server.port, workers,
+                    result = run_load(claim_complete_one.__name__, server.port, workers,
                                              clients=CLIENTS, operations=count,
                                              max_seconds=MAX_SECONDS)
                     run[label] = result.jobs_per_second
@@ -160,21 +163,21 @@ def measure_service_claims(options: Any, report: Report, engine: str) -> None:
     count = SERVICE_SMOKE_CLAIMS if options.smoke else SERVICE_CLAIMS
     seconds: dict[str, list[float]] = {"without limits": [], "limits configured, not reached":
                                        []}
-    with common.scratch_directory("queuelog-bench-flow-svc-") as directory, \
+    with scratch_directory("queuelog-bench-flow-svc-") as directory, \
             contextlib.ExitStack() as stack:
         services = {}
         for label in seconds:
             if engine == "PostgreSQL":
                 url = stack.enter_context(postgres_database(os.environ[POSTGRES_VARIABLE]))
             else:
-                url = common.migrated_database(directory, f"{label[:7]}.sqlite3")
-            app = create_app({"DATABASE_URL": url, "JOB_TYPES": common.JOB_TYPES})
+                url = migrated_database(directory, f"{label[:7]}.sqlite3")
+            app = create_app({"DATABASE_URL": url, "JOB_TYPES": JOB_TYPES})
             found = app.extensions["queuelog"]
             stack.callback(found.db.engine.dispose)
             producer = found.keys.caller_for_token(found.keys.create_key("p", Role.PRODUCER))
             worker = found.keys.caller_for_token(found.keys.create_key("w", Role.WORKER))
             found.jobs.enqueue_many(producer, [
-                {**common.job_body(n), "type": TYPES[n % len(TYPES)], "priority": None,
+                {**job_body(n), "type": TYPES[n % len(TYPES)], "priority": None,
                  "max_retries": 3, "concurrency_key": f"customer-{n % KEYS}"}
                 for n in range(count)])
             for job_type in TYPES:
@@ -198,8 +201,8 @@ def measure_service_claims(options: Any, report: Report, engine: str) -> None:
                   ["types", "claims/s", "p50 µs", "p99 µs"])
     for label, values in seconds.items():
         table.add(label, f"{rate[label]:,.0f}",
-                  f"{common.percentile(values, 50) * 1e6:,.0f}",
-                  f"{common.percentile(values, 99) * 1e6:,.0f}")
+                  f"{percentile(values, 50) * 1e6:,.0f}",
+                  f"{percentile(values, 99) * 1e6:,.0f}")
     report.tables.append(table)
     ratio = rate["limits configured, not reached"] / rate["without limits"]
     report.targets.append(Target(
@@ -209,7 +212,7 @@ def measure_service_claims(options: Any, report: Report, engine: str) -> None:
 
 def build_million(directory: str, store: list[tuple[str, int]]) -> str:
     """A migrated database holding `store`, inserted directly (setup, not timed)."""
-    url = common.migrated_database(directory, "million.sqlite3")
+    url = migrated_database(directory, "million.sqlite3")
     conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=OFF")  # a bulk load
@@ -234,7 +237,9 @@ def build_million(directory: str, store: list[tuple[str, int]]) -> str:
                          "worker-0" if status != "pending" else None,
                          now + 3_600_000_000 if running else None,
                          f"t.{n}" if running else None, None, None, at, at + 2000,
-                         f"customer-{n % KEYS}"))
+                         f"customer-{n % KEYS}",
+                         # Columns appended since (unique jobs' and any later ones) are NULL.
+                         *[None] * (len(COLUMNS) - 19)))
         conn.executemany(insert, rows)
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -248,16 +253,16 @@ def measure_types(options: Any, report: Report) -> None:
     requests = TYPES_REQUESTS_SMOKE if options.smoke else TYPES_REQUESTS_FULL
     total = sum(count for _status, count in store)
     p50, p99, first = Spread(), Spread(), Spread()
-    with common.scratch_directory("queuelog-bench-types-") as directory:
+    with scratch_directory("queuelog-bench-types-") as directory:
         url = build_million(directory, store)
-        tokens = common.create_keys(url, {"admin-0": "admin"})
+        tokens = create_keys(url, {"admin-0": "admin"})
         for _repeat in range(options.repeats):
             # A fresh server each repeat, so that its first request counts from nothing.
-            with common.queuelog_server(directory, url) as server:
+            with queuelog_server(directory, url) as server:
                 client = Client(server.port, tokens["admin-0"])
                 began = time.perf_counter()
                 client.call("GET", "/types")
-                first.add(common.ms(time.perf_counter() - began))
+                first.add(ms(time.perf_counter() - began))
                 latencies = []
                 for _ in range(requests):
                     began = time.perf_counter()
@@ -266,8 +271,8 @@ def measure_types(options: Any, report: Report) -> None:
                 client.close()
                 assert sum(sum(t["counts"].values()) - t["counts"]["scheduled"]
                            for t in body["types"]) == total, body
-            p50.add(common.ms(common.percentile(latencies, 50)))
-            p99.add(common.ms(common.percentile(latencies, 99)))
+            p50.add(ms(percentile(latencies, 50)))
+            p99.add(ms(percentile(latencies, 99)))
     label = f"{total:,} jobs stored"
     table = Table(f"GET /types, one admin client, SQLite, {requests} requests per repeat (ms; "
                   "median [min-max] over repeats)",
@@ -305,7 +310,7 @@ def measure(options: Any) -> Report:
 
 
 def main(argv: list[str] | None = None) -> None:
-    common.run_script(measure, __doc__, argv)
+    run_script(measure, __doc__, argv)
 
 
 if __name__ == "__main__":
