@@ -14,6 +14,8 @@ from app.clock import Clock
 from app.config import configuration_warnings, load_settings, normalise
 from app.db import Database, make_engine
 from app.errors import register_error_handlers
+from app.history.recorder import HistoryRecorder
+from app.history.service import HistoryService
 from app.jobs.ids import JobIdConverter
 from app.jobs.models import Backoff
 from app.jobs.service import EventSink, JobService, QueueSettings
@@ -30,6 +32,7 @@ class Services:
     clock: Clock
     jobs: JobService
     keys: KeyService
+    history: HistoryService
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -66,6 +69,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.jobs.routes import bp as jobs_bp
 
     app.register_blueprint(jobs_bp)
+    from app.history.routes import bp as history_bp
+
+    app.register_blueprint(history_bp)
     from app.openapi import bp as openapi_bp
 
     app.register_blueprint(openapi_bp)
@@ -102,10 +108,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink) -> Services:
         max_waiting_claims=config["MAX_WAITING_CLAIMS"],
     )
     keys = KeyService(db, clock)
-    return Services(
-        db=db,
-        clock=clock,
-        jobs=JobService(db, clock, settings, on_event=on_event,
-                        confirm_caller=keys.confirm_live),
-        keys=keys,
-    )
+    jobs = JobService(db, clock, settings, on_event=on_event, confirm_caller=keys.confirm_live,
+                      history=HistoryRecorder(events=config["JOB_EVENTS"]))
+    return Services(db=db, clock=clock, jobs=jobs, keys=keys,
+                    history=HistoryService(db, jobs))

@@ -38,7 +38,7 @@ def test_installed_command_migrates_and_creates_keys_from_any_directory(tmp_path
     assert created.returncode == 0, created.stderr
 
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0004",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0007",)
         assert conn.execute("SELECT name, role FROM api_keys").fetchall() == [
             ("first-admin", "admin")]
     assert created.stdout.strip().splitlines()[-1].startswith("ql_")
@@ -136,7 +136,7 @@ def test_alembic_upgrade_head_from_the_checkout_migrates_the_configured_database
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0004",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0007",)
 
 
 def test_version_is_queuelogs_own(tmp_path):

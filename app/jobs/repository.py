@@ -342,9 +342,9 @@ class JobRepository:
     # -- retention ------------------------------------------------------------------------
 
     def delete_finished_jobs(self, *, statuses: Collection[str], updated_before_us: int,
-                             after_id: int, limit: int) -> tuple[int, int | None]:
+                             after_id: int, limit: int) -> tuple[list[int], int | None]:
         """Delete up to `limit` jobs in `statuses` last updated before the cutoff, scanning
-        ids above `after_id`. Returns (deleted, last id scanned or None when done)."""
+        ids above `after_id`. Returns (the ids deleted, last id scanned or None when done)."""
         batch = select(jobs.c.id).where(
             jobs.c.id > after_id,
             jobs.c.status.in_(list(statuses)),
@@ -352,6 +352,6 @@ class JobRepository:
         ).order_by(jobs.c.id).limit(limit)
         ids = list(self.conn.execute(batch).scalars())
         if not ids:
-            return 0, None
+            return [], None
         self.conn.execute(delete(jobs).where(jobs.c.id.in_(ids)))
-        return len(ids), ids[-1]
+        return ids, ids[-1]

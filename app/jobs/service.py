@@ -20,6 +20,9 @@ from sqlalchemy.exc import IntegrityError
 from app.clock import MICROS, Clock
 from app.db import Database
 from app.errors import Conflict, Forbidden, NotFound, Problem, ValidationFailed
+from app.history.models import SERVICE_ACTOR
+from app.history.recorder import HistoryRecorder
+from app.history.repository import HistoryRepository
 from app.jobs.cursor import decode_cursor, encode_cursor
 from app.jobs.intake import (
     IntakeRules,
@@ -75,11 +78,23 @@ def _ignore_event(_name: str, _count: int) -> None:
     pass
 
 
+class ReportRefused(Conflict):
+    """A heartbeat, complete or fail refused with 409: the job exists, the caller does not
+    hold it. Carries what its report_refused event says."""
+
+    def __init__(self, detail: str, *, job_id: int, worker: str) -> None:
+        super().__init__(detail)
+        self.job_id = job_id
+        self.worker = worker
+
+
 class JobService:
     def __init__(self, db: Database, clock: Clock, settings: QueueSettings,
                  rng: random.Random | None = None, on_event: EventSink = _ignore_event,
-                 confirm_caller: CallerCheck = _trust_caller) -> None:
+                 confirm_caller: CallerCheck = _trust_caller,
+                 history: HistoryRecorder | None = None) -> None:
         self.db = db
+        self.history = history or HistoryRecorder()
         self.on_event = on_event
         self.confirm_caller = confirm_caller
         self.clock = clock
@@ -153,19 +168,21 @@ class JobService:
             self.signal.notify()
         return results
 
-    @staticmethod
-    def _insert_or_replay_many(repo: JobRepository,
+    def _insert_or_replay_many(self, repo: JobRepository,
                                rows: list[dict[str, Any]]) -> list[tuple[Job, bool]]:
         keys = {row["idempotency_key"] for row in rows if row["idempotency_key"] is not None}
         repo.lock_idempotency_keys(rows[0]["producer"], keys)
         stored = repo.find_by_idempotency_keys(rows[0]["producer"], keys) if keys else {}
         plan = plan_batch(rows, stored)
-        return plan.results(repo.insert_jobs(plan.new_rows))
+        inserted = repo.insert_jobs(plan.new_rows)
+        self.history.enqueued(repo.conn, inserted)
+        return plan.results(inserted)
 
-    @staticmethod
-    def _insert_or_replay(repo: JobRepository, values: dict[str, Any]) -> tuple[Job, bool]:
+    def _insert_or_replay(self, repo: JobRepository,
+                          values: dict[str, Any]) -> tuple[Job, bool]:
         job = repo.insert_job(values)
         if job is not None:
+            self.history.enqueued(repo.conn, [job])
             return job, False
         # The unique index on (producer, idempotency_key) refused the row: replay the twin.
         twin = repo.find_by_idempotency_key(values["producer"], values["idempotency_key"])
@@ -260,7 +277,8 @@ class JobService:
                 now_us=now, worker=caller.name, lease_expires_at=now + lease_us,
                 nonce=nonce, limit=limit, types=wanted,
             )
-            self._made(repo, Transition.CLAIM, jobs, events)
+            self._made(repo, Transition.CLAIM, jobs, events, actor=caller.name, now_us=now)
+            self.history.seen(conn, caller.name, now, claimed=True)
             return jobs
 
         return [Claimed(job, job.lease_token or "") for job in self._write(claim_in)]
@@ -293,7 +311,8 @@ class JobService:
                                             Transition.RESCUE.values(job, now),
                                             lease_token=job.lease_token)
             if rescued is not None:
-                self._made(repo, Transition.RESCUE, [rescued], events)
+                self._made(repo, Transition.RESCUE, [rescued], events, actor=SERVICE_ACTOR,
+                           now_us=now, held_by=job.worker_id)
 
     def heartbeat(self, caller: Caller, job_id: int, *, lease_token: str | None,
                   lease_seconds: int | None) -> Job:
@@ -309,17 +328,19 @@ class JobService:
                                         lease_token=lease_token)
             if job is None:
                 self._refuse_report(repo.get_job(job_id), caller, now, lease_token)
-            self._made(repo, Transition.HEARTBEAT, [job], events)
+            self._made(repo, Transition.HEARTBEAT, [job], events, actor=caller.name,
+                       now_us=now)
+            self.history.seen(conn, caller.name, now, claimed=False)
             return job
 
-        return self._write(heartbeat_in)
+        return self._report("heartbeat", caller, job_id, heartbeat_in)
 
     def complete(self, caller: Caller, job_id: int, *, lease_token: str | None,
                  result: dict[str, Any] | None) -> Job:
         """running → completed, by the worker holding the job. A repeat of a complete that
         landed (same lease token, same result) answers the job as that one left it."""
         stored_result = self._stored_result(result)
-        return self._write(lambda conn, events: self._complete_in(
+        return self._report("complete", caller, job_id, lambda conn, events: self._complete_in(
             self._repo(conn, caller), events, caller, job_id, lease_token, stored_result))
 
     def complete_many(self, caller: Caller,
@@ -340,7 +361,11 @@ class JobService:
                     answers.append((job_id, problem))
             return answers
 
-        return self._write(complete_each)
+        answers = self._write(complete_each)
+        refused = [answer for _, answer in answers if isinstance(answer, ReportRefused)]
+        if refused:
+            self._record_refusals("complete", refused)
+        return answers
 
     def _stored_result(self, result: dict[str, Any] | None) -> str | None:
         if result is None:
@@ -354,8 +379,9 @@ class JobService:
             Transition.COMPLETE, job_id,
             Transition.COMPLETE.values(now_us=now, result=stored_result),
             worker=caller.name, now_us=now, lease_token=lease_token)
+        self.history.seen(repo.conn, caller.name, now, claimed=False)
         if job is not None:
-            self._made(repo, Transition.COMPLETE, [job], events)
+            self._made(repo, Transition.COMPLETE, [job], events, actor=caller.name, now_us=now)
             return job
         current = repo.get_job(job_id)
         if (current is not None and lease_token is not None
@@ -391,11 +417,13 @@ class JobService:
                 Transition.FAIL.values(job, now, error, delay),
                 worker=caller.name, now_us=now, lease_token=job.lease_token)
             if failed is None:  # another transaction changed it first (PostgreSQL only)
-                raise Conflict("The job changed while this request ran; its lease is gone.")
-            self._made(repo, Transition.FAIL, [failed], events)
+                raise ReportRefused("The job changed while this request ran; its lease is "
+                                    "gone.", job_id=job_id, worker=caller.name)
+            self._made(repo, Transition.FAIL, [failed], events, actor=caller.name, now_us=now)
+            self.history.seen(conn, caller.name, now, claimed=False)
             return failed
 
-        return self._write(fail_in)
+        return self._report("fail", caller, job_id, fail_in)
 
     @staticmethod
     def _refuse_report(job: Job | None, caller: Caller, now: int,
@@ -404,21 +432,26 @@ class JobService:
         if job is None:
             raise NotFound("No such job.")
         if job.status != JobStatus.RUNNING:
-            raise Conflict(f"The job is {job.status}, not running.")
-        if job.worker_id != caller.name:
-            raise Conflict("The job is held by another worker.")
-        if job.lease_expires_at is None or job.lease_expires_at <= now:
-            raise Conflict("The lease on this job has expired.")
-        if lease_token is not None and lease_token != job.lease_token:
-            raise Conflict("The lease token names an earlier attempt.")
-        raise Conflict("The job changed while this request ran.")
+            reason = f"The job is {job.status}, not running."
+        elif job.worker_id != caller.name:
+            reason = "The job is held by another worker."
+        elif job.lease_expires_at is None or job.lease_expires_at <= now:
+            reason = "The lease on this job has expired."
+        elif lease_token is not None and lease_token != job.lease_token:
+            reason = "The lease token names an earlier attempt."
+        else:
+            reason = "The job changed while this request ran."
+        raise ReportRefused(reason, job_id=job.id, worker=caller.name)
 
-    @staticmethod
-    def _made(_repo: JobRepository, transition: Transition, jobs: list[Job],
-              events: Events) -> None:
+    def _made(self, repo: JobRepository, transition: Transition, jobs: list[Job],
+              events: Events, *, actor: str, now_us: int, held_by: str | None = None) -> None:
         """Called in the transaction of every transition made, with the jobs as it left them.
         What a transition entails besides its UPDATE belongs here, in the same transaction
-        (and on `_repo`'s connection); today that is the events it counts."""
+        (and on `repo`'s connection): the job's history (its attempts and events) and the
+        events counted for metrics. `actor` is who made it; `held_by` the worker whose lease
+        a rescue took back."""
+        self.history.transition(repo.conn, transition, jobs, actor=actor, now_us=now_us,
+                                held_by=held_by)
         if transition is Transition.CLAIM:
             events["claimed"] += len(jobs)
         elif transition is Transition.COMPLETE:
@@ -428,6 +461,28 @@ class JobService:
                 events["rescued"] += len(jobs)
             for job in jobs:
                 events["retried" if job.status == JobStatus.PENDING else "failed"] += 1
+
+    def _report(self, report: str, caller: Caller, job_id: int,
+                work: Callable[[Connection, Events], T]) -> T:
+        """Run a worker's report (heartbeat, complete, fail); a refusal is recorded as a
+        report_refused event in a transaction of its own, the report's being rolled back."""
+        try:
+            return self._write(work)
+        except ReportRefused as refused:
+            self._record_refusals(report, [refused])
+            raise
+
+    def _record_refusals(self, report: str, refusals: list[ReportRefused]) -> None:
+        now = self.clock.now_us()
+
+        def record_in(conn: Connection) -> None:
+            for refused in refusals:
+                self.history.report_refused(conn, refused.job_id, worker=refused.worker,
+                                            report=report, reason=refused.detail,
+                                            now_us=now)
+
+        self.db.run_write(record_in)
+        self.on_event("report_refused", len(refusals))
 
     def _write(self, work: Callable[[Connection, Events], T]) -> T:
         """Run `work` in a write transaction, then tell on_event what it counted.
@@ -457,15 +512,15 @@ class JobService:
 
         def transition_in(conn: Connection, events: Events) -> Job:
             repo = self._repo(conn, caller)
-            job = repo.apply_transition(transition, job_id,
-                                        transition.values(now_us=self.clock.now_us()))
+            now = self.clock.now_us()
+            job = repo.apply_transition(transition, job_id, transition.values(now_us=now))
             if job is None:
                 current = repo.get_job(job_id)
                 if current is None:
                     raise NotFound("No such job.")
                 allowed = " or ".join(transition.from_statuses)
                 raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
-            self._made(repo, transition, [job], events)
+            self._made(repo, transition, [job], events, actor=caller.name, now_us=now)
             return job
 
         return self._write(transition_in)
@@ -483,9 +538,12 @@ class JobService:
         deleted, after_id = 0, 0
         while True:
             with self.db.write() as conn:
-                count, last = JobRepository(conn).delete_finished_jobs(
+                deleted_ids, last = JobRepository(conn).delete_finished_jobs(
                     statuses=sorted(chosen), updated_before_us=cutoff,
                     after_id=after_id, limit=batch_size)
+                # A job's attempts and events go with it, in the same transaction.
+                HistoryRepository(conn).delete_history_of(deleted_ids)
+            count = len(deleted_ids)
             if last is None:
                 return deleted
             deleted, after_id = deleted + count, last

@@ -1,0 +1,59 @@
+"""How attempts and events are shown. Built by hand (the schemas document them in
+/openapi.json), like the job itself."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from marshmallow import Schema, fields, validate
+
+from app.clock import to_rfc3339
+from app.history.models import Attempt, EventName, JobEvent, Outcome
+
+_DATE_TIME = {"format": "date-time"}
+
+
+class AttemptSchema(Schema):
+    number = fields.Integer(required=True)
+    worker_id = fields.String(required=True)
+    claimed_at = fields.String(required=True, metadata=_DATE_TIME)
+    ended_at = fields.String(required=True, allow_none=True, metadata=_DATE_TIME)
+    outcome = fields.String(required=True, validate=validate.OneOf([o.value for o in Outcome]))
+    error = fields.String(allow_none=True, metadata={"description": "Admins only."})
+    duration_ms = fields.Integer(required=True, allow_none=True)
+
+
+class AttemptListSchema(Schema):
+    attempts = fields.List(fields.Nested(AttemptSchema), required=True)
+
+
+class EventSchema(Schema):
+    at = fields.String(required=True, metadata=_DATE_TIME)
+    event = fields.String(required=True, validate=validate.OneOf([e.value for e in EventName]))
+    actor = fields.String(required=True, metadata={
+        "description": "The key's name, or `queuelog` for the service's own acts."})
+    detail = fields.Dict(required=True, allow_none=True)
+
+
+class EventListSchema(Schema):
+    events = fields.List(fields.Nested(EventSchema), required=True)
+
+
+def represent_attempt(attempt: Attempt, *, show_error: bool) -> dict[str, Any]:
+    shown: dict[str, Any] = {
+        "number": attempt.number,
+        "worker_id": attempt.worker_id,
+        "claimed_at": to_rfc3339(attempt.claimed_at),
+        "ended_at": to_rfc3339(attempt.ended_at),
+        "outcome": attempt.outcome,
+        "duration_ms": attempt.duration_ms,
+    }
+    if show_error:
+        shown["error"] = attempt.error
+    return shown
+
+
+def represent_event(event: JobEvent) -> dict[str, Any]:
+    return {"at": to_rfc3339(event.at), "event": event.event, "actor": event.actor,
+            "detail": None if event.detail is None else json.loads(event.detail)}
