@@ -26,7 +26,7 @@ from bench import common
 
 BENCH = Path(__file__).resolve().parent
 # Cheapest first: a broken environment shows before the long runs.
-SCRIPTS = ["storage", "depth", "http_single", "http_batch", "peers", "memory"]
+SCRIPTS = ["storage", "depth", "http_single", "http_events", "http_batch", "peers", "memory"]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -1,5 +1,6 @@
-"""Job history: one row per attempt, the job's timeline of events, and when each key was
-last seen (contract section 13).
+"""Job history: attempts, the timeline of events, and when each key was last seen.
+
+One row per attempt; the job's events (contract section 13); key activity for /workers.
 
 Revision ID: 0007
 Revises: 0004

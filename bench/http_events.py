@@ -1,0 +1,106 @@
+"""HTTP claim + complete with each job's timeline written (QUEUELOG_JOB_EVENTS=1, the default)
+beside the same server with events switched off (QUEUELOG_JOB_EVENTS=0), at 1 and 8
+concurrent clients. Attempts are written in both; the difference is the events alone (a
+claimed and a completed event per job, in the transactions of the claim and the complete).
+
+    PYTHONPATH=. python bench/http_events.py [--smoke] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as `python bench/http_events.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common
+from bench.common import Report, Spread, Table, Target
+from bench.http_single import claim_complete_one  # noqa: F401 (registers the scenario)
+
+CLIENTS = (1, 8)
+FULL_OPERATIONS = {1: 800, 8: 3000}
+SMOKE_OPERATIONS = {1: 40, 8: 80}
+MAX_SECONDS = 15.0
+TARGET_CLIENTS = 8
+TARGET_RATIO = 0.85  # events may cost at most 15 % of the hot path's throughput
+
+
+def measure(options: Any) -> Report:
+    operations = SMOKE_OPERATIONS if options.smoke else FULL_OPERATIONS
+    report = Report("HTTP claim + complete: events on vs off", "python bench/http_events.py",
+                    options.smoke, options.repeats)
+    figures: dict[tuple[int, str], dict[str, Spread]] = {}
+    ratios: dict[int, Spread] = {}
+    with common.scratch_directory("queuelog-bench-events-") as directory:
+        servers = {}
+        tokens = {}
+        for label, flag in (("events on", "1"), ("events off", "0")):
+            sub = Path(directory) / label.replace(" ", "-")
+            sub.mkdir()
+            url = common.migrated_database(sub)
+            tokens[label] = common.create_keys(url, {"producer-0": "producer",
+                                                     "worker-0": "worker",
+                                                     "worker-1": "worker"})
+            servers[label] = common.queuelog_server(str(sub), url, QUEUELOG_JOB_EVENTS=flag)
+        try:
+            for repeat in range(options.repeats):
+                for clients in CLIENTS:
+                    count = operations[clients]
+                    order = ["events on", "events off"]
+                    if repeat % 2:
+                        order.reverse()
+                    run = {}
+                    for label in order:
+                        port = servers[label].port
+                        common.fill_queue(port, tokens[label]["producer-0"], count)
+                        result = common.run_load(
+                            "claim_complete_one", port,
+                            [tokens[label]["worker-0"], tokens[label]["worker-1"]],
+                            clients=clients, operations=count, max_seconds=MAX_SECONDS)
+                        run[label] = result
+                        spread = figures.setdefault((clients, label), {
+                            "jobs": Spread(), "p50": Spread(), "p99": Spread()})
+                        spread["jobs"].add(result.jobs_per_second)
+                        spread["p50"].add(result.p50_ms)
+                        spread["p99"].add(result.p99_ms)
+                    ratios.setdefault(clients, Spread()).add(
+                        run["events on"].jobs_per_second / run["events off"].jobs_per_second)
+                    print(f"repeat {repeat + 1}: {clients} client(s): events on "
+                          f"{run['events on'].jobs_per_second:,.0f} jobs/s, off "
+                          f"{run['events off'].jobs_per_second:,.0f}",
+                          file=sys.stderr, flush=True)
+        finally:
+            for server in servers.values():
+                server.stop()
+
+    table = Table("claim + complete jobs/s and latency (median [min-max] over repeats)",
+                  ["clients", "events on jobs/s", "events off jobs/s", "on / off",
+                   "on p50 ms", "on p99 ms", "off p50 ms", "off p99 ms"])
+    for clients in CLIENTS:
+        on, off = figures[(clients, "events on")], figures[(clients, "events off")]
+        table.add(clients, on["jobs"].show(), off["jobs"].show(), ratios[clients].show(2),
+                  on["p50"].show(1), on["p99"].show(1), off["p50"].show(1),
+                  off["p99"].show(1))
+    report.tables.append(table)
+    ratio = ratios[TARGET_CLIENTS]
+    report.targets.append(Target(
+        f"HTTP claim + complete with events vs without, {TARGET_CLIENTS} clients",
+        f"≥ {TARGET_RATIO}", ratio.show(2), ratio.median >= TARGET_RATIO))
+    report.notes += [
+        "Two queuelog servers from the same checkout, each on its own fresh SQLite file with "
+        "the shipped gunicorn.conf.py, differing only in QUEUELOG_JOB_EVENTS; each repeat "
+        "alternates which runs first. Attempts are written by both.",
+        "The queue is filled through /jobs/batch before each run (not timed; with events on "
+        "that also writes the enqueued events).",
+    ]
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    common.run_script(measure, __doc__, argv)
+
+
+if __name__ == "__main__":
+    main()
