@@ -111,4 +111,4 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink) -> Services:
     jobs = JobService(db, clock, settings, on_event=on_event, confirm_caller=keys.confirm_live,
                       history=HistoryRecorder(events=config["JOB_EVENTS"]))
     return Services(db=db, clock=clock, jobs=jobs, keys=keys,
-                    history=HistoryService(db, jobs))
+                    history=HistoryService(db, jobs, keys))

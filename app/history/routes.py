@@ -9,8 +9,10 @@ from app.errors import ValidationFailed
 from app.history.schemas import (
     AttemptListSchema,
     EventListSchema,
+    WorkerListSchema,
     represent_attempt,
     represent_event,
+    represent_worker,
 )
 from app.history.service import HistoryService
 from app.keys.models import Role
@@ -49,3 +51,11 @@ def job_attempts(job_id: int) -> Response:
 def job_events(job_id: int) -> Response:
     return jsonify({"events": [represent_event(event)
                                for event in _service().events(current_caller(), job_id)]})
+
+
+@bp.get("/workers")
+@documented("The live worker keys: when each was last seen and how many jobs it holds.",
+            replies=[Reply(200, "The workers, by name.", WorkerListSchema)])
+@require_roles(Role.ADMIN)
+def list_workers() -> Response:
+    return jsonify({"workers": [represent_worker(worker) for worker in _service().workers()]})

@@ -10,6 +10,7 @@ from marshmallow import Schema, fields, validate
 
 from app.clock import to_rfc3339
 from app.history.models import Attempt, EventName, JobEvent, Outcome
+from app.history.service import Worker
 
 _DATE_TIME = {"format": "date-time"}
 
@@ -38,6 +39,25 @@ class EventSchema(Schema):
 
 class EventListSchema(Schema):
     events = fields.List(fields.Nested(EventSchema), required=True)
+
+
+class WorkerSchema(Schema):
+    name = fields.String(required=True)
+    types = fields.List(fields.String(), required=True, allow_none=True, metadata={
+        "description": "The types the key may claim; null for every type."})
+    last_seen_at = fields.String(required=True, allow_none=True, metadata={
+        **_DATE_TIME, "description": "Its last claim, heartbeat or report, to about a minute."})
+    running = fields.Integer(required=True)
+
+
+class WorkerListSchema(Schema):
+    workers = fields.List(fields.Nested(WorkerSchema), required=True)
+
+
+def represent_worker(worker: Worker) -> dict[str, Any]:
+    return {"name": worker.name,
+            "types": None if worker.types is None else sorted(worker.types),
+            "last_seen_at": to_rfc3339(worker.last_seen_at), "running": worker.running}
 
 
 def represent_attempt(attempt: Attempt, *, show_error: bool) -> dict[str, Any]:

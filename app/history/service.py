@@ -2,21 +2,55 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from app.db import Database
 from app.history.models import Attempt, JobEvent
 from app.history.repository import HistoryRepository
 from app.jobs.service import JobService
-from app.keys.models import Caller
+from app.keys.models import Caller, Role
+from app.keys.service import KeyService
 
 # A timeline holds one event per change of the job and at most MAX_REFUSALS_KEPT refusals;
 # a listing stops here all the same, so that no answer grows without bound.
 MAX_EVENTS_SHOWN = 1000
 
 
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """A live worker key: the types it may claim (None: every type), when it last claimed,
+    heartbeat or reported and last claimed (to about a minute; None: never), and how many
+    jobs it holds."""
+
+    name: str
+    types: frozenset[str] | None
+    last_seen_at: int | None
+    last_claim_at: int | None
+    running: int
+
+
 class HistoryService:
-    def __init__(self, db: Database, jobs: JobService) -> None:
+    def __init__(self, db: Database, jobs: JobService, keys: KeyService) -> None:
         self.db = db
         self.jobs = jobs
+        self.keys = keys
+
+    def workers(self) -> list[Worker]:
+        """Every live worker key, by name."""
+        live = [key for key in self.keys.list_keys()
+                if key.role == Role.WORKER and key.revoked_at is None]
+        running = self.jobs.running_by_worker()
+        with self.db.read() as conn:
+            activity = HistoryRepository(conn).activity()
+        workers = []
+        for key in sorted(live, key=lambda key: key.name):
+            seen = activity.get(key.name)
+            workers.append(Worker(
+                name=key.name, types=key.allowed_types,
+                last_seen_at=None if seen is None else seen.last_seen_at,
+                last_claim_at=None if seen is None else seen.last_claim_at,
+                running=running.get(key.name, 0)))
+        return workers
 
     def attempts(self, caller: Caller, job_id: int) -> list[Attempt]:
         """The job's attempts, oldest first; NotFound when the caller may not see the job."""

@@ -283,6 +283,13 @@ class JobRepository:
                                                                          jobs.c.type)
         return {(status, job_type): count for status, job_type, count in self.conn.execute(stmt)}
 
+    def count_running_by_worker(self) -> dict[str, int]:
+        """How many jobs each worker holds now (running, its lease live or not yet rescued).
+        Read through the partial index of running rows."""
+        stmt = (select(jobs.c.worker_id, func.count()).where(_status_is(JobStatus.RUNNING))
+                .group_by(jobs.c.worker_id))
+        return {worker: count for worker, count in self.conn.execute(stmt)}
+
     def oldest_claimable_run_at(self, now_us: int) -> int | None:
         """The earliest `run_at` among the jobs a claim could take now; None when there are
         none. The literal status keeps the read inside the partial index of pending rows."""

@@ -200,6 +200,11 @@ class JobService:
             raise NotFound("No such job.")
         return job
 
+    def running_by_worker(self) -> dict[str, int]:
+        """How many jobs each worker holds now, by the worker's name."""
+        with self.db.read() as conn:
+            return JobRepository(conn).count_running_by_worker()
+
     def list_jobs(self, caller: Caller, *, status: str | None, job_type: str | None,
                   limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
         """A page of the jobs the caller may see, by id, and the cursor of the next page."""
@@ -476,6 +481,8 @@ class JobService:
         now = self.clock.now_us()
 
         def record_in(conn: Connection) -> None:
+            # A refused report is still a sign of life.
+            self.history.seen(conn, refusals[0].worker, now, claimed=False)
             for refused in refusals:
                 self.history.report_refused(conn, refused.job_id, worker=refused.worker,
                                             report=report, reason=refused.detail,
