@@ -346,6 +346,37 @@ class JobRepository:
         row = self.conn.execute(stmt, params).first()
         return None if row is None else _job(row)
 
+    def find_ids_for_bulk(self, *, statuses: Collection[JobStatus], limit: int,
+                          job_type: str | None = None, created_before: int | None = None,
+                          created_after: int | None = None,
+                          ids: Collection[int] | None = None) -> list[int]:
+        """Ids of up to `limit` jobs in `statuses` that every filter given matches, lowest
+        first (locked on PostgreSQL until the transaction ends)."""
+        stmt = select(jobs.c.id).where(_status_is(*statuses))
+        if job_type is not None:
+            stmt = stmt.where(jobs.c.type == job_type)
+        if created_before is not None:
+            stmt = stmt.where(jobs.c.created_at < created_before)
+        if created_after is not None:
+            stmt = stmt.where(jobs.c.created_at > created_after)
+        if ids is not None:
+            stmt = stmt.where(jobs.c.id.in_(list(ids)))
+        stmt = stmt.order_by(jobs.c.id).limit(limit).with_for_update()
+        return list(self.conn.execute(stmt).scalars())
+
+    def apply_transition_to_many(self, transition: Transition, job_ids: Collection[int],
+                                 values: Mapping[str, Any]) -> list[Job]:
+        """Write `values` to each of the jobs still in one of the transition's from-statuses
+        (an admin's transition; never a worker's), returned by id."""
+        if transition.by_lease_holder:
+            raise ValueError(f"{transition.name} is a worker's report, one job at a time")
+        if not job_ids:
+            return []
+        stmt = (update(jobs)
+                .where(jobs.c.id.in_(list(job_ids)), _status_is(*transition.from_statuses))
+                .values(dict(values)).returning(*jobs.c))
+        return sorted((_job(row) for row in self.conn.execute(stmt)), key=lambda job: job.id)
+
     # -- retention ------------------------------------------------------------------------
 
     def delete_finished_jobs(self, *, statuses: Collection[str], updated_before_us: int,

@@ -515,6 +515,38 @@ class JobService:
         """failed | cancelled → pending, with a fresh retry budget, claimable at once."""
         return self._admin_transition(caller, job_id, Transition.RETRY)
 
+    def retry_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
+        """Every failed or cancelled job the filters name (up to their limit) → pending with
+        a fresh retry budget, in one transaction; the others are skipped."""
+        return self._bulk_transition(caller, Transition.RETRY, filters)
+
+    def cancel_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
+        """Every pending job the filters name (up to their limit) → cancelled, in one
+        transaction; the others are skipped."""
+        return self._bulk_transition(caller, Transition.CANCEL, filters)
+
+    def _bulk_transition(self, caller: Caller, transition: Transition,
+                         filters: dict[str, Any]) -> list[Job]:
+        statuses = list(transition.from_statuses)
+        if filters.get("status") is not None:
+            statuses = [status for status in statuses if status == filters["status"]]
+        if not statuses:
+            return []
+
+        def transition_in(conn: Connection, events: Events) -> list[Job]:
+            repo = self._repo(conn, caller)
+            now = self.clock.now_us()
+            chosen = repo.find_ids_for_bulk(
+                statuses=statuses, limit=filters["limit"], job_type=filters.get("type"),
+                created_before=filters.get("created_before"),
+                created_after=filters.get("created_after"), ids=filters.get("ids"))
+            changed = repo.apply_transition_to_many(transition, chosen,
+                                                    transition.values(now_us=now))
+            self._made(repo, transition, changed, events, actor=caller.name, now_us=now)
+            return changed
+
+        return self._write(transition_in)
+
     def _admin_transition(self, caller: Caller, job_id: int, transition: Transition) -> Job:
 
         def transition_in(conn: Connection, events: Events) -> Job:
