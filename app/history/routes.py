@@ -9,9 +9,11 @@ from app.errors import ValidationFailed
 from app.history.schemas import (
     AttemptListSchema,
     EventListSchema,
+    ExplanationSchema,
     WorkerListSchema,
     represent_attempt,
     represent_event,
+    represent_explanation,
     represent_worker,
 )
 from app.history.service import HistoryService
@@ -59,3 +61,11 @@ def job_events(job_id: int) -> Response:
 @require_roles(Role.ADMIN)
 def list_workers() -> Response:
     return jsonify({"workers": [represent_worker(worker) for worker in _service().workers()]})
+
+
+@bp.get("/jobs/<id:job_id>/explain")
+@documented("Why the job is or is not running: reasons, most important first.",
+            replies=[Reply(200, "The explanation.", ExplanationSchema)], errors=[404])
+@require_roles(Role.PRODUCER, Role.ADMIN)
+def explain_job(job_id: int) -> Response:
+    return jsonify(represent_explanation(_service().explain(current_caller(), job_id)))

@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from marshmallow import Schema, fields, validate
 
 from app.clock import to_rfc3339
+from app.history.explain import Explanation
 from app.history.models import Attempt, EventName, JobEvent, Outcome
 from app.history.service import Worker
 
 _DATE_TIME = {"format": "date-time"}
+REASON_CODES = ("finished", "running", "scheduled", "type_paused", "type_at_max_running",
+                "key_at_max_running", "rate_limited", "push_type", "jobs_ahead",
+                "no_worker_for_type")
 
 
 class AttemptSchema(Schema):
@@ -52,6 +56,27 @@ class WorkerSchema(Schema):
 
 class WorkerListSchema(Schema):
     workers = fields.List(fields.Nested(WorkerSchema), required=True)
+
+
+class ReasonSchema(Schema):
+    # Each code carries its own evidence beside code and message.
+    openapi_extra: ClassVar[dict[str, Any]] = {"additionalProperties": True}
+
+    code = fields.String(required=True, validate=validate.OneOf(REASON_CODES))
+    message = fields.String(required=True)
+
+
+class ExplanationSchema(Schema):
+    job_id = fields.Integer(required=True)
+    status = fields.String(required=True)
+    claimable_now = fields.Boolean(required=True)
+    reasons = fields.List(fields.Nested(ReasonSchema), required=True, metadata={
+        "description": "The most important first."})
+
+
+def represent_explanation(explanation: Explanation) -> dict[str, Any]:
+    return {"job_id": explanation.job_id, "status": explanation.status,
+            "claimable_now": explanation.claimable_now, "reasons": explanation.reasons}
 
 
 def represent_worker(worker: Worker) -> dict[str, Any]:

@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.db import Database
+from app.errors import NotFound
+from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons
 from app.history.models import Attempt, JobEvent
 from app.history.repository import HistoryRepository
+from app.jobs.models import JobStatus
+from app.jobs.repository import JobRepository
 from app.jobs.service import JobService
 from app.keys.models import Caller, Role
 from app.keys.service import KeyService
@@ -63,3 +67,22 @@ class HistoryService:
         self.jobs.get_job(caller, job_id)
         with self.db.read() as conn:
             return HistoryRepository(conn).events_of(job_id, MAX_EVENTS_SHOWN)
+
+    def explain(self, caller: Caller, job_id: int) -> Explanation:
+        """Why the job is or is not running; NotFound when the caller may not see it."""
+        self.jobs.get_job(caller, job_id)
+        workers = [WorkerFacts(worker.name, worker.types, worker.last_claim_at)
+                   for worker in self.workers()]
+        with self.db.read() as conn:
+            job = JobRepository(conn).get_job(job_id)
+            if job is None:  # purged in between
+                raise NotFound("No such job.")
+            now = self.jobs.clock.now_us()
+            ahead = ahead_of_type = None
+            if job.status == JobStatus.PENDING and job.run_at <= now:
+                repo = JobRepository(conn)
+                ahead = repo.count_claimable_ahead(job, now, same_type=False)
+                ahead_of_type = repo.count_claimable_ahead(job, now, same_type=True)
+            flow = flow_reasons(conn, job, now) if job.status == JobStatus.PENDING else []
+        return explain(job, now, ahead=ahead, ahead_of_type=ahead_of_type, workers=workers,
+                       flow=flow)

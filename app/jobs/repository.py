@@ -67,6 +67,32 @@ def _pending_due(restricted_to_one_type: bool) -> Any:
     return stmt.order_by(*_CLAIM_ORDER)
 
 
+def _count_ahead(restricted_to_one_type: bool) -> Any:
+    # Before the job in claim order (priority DESC, created_at, id) is three ranges of the
+    # claim-order index (of the type, when restricted): a higher priority; the same priority
+    # and older; the same priority and age and a lower id. Counted range by range, each read
+    # from the index's start to the job's place (one OR of them scans the index whole); the
+    # rows in range are read for run_at, so the cost follows the jobs ahead, not the table.
+    priority, created_at = bindparam("priority"), bindparam("created_at")
+    ranges = (
+        (jobs.c.priority > priority,),
+        (jobs.c.priority == priority, jobs.c.created_at < created_at),
+        (jobs.c.priority == priority, jobs.c.created_at == created_at,
+         jobs.c.id < bindparam("job_id")),
+    )
+    counts = []
+    for conditions in ranges:
+        stmt = select(func.count()).select_from(jobs).where(
+            _CLAIMABLE_ROW, *conditions, jobs.c.run_at <= bindparam("now"))
+        if restricted_to_one_type:
+            stmt = stmt.where(jobs.c.type == bindparam("type"))
+        counts.append(stmt.scalar_subquery())
+    return select(counts[0] + counts[1] + counts[2])
+
+
+_ahead_any_type = _count_ahead(restricted_to_one_type=False)
+_ahead_of_type = _count_ahead(restricted_to_one_type=True)
+
 _expired_lease_probe = select(jobs.c.id).where(
     _RESCUABLE_ROW, jobs.c.lease_expires_at <= bindparam("now")).limit(1)
 _due_probe_any_type = _pending_due(restricted_to_one_type=False).limit(1)
@@ -282,6 +308,16 @@ class JobRepository:
         stmt = select(jobs.c.status, jobs.c.type, func.count()).group_by(jobs.c.status,
                                                                          jobs.c.type)
         return {(status, job_type): count for status, job_type, count in self.conn.execute(stmt)}
+
+    def count_claimable_ahead(self, job: Job, now_us: int, *, same_type: bool) -> int:
+        """How many jobs a claim would take before `job`: due pending jobs earlier in claim
+        order (of its type alone when `same_type`). Read through the claim-order index (of
+        the type, when `same_type`): the pending rows before the job's place in it."""
+        stmt = _ahead_of_type if same_type else _ahead_any_type
+        count: int = self.conn.execute(stmt, {
+            "now": now_us, "priority": job.priority, "created_at": job.created_at,
+            "job_id": job.id, "type": job.type}).scalar_one()
+        return count
 
     def count_running_by_worker(self) -> dict[str, int]:
         """How many jobs each worker holds now (running, its lease live or not yet rescued).
