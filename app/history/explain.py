@@ -99,10 +99,10 @@ def _worker_reasons(job: Job, now_us: int, workers: Sequence[WorkerFacts]) -> li
     last_claim_at = max(claims) if claims else None
     if last_claim_at is not None and now_us - last_claim_at < IDLE_WORKER_US:
         return []
-    since = ("has never claimed" if last_claim_at is None
-             else f"has claimed since {to_rfc3339(last_claim_at)}")
+    last = ("none has ever claimed" if last_claim_at is None
+            else f"the last claim was at {to_rfc3339(last_claim_at)}")
     return [_reason("no_worker_for_type",
-                    f"None of the worker keys that may claim type {job.type} {since} (none in "
-                    "the last 5 minutes): is a worker running?",
+                    f"No worker that may claim type {job.type} has claimed in the last 5 "
+                    f"minutes ({last}): is one running?",
                     type=job.type, workers=sorted(worker.name for worker in able),
                     last_claim_at=to_rfc3339(last_claim_at))]
