@@ -73,7 +73,8 @@ def _count_ahead(restricted_to_one_type: bool) -> Any:
     # and older; the same priority and age and a lower id. Counted range by range, each read
     # from the index's start to the job's place (one OR of them scans the index whole); the
     # rows in range are read for run_at, so the cost follows the jobs ahead, not the table.
-    priority, created_at = bindparam("priority"), bindparam("created_at")
+    priority: Any = bindparam("priority")
+    created_at: Any = bindparam("created_at")
     ranges = (
         (jobs.c.priority > priority,),
         (jobs.c.priority == priority, jobs.c.created_at < created_at),
