@@ -5,6 +5,7 @@ Nothing here sees the HTTP request: handlers pass plain values and the authentic
 
 from __future__ import annotations
 
+import logging
 import random
 import secrets
 import threading
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from app.clock import MICROS, Clock
 from app.db import Database
@@ -37,6 +38,8 @@ from app.jobs.repository import JobRepository, WriteConflict
 from app.jobs.waiting import POLL_SECONDS, JobSignal
 from app.keys.models import Caller, Role
 from app.redaction import redact_error
+
+log = logging.getLogger(__name__)
 
 # Expired leases rescued by one claim at most, so one claim's transaction stays short.
 RESCUE_BATCH = 100
@@ -488,7 +491,13 @@ class JobService:
                                             report=report, reason=refused.detail,
                                             now_us=now)
 
-        self.db.run_write(record_in)
+        try:
+            self.db.run_write(record_in)
+        except SQLAlchemyError:
+            # The worker is owed its 409 all the same: a report refused is never turned into
+            # a 503 (which it would retry) for want of its record.
+            log.warning("queuelog: could not record %d refused report(s)", len(refusals),
+                        exc_info=True)
         self.on_event("report_refused", len(refusals))
 
     def _write(self, work: Callable[[Connection, Events], T]) -> T:

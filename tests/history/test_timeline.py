@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 from flask import Flask
+from sqlalchemy.exc import OperationalError
 
 from app import create_app
+from app.history.recorder import HistoryRecorder
 from app.keys.models import Role
 from tests.conftest import Api, Key
 
@@ -114,6 +116,19 @@ def test_complete_many_tells_each_refused_item(api, client, producer, worker, ma
                          headers=worker.headers)
     assert answer.json["results"][0]["status"] == 409
     assert events(client, admin, job_id)[-1]["actor"] == "worker-1"
+
+
+def test_a_refusal_that_cannot_be_recorded_still_answers_409(api, client, producer, worker,
+                                                             make_key, admin, monkeypatch):
+    def fail_to_record(*_args, **_kwargs):
+        raise OperationalError("INSERT", {}, Exception("disk I/O error"))
+
+    monkeypatch.setattr(HistoryRecorder, "report_refused", fail_to_record)
+    other = make_key("worker-2", "worker")
+    job_id = api.enqueue(producer).json["id"]
+    api.claim(other)
+    assert api.complete(worker, job_id).status_code == 409
+    assert [e["event"] for e in events(client, admin, job_id)] == ["enqueued", "claimed"]
 
 
 def test_a_report_on_a_missing_job_is_404_and_no_event(api, client, worker, admin):
