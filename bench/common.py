@@ -322,20 +322,20 @@ class Server:
     applies; only the bind address (and what `overrides` set) differ from production."""
 
     def __init__(self, app_spec: str, directory: str, overrides: Mapping[str, str] | None = None,
-                 ready_path: str = "/readyz") -> None:
+                 ready_path: str = "/readyz", root: Path = ROOT) -> None:
         self.port = free_port()
         env = {name: value for name, value in os.environ.items()
                if not name.startswith(_SCRUBBED_PREFIXES)}
         tmpdir = Path(directory) / f"server-tmp-{self.port}"
         tmpdir.mkdir()
-        env.update(PYTHONPATH=str(ROOT), TMPDIR=str(tmpdir), PYTHONUNBUFFERED="1",
+        env.update(PYTHONPATH=str(root), TMPDIR=str(tmpdir), PYTHONUNBUFFERED="1",
                    QUEUELOG_BIND=f"{LOOPBACK}:{self.port}")
         env.update(overrides or {})
         self.stderr_path = Path(directory) / f"gunicorn-{self.port}.stderr"
         with open(self.stderr_path, "wb") as err:
             # stdout carries one JSON line per request; nothing reads it here.
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", app_spec], cwd=ROOT, env=env,
+                [sys.executable, "-m", "gunicorn", app_spec], cwd=root, env=env,
                 stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         try:

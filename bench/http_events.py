@@ -3,12 +3,21 @@ beside the same server with events switched off (QUEUELOG_JOB_EVENTS=0), at 1 an
 concurrent clients. Attempts are written in both; the difference is the events alone (a
 claimed and a completed event per job, in the transactions of the claim and the complete).
 
+With QUEUELOG_BENCH_PREVIOUS set to a git revision (one from before job history), that
+release runs beside them, from `git archive` of the revision, on its own migrated database:
+its ratio is the cost of the whole history (attempts and events).
+
     PYTHONPATH=. python bench/http_events.py [--smoke] [--repeats N]
 """
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +33,35 @@ FULL_OPERATIONS = {1: 800, 8: 3000}
 SMOKE_OPERATIONS = {1: 40, 8: 80}
 MAX_SECONDS = 15.0
 TARGET_CLIENTS = 8
+PREVIOUS = "previous release"
+WARM_UP = 200  # claim + complete cycles run on each server before any is measured
 TARGET_RATIO = 0.85  # events may cost at most 15 % of the hot path's throughput
+
+
+def _previous_release(directory: Path, revision: str) -> tuple[Path, str, dict[str, str]]:
+    """The project at `revision`, unpacked under `directory`, a database migrated by its own
+    migrations, and its keys; (root, database URL, tokens)."""
+    root = directory / "previous"
+    root.mkdir()
+    archive = subprocess.run(["git", "archive", revision], cwd=common.ROOT, check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(root, filter="data")
+    url = common.sqlite_url(root / "queuelog.sqlite3")
+    script = (
+        "import json, sys\n"
+        "from app import create_app\nfrom app.keys.models import Role\n"
+        "from app.migrations import upgrade\n"
+        "upgrade(sys.argv[1])\n"
+        "app = create_app({'DATABASE_URL': sys.argv[1], 'JOB_TYPES': sys.argv[2]})\n"
+        "keys = app.extensions['queuelog'].keys\n"
+        "print(json.dumps({name: keys.create_key(name, Role(name.split('-')[0]))\n"
+        "                  for name in ('producer-0', 'worker-0', 'worker-1')}))\n")
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("QUEUELOG_")} | {"PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", script, url, common.JOB_TYPES], cwd=root,
+                          env=env, check=True, capture_output=True, text=True)
+    return root, url, json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def measure(options: Any) -> Report:
@@ -33,6 +70,7 @@ def measure(options: Any) -> Report:
                     options.smoke, options.repeats)
     figures: dict[tuple[int, str], dict[str, Spread]] = {}
     ratios: dict[int, Spread] = {}
+    previous_ratios: dict[int, Spread] = {}
     with common.scratch_directory("queuelog-bench-events-") as directory:
         servers = {}
         tokens = {}
@@ -44,11 +82,23 @@ def measure(options: Any) -> Report:
                                                      "worker-0": "worker",
                                                      "worker-1": "worker"})
             servers[label] = common.queuelog_server(str(sub), url, QUEUELOG_JOB_EVENTS=flag)
+        previous = os.environ.get("QUEUELOG_BENCH_PREVIOUS")
+        if previous:
+            root, url, tokens[PREVIOUS] = _previous_release(Path(directory), previous)
+            servers[PREVIOUS] = common.Server(
+                "wsgi:app", directory, {"QUEUELOG_DATABASE_URL": url,
+                                        "QUEUELOG_JOB_TYPES": common.JOB_TYPES}, root=root)
         try:
+            for label, server in servers.items():  # warm up: not measured
+                common.fill_queue(server.port, tokens[label]["producer-0"], WARM_UP)
+                common.run_load("claim_complete_one", server.port,
+                                [tokens[label]["worker-0"], tokens[label]["worker-1"]],
+                                clients=TARGET_CLIENTS, operations=WARM_UP,
+                                max_seconds=MAX_SECONDS)
             for repeat in range(options.repeats):
                 for clients in CLIENTS:
                     count = operations[clients]
-                    order = ["events on", "events off"]
+                    order = list(servers)
                     if repeat % 2:
                         order.reverse()
                     run = {}
@@ -67,10 +117,12 @@ def measure(options: Any) -> Report:
                         spread["p99"].add(result.p99_ms)
                     ratios.setdefault(clients, Spread()).add(
                         run["events on"].jobs_per_second / run["events off"].jobs_per_second)
-                    print(f"repeat {repeat + 1}: {clients} client(s): events on "
-                          f"{run['events on'].jobs_per_second:,.0f} jobs/s, off "
-                          f"{run['events off'].jobs_per_second:,.0f}",
-                          file=sys.stderr, flush=True)
+                    if PREVIOUS in run:
+                        previous_ratios.setdefault(clients, Spread()).add(
+                            run["events on"].jobs_per_second / run[PREVIOUS].jobs_per_second)
+                    print(f"repeat {repeat + 1}: {clients} client(s): " + ", ".join(
+                          f"{label} {result.jobs_per_second:,.0f} jobs/s"
+                          for label, result in run.items()), file=sys.stderr, flush=True)
         finally:
             for server in servers.values():
                 server.stop()
@@ -84,6 +136,17 @@ def measure(options: Any) -> Report:
                   on["p50"].show(1), on["p99"].show(1), off["p50"].show(1),
                   off["p99"].show(1))
     report.tables.append(table)
+    if previous_ratios:
+        release = Table(
+            f"Beside the previous release ({os.environ['QUEUELOG_BENCH_PREVIOUS']}): attempts "
+            "and events together",
+            ["clients", "previous jobs/s", "events on / previous", "previous p50 ms",
+             "previous p99 ms"])
+        for clients in CLIENTS:
+            old = figures[(clients, PREVIOUS)]
+            release.add(clients, old["jobs"].show(), previous_ratios[clients].show(2),
+                        old["p50"].show(1), old["p99"].show(1))
+        report.tables.append(release)
     ratio = ratios[TARGET_CLIENTS]
     report.targets.append(Target(
         f"HTTP claim + complete with events vs without, {TARGET_CLIENTS} clients",
