@@ -156,7 +156,6 @@ job_attempts = Table(
     Column("ended_at", Micros, nullable=True),
     Column("outcome", String(16), nullable=False),
     Column("error", Text, nullable=True),
-    Column("duration_ms", BigInteger, nullable=True),
 )
 # A job's attempts in order; closing an attempt finds the job's open one through it too.
 Index("uq_job_attempts_job_id_number", job_attempts.c.job_id, job_attempts.c.number,

@@ -29,7 +29,6 @@ def upgrade() -> None:
         sa.Column("ended_at", sa.BigInteger, nullable=True),
         sa.Column("outcome", sa.String(16), nullable=False),
         sa.Column("error", sa.Text, nullable=True),
-        sa.Column("duration_ms", sa.BigInteger, nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_job_attempts"),
     )
     op.create_index("uq_job_attempts_job_id_number", "job_attempts", ["job_id", "number"],

@@ -68,7 +68,11 @@ class Attempt:
     ended_at: int | None
     outcome: str
     error: str | None
-    duration_ms: int | None
+
+    @property
+    def duration_ms(self) -> int | None:
+        """Whole milliseconds from claim to end; None while it runs."""
+        return None if self.ended_at is None else (self.ended_at - self.claimed_at) // 1000
 
 
 @dataclass(frozen=True, slots=True)

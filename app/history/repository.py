@@ -32,8 +32,7 @@ _close_attempt = (
     .where(job_attempts.c.job_id == bindparam("closed_job_id"),
            job_attempts.c.outcome == literal_column(f"'{Outcome.RUNNING.value}'"))
     .values(ended_at=bindparam("ended_at"), outcome=bindparam("new_outcome"),
-            error=bindparam("new_error"),
-            duration_ms=(bindparam("ended_at") - job_attempts.c.claimed_at) / 1000)
+            error=bindparam("new_error"))
 )
 
 _attempts_of_job = (select(job_attempts).where(job_attempts.c.job_id == bindparam("job_id"))

@@ -36,6 +36,15 @@ def test_a_job_failed_twice_by_different_workers_then_completed_shows_three_atte
     assert all(a["ended_at"] is not None for a in shown)
 
 
+def test_duration_is_whole_milliseconds(api, client, producer, worker, admin, clock):
+    job_id = api.enqueue(producer).json["id"]
+    api.claim(worker)
+    clock.advance(0.4932248)
+    api.complete(worker, job_id)
+    [attempt] = attempts(client, admin, job_id).json["attempts"]
+    assert attempt["duration_ms"] == 493
+
+
 def test_a_running_attempt_is_open(api, client, producer, worker, admin):
     job_id = api.enqueue(producer).json["id"]
     claimed_at = api.claim(worker).json["claimed_at"]
