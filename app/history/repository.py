@@ -37,8 +37,9 @@ _close_attempt = (
 
 _attempts_of_job = (select(job_attempts).where(job_attempts.c.job_id == bindparam("job_id"))
                     .order_by(job_attempts.c.number))
+# The newest events, read backwards through (job_id, id).
 _events_of_job = (select(job_events).where(job_events.c.job_id == bindparam("job_id"))
-                  .order_by(job_events.c.id).limit(bindparam("limit")))
+                  .order_by(job_events.c.id.desc()).limit(bindparam("limit")))
 _count_events = select(func.count()).select_from(job_events).where(
     job_events.c.job_id == bindparam("job_id"), job_events.c.event == bindparam("event"))
 _insert_event = insert(job_events)
@@ -86,8 +87,10 @@ class HistoryRepository:
             self.conn.execute(insert(job_events).values(list(rows)))
 
     def events_of(self, job_id: int, limit: int) -> list[JobEvent]:
-        return [JobEvent(*row) for row in self.conn.execute(
+        """The job's newest `limit` events, oldest first."""
+        newest_first = [JobEvent(*row) for row in self.conn.execute(
             _events_of_job, {"job_id": job_id, "limit": limit})]
+        return newest_first[::-1]
 
     def count_events(self, job_id: int, event: EventName) -> int:
         count: int = self.conn.execute(

@@ -16,7 +16,8 @@ from app.keys.models import Caller, Role
 from app.keys.service import KeyService
 
 # A timeline holds one event per change of the job and at most MAX_REFUSALS_KEPT refusals;
-# a listing stops here all the same, so that no answer grows without bound.
+# an answer shows the newest this many all the same, so that none grows without bound (a job
+# an admin retried and cancelled thousands of times).
 MAX_EVENTS_SHOWN = 1000
 
 

@@ -161,6 +161,16 @@ def test_refusals_kept_per_job_are_bounded(api, client, producer, worker, make_k
     assert len(refused) == 3
 
 
+def test_a_long_timeline_shows_its_newest_events(api, client, producer, admin, monkeypatch):
+    monkeypatch.setattr("app.history.service.MAX_EVENTS_SHOWN", 3)
+    job_id = api.enqueue(producer).json["id"]
+    api.cancel(admin, job_id)
+    api.retry(admin, job_id)
+    api.cancel(admin, job_id)
+    assert [e["event"] for e in events(client, admin, job_id)] == [
+        "cancelled", "retried", "cancelled"]
+
+
 @pytest.mark.parametrize("role", ["producer", "worker"])
 def test_only_admins_read_events(api, client, producer, worker, role):
     job_id = api.enqueue(producer).json["id"]
