@@ -64,14 +64,15 @@ class HistoryRepository:
     def open_attempts(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Open an attempt per row (`job_id`, `worker_id`, `claimed_at`)."""
         if rows:
-            self.conn.execute(_open_attempt, list(rows))
+            # One row (a single claim, the hot path) skips executemany's extra work.
+            self.conn.execute(_open_attempt, rows[0] if len(rows) == 1 else list(rows))
 
     def close_attempts(self, rows: Sequence[Mapping[str, Any]], outcome: Outcome,
                        ended_at: int) -> None:
         """End the running attempt of each row's job (`closed_job_id`, `new_error`)."""
-        if rows:
-            self.conn.execute(_close_attempt, [
-                {**row, "ended_at": ended_at, "new_outcome": outcome.value} for row in rows])
+        params = [{**row, "ended_at": ended_at, "new_outcome": outcome.value} for row in rows]
+        if params:
+            self.conn.execute(_close_attempt, params[0] if len(params) == 1 else params)
 
     def attempts_of(self, job_id: int) -> list[Attempt]:
         return [Attempt(*row) for row in self.conn.execute(_attempts_of_job, {"job_id": job_id})]
