@@ -14,6 +14,8 @@ from app.clock import Clock
 from app.config import configuration_warnings, load_settings, normalise
 from app.db import Database, make_engine
 from app.errors import register_error_handlers
+from app.history.recorder import HistoryRecorder
+from app.history.service import HistoryService
 from app.jobs.ids import JobIdConverter
 from app.jobs.models import Backoff
 from app.jobs.service import EventSink, JobService, QueueSettings
@@ -32,6 +34,7 @@ class Services:
     jobs: JobService
     keys: KeyService
     types: TypeService
+    history: HistoryService
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -72,6 +75,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.types.routes import bp as types_bp
 
     app.register_blueprint(types_bp)
+    from app.history.routes import bp as history_bp
+
+    app.register_blueprint(history_bp)
     from app.openapi import bp as openapi_bp
 
     app.register_blueprint(openapi_bp)
@@ -111,12 +117,14 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     )
     keys = KeyService(db, clock)
     flow = FlowControl(db, clock, settings.job_types, on_skip=on_skip)
+    jobs = JobService(db, clock, settings, on_event=on_event, confirm_caller=keys.confirm_live,
+                      flow=flow, history=HistoryRecorder(events=config["JOB_EVENTS"]))
     return Services(
         db=db,
         clock=clock,
-        jobs=JobService(db, clock, settings, on_event=on_event,
-                        confirm_caller=keys.confirm_live, flow=flow),
+        jobs=jobs,
         keys=keys,
         types=TypeService(db, clock, settings.job_types,
                           config["TYPE_COUNTS_MAX_AGE_SECONDS"]),
+        history=HistoryService(db, jobs, keys),
     )

@@ -82,6 +82,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("RETRY_BACKOFF_MAX_SECONDS", 3600.0, _float_in(0, 31_536_000),
             "ceiling of the retry backoff"),
     Setting("METRICS_PUBLIC", False, _flag, "serve /metrics without an admin key"),
+    Setting("JOB_EVENTS", True, _flag,
+            "write each job's timeline of events (GET /jobs/{id}/events); attempts are "
+            "always kept"),
     Setting("MAX_WAITING_CLAIMS", 8, _int_in(0, 10_000),
             "long-polling claims a process lets wait at once; keep it below GUNICORN_THREADS "
             "so that waiting claims never take every thread"),

@@ -212,6 +212,48 @@ api_keys = Table(
 )
 
 
+# -- history (app/history): attempts and events, written in the job's own transactions ------
+# No foreign keys to jobs: `queuelog purge` deletes a job's history with it, in the same
+# transaction, and a rebuild of the jobs table (SQLite batch migrations) stays free of them.
+
+job_attempts = Table(
+    "job_attempts",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("job_id", Id, nullable=False),
+    Column("number", Integer, nullable=False),  # 1, 2, … per job
+    Column("worker_id", String(100), nullable=False),
+    Column("claimed_at", Micros, nullable=False),
+    Column("ended_at", Micros, nullable=True),
+    Column("outcome", String(16), nullable=False),
+    Column("error", Text, nullable=True),
+)
+# A job's attempts in order; closing an attempt finds the job's open one through it too.
+Index("uq_job_attempts_job_id_number", job_attempts.c.job_id, job_attempts.c.number,
+      unique=True)
+
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("job_id", Id, nullable=False),
+    Column("at", Micros, nullable=False),
+    Column("event", String(32), nullable=False),
+    Column("actor", String(120), nullable=False),
+    Column("detail", Text, nullable=True),  # compact JSON object
+)
+Index("ix_job_events_job_id_id", job_events.c.job_id, job_events.c.id)
+
+# When each key last claimed or reported, to a minute: written at most once a minute per key
+# and process (app/history/service.py), never once per heartbeat.
+key_activity = Table(
+    "key_activity",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("last_seen_at", Micros, nullable=False),
+    Column("last_claim_at", Micros, nullable=True),
+)
+
 def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int,
                           read_only: bool) -> None:
     path = engine.url.database

@@ -184,8 +184,9 @@ def build_openapi(app: Flask) -> dict[str, Any]:
         path, parameters = _openapi_path(rule)
         doc: OperationDoc | None = getattr(view, "openapi", None)
         if doc is not None:
-            seen.update(s for s in (doc.body, doc.query) if s is not None)
-            seen.update(r.schema for r in doc.replies if r.schema is not None)
+            for schema in (doc.body, doc.query, *(r.schema for r in doc.replies)):
+                if schema is not None:
+                    seen.update(_with_nested(schema))
         operations = paths.setdefault(path, (parameters, {}))[1]
         for method in sorted((rule.methods or set()) - _IMPLICIT_METHODS):
             operations[method.lower()] = _operation(rule, method, view, doc)
@@ -295,6 +296,17 @@ def _problem_response(status: int, description: str) -> dict[str, Any]:
             for name, required in headers.items()
         }
     return response
+
+
+def _with_nested(schema: type[Schema]) -> set[type[Schema]]:
+    """The schema and every schema nested in it (whose components may carry extras too)."""
+    found = {schema}
+    for field in schema._declared_fields.values():
+        inner = getattr(field, "inner", field)  # a List's items
+        nested = getattr(inner, "nested", None)
+        if isinstance(nested, type) and issubclass(nested, Schema) and nested not in found:
+            found |= _with_nested(nested)
+    return found
 
 
 def _add_schema_extras(document: dict[str, Any], schemas: Iterable[type[Schema]]) -> None:

@@ -17,10 +17,12 @@ from sqlalchemy.dialects.postgresql import REGCLASS
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from app.db import Database, api_keys, jobs, make_engine
+from app.db import Database, api_keys, job_attempts, job_events, jobs, make_engine
 from app.migrations import current_revision, head_revision, upgrade
 
-TABLES: tuple[Table, ...] = (api_keys, jobs)
+# A job's history goes with it. key_activity (when each key was last seen, to a minute) is
+# left behind: the workers write it again within a minute of their first claim.
+TABLES: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events)
 
 
 class TransferError(RuntimeError):

@@ -12,14 +12,16 @@ from tests.servers import HOST, GunicornServer, free_port, gunicorn_argv, server
 
 
 def gunicorn_server(app: str, directory: str, overrides: dict[str, str],
-                    ready_path: str = "/readyz") -> GunicornServer:
+                    ready_path: str = "/readyz", root: Path | None = None) -> GunicornServer:
     """gunicorn serving `app` from the project root, answering once this returns."""
     port = free_port()
     logs = Path(directory) / f"server-{port}"
     env = server_environment(logs, QUEUELOG_BIND=f"{HOST}:{port}", **overrides)
     # stdout carries one JSON line per request; nothing reads it here.
+    if root is not None:  # another checkout: its code, from its own directory
+        env["PYTHONPATH"] = str(root)
     server = GunicornServer(gunicorn_argv(app=app), env, port=port, logs=logs,
-                            keep_stdout=False).start()
+                            keep_stdout=False, **({} if root is None else {"cwd": root})).start()
     try:
         server.wait_until_answering(ready_path)
     except BaseException:

@@ -92,7 +92,8 @@ def postgres_shared_url(postgres_server: PostgresServer) -> str:
 def _empty_postgres(url: str) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE jobs, api_keys, job_types RESTART IDENTITY"))
+        conn.execute(text("TRUNCATE jobs, api_keys, job_types, job_attempts, job_events, "
+                          "key_activity RESTART IDENTITY"))
     engine.dispose()
 
 

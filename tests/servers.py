@@ -94,8 +94,10 @@ class GunicornServer:
     stop() or kill(): a restart on the same port."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], *, port: int, logs: Path,
-                 name: str | None = None, keep_stdout: bool = True) -> None:
+                 name: str | None = None, keep_stdout: bool = True,
+                 cwd: Path = REPO_ROOT) -> None:
         self.argv = list(argv)
+        self.cwd = cwd  # another checkout (a previous release, for a benchmark) runs from its own
         self.env = dict(env)
         self.port = port
         name = name or f"gunicorn-{port}"
@@ -126,7 +128,7 @@ class GunicornServer:
                 stdout = files.enter_context(self.stdout_path.open("ab"))
             stderr = files.enter_context(self.stderr_path.open("ab"))
             self.process = subprocess.Popen(
-                self.command(), cwd=REPO_ROOT, env=self.env, stdout=stdout, stderr=stderr,
+                self.command(), cwd=self.cwd, env=self.env, stdout=stdout, stderr=stderr,
                 stdin=subprocess.DEVNULL, start_new_session=True)
         return self
 

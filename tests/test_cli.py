@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from app.cli import parse_duration
+from app.db import job_attempts, job_events
 from app.migrations import head_revision
 
 QUEUELOG = Path(sys.executable).with_name("queuelog")
@@ -93,6 +95,25 @@ def test_purge_deletes_only_old_finished_jobs_and_says_how_many(runner, api, pro
     left = api.list(admin).json["jobs"]
     assert sorted(j["status"] for j in left) == ["cancelled", "pending", "running"]
     assert recent in [j["id"] for j in left]
+
+
+def test_purge_removes_the_attempts_and_events_of_the_jobs_it_deletes(runner, app, api,
+                                                                      producer, worker, admin,
+                                                                      clock):
+    gone = api.enqueue(producer).json["id"]
+    api.claim(worker)
+    api.complete(worker, gone)
+    kept = api.enqueue(producer).json["id"]
+    api.claim(worker)
+    clock.advance(3 * 86_400)
+
+    assert runner.invoke(args=["purge", "--older-than", "2d"]).output.strip() == "purged 1 jobs"
+
+    database = app.extensions["queuelog"].db
+    with database.read() as conn:
+        left = {table.name: sorted(set(conn.execute(select(table.c.job_id)).scalars()))
+                for table in (job_attempts, job_events)}
+    assert left == {"job_attempts": [kept], "job_events": [kept]}
 
 
 def test_purge_can_be_limited_to_some_statuses(runner, api, producer, worker, admin, clock):

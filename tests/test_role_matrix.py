@@ -40,6 +40,12 @@ ROUTES = {
     "types": Route("GET", "/types", "pending", None),
     "type": Route("GET", "/types/pdf", "pending", None),
     "type-patch": Route("PATCH", "/types/pdf", "pending", {"max_running": 5}),
+    "attempts": Route("GET", "/jobs/{id}/attempts", "running", None),
+    "events": Route("GET", "/jobs/{id}/events", "running", None),
+    "explain": Route("GET", "/jobs/{id}/explain", "running", None),
+    "workers": Route("GET", "/workers", "running", None),
+    "retry-many": Route("POST", "/jobs/retry-many", "failed", {"ids": ["{id}"]}),
+    "cancel-many": Route("POST", "/jobs/cancel-many", "pending", {"ids": ["{id}"]}),
 }
 
 # route -> role -> (status, the job's status afterwards, as an admin sees it)
@@ -74,6 +80,18 @@ EXPECTED: dict[str, dict[str, tuple[int, str]]] = {
              "admin": (200, "pending")},
     "type-patch": {"producer": (403, "pending"), "worker": (403, "pending"),
                    "admin": (200, "pending")},
+    "attempts": {"producer": (200, "running"), "worker": (403, "running"),
+                 "admin": (200, "running")},
+    "events": {"producer": (403, "running"), "worker": (403, "running"),
+               "admin": (200, "running")},
+    "explain": {"producer": (200, "running"), "worker": (403, "running"),
+                "admin": (200, "running")},
+    "workers": {"producer": (403, "running"), "worker": (403, "running"),
+                "admin": (200, "running")},
+    "retry-many": {"producer": (403, "failed"), "worker": (403, "failed"),
+                   "admin": (200, "pending")},
+    "cancel-many": {"producer": (403, "pending"), "worker": (403, "pending"),
+                    "admin": (200, "cancelled")},
 }
 
 
@@ -155,6 +173,17 @@ def test_each_role_gets_the_contracts_answer_on_each_route(
     elif route_name in ("type", "type-patch"):
         assert body["type"] == "pdf" and body["counts"]["pending"] == 1
         assert body["max_running"] == (5 if route_name == "type-patch" else None)
+    elif route_name == "attempts":
+        assert [a["worker_id"] for a in body["attempts"]] == [worker.name]
+        assert all(("error" in a) == (role == "admin") for a in body["attempts"])
+    elif route_name == "events":
+        assert [e["event"] for e in body["events"]] == ["enqueued", "claimed"]
+    elif route_name == "explain":
+        assert (body["job_id"], body["reasons"][0]["code"]) == (job_id, "running")
+    elif route_name == "workers":
+        assert [(w["name"], w["running"]) for w in body["workers"]] == [(worker.name, 1)]
+    elif route_name in ("retry-many", "cancel-many"):
+        assert body == {"count": 1, "ids": [job_id]}
     elif route_name == "list":
         assert [job["id"] for job in body["jobs"]] == [job_id]
         assert body["next_cursor"] is None

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import select
 
 from app import create_app
-from app.db import Database, api_keys, jobs, make_engine
+from app.db import Database, make_engine
 from app.keys.models import Role
 from app.migrations import current_revision
-from app.transfer import TransferError, copy_database
+from app.transfer import TABLES, TransferError, copy_database
 from tests.conftest import JOB_TYPES, Api, Key
 
 
@@ -44,7 +44,7 @@ def _rows(url):
     database = Database(make_engine(url, pooled=False))
     with database.read() as conn:
         found = {table.name: [tuple(row) for row in conn.execute(
-            select(table).order_by(table.c.id))] for table in (api_keys, jobs)}
+            select(table).order_by(table.c.id))] for table in TABLES}
     database.engine.dispose()
     return found
 
@@ -132,7 +132,7 @@ def test_copy_opens_a_sqlite_source_read_only(source, empty_db_url, tmp_path):
         copied = copy_database(source_url, empty_db_url)
     finally:
         path.chmod(0o600)
-    assert copied == {"api_keys": 2, "jobs": 25}
+    assert copied == {"api_keys": 2, "jobs": 25, "job_attempts": 6, "job_events": 36}
 
 
 def test_copy_refuses_a_source_without_the_schema_and_leaves_the_target_alone(

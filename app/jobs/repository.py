@@ -83,6 +83,33 @@ def _pending_due(restricted_to_one_type: bool) -> Any:
     return stmt.order_by(*_CLAIM_ORDER)
 
 
+def _count_ahead(restricted_to_one_type: bool) -> Any:
+    # Before the job in claim order (priority DESC, created_at, id) is three ranges of the
+    # claim-order index (of the type, when restricted): a higher priority; the same priority
+    # and older; the same priority and age and a lower id. Counted range by range, each read
+    # from the index's start to the job's place (one OR of them scans the index whole); the
+    # rows in range are read for run_at, so the cost follows the jobs ahead, not the table.
+    priority: Any = bindparam("priority")
+    created_at: Any = bindparam("created_at")
+    ranges = (
+        (jobs.c.priority > priority,),
+        (jobs.c.priority == priority, jobs.c.created_at < created_at),
+        (jobs.c.priority == priority, jobs.c.created_at == created_at,
+         jobs.c.id < bindparam("job_id")),
+    )
+    counts = []
+    for conditions in ranges:
+        stmt = select(func.count()).select_from(jobs).where(
+            _CLAIMABLE_ROW, *conditions, jobs.c.run_at <= bindparam("now"))
+        if restricted_to_one_type:
+            stmt = stmt.where(jobs.c.type == bindparam("type"))
+        counts.append(stmt.scalar_subquery())
+    return select(counts[0] + counts[1] + counts[2])
+
+
+_ahead_any_type = _count_ahead(restricted_to_one_type=False)
+_ahead_of_type = _count_ahead(restricted_to_one_type=True)
+
 _expired_lease_probe = select(jobs.c.id).where(
     _RESCUABLE_ROW, jobs.c.lease_expires_at <= bindparam("now")).limit(1)
 _due_probe_any_type = _pending_due(restricted_to_one_type=False).limit(1)
@@ -399,6 +426,23 @@ class JobRepository:
                                                                          jobs.c.type)
         return {(status, job_type): count for status, job_type, count in self.conn.execute(stmt)}
 
+    def count_claimable_ahead(self, job: Job, now_us: int, *, same_type: bool) -> int:
+        """How many jobs a claim would take before `job`: due pending jobs earlier in claim
+        order (of its type alone when `same_type`). Read through the claim-order index (of
+        the type, when `same_type`): the pending rows before the job's place in it."""
+        stmt = _ahead_of_type if same_type else _ahead_any_type
+        count: int = self.conn.execute(stmt, {
+            "now": now_us, "priority": job.priority, "created_at": job.created_at,
+            "job_id": job.id, "type": job.type}).scalar_one()
+        return count
+
+    def count_running_by_worker(self) -> dict[str, int]:
+        """How many jobs each worker holds now (running, its lease live or not yet rescued).
+        Read through the partial index of running rows."""
+        stmt = (select(jobs.c.worker_id, func.count()).where(_status_is(JobStatus.RUNNING))
+                .group_by(jobs.c.worker_id))
+        return {worker: count for worker, count in self.conn.execute(stmt)}
+
     def oldest_claimable_run_at(self, now_us: int) -> int | None:
         """The earliest `run_at` among the jobs a claim could take now; None when there are
         none. The literal status keeps the read inside the partial index of pending rows."""
@@ -479,12 +523,43 @@ class JobRepository:
         row = self.conn.execute(stmt, params).first()
         return None if row is None else _job(row)
 
+    def find_ids_for_bulk(self, *, statuses: Collection[JobStatus], limit: int,
+                          job_type: str | None = None, created_before: int | None = None,
+                          created_after: int | None = None,
+                          ids: Collection[int] | None = None) -> list[int]:
+        """Ids of up to `limit` jobs in `statuses` that every filter given matches, lowest
+        first (locked on PostgreSQL until the transaction ends)."""
+        stmt = select(jobs.c.id).where(_status_is(*statuses))
+        if job_type is not None:
+            stmt = stmt.where(jobs.c.type == job_type)
+        if created_before is not None:
+            stmt = stmt.where(jobs.c.created_at < created_before)
+        if created_after is not None:
+            stmt = stmt.where(jobs.c.created_at > created_after)
+        if ids is not None:
+            stmt = stmt.where(jobs.c.id.in_(list(ids)))
+        stmt = stmt.order_by(jobs.c.id).limit(limit).with_for_update()
+        return list(self.conn.execute(stmt).scalars())
+
+    def apply_transition_to_many(self, transition: Transition, job_ids: Collection[int],
+                                 values: Mapping[str, Any]) -> list[Job]:
+        """Write `values` to each of the jobs still in one of the transition's from-statuses
+        (an admin's transition; never a worker's), returned by id."""
+        if transition.by_lease_holder:
+            raise ValueError(f"{transition.name} is a worker's report, one job at a time")
+        if not job_ids:
+            return []
+        stmt = (update(jobs)
+                .where(jobs.c.id.in_(list(job_ids)), _status_is(*transition.from_statuses))
+                .values(dict(values)).returning(*jobs.c))
+        return sorted((_job(row) for row in self.conn.execute(stmt)), key=lambda job: job.id)
+
     # -- retention ------------------------------------------------------------------------
 
     def delete_finished_jobs(self, *, statuses: Collection[str], updated_before_us: int,
-                             after_id: int, limit: int) -> tuple[int, int | None]:
+                             after_id: int, limit: int) -> tuple[list[int], int | None]:
         """Delete up to `limit` jobs in `statuses` last updated before the cutoff, scanning
-        ids above `after_id`. Returns (deleted, last id scanned or None when done)."""
+        ids above `after_id`. Returns (the ids deleted, last id scanned or None when done)."""
         batch = select(jobs.c.id).where(
             jobs.c.id > after_id,
             jobs.c.status.in_(list(statuses)),
@@ -492,6 +567,6 @@ class JobRepository:
         ).order_by(jobs.c.id).limit(limit)
         ids = list(self.conn.execute(batch).scalars())
         if not ids:
-            return 0, None
+            return [], None
         self.conn.execute(delete(jobs).where(jobs.c.id.in_(ids)))
-        return len(ids), ids[-1]
+        return ids, ids[-1]

@@ -12,6 +12,8 @@ from app.http import load_body, load_query, no_content
 from app.jobs.schemas import (
     BatchEnqueueSchema,
     BatchJobListSchema,
+    BulkResultSchema,
+    BulkSchema,
     ClaimedJobListSchema,
     ClaimManySchema,
     ClaimSchema,
@@ -51,6 +53,7 @@ _no_body_schema = EmptySchema()
 _batch_schema = BatchEnqueueSchema()
 _claim_many_schema = ClaimManySchema()
 _complete_many_schema = CompleteManySchema()
+_bulk_schema = BulkSchema()
 
 
 # The query parameters each route takes; GET /jobs's own schema refuses unknown ones.
@@ -168,6 +171,30 @@ def complete_many_jobs() -> Response:
             results.append({"id": job_id, "status": 200,
                             "job": represent(answer, show_error=False)})
     return jsonify({"results": results})
+
+
+@bp.post("/jobs/retry-many")
+@documented("Send every failed or cancelled job the filter names back to pending, in one "
+            "transaction; jobs in other statuses are skipped.",
+            body=BulkSchema, replies=[Reply(200, "How many jobs changed, and their ids.",
+                                            BulkResultSchema)])
+@require_roles(Role.ADMIN)
+def retry_many_jobs() -> Response:
+    return _bulk_response(_service().retry_many(current_caller(), load_body(_bulk_schema)))
+
+
+@bp.post("/jobs/cancel-many")
+@documented("Cancel every pending job the filter names, in one transaction; jobs in other "
+            "statuses are skipped.",
+            body=BulkSchema, replies=[Reply(200, "How many jobs changed, and their ids.",
+                                            BulkResultSchema)])
+@require_roles(Role.ADMIN)
+def cancel_many_jobs() -> Response:
+    return _bulk_response(_service().cancel_many(current_caller(), load_body(_bulk_schema)))
+
+
+def _bulk_response(changed: list[Any]) -> Response:
+    return jsonify({"count": len(changed), "ids": [job.id for job in changed]})
 
 
 @bp.post("/jobs")

@@ -30,6 +30,8 @@ MAX_UNIQUE_PERIOD_SECONDS = 31_536_000
 MAX_BATCH_JOBS = 1000
 MAX_CLAIM_JOBS = 100
 MAX_COMPLETE_ITEMS = 100
+MAX_BULK_JOBS = 10_000
+DEFAULT_BULK_JOBS = 1000
 # A page of GET /jobs stops short of `limit` jobs rather than pass this many bytes of JSON.
 MAX_PAGE_BYTES = 4 * 1024 * 1024
 
@@ -238,6 +240,28 @@ class GetJobQuerySchema(StrictSchema):
         metadata={"description": "Seconds (0..60) to wait for the job to be completed, "
                                  "failed or cancelled; then answer with the job as it is.",
                   "example": "0.5"})
+
+
+class BulkSchema(StrictSchema):
+    """Which jobs a bulk retry or cancel takes: every filter given must hold. Jobs the
+    filter names that are in a status the action does not start from are skipped."""
+
+    openapi_extra: ClassVar[dict[str, Any]] = {
+        "example": {"type": "email", "status": "failed", "limit": 500}}
+
+    type = _non_empty_text(100)
+    status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]))
+    created_before = Timestamp(metadata={"format": "date-time"})
+    created_after = Timestamp(metadata={"format": "date-time"})
+    ids = fields.List(StrictInteger(validate=validate.Range(1, MAX_JOB_ID)),
+                      validate=validate.Length(min=1, max=MAX_BULK_JOBS))
+    limit = StrictInteger(load_default=DEFAULT_BULK_JOBS,
+                          validate=validate.Range(1, MAX_BULK_JOBS))
+
+
+class BulkResultSchema(Schema):
+    count = fields.Integer(required=True)
+    ids = fields.List(fields.Integer(), required=True)
 
 
 class BatchEnqueueSchema(StrictSchema):

@@ -5,6 +5,7 @@ Nothing here sees the HTTP request: handlers pass plain values and the authentic
 
 from __future__ import annotations
 
+import logging
 import random
 import secrets
 import time
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from app.clock import MICROS, Clock
 from app.db import Database
@@ -26,6 +27,9 @@ from app.errors import (
     UniqueConflict,
     ValidationFailed,
 )
+from app.history.models import SERVICE_ACTOR
+from app.history.recorder import HistoryRecorder
+from app.history.repository import HistoryRepository
 from app.jobs.cursor import decode_cursor, encode_cursor
 from app.jobs.intake import (
     IntakeRules,
@@ -44,6 +48,8 @@ from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitingBudget
 from app.keys.models import Caller, Role
 from app.redaction import redact_error
 from app.types.service import FlowControl
+
+log = logging.getLogger(__name__)
 
 # Expired leases rescued by one claim at most, so one claim's transaction stays short.
 RESCUE_BATCH = 100
@@ -115,14 +121,26 @@ def _ignore_event(_name: str, _count: int) -> None:
     pass
 
 
+class ReportRefused(Conflict):
+    """A heartbeat, complete or fail refused with 409: the job exists, the caller does not
+    hold it. Carries what its report_refused event says."""
+
+    def __init__(self, detail: str, *, job_id: int, worker: str) -> None:
+        super().__init__(detail)
+        self.job_id = job_id
+        self.worker = worker
+
+
 class JobService:
     def __init__(self, db: Database, clock: Clock, settings: QueueSettings,
                  rng: random.Random | None = None, on_event: EventSink = _ignore_event,
                  confirm_caller: CallerCheck = _trust_caller,
-                 flow: FlowControl | None = None) -> None:
+                 flow: FlowControl | None = None,
+                 history: HistoryRecorder | None = None) -> None:
         self.db = db
         # None: no flow control at all (services built without the type settings).
         self.flow = flow
+        self.history = history or HistoryRecorder()
         self.on_event = on_event
         self.confirm_caller = confirm_caller
         self.clock = clock
@@ -202,8 +220,7 @@ class JobService:
             self.signal.notify()
         return results
 
-    @staticmethod
-    def _insert_or_meet_many(repo: JobRepository, items: list[NewJob]) -> list[Enqueued]:
+    def _insert_or_meet_many(self, repo: JobRepository, items: list[NewJob]) -> list[Enqueued]:
         producer = items[0].values["producer"]
         keys = {item.values["idempotency_key"] for item in items
                 if item.values["idempotency_key"] is not None}
@@ -219,15 +236,17 @@ class JobService:
             if job is None:
                 raise _TwinMoved()
             replaced[job_id] = job
+        inserted = repo.insert_jobs(plan.new_rows)
+        self.history.enqueued(repo.conn, inserted)
         return [Enqueued(job, replayed=was_replayed, deduplicated=how) for job, was_replayed, how
-                in plan.results(repo.insert_jobs(plan.new_rows), replaced)]
+                in plan.results(inserted, replaced)]
 
-    @staticmethod
-    def _insert_or_meet(repo: JobRepository, new: NewJob) -> Enqueued:
+    def _insert_or_meet(self, repo: JobRepository, new: NewJob) -> Enqueued:
         values = new.values
         for _attempt in range(_TWIN_ATTEMPTS):
             job = repo.insert_job(values)
             if job is not None:
+                self.history.enqueued(repo.conn, [job])
                 return Enqueued(job)
             # Refused by a unique index. The idempotency key is asked first: a replay is never
             # a duplicate.
@@ -277,6 +296,11 @@ class JobService:
         if job is None or not self._visible_to(caller, job):
             raise NotFound("No such job.")
         return job
+
+    def running_by_worker(self) -> dict[str, int]:
+        """How many jobs each worker holds now, by the worker's name."""
+        with self.db.read() as conn:
+            return JobRepository(conn).count_running_by_worker()
 
     def list_jobs(self, caller: Caller, *, status: str | None, job_type: str | None,
                   limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
@@ -360,7 +384,8 @@ class JobService:
             )
             if flow is not None and gate is not None:
                 flow.spend(conn, gate, jobs)
-            self._made(repo, Transition.CLAIM, jobs, events)
+            self._made(repo, Transition.CLAIM, jobs, events, actor=caller.name, now_us=now)
+            self.history.seen(conn, caller.name, now, claimed=True)
             return jobs
 
         jobs = self._write(claim_in)
@@ -406,7 +431,8 @@ class JobService:
             rescued = self._end_attempt(repo, Transition.RESCUE, job,
                                         Transition.RESCUE.values(job, now))
             if rescued is not None:
-                self._made(repo, Transition.RESCUE, [rescued], events)
+                self._made(repo, Transition.RESCUE, [rescued], events, actor=SERVICE_ACTOR,
+                           now_us=now, held_by=job.worker_id)
 
     def heartbeat(self, caller: Caller, job_id: int, *, lease_token: str | None,
                   lease_seconds: int | None) -> Job:
@@ -422,17 +448,19 @@ class JobService:
                                         lease_token=lease_token)
             if job is None:
                 self._refuse_report(repo.get_job(job_id), caller, now, lease_token)
-            self._made(repo, Transition.HEARTBEAT, [job], events)
+            self._made(repo, Transition.HEARTBEAT, [job], events, actor=caller.name,
+                       now_us=now)
+            self.history.seen(conn, caller.name, now, claimed=False)
             return job
 
-        return self._write(heartbeat_in)
+        return self._report("heartbeat", caller, job_id, heartbeat_in)
 
     def complete(self, caller: Caller, job_id: int, *, lease_token: str | None,
                  result: dict[str, Any] | None) -> Job:
         """running → completed, by the worker holding the job. A repeat of a complete that
         landed (same lease token, same result) answers the job as that one left it."""
         stored_result = self._stored_result(result)
-        return self._write(lambda conn, events: self._complete_in(
+        return self._report("complete", caller, job_id, lambda conn, events: self._complete_in(
             self._repo(conn, caller), events, caller, job_id, lease_token, stored_result))
 
     def complete_many(self, caller: Caller,
@@ -453,7 +481,11 @@ class JobService:
                     answers.append((job_id, problem))
             return answers
 
-        return self._write(complete_each)
+        answers = self._write(complete_each)
+        refused = [answer for _, answer in answers if isinstance(answer, ReportRefused)]
+        if refused:
+            self._record_refusals("complete", refused)
+        return answers
 
     def _stored_result(self, result: dict[str, Any] | None) -> str | None:
         if result is None:
@@ -467,8 +499,9 @@ class JobService:
             Transition.COMPLETE, job_id,
             Transition.COMPLETE.values(now_us=now, result=stored_result),
             worker=caller.name, now_us=now, lease_token=lease_token)
+        self.history.seen(repo.conn, caller.name, now, claimed=False)
         if job is not None:
-            self._made(repo, Transition.COMPLETE, [job], events)
+            self._made(repo, Transition.COMPLETE, [job], events, actor=caller.name, now_us=now)
             return job
         current = repo.get_job(job_id)
         if (current is not None and lease_token is not None
@@ -503,11 +536,13 @@ class JobService:
                                        Transition.FAIL.values(job, now, error, delay),
                                        worker=caller.name, now_us=now)
             if failed is None:  # another transaction changed it first (PostgreSQL only)
-                raise Conflict("The job changed while this request ran; its lease is gone.")
-            self._made(repo, Transition.FAIL, [failed], events)
+                raise ReportRefused("The job changed while this request ran; its lease is "
+                                    "gone.", job_id=job_id, worker=caller.name)
+            self._made(repo, Transition.FAIL, [failed], events, actor=caller.name, now_us=now)
+            self.history.seen(conn, caller.name, now, claimed=False)
             return failed
 
-        return self._write(fail_in)
+        return self._report("fail", caller, job_id, fail_in)
 
     @staticmethod
     def _end_attempt(repo: JobRepository, transition: Transition, job: Job,
@@ -544,21 +579,26 @@ class JobService:
         if job is None:
             raise NotFound("No such job.")
         if job.status != JobStatus.RUNNING:
-            raise Conflict(f"The job is {job.status}, not running.")
-        if job.worker_id != caller.name:
-            raise Conflict("The job is held by another worker.")
-        if job.lease_expires_at is None or job.lease_expires_at <= now:
-            raise Conflict("The lease on this job has expired.")
-        if lease_token is not None and lease_token != job.lease_token:
-            raise Conflict("The lease token names an earlier attempt.")
-        raise Conflict("The job changed while this request ran.")
+            reason = f"The job is {job.status}, not running."
+        elif job.worker_id != caller.name:
+            reason = "The job is held by another worker."
+        elif job.lease_expires_at is None or job.lease_expires_at <= now:
+            reason = "The lease on this job has expired."
+        elif lease_token is not None and lease_token != job.lease_token:
+            reason = "The lease token names an earlier attempt."
+        else:
+            reason = "The job changed while this request ran."
+        raise ReportRefused(reason, job_id=job.id, worker=caller.name)
 
-    @staticmethod
-    def _made(_repo: JobRepository, transition: Transition, jobs: list[Job],
-              events: Events) -> None:
+    def _made(self, repo: JobRepository, transition: Transition, jobs: list[Job],
+              events: Events, *, actor: str, now_us: int, held_by: str | None = None) -> None:
         """Called in the transaction of every transition made, with the jobs as it left them.
         What a transition entails besides its UPDATE belongs here, in the same transaction
-        (and on `_repo`'s connection); today that is the events it counts."""
+        (and on `repo`'s connection): the job's history (its attempts and events) and the
+        events counted for metrics. `actor` is who made it; `held_by` the worker whose lease
+        a rescue took back."""
+        self.history.transition(repo.conn, transition, jobs, actor=actor, now_us=now_us,
+                                held_by=held_by)
         # Not a metric: wakes the reads waiting for a job to finish (GET ?wait_seconds).
         events[FINISHED] += sum(1 for job in jobs if job.status in TERMINAL_STATUSES)
         if transition is Transition.CLAIM:
@@ -570,6 +610,36 @@ class JobService:
                 events["rescued"] += len(jobs)
             for job in jobs:
                 events["retried" if job.status == JobStatus.PENDING else "failed"] += 1
+
+    def _report(self, report: str, caller: Caller, job_id: int,
+                work: Callable[[Connection, Events], T]) -> T:
+        """Run a worker's report (heartbeat, complete, fail); a refusal is recorded as a
+        report_refused event in a transaction of its own, the report's being rolled back."""
+        try:
+            return self._write(work)
+        except ReportRefused as refused:
+            self._record_refusals(report, [refused])
+            raise
+
+    def _record_refusals(self, report: str, refusals: list[ReportRefused]) -> None:
+        now = self.clock.now_us()
+
+        def record_in(conn: Connection) -> None:
+            # A refused report is still a sign of life.
+            self.history.seen(conn, refusals[0].worker, now, claimed=False)
+            for refused in refusals:
+                self.history.report_refused(conn, refused.job_id, worker=refused.worker,
+                                            report=report, reason=refused.detail,
+                                            now_us=now)
+
+        try:
+            self.db.run_write(record_in)
+        except SQLAlchemyError:
+            # The worker is owed its 409 all the same: a report refused is never turned into
+            # a 503 (which it would retry) for want of its record.
+            log.warning("queuelog: could not record %d refused report(s)", len(refusals),
+                        exc_info=True)
+        self.on_event("report_refused", len(refusals))
 
     def _write(self, work: Callable[[Connection, Events], T]) -> T:
         """Run `work` in a write transaction, then tell on_event what it counted.
@@ -597,19 +667,52 @@ class JobService:
         """failed | cancelled → pending, with a fresh retry budget, claimable at once."""
         return self._admin_transition(caller, job_id, Transition.RETRY)
 
+    def retry_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
+        """Every failed or cancelled job the filters name (up to their limit) → pending with
+        a fresh retry budget, in one transaction; the others are skipped."""
+        return self._bulk_transition(caller, Transition.RETRY, filters)
+
+    def cancel_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
+        """Every pending job the filters name (up to their limit) → cancelled, in one
+        transaction; the others are skipped."""
+        return self._bulk_transition(caller, Transition.CANCEL, filters)
+
+    def _bulk_transition(self, caller: Caller, transition: Transition,
+                         filters: dict[str, Any]) -> list[Job]:
+        statuses = list(transition.from_statuses)
+        if filters.get("status") is not None:
+            statuses = [status for status in statuses if status == filters["status"]]
+        if not statuses:
+            return []
+
+        def transition_in(conn: Connection, events: Events) -> list[Job]:
+            repo = self._repo(conn, caller)
+            now = self.clock.now_us()
+            chosen = repo.find_ids_for_bulk(
+                statuses=statuses, limit=filters["limit"], job_type=filters.get("type"),
+                created_before=filters.get("created_before"),
+                created_after=filters.get("created_after"), ids=filters.get("ids"))
+            changed = repo.apply_transition_to_many(transition, chosen,
+                                                    transition.values(now_us=now))
+            self._made(repo, transition, changed, events, actor=caller.name, now_us=now)
+            return changed
+
+        return self._write(transition_in)
+
     def _admin_transition(self, caller: Caller, job_id: int, transition: Transition) -> Job:
 
         def transition_in(conn: Connection, events: Events) -> Job:
             repo = self._repo(conn, caller)
+            now = self.clock.now_us()
             job = self._transition_holding_keys(repo, job_id, transition,
-                                                transition.values(now_us=self.clock.now_us()))
+                                                transition.values(now_us=now))
             if job is None:
                 current = repo.get_job(job_id)
                 if current is None:
                     raise NotFound("No such job.")
                 allowed = " or ".join(transition.from_statuses)
                 raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
-            self._made(repo, transition, [job], events)
+            self._made(repo, transition, [job], events, actor=caller.name, now_us=now)
             return job
 
         return self._write(transition_in)
@@ -646,9 +749,12 @@ class JobService:
         deleted, after_id = 0, 0
         while True:
             with self.db.write() as conn:
-                count, last = JobRepository(conn).delete_finished_jobs(
+                deleted_ids, last = JobRepository(conn).delete_finished_jobs(
                     statuses=sorted(chosen), updated_before_us=cutoff,
                     after_id=after_id, limit=batch_size)
+                # A job's attempts and events go with it, in the same transaction.
+                HistoryRepository(conn).delete_history_of(deleted_ids)
+            count = len(deleted_ids)
             if last is None:
                 return deleted
             deleted, after_id = deleted + count, last

@@ -44,6 +44,8 @@ JOB_EVENTS: Mapping[str, str] = {
     "failed": "Attempts that left a job failed for good (no retries left).",
     "retried": "Failed attempts that sent a job back to pending (lease expiries included).",
     "rescued": "Running jobs whose lease expired and that a claim took back.",
+    "report_refused": "Heartbeats, completes and fails refused with 409 (the worker did not "
+                      "hold the job).",
 }
 # Up to the 20 s a long-polling claim may wait, and a little beyond.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0)

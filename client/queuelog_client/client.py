@@ -240,6 +240,19 @@ class Client:
         path = "/jobs" + (f"?{urlencode(query)}" if query else "")
         return self._object("GET", path)
 
+    def explain(self, job_id: int) -> dict[str, Any]:
+        """Why the job is or is not running (admins, or the producer that owns it):
+        `{"job_id", "status", "claimable_now", "reasons": [{"code", "message", …}]}`, the most
+        important reason first."""
+        return self._object("GET", f"/jobs/{int(job_id)}/explain")
+
+    def attempts(self, job_id: int) -> list[dict[str, Any]]:
+        """The job's attempts, oldest first (admins, or the producer that owns it; only
+        admins see each attempt's error)."""
+        attempts: list[dict[str, Any]] = self._object(
+            "GET", f"/jobs/{int(job_id)}/attempts")["attempts"]
+        return attempts
+
     def iter_jobs(self, *, status: str | None = None, type: str | None = None,
                   page_size: int = 100) -> Iterator[Job]:
         """Every job the key may see (filtered), following the cursors page by page."""

@@ -16,6 +16,7 @@ SCRIPTS = {
     "storage": ("== Storage: repository vs raw sqlite3", "repository / raw"),
     "depth": ("== Depth: claim latency", "statement p50"),
     "http_single": ("== HTTP, one job per request", "bare Flask jobs/s"),
+    "http_events": ("== HTTP claim + complete: events on vs off", "events off jobs/s"),
     "http_batch": ("== HTTP, batches and long polling", "jobs per request"),
     "await_latency": ("== Waiting for a result across processes", "p99"),
     "peers": ("== Peers:", "dequeue + ack jobs/s"),

@@ -159,6 +159,21 @@ def test_the_worker_calls_claim_heartbeat_complete_and_fail(server):
     assert worker.claim_many(5, types=["sync"], wait_seconds=0.2) == []
 
 
+def test_attempts_and_explain_of_a_producers_own_job(server):
+    queue = _producer(server)
+    worker = server.client(server.create_key(f"w-{uuid.uuid4().hex[:8]}", "worker"))
+    job = queue.enqueue("sync", {"n": 1})
+    claimed = worker.claim(types=["sync"], lease_seconds=60)
+    assert claimed["id"] == job["id"]
+
+    [attempt] = queue.attempts(job["id"])
+    assert (attempt["number"], attempt["outcome"]) == (1, "running")
+    explained = queue.explain(job["id"])
+    assert explained["reasons"][0]["code"] == "running"
+    with pytest.raises(NotFound):
+        _producer(server).explain(job["id"])
+
+
 class _ResponseDroppingProxy:
     """Forwards loopback TCP to the server, but on the first connection throws the server's
     answer away and hangs up: the request was handled, the client never hears of it."""

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
+from app.db import Database, job_attempts, job_events, make_engine
 from tests.e2e.client import QueueClient, server_errors
 from tests.servers import LiveServer, create_api_key
 
@@ -156,6 +158,28 @@ def assert_every_job_completed_exactly_once(tally: Tally, clients: list[QueueCli
     assert len({name for _, name in tally.claims}) > 1
 
 
+def assert_history_agrees(database_url: str, tally: Tally) -> None:
+    """Each job's history was written in the transactions of its claim and its complete:
+    one attempt, completed by its claimer, and the events enqueued, claimed, completed."""
+    claimed_by = dict(tally.claims)
+    database = Database(make_engine(database_url, pooled=False))
+    with database.read() as conn:
+        attempts = [tuple(row) for row in conn.execute(select(
+            job_attempts.c.job_id, job_attempts.c.number, job_attempts.c.worker_id,
+            job_attempts.c.outcome))]
+        events: dict[int, list[tuple[str, str]]] = {}
+        for job_id, event, actor in conn.execute(select(
+                job_events.c.job_id, job_events.c.event, job_events.c.actor
+        ).order_by(job_events.c.id)):
+            events.setdefault(job_id, []).append((event, actor))
+    database.engine.dispose()
+    assert sorted(attempts) == sorted((job_id, 1, worker, "completed")
+                                      for job_id, worker in claimed_by.items())
+    assert events == {job_id: [("enqueued", "producer-1"), ("claimed", worker),
+                               ("completed", worker)]
+                      for job_id, worker in claimed_by.items()}
+
+
 @pytest.mark.slow
 def test_2000_jobs_16_workers_every_job_completed_exactly_once(
         start_server: Callable[..., LiveServer], server_database_url: str) -> None:
@@ -164,6 +188,7 @@ def test_2000_jobs_16_workers_every_job_completed_exactly_once(
 
     admin = QueueClient(server, create_api_key(server_database_url, "admin-1", "admin"))
     assert_every_job_completed_exactly_once(tally, clients, admin)
+    assert_history_agrees(server_database_url, tally)
 
 
 @pytest.mark.slow
@@ -174,6 +199,7 @@ def test_claim_many_workers_never_share_a_job_and_complete_every_one(
 
     admin = QueueClient(server, create_api_key(server_database_url, "admin-1", "admin"))
     assert_every_job_completed_exactly_once(tally, clients, admin)
+    assert_history_agrees(server_database_url, tally)
 
 
 @pytest.mark.slow
@@ -188,6 +214,7 @@ def test_two_servers_sharing_one_postgresql_complete_every_job_exactly_once(
 
     admin = QueueClient(servers[1], create_api_key(database_url, "admin-1", "admin"))
     assert_every_job_completed_exactly_once(tally, clients, admin)
+    assert_history_agrees(database_url, tally)
     # Both hosts served claims.
     served = Counter(client.server.port for client in clients[PRODUCERS:]
                      if client.statuses[200])

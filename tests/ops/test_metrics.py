@@ -72,6 +72,8 @@ def test_metrics_after_a_known_sequence_of_jobs(api: Any, client: Any, clock: An
     # This claim rescues the expired lease (its one retry), then takes the job again.
     assert api.claim(worker).json["id"] == email[2]
     assert api.fail(worker, email[2]).json["status"] == "failed"
+    assert api.heartbeat(worker, email[2]).status_code == 409  # a refused report
+    assert api.complete(worker, email[2]).status_code == 409  # and another
     assert api.cancel(admin, pdf[1]).status_code == 200
     assert api.get(producer, 999_999).status_code == 404
     assert client.get("/no/such/path").status_code == 404
@@ -84,6 +86,7 @@ def test_metrics_after_a_known_sequence_of_jobs(api: Any, client: Any, clock: An
     assert figures.value("queuelog_jobs_retried_total") == 2  # one fail, one lease expiry
     assert figures.value("queuelog_jobs_failed_total") == 1
     assert figures.value("queuelog_jobs_rescued_total") == 1
+    assert figures.value("queuelog_jobs_report_refused_total") == 2
 
     expected = {("pending", "email"): 2, ("completed", "email"): 1, ("failed", "email"): 1,
                 ("pending", "pdf"): 1, ("cancelled", "pdf"): 1}

@@ -1,0 +1,108 @@
+"""Why a job is or is not running: reason codes, each with its evidence and a sentence, the
+most important first (contract section 13). Pure: the service gathers the facts.
+
+Reasons of flow control (type_paused, type_at_max_running, key_at_max_running,
+rate_limited) come from `flow_reasons`, the one seam for them: the type settings of flow
+control are not on this branch yet, so it finds none. When they land, it reads them in the
+same read transaction and returns its reasons, which rank after `scheduled` and before
+`jobs_ahead`, and a job held back by any of them is not `claimable_now`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+
+from app.clock import MICROS, to_rfc3339
+from app.jobs.models import TERMINAL_STATUSES, Job, JobStatus
+
+# A type no live worker has claimed for this long is reported as without a worker.
+IDLE_WORKER_US = 5 * 60 * MICROS
+
+Reason = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFacts:
+    """What explain needs of one live worker key."""
+
+    name: str
+    types: frozenset[str] | None
+    last_claim_at: int | None
+
+    def may_claim(self, job_type: str) -> bool:
+        return self.types is None or job_type in self.types
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    job_id: int
+    status: str
+    claimable_now: bool
+    reasons: list[Reason]
+
+
+def flow_reasons(_conn: Connection, _job: Job, _now_us: int) -> list[Reason]:
+    """The flow-control reasons holding `job` back (see the module's docstring): none until
+    type settings exist."""
+    return []
+
+
+def _reason(code: str, message: str, **evidence: Any) -> Reason:
+    return {"code": code, "message": message, **evidence}
+
+
+def explain(job: Job, now_us: int, *, ahead: int | None, ahead_of_type: int | None,
+            workers: Sequence[WorkerFacts], flow: Sequence[Reason] = ()) -> Explanation:
+    """`ahead` and `ahead_of_type` count the due pending jobs before `job` in claim order
+    (all types, and its own type); None when the job is not claimable."""
+    if job.status in TERMINAL_STATUSES:
+        return Explanation(job.id, job.status, False, [_reason(
+            "finished", f"The job is {job.status}; it will not run again unless an admin "
+            "retries it." if job.status != JobStatus.COMPLETED else
+            "The job is completed.", status=job.status, at=to_rfc3339(job.updated_at))])
+    if job.status == JobStatus.RUNNING:
+        expires = job.lease_expires_at or 0
+        message = (f"Worker {job.worker_id} holds it until {to_rfc3339(expires)}."
+                   if expires > now_us else
+                   f"Worker {job.worker_id}'s lease ran out at {to_rfc3339(expires)}; the "
+                   "next claim takes it back as a failed attempt.")
+        return Explanation(job.id, job.status, False, [_reason(
+            "running", message, worker_id=job.worker_id, claimed_at=to_rfc3339(job.claimed_at),
+            lease_expires_at=to_rfc3339(expires), lease_expired=expires <= now_us)])
+
+    reasons: list[Reason] = []
+    due = job.run_at <= now_us
+    if not due:
+        reasons.append(_reason("scheduled", f"It is not claimable before {to_rfc3339(job.run_at)}.",
+                               until=to_rfc3339(job.run_at)))
+    reasons += flow
+    if due and ahead:
+        reasons.append(_reason(
+            "jobs_ahead", f"{ahead} claimable job(s) come before it in claim order "
+            f"({ahead_of_type or 0} of type {job.type}).", count=ahead,
+            of_its_type=ahead_of_type or 0))
+    reasons += _worker_reasons(job, now_us, workers)
+    return Explanation(job.id, job.status, due and not flow, reasons)
+
+
+def _worker_reasons(job: Job, now_us: int, workers: Sequence[WorkerFacts]) -> list[Reason]:
+    able = [worker for worker in workers if worker.may_claim(job.type)]
+    if not able:
+        return [_reason("no_worker_for_type",
+                        f"No live worker key may claim type {job.type}.",
+                        type=job.type, workers=[], last_claim_at=None)]
+    claims = [worker.last_claim_at for worker in able if worker.last_claim_at is not None]
+    last_claim_at = max(claims) if claims else None
+    if last_claim_at is not None and now_us - last_claim_at < IDLE_WORKER_US:
+        return []
+    last = ("none has ever claimed" if last_claim_at is None
+            else f"the last claim was at {to_rfc3339(last_claim_at)}")
+    return [_reason("no_worker_for_type",
+                    f"No worker that may claim type {job.type} has claimed in the last 5 "
+                    f"minutes ({last}): is one running?",
+                    type=job.type, workers=sorted(worker.name for worker in able),
+                    last_claim_at=to_rfc3339(last_claim_at))]

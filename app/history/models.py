@@ -1,0 +1,96 @@
+"""Attempts and events as records, and which of them each job transition writes."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from app.jobs.models import Job, JobStatus, Transition
+
+
+class Outcome(enum.StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    LEASE_EXPIRED = "lease_expired"
+
+
+class EventName(enum.StrEnum):
+    ENQUEUED = "enqueued"
+    CLAIMED = "claimed"
+    COMPLETED = "completed"
+    FAILED = "failed"  # terminal: no retries left
+    RETRY_SCHEDULED = "retry_scheduled"  # a failed attempt that will run again
+    LEASE_EXPIRED = "lease_expired"
+    CANCELLED = "cancelled"
+    RETRIED = "retried"  # an admin's retry
+    REPORT_REFUSED = "report_refused"
+
+
+# The actor of the service's own acts (a lease rescue).
+SERVICE_ACTOR = "queuelog"
+
+# The transitions that end an attempt, and how it ended. A claim opens one; the others
+# (heartbeat, cancel, retry) leave attempts alone.
+ATTEMPT_ENDED_BY: dict[Transition, Outcome] = {
+    Transition.COMPLETE: Outcome.COMPLETED,
+    Transition.FAIL: Outcome.FAILED,
+    Transition.RESCUE: Outcome.LEASE_EXPIRED,
+}
+
+_EVENT_OF: dict[Transition, EventName] = {
+    Transition.CLAIM: EventName.CLAIMED,
+    Transition.COMPLETE: EventName.COMPLETED,
+    Transition.RESCUE: EventName.LEASE_EXPIRED,
+    Transition.CANCEL: EventName.CANCELLED,
+    Transition.RETRY: EventName.RETRIED,
+}
+
+
+def event_of(transition: Transition, job: Job) -> EventName | None:
+    """The event a transition that left `job` as it is makes; None for a heartbeat, which is
+    no event. A failed attempt makes one event: retry_scheduled, or failed when none are left."""
+    if transition is Transition.FAIL:
+        return (EventName.RETRY_SCHEDULED if job.status == JobStatus.PENDING
+                else EventName.FAILED)
+    return _EVENT_OF.get(transition)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One row of job_attempts. Times are microseconds since the epoch."""
+
+    id: int
+    job_id: int
+    number: int
+    worker_id: str
+    claimed_at: int
+    ended_at: int | None
+    outcome: str
+    error: str | None
+
+    @property
+    def duration_ms(self) -> int | None:
+        """Whole milliseconds from claim to end; None while it runs."""
+        return None if self.ended_at is None else (self.ended_at - self.claimed_at) // 1000
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One row of job_events; `detail` is compact JSON text or None."""
+
+    id: int
+    job_id: int
+    at: int
+    event: str
+    actor: str
+    detail: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyActivity:
+    """When a key was last seen (a claim or a report), to about a minute."""
+
+    name: str
+    last_seen_at: int
+    last_claim_at: int | None

@@ -1,0 +1,130 @@
+"""What the job service writes into a job's history, in the transaction of the change itself.
+
+Every method takes the connection of the job service's transaction: an attempt or an event is
+stored if and only if the change it records commits (a refused report, whose own
+transaction is rolled back, is written in a transaction of its own).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+
+from app.clock import MICROS, to_rfc3339
+from app.history.models import (
+    ATTEMPT_ENDED_BY,
+    SERVICE_ACTOR,
+    EventName,
+    Outcome,
+    event_of,
+)
+from app.history.repository import HistoryRepository
+from app.jobs.models import LEASE_EXPIRED_ERROR, Job, Transition
+
+# A stale worker retrying a refused report forever must not grow a job's timeline without
+# bound: past this many report_refused events on one job, further refusals are only counted
+# (the metric), not stored.
+MAX_REFUSALS_KEPT = 100
+# A key's last-seen time is written at most this often per process; /workers and explain
+# read it to about this precision.
+ACTIVITY_INTERVAL_US = 60 * MICROS
+
+
+def _detail(**values: Any) -> str | None:
+    kept = {name: value for name, value in values.items() if value is not None}
+    return json.dumps(kept, separators=(",", ":"), ensure_ascii=False) if kept else None
+
+
+class HistoryRecorder:
+    """Writes attempts always, and events unless `events` is off (QUEUELOG_JOB_EVENTS=0)."""
+
+    def __init__(self, *, events: bool = True) -> None:
+        self.events = events
+        # name -> (last seen written, last claim written), in this process.
+        self._written: dict[str, tuple[int, int]] = {}
+        self._written_lock = threading.Lock()
+
+    def transition(self, conn: Connection, transition: Transition, jobs: Sequence[Job], *,
+                   actor: str, now_us: int, held_by: str | None = None) -> None:
+        """Record `transition`, which left `jobs` as they are; `held_by` names the worker a
+        rescued lease belonged to."""
+        if not jobs:
+            return
+        repo = HistoryRepository(conn)
+        if transition is Transition.CLAIM:
+            repo.open_attempts([{"job_id": job.id, "worker_id": job.worker_id,
+                                 "claimed_at": job.claimed_at} for job in jobs])
+        outcome = ATTEMPT_ENDED_BY.get(transition)
+        if outcome is not None:
+            repo.close_attempts([{"closed_job_id": job.id, "new_error": self._error(outcome, job)}
+                                 for job in jobs], outcome, now_us)
+        if self.events:
+            rows = [row for job in jobs
+                    if (row := self._event_row(transition, job, actor, now_us, held_by))]
+            repo.add_events(rows)
+
+    def enqueued(self, conn: Connection, jobs: Sequence[Job]) -> None:
+        """Record new jobs: one multi-row INSERT for a batch."""
+        if self.events and jobs:
+            HistoryRepository(conn).add_events([
+                {"job_id": job.id, "at": job.created_at, "event": EventName.ENQUEUED.value,
+                 "actor": job.producer, "detail": None} for job in jobs])
+
+    def report_refused(self, conn: Connection, job_id: int, *, worker: str, report: str,
+                       reason: str, now_us: int) -> None:
+        """Record a heartbeat, complete or fail refused with 409 (in a transaction of its own:
+        the refused request's was rolled back)."""
+        if not self.events:
+            return
+        repo = HistoryRepository(conn)
+        if repo.count_events(job_id, EventName.REPORT_REFUSED) >= MAX_REFUSALS_KEPT:
+            return
+        repo.add_events([{"job_id": job_id, "at": now_us,
+                          "event": EventName.REPORT_REFUSED.value, "actor": worker,
+                          "detail": _detail(report=report, reason=reason)}])
+
+    def seen(self, conn: Connection, name: str, now_us: int, *, claimed: bool) -> None:
+        """Note that a worker key claimed or reported now: written at most once a minute per
+        key and process. (Noted in memory before the commit: a transaction rolled back after
+        this only delays the next write by a minute.)"""
+        with self._written_lock:
+            seen_at, claim_at = self._written.get(name, (0, 0))
+            due_seen = now_us - seen_at >= ACTIVITY_INTERVAL_US
+            due_claim = claimed and now_us - claim_at >= ACTIVITY_INTERVAL_US
+            if not (due_seen or due_claim):
+                return
+            self._written[name] = (now_us, now_us if claimed else claim_at)
+        HistoryRepository(conn).record_activity(name, now_us, claimed=claimed)
+
+    @staticmethod
+    def _error(outcome: Outcome, job: Job) -> str | None:
+        if outcome is Outcome.COMPLETED:
+            return None
+        if outcome is Outcome.LEASE_EXPIRED:
+            return LEASE_EXPIRED_ERROR
+        return job.error
+
+    @staticmethod
+    def _event_row(transition: Transition, job: Job, actor: str, now_us: int,
+                   held_by: str | None) -> dict[str, Any] | None:
+        event = event_of(transition, job)
+        if event is None:
+            return None
+        if event is EventName.CLAIMED:
+            detail = _detail(lease_expires_at=to_rfc3339(job.lease_expires_at))
+        elif event is EventName.RETRY_SCHEDULED:
+            detail = _detail(error=job.error, run_at=to_rfc3339(job.run_at))
+        elif event is EventName.FAILED:
+            detail = _detail(error=job.error)
+        elif event is EventName.LEASE_EXPIRED:
+            detail = _detail(worker=held_by, status=job.status,
+                             run_at=to_rfc3339(job.run_at) if job.status == "pending" else None)
+            actor = SERVICE_ACTOR
+        else:
+            detail = None
+        return {"job_id": job.id, "at": now_us, "event": event.value, "actor": actor,
+                "detail": detail}

@@ -1,0 +1,117 @@
+"""The only place the SQL of attempts, events and key activity lives."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, delete, func, insert, literal_column, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from app.db import job_attempts, job_events, key_activity
+from app.history.models import Attempt, EventName, JobEvent, KeyActivity, Outcome
+
+# The attempt a claim opens: numbered after the job's earlier ones. The claim holds the job
+# (BEGIN IMMEDIATE on SQLite, the row lock on PostgreSQL), so no other attempt of the same
+# job can be numbered at the same time; the unique index is the guard all the same.
+_open_attempt = insert(job_attempts).from_select(
+    ["job_id", "number", "worker_id", "claimed_at", "outcome"],
+    select(
+        bindparam("job_id"),
+        func.coalesce(func.max(job_attempts.c.number), 0) + 1,
+        bindparam("worker_id"),
+        bindparam("claimed_at"),
+        literal_column(f"'{Outcome.RUNNING.value}'"),
+    ).where(job_attempts.c.job_id == bindparam("job_id")),
+)
+
+# A job has at most one running attempt: the one its current claim opened.
+_close_attempt = (
+    update(job_attempts)
+    .where(job_attempts.c.job_id == bindparam("closed_job_id"),
+           job_attempts.c.outcome == literal_column(f"'{Outcome.RUNNING.value}'"))
+    .values(ended_at=bindparam("ended_at"), outcome=bindparam("new_outcome"),
+            error=bindparam("new_error"))
+)
+
+_attempts_of_job = (select(job_attempts).where(job_attempts.c.job_id == bindparam("job_id"))
+                    .order_by(job_attempts.c.number))
+# The newest events, read backwards through (job_id, id).
+_events_of_job = (select(job_events).where(job_events.c.job_id == bindparam("job_id"))
+                  .order_by(job_events.c.id.desc()).limit(bindparam("limit")))
+_count_events = select(func.count()).select_from(job_events).where(
+    job_events.c.job_id == bindparam("job_id"), job_events.c.event == bindparam("event"))
+_insert_event = insert(job_events)
+
+
+@functools.cache
+def _upsert_activity(dialect: str, claimed: bool) -> Any:
+    stmt = (postgresql.insert(key_activity) if dialect == "postgresql"
+            else sqlite.insert(key_activity))
+    seen = {"last_seen_at": stmt.excluded.last_seen_at}
+    if claimed:
+        seen["last_claim_at"] = stmt.excluded.last_claim_at
+    return stmt.on_conflict_do_update(index_elements=[key_activity.c.name], set_=seen)
+
+
+class HistoryRepository:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    # -- attempts -------------------------------------------------------------------------
+
+    def open_attempts(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Open an attempt per row (`job_id`, `worker_id`, `claimed_at`)."""
+        if rows:
+            # One row (a single claim, the hot path) skips executemany's extra work.
+            self.conn.execute(_open_attempt, rows[0] if len(rows) == 1 else list(rows))
+
+    def close_attempts(self, rows: Sequence[Mapping[str, Any]], outcome: Outcome,
+                       ended_at: int) -> None:
+        """End the running attempt of each row's job (`closed_job_id`, `new_error`)."""
+        params = [{**row, "ended_at": ended_at, "new_outcome": outcome.value} for row in rows]
+        if params:
+            self.conn.execute(_close_attempt, params[0] if len(params) == 1 else params)
+
+    def attempts_of(self, job_id: int) -> list[Attempt]:
+        return [Attempt(*row) for row in self.conn.execute(_attempts_of_job, {"job_id": job_id})]
+
+    # -- events ---------------------------------------------------------------------------
+
+    def add_events(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Store events (`job_id`, `at`, `event`, `actor`, `detail`), several in one
+        multi-row INSERT."""
+        if len(rows) == 1:
+            self.conn.execute(_insert_event, rows[0])
+        elif rows:
+            self.conn.execute(insert(job_events).values(list(rows)))
+
+    def events_of(self, job_id: int, limit: int) -> list[JobEvent]:
+        """The job's newest `limit` events, oldest first."""
+        newest_first = [JobEvent(*row) for row in self.conn.execute(
+            _events_of_job, {"job_id": job_id, "limit": limit})]
+        return newest_first[::-1]
+
+    def count_events(self, job_id: int, event: EventName) -> int:
+        count: int = self.conn.execute(
+            _count_events, {"job_id": job_id, "event": event.value}).scalar_one()
+        return count
+
+    # -- retention ------------------------------------------------------------------------
+
+    def delete_history_of(self, job_ids: Collection[int]) -> None:
+        ids = list(job_ids)
+        if ids:
+            self.conn.execute(delete(job_attempts).where(job_attempts.c.job_id.in_(ids)))
+            self.conn.execute(delete(job_events).where(job_events.c.job_id.in_(ids)))
+
+    # -- key activity ---------------------------------------------------------------------
+
+    def record_activity(self, name: str, now_us: int, *, claimed: bool) -> None:
+        stmt = _upsert_activity(self.conn.dialect.name, claimed)
+        self.conn.execute(stmt, {"name": name, "last_seen_at": now_us,
+                                 "last_claim_at": now_us if claimed else None})
+
+    def activity(self) -> dict[str, KeyActivity]:
+        return {row.name: KeyActivity(*row) for row in self.conn.execute(select(key_activity))}

@@ -1,0 +1,89 @@
+"""Reading a job's history: its attempts and its events, for the callers who may see them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.db import Database
+from app.errors import NotFound
+from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons
+from app.history.models import Attempt, JobEvent
+from app.history.repository import HistoryRepository
+from app.jobs.models import JobStatus
+from app.jobs.repository import JobRepository
+from app.jobs.service import JobService
+from app.keys.models import Caller, Role
+from app.keys.service import KeyService
+
+# A timeline holds one event per change of the job and at most MAX_REFUSALS_KEPT refusals;
+# an answer shows the newest this many all the same, so that none grows without bound (a job
+# an admin retried and cancelled thousands of times).
+MAX_EVENTS_SHOWN = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """A live worker key: the types it may claim (None: every type), when it last claimed,
+    heartbeat or reported and last claimed (to about a minute; None: never), and how many
+    jobs it holds."""
+
+    name: str
+    types: frozenset[str] | None
+    last_seen_at: int | None
+    last_claim_at: int | None
+    running: int
+
+
+class HistoryService:
+    def __init__(self, db: Database, jobs: JobService, keys: KeyService) -> None:
+        self.db = db
+        self.jobs = jobs
+        self.keys = keys
+
+    def workers(self) -> list[Worker]:
+        """Every live worker key, by name."""
+        live = [key for key in self.keys.list_keys()
+                if key.role == Role.WORKER and key.revoked_at is None]
+        running = self.jobs.running_by_worker()
+        with self.db.read() as conn:
+            activity = HistoryRepository(conn).activity()
+        workers = []
+        for key in sorted(live, key=lambda key: key.name):
+            seen = activity.get(key.name)
+            workers.append(Worker(
+                name=key.name, types=key.allowed_types,
+                last_seen_at=None if seen is None else seen.last_seen_at,
+                last_claim_at=None if seen is None else seen.last_claim_at,
+                running=running.get(key.name, 0)))
+        return workers
+
+    def attempts(self, caller: Caller, job_id: int) -> list[Attempt]:
+        """The job's attempts, oldest first; NotFound when the caller may not see the job."""
+        self.jobs.get_job(caller, job_id)
+        with self.db.read() as conn:
+            return HistoryRepository(conn).attempts_of(job_id)
+
+    def events(self, caller: Caller, job_id: int) -> list[JobEvent]:
+        """The job's events, oldest first; NotFound when the caller may not see the job."""
+        self.jobs.get_job(caller, job_id)
+        with self.db.read() as conn:
+            return HistoryRepository(conn).events_of(job_id, MAX_EVENTS_SHOWN)
+
+    def explain(self, caller: Caller, job_id: int) -> Explanation:
+        """Why the job is or is not running; NotFound when the caller may not see it."""
+        self.jobs.get_job(caller, job_id)
+        workers = [WorkerFacts(worker.name, worker.types, worker.last_claim_at)
+                   for worker in self.workers()]
+        with self.db.read() as conn:
+            job = JobRepository(conn).get_job(job_id)
+            if job is None:  # purged in between
+                raise NotFound("No such job.")
+            now = self.jobs.clock.now_us()
+            ahead = ahead_of_type = None
+            if job.status == JobStatus.PENDING and job.run_at <= now:
+                repo = JobRepository(conn)
+                ahead = repo.count_claimable_ahead(job, now, same_type=False)
+                ahead_of_type = repo.count_claimable_ahead(job, now, same_type=True)
+            flow = flow_reasons(conn, job, now) if job.status == JobStatus.PENDING else []
+        return explain(job, now, ahead=ahead, ahead_of_type=ahead_of_type, workers=workers,
+                       flow=flow)
