@@ -17,12 +17,15 @@ from sqlalchemy.dialects.postgresql import REGCLASS
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from app.db import Database, api_keys, job_attempts, job_events, jobs, make_engine
+from app.db import Database, api_keys, job_attempts, job_events, job_types, jobs, make_engine
 from app.migrations import current_revision, head_revision, upgrade
 
 # A job's history goes with it. key_activity (when each key was last seen, to a minute) is
 # left behind: the workers write it again within a minute of their first claim.
 TABLES: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events)
+# Keyed by name rather than id, and small (a row per job type ever changed): copied whole. A
+# type's settings (pause, limits, its token bucket) go with the queue.
+SETTINGS_TABLES: tuple[Table, ...] = (job_types,)
 
 
 class TransferError(RuntimeError):
@@ -38,6 +41,9 @@ class TableRows:
 
     def count(self) -> int:
         return self.conn.execute(select(func.count()).select_from(self.table)).scalar_one()
+
+    def read_all(self) -> list[dict[str, Any]]:
+        return [dict(row._mapping) for row in self.conn.execute(select(self.table))]
 
     def read_after(self, after_id: int, limit: int) -> list[dict[str, Any]]:
         stmt = (select(self.table).where(self.table.c.id > after_id)
@@ -126,13 +132,20 @@ def _copy(source: Database, target_url: str, batch_size: int,
     target = Database(make_engine(target_url, pooled=False))
     try:
         with target.read() as conn:
-            for table in TABLES:
+            for table in (*TABLES, *SETTINGS_TABLES):
                 if TableRows(conn, table).count():
                     raise TransferError(f"the target already holds {table.name}; "
                                         "copy into an empty database")
         copied = {}
         for table in TABLES:
             copied[table.name] = _copy_table(source, target, table, batch_size, progress)
+        for table in SETTINGS_TABLES:
+            with source.read() as conn:
+                rows = TableRows(conn, table).read_all()
+            if rows:
+                with target.write() as conn:
+                    TableRows(conn, table).write(rows)
+            copied[table.name] = len(rows)
         with source.read() as conn:
             highest = {table.name: TableRows(conn, table).highest_id_ever() for table in TABLES}
         with target.write() as conn:

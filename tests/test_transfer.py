@@ -36,6 +36,8 @@ def source(sqlite_template, tmp_path, clock):
         claimed = api.claim(worker).json
         api.complete(worker, claimed["id"], lease_token=claimed["lease_token"], result={"ok": 1})
     api.claim(worker)
+    services.types.update_type("sync", {"paused": True, "max_running": 3,
+                                         "rate_per_second": 2.5})
     services.db.engine.dispose()
     return url, producer, worker
 
@@ -132,7 +134,9 @@ def test_copy_opens_a_sqlite_source_read_only(source, empty_db_url, tmp_path):
         copied = copy_database(source_url, empty_db_url)
     finally:
         path.chmod(0o600)
-    assert copied == {"api_keys": 2, "jobs": 25, "job_attempts": 6, "job_events": 36}
+    # job_types: the settings changed on "sync", and "email"'s last claim.
+    assert copied == {"api_keys": 2, "jobs": 25, "job_attempts": 6, "job_events": 36,
+                      "job_types": 2}
 
 
 def test_copy_refuses_a_source_without_the_schema_and_leaves_the_target_alone(
@@ -145,3 +149,16 @@ def test_copy_refuses_a_source_without_the_schema_and_leaves_the_target_alone(
     with target.read() as conn:
         assert current_revision(conn) is None
     target.engine.dispose()
+
+
+def test_copy_carries_the_types_flow_control_settings(source, empty_db_url, runner):
+    source_url, _producer, _worker = source
+
+    result = runner.invoke(args=["copy", "--from", source_url, "--to", empty_db_url])
+
+    assert result.exit_code == 0, result.output
+    target = create_app({"DATABASE_URL": empty_db_url, "JOB_TYPES": JOB_TYPES, "TESTING": True})
+    sync = target.extensions["queuelog"].types.get_type("sync")
+    target.extensions["queuelog"].db.engine.dispose()
+    assert (sync.settings.paused, sync.settings.max_running,
+            sync.settings.rate_per_second) == (True, 3, 2.5)
