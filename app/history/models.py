@@ -25,6 +25,8 @@ class EventName(enum.StrEnum):
     CANCELLED = "cancelled"
     RETRIED = "retried"  # an admin's retry
     REPORT_REFUSED = "report_refused"
+    DEDUPLICATED = "deduplicated"  # a unique enqueue met this job and got it back
+    REPLACED = "replaced"  # a unique enqueue's debounce gave this pending job its request
 
 
 # The actor of the service's own acts (a lease rescue).
@@ -44,6 +46,7 @@ _EVENT_OF: dict[Transition, EventName] = {
     Transition.RESCUE: EventName.LEASE_EXPIRED,
     Transition.CANCEL: EventName.CANCELLED,
     Transition.RETRY: EventName.RETRIED,
+    Transition.REPLACE: EventName.REPLACED,
 }
 
 

@@ -74,6 +74,18 @@ class HistoryRecorder:
                 {"job_id": job.id, "at": job.created_at, "event": EventName.ENQUEUED.value,
                  "actor": job.producer, "detail": None} for job in jobs])
 
+    def deduplicated(self, conn: Connection, jobs: Sequence[Job], *, actor: str,
+                     now_us: int) -> None:
+        """Record unique enqueues that met these jobs and got them back (`return`). Kept up to
+        the same bound as refused reports: a producer sending one key in a loop must not grow
+        a timeline without end."""
+        if not self.events or not jobs:
+            return
+        repo = HistoryRepository(conn)
+        repo.add_events([{"job_id": job.id, "at": now_us, "event": EventName.DEDUPLICATED.value,
+                          "actor": actor, "detail": None} for job in jobs
+                         if repo.count_events(job.id, EventName.DEDUPLICATED) < MAX_REFUSALS_KEPT])
+
     def report_refused(self, conn: Connection, job_id: int, *, worker: str, report: str,
                        reason: str, now_us: int) -> None:
         """Record a heartbeat, complete or fail refused with 409 (in a transaction of its own:

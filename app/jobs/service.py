@@ -238,8 +238,19 @@ class JobService:
             replaced[job_id] = job
         inserted = repo.insert_jobs(plan.new_rows)
         self.history.enqueued(repo.conn, inserted)
-        return [Enqueued(job, replayed=was_replayed, deduplicated=how) for job, was_replayed, how
-                in plan.results(inserted, replaced)]
+        outcomes = [Enqueued(job, replayed=was_replayed, deduplicated=how)
+                    for job, was_replayed, how in plan.results(inserted, replaced)]
+        now = items[0].values["created_at"]
+        # In request order: each item that met a twin is told on the twin's timeline.
+        for outcome in outcomes:
+            if outcome.replayed:
+                continue
+            if outcome.deduplicated is Deduplicated.RETURNED:
+                self.history.deduplicated(repo.conn, [outcome.job], actor=producer, now_us=now)
+            elif outcome.deduplicated is Deduplicated.REPLACED:
+                self.history.transition(repo.conn, Transition.REPLACE, [outcome.job],
+                                        actor=producer, now_us=now)
+        return outcomes
 
     def _insert_or_meet(self, repo: JobRepository, new: NewJob) -> Enqueued:
         values = new.values
@@ -258,11 +269,16 @@ class JobService:
                 holder = repo.find_unique_holder(values["producer"], new.unique.scope)
                 if holder is not None:
                     replacement = meet_stored_twin(holder, new)
+                    now = values["created_at"]
                     if replacement is None:
+                        self.history.deduplicated(repo.conn, [holder],
+                                                  actor=values["producer"], now_us=now)
                         return Enqueued(holder, deduplicated=Deduplicated.RETURNED)
                     replaced = repo.apply_transition(Transition.REPLACE, holder.id,
                                                      replacement)
                     if replaced is not None:
+                        self.history.transition(repo.conn, Transition.REPLACE, [replaced],
+                                                actor=values["producer"], now_us=now)
                         return Enqueued(replaced, deduplicated=Deduplicated.REPLACED)
             # The job that stood in the way moved on between the insert and the look-up.
         raise Conflict("A request with this idempotency or unique key is in flight; retry.")

@@ -194,3 +194,28 @@ def test_events_can_be_switched_off_and_attempts_stay(app_config):
         assert [a["outcome"] for a in attempts["attempts"]] == ["completed"]
     finally:
         app.extensions["queuelog"].db.engine.dispose()
+
+
+def test_unique_enqueues_that_meet_a_job_are_told_on_its_timeline(api, client, producer,
+                                                                   admin):
+    unique = {"key": "profile-7"}
+    job_id = api.enqueue(producer, payload={"edit": 1}, unique=unique).json["id"]
+    returned = api.enqueue(producer, payload={"edit": 1}, unique=unique)
+    replaced = api.enqueue(producer, payload={"edit": 2},
+                           unique={**unique, "on_conflict": "replace"})
+    batch = client.post("/jobs/batch", headers=producer.headers, json={"jobs": [
+        {"type": "email", "payload": {"edit": 3}, "unique": unique},
+        {"type": "email", "payload": {"edit": 4},
+         "unique": {**unique, "on_conflict": "replace"}}]})
+
+    assert returned.headers["Deduplicated"] == "true"
+    assert replaced.headers["Deduplicated"] == "replaced"
+    assert batch.status_code == 201, batch.json
+    assert {job["id"] for job in batch.json["jobs"]} == {job_id}
+    assert names_and_actors(client, admin, job_id) == [
+        ("enqueued", "producer-1"),
+        ("deduplicated", "producer-1"),
+        ("replaced", "producer-1"),
+        ("deduplicated", "producer-1"),
+        ("replaced", "producer-1"),
+    ]
