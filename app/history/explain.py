@@ -1,11 +1,14 @@
 """Why a job is or is not running: reason codes, each with its evidence and a sentence, the
-most important first (contract section 13). Pure: the service gathers the facts.
+most important first (contract section 13). Pure but for `flow_reasons`: the service
+gathers the facts.
 
 Reasons of flow control (type_paused, type_at_max_running, key_at_max_running,
-rate_limited) come from `flow_reasons`, the one seam for them: the type settings of flow
-control are not on this branch yet, so it finds none. When they land, it reads them in the
-same read transaction and returns its reasons, which rank after `scheduled` and before
-`jobs_ahead`, and a job held back by any of them is not `claimable_now`.
+rate_limited) come from `flow_reasons`, the one seam for them. For a pending job that is
+otherwise due it reads the type's settings and the running counts through the repositories,
+in the service's read transaction, and applies the rules a claim applies (the token bucket's
+arithmetic is TypeSettings'): every limit that holds the job back now, paused first. They
+rank after `scheduled` (a job not yet due has none) and before `jobs_ahead`, and a job held
+back by any of them is not `claimable_now`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from sqlalchemy import Connection
 
 from app.clock import MICROS, to_rfc3339
 from app.jobs.models import TERMINAL_STATUSES, Job, JobStatus
+from app.jobs.repository import JobRepository
+from app.types.repository import TypeRepository
 
 # A type no live worker has claimed for this long is reported as without a worker.
 IDLE_WORKER_US = 5 * 60 * MICROS
@@ -45,10 +50,52 @@ class Explanation:
     reasons: list[Reason]
 
 
-def flow_reasons(_conn: Connection, _job: Job, _now_us: int) -> list[Reason]:
-    """The flow-control reasons holding `job` back (see the module's docstring): none until
-    type settings exist."""
-    return []
+def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
+    """The flow-control reasons holding `job` back now (see the module's docstring); none
+    for a job that is not pending and due, or of a type without limits."""
+    if job.status != JobStatus.PENDING or job.run_at > now_us:
+        return []
+    settings = TypeRepository(conn).settings_of([job.type]).get(job.type)
+    if settings is None or not settings.is_limited:
+        return []
+    reasons: list[Reason] = []
+    if settings.paused:
+        reasons.append(_reason("type_paused", f"Type {job.type} is paused: no claim takes "
+                               "its jobs until an admin resumes it.", type=job.type))
+    jobs = JobRepository(conn)
+    capped = settings.max_running is not None or settings.max_running_per_key is not None
+    running = jobs.count_running() if capped else {}
+    if settings.max_running is not None:
+        of_type = sum(n for (t, _key), n in running.items() if t == job.type)
+        if of_type >= settings.max_running:
+            expiry = jobs.next_lease_expiry(job.type)
+            when = ("" if expiry is None else
+                    f"; a slot frees when one ends (the next lease runs out at "
+                    f"{to_rfc3339(expiry)})")
+            reasons.append(_reason(
+                "type_at_max_running",
+                f"{of_type} job(s) of type {job.type} run, its max_running is "
+                f"{settings.max_running}{when}.",
+                type=job.type, running=of_type, limit=settings.max_running,
+                next_lease_expiry=to_rfc3339(expiry)))
+    cap, key = settings.max_running_per_key, job.concurrency_key
+    if cap is not None and key is not None:
+        of_key = running.get((job.type, key), 0)
+        if of_key >= cap:
+            reasons.append(_reason(
+                "key_at_max_running",
+                f"{of_key} job(s) of type {job.type} with concurrency key {key} run, its "
+                f"max_running_per_key is {cap}.",
+                type=job.type, concurrency_key=key, running=of_key, limit=cap))
+    next_token_at = settings.next_token_at(now_us)
+    if next_token_at is not None:
+        reasons.append(_reason(
+            "rate_limited",
+            f"Type {job.type}'s rate ({settings.rate_per_second}/s) is spent: its next "
+            f"token comes at {to_rfc3339(next_token_at)}.",
+            type=job.type, rate_per_second=settings.rate_per_second,
+            next_token_at=to_rfc3339(next_token_at)))
+    return reasons
 
 
 def _reason(code: str, message: str, **evidence: Any) -> Reason:

@@ -155,6 +155,11 @@ _count_running = (
     .where(jobs.c.status == _RUNNING)
     .group_by(jobs.c.type, jobs.c.concurrency_key)
 )
+# The earliest lease of one type's running jobs: its running rows, through the same index.
+_next_lease_expiry = (
+    select(func.min(jobs.c.lease_expires_at))
+    .where(jobs.c.status == _RUNNING, jobs.c.type == bindparam("type"))
+)
 # One type's pending jobs, its scheduled ones and its oldest due run_at, from the per-type
 # claim-order index alone (run_at is its last column).
 _pending_summary = (
@@ -402,6 +407,12 @@ class JobRepository:
         """Running jobs by (type, concurrency_key)."""
         return {(job_type, key): count
                 for job_type, key, count in self.conn.execute(_count_running)}
+
+    def next_lease_expiry(self, job_type: str) -> int | None:
+        """The earliest lease_expires_at of the type's running jobs; None when none runs."""
+        value: int | None = self.conn.execute(
+            _next_lease_expiry, {"type": job_type}).scalar()
+        return value
 
     def pending_summary(self, job_type: str, now_us: int) -> tuple[int, int, int | None]:
         """(pending, scheduled: the part of them not due yet, the oldest due run_at or None)."""

@@ -18,6 +18,13 @@ from app.clock import MICROS
 MAX_LIMIT = 100_000
 MIN_RATE = 0.001
 MAX_RATE = 100_000.0
+# A hair of slack: a bucket refilled to 0.9999999 by float arithmetic holds a whole token.
+TOKEN_SLACK = 1e-9
+
+
+def whole_tokens(tokens: float) -> float:
+    """The tokens a claim may spend of a bucket holding `tokens` (inf: no rate)."""
+    return tokens if math.isinf(tokens) else math.floor(tokens + TOKEN_SLACK)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,23 @@ class TypeSettings:
             return burst
         elapsed = max(0, now_us - self.tokens_at) / MICROS
         return min(burst, self.tokens + self.rate_per_second * elapsed)
+
+    def next_token_at(self, now_us: int) -> int | None:
+        """When the bucket next holds a whole token; None when it holds one now (or no rate
+        is set). The bucket is refilled from its last fill, never earlier than `now_us`."""
+        if self.rate_per_second is None:
+            return None
+        tokens = self.tokens_available(now_us)
+        if whole_tokens(tokens) >= 1:
+            return None
+        since = max(now_us, self.tokens_at or now_us)
+        at = since + math.ceil((1.0 - TOKEN_SLACK - tokens) / self.rate_per_second * MICROS)
+        # The float arithmetic may miss by a microsecond: the claim's own rule has the word.
+        while at - 1 > since and whole_tokens(self.tokens_available(at - 1)) >= 1:
+            at -= 1
+        while whole_tokens(self.tokens_available(at)) < 1:
+            at += 1
+        return at
 
     def changed(self, now_us: int, patch: Mapping[str, Any]) -> TypeSettings:
         """These settings with `patch` applied at `now_us`. A new rate or burst keeps the
@@ -145,8 +169,7 @@ class ClaimGate:
             if s.rate_per_second is not None:
                 tokens_now[s.type] = s.tokens_available(now_us)
                 bucket_at[s.type] = max(now_us, s.tokens_at or now_us)
-                # A hair of slack: a bucket refilled to 0.9999999 by float arithmetic is 1.
-                tokens = math.floor(tokens_now[s.type] + 1e-9)
+                tokens = whole_tokens(tokens_now[s.type])
                 if tokens < budget:
                     budget, reason = max(0, tokens), SkipReason.RATE
             if budget <= 0:

@@ -110,3 +110,87 @@ def test_the_owning_producer_may_explain_others_may_not(api, client, producer, m
     assert client.get(f"/jobs/{job_id}/explain", headers=other.headers).status_code == 404
     assert client.get(f"/jobs/{job_id}/explain", headers=worker.headers).status_code == 403
     assert client.get("/jobs/77777/explain", headers=producer.headers).status_code == 404
+
+
+def set_type(client, admin, job_type, **settings):
+    answer = client.patch(f"/types/{job_type}", json=settings, headers=admin.headers)
+    assert answer.status_code == 200, answer.json
+
+
+def test_a_paused_type_says_type_paused_first_and_not_claimable(api, client, producer,
+                                                                 worker, admin):
+    api.claim(worker)
+    set_type(client, admin, "email", paused=True)
+    ahead = api.enqueue(producer).json["id"]
+    job_id = api.enqueue(producer).json["id"]
+    shown = explain(client, admin, job_id)
+    assert shown["claimable_now"] is False
+    assert codes(shown) == ["type_paused", "jobs_ahead"]
+    assert shown["reasons"][0]["type"] == "email"
+    assert explain(client, admin, ahead)["claimable_now"] is False
+    # A scheduled job is held back by its run_at: flow control adds nothing to it.
+    later = api.enqueue(producer, delay_seconds=60).json["id"]
+    assert codes(explain(client, admin, later)) == ["scheduled"]
+
+
+def test_max_running_reached_says_type_at_max_running(api, client, producer, worker, admin):
+    set_type(client, admin, "email", max_running=2)
+    api.enqueue(producer)
+    api.enqueue(producer)
+    first = api.claim(worker).json
+    second = api.claim(worker).json
+    job_id = api.enqueue(producer).json["id"]
+    shown = explain(client, admin, job_id)
+    assert shown["claimable_now"] is False
+    [reason] = shown["reasons"]
+    assert reason["code"] == "type_at_max_running"
+    assert (reason["running"], reason["limit"]) == (2, 2)
+    assert reason["next_lease_expiry"] == min(first["lease_expires_at"],
+                                              second["lease_expires_at"])
+    api.complete(worker, first["id"])
+    assert explain(client, admin, job_id) == {
+        "job_id": job_id, "status": "pending", "claimable_now": True, "reasons": []}
+
+
+def test_a_full_concurrency_key_says_key_at_max_running(api, client, producer, worker, admin):
+    set_type(client, admin, "email", max_running_per_key=1)
+    api.enqueue(producer, concurrency_key="tenant-a")
+    api.claim(worker)
+    held = api.enqueue(producer, concurrency_key="tenant-a").json["id"]
+    free = api.enqueue(producer, concurrency_key="tenant-b").json["id"]
+    shown = explain(client, admin, held)
+    assert shown["claimable_now"] is False
+    [reason] = shown["reasons"]
+    assert reason["code"] == "key_at_max_running"
+    assert (reason["concurrency_key"], reason["running"], reason["limit"]) == ("tenant-a", 1, 1)
+    other = explain(client, admin, free)
+    assert other["claimable_now"] is True
+    assert "key_at_max_running" not in codes(other)
+
+
+def test_an_empty_bucket_says_rate_limited_with_the_next_token(api, client, producer, worker,
+                                                                admin, clock):
+    set_type(client, admin, "email", rate_per_second=2, burst=1)
+    api.enqueue(producer)
+    api.claim(worker)
+    spent_at = clock.now_us()
+    job_id = api.enqueue(producer).json["id"]
+    shown = explain(client, admin, job_id)
+    assert shown["claimable_now"] is False
+    [reason] = shown["reasons"]
+    assert reason["code"] == "rate_limited"
+    assert reason["next_token_at"] == to_rfc3339(spent_at + 500_000)
+    clock.advance(0.25)
+    assert explain(client, admin, job_id)["reasons"][0]["next_token_at"] == to_rfc3339(
+        spent_at + 500_000)
+    clock.advance(0.25)
+    assert api.claim(worker).json["id"] == job_id
+
+
+def test_limits_not_reached_add_no_reason(api, client, producer, worker, admin):
+    set_type(client, admin, "email", max_running=5, max_running_per_key=2, rate_per_second=10)
+    api.enqueue(producer, concurrency_key="k")
+    api.claim(worker)
+    job_id = api.enqueue(producer, concurrency_key="k").json["id"]
+    assert explain(client, admin, job_id) == {
+        "job_id": job_id, "status": "pending", "claimable_now": True, "reasons": []}

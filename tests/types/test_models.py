@@ -62,3 +62,17 @@ def test_pick_takes_candidates_in_order_within_the_budget_and_each_keys_cap():
             for n, key in enumerate(["x", "y", "y", None, "z", "w"])]
 
     assert [row.id for row in gate.pick("a", rows, limit=10)] == [1, 3, 4]
+
+
+def test_next_token_at_is_the_first_moment_the_gate_lets_a_claim_through():
+    for rate, tokens, at in [(2.0, 0.0, T0), (3.0, 0.2, T0), (0.001, 0.0, T0 - 5 * MICROS),
+                             (7.0, 0.999, T0), (1.0, 0.0, T0 + MICROS)]:  # clock behind
+        spent = TypeSettings("email", rate_per_second=rate, burst=1, tokens=tokens,
+                             tokens_at=at)
+        when = spent.next_token_at(T0)
+        assert when is not None and when > T0
+        assert ClaimGate.for_claim([spent], {}, when).budgets == {"email": 1}
+        assert ClaimGate.for_claim([spent], {}, when - 1).blocked == {"email": SkipReason.RATE}
+    full = TypeSettings("email", rate_per_second=2.0, burst=1, tokens=1.0, tokens_at=T0)
+    assert full.next_token_at(T0) is None
+    assert TypeSettings("email").next_token_at(T0) is None
