@@ -173,6 +173,15 @@ def load_body(schema: Schema) -> dict[str, Any]:
     return loaded
 
 
+def refuse_query_parameters() -> None:
+    """A blueprint's before_request for routes that take no query parameters: one given is a
+    client's mistake, said at once (422) rather than silently ignored."""
+    if request.args:
+        raise ValidationFailed("This route takes no query parameters.",
+                               errors={name: ["Unknown query parameter."]
+                                       for name in request.args})
+
+
 def load_query(schema: Schema) -> dict[str, Any]:
     """Query parameters through `schema`; a parameter given twice is refused, not guessed at."""
     args = request.args

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify
 
 from app.auth import current_caller, require_roles
-from app.errors import ValidationFailed
 from app.history.schemas import (
     AttemptListSchema,
     EventListSchema,
@@ -17,18 +16,14 @@ from app.history.schemas import (
     represent_worker,
 )
 from app.history.service import HistoryService
+from app.http import refuse_query_parameters
 from app.keys.models import Role
 from app.openapi import Reply, documented
 
 bp = Blueprint("history", __name__)
 
 
-@bp.before_request
-def _refuse_query_parameters() -> None:
-    if request.args:
-        raise ValidationFailed("This route takes no query parameters.",
-                               errors={name: ["Unknown query parameter."]
-                                       for name in request.args})
+bp.before_request(refuse_query_parameters)
 
 
 def _service() -> HistoryService:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify
 
 from app.auth import require_roles
-from app.errors import ValidationFailed
-from app.http import load_body
+from app.http import load_body, refuse_query_parameters
 from app.keys.models import Role
 from app.openapi import Reply, documented
 from app.types.schemas import TypeListSchema, TypePatchSchema, TypeSchema, represent_type
@@ -17,12 +16,7 @@ bp = Blueprint("types", __name__)
 _patch_schema = TypePatchSchema()
 
 
-@bp.before_request
-def _refuse_query_parameters() -> None:
-    if request.args:
-        raise ValidationFailed("This route takes no query parameters.",
-                               errors={name: ["Unknown query parameter."]
-                                       for name in request.args})
+bp.before_request(refuse_query_parameters)
 
 
 def _service() -> TypeService:
