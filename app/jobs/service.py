@@ -708,12 +708,34 @@ class JobService:
                 statuses=statuses, limit=filters["limit"], job_type=filters.get("type"),
                 created_before=filters.get("created_before"),
                 created_after=filters.get("created_after"), ids=filters.get("ids"))
-            changed = repo.apply_transition_to_many(transition, chosen,
+            changed = self._apply_many_holding_keys(repo, transition, chosen,
                                                     transition.values(now_us=now))
             self._made(repo, transition, changed, events, actor=caller.name, now_us=now)
             return changed
 
         return self._write(transition_in)
+
+    @staticmethod
+    def _apply_many_holding_keys(repo: JobRepository, transition: Transition,
+                                 job_ids: list[int], values: dict[str, Any]) -> list[Job]:
+        """A bulk transition; a job it would bring back into a unique key that a twin holds
+        (a retry) is skipped, as jobs in other statuses are. One statement when no key is in
+        the way; job by job, each in its own savepoint, when one is."""
+        try:
+            with repo.conn.begin_nested():
+                return repo.apply_transition_to_many(transition, job_ids, values)
+        except IntegrityError as exc:
+            if not _is_unique_scope_violation(exc):
+                raise
+        changed: list[Job] = []
+        for job_id in job_ids:
+            try:
+                with repo.conn.begin_nested():
+                    changed.extend(repo.apply_transition_to_many(transition, [job_id], values))
+            except IntegrityError as exc:
+                if not _is_unique_scope_violation(exc):
+                    raise
+        return changed
 
     def _admin_transition(self, caller: Caller, job_id: int, transition: Transition) -> Job:
 

@@ -90,3 +90,18 @@ def test_only_admins_act_in_bulk(client, producer, worker):
     for key in (producer, worker):
         assert bulk(client, key, "cancel").status_code == 403
         assert bulk(client, key, "retry").status_code == 403
+
+
+def test_retry_many_skips_a_job_whose_unique_key_a_twin_holds(api, client, producer, worker,
+                                                              admin):
+    unique = {"key": "reindex-42"}
+    failed = failed_job(api, producer, worker, payload={"n": 1}, unique=unique)
+    other_failed = failed_job(api, producer, worker, payload={"n": 2})
+    twin = api.enqueue(producer, payload={"n": 3}, unique=unique).json["id"]
+
+    answer = bulk(client, admin, "retry", ids=[failed, other_failed])
+
+    assert answer.status_code == 200, answer.json
+    assert answer.json == {"count": 1, "ids": [other_failed]}
+    assert api.get(admin, failed).json["status"] == "failed"
+    assert api.get(admin, twin).json["status"] == "pending"
