@@ -121,6 +121,15 @@ def post_fork(server: Any, worker: Any) -> None:
         services.db.engine.dispose(close=False)
 
 
+def worker_exit(server: Any, worker: Any) -> None:
+    # The worker's schedule ticker lets a firing under way end before the process does.
+    # (Reached through the loaded app: this file imports nothing of it.)
+    extensions = getattr(getattr(worker, "wsgi", None), "extensions", {})
+    ticker = extensions.get("queuelog_ticker")
+    if ticker is not None:
+        ticker.stop()
+
+
 def child_exit(server: Any, worker: Any) -> None:
     try:
         multiprocess.worker_exited(worker.pid, set(server.WORKERS) | {os.getpid()})

@@ -22,6 +22,7 @@ from app.jobs.service import EventSink, JobService, QueueSettings
 from app.keys.service import KeyService
 from app.ops import init_ops
 from app.ops.metrics import QueueMetrics
+from app.schedules.service import FiringSink, ScheduleService, ScheduleSettings
 from app.types.service import FlowControl, SkipSink, TypeService
 
 
@@ -35,6 +36,7 @@ class Services:
     keys: KeyService
     types: TypeService
     history: HistoryService
+    schedules: ScheduleService
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -64,7 +66,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     metrics = QueueMetrics.from_environment()
     app.extensions["queuelog"] = _build_services(app.config, on_event=metrics.count_job_event,
-                                                 on_skip=metrics.count_flow_skip)
+                                                 on_skip=metrics.count_flow_skip,
+                                                 on_fired=metrics.count_schedule_firing)
     init_ops(app, metrics)  # first: its request hooks wrap every other
 
     register_error_handlers(app)
@@ -78,6 +81,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.history.routes import bp as history_bp
 
     app.register_blueprint(history_bp)
+    from app.schedules.routes import bp as schedules_bp
+
+    app.register_blueprint(schedules_bp)
     from app.openapi import bp as openapi_bp
 
     app.register_blueprint(openapi_bp)
@@ -96,8 +102,26 @@ def warn_about_configuration(app: Flask) -> None:
         app.logger.warning("queuelog: %s", warning)
 
 
+def start_scheduler(app: Flask) -> None:
+    """Start this process's schedule ticker (app/schedules/ticker.py) unless
+    QUEUELOG_SCHEDULER is off. Called where the app is served (wsgi.py, once per gunicorn
+    worker), not by the factory: tests and operator commands fire nothing on their own."""
+    if not app.config["SCHEDULER"] or "queuelog_ticker" in app.extensions:
+        return
+    from app.schedules.ticker import Ticker
+
+    app.extensions["queuelog_ticker"] = Ticker(app.extensions["queuelog"].schedules).start()
+
+
+def stop_scheduler(app: Flask) -> None:
+    """Stop the ticker, letting a firing under way end (gunicorn's worker_exit hook)."""
+    ticker = app.extensions.get("queuelog_ticker")
+    if ticker is not None:
+        ticker.stop()
+
+
 def _build_services(config: Mapping[str, Any], on_event: EventSink,
-                    on_skip: SkipSink) -> Services:
+                    on_skip: SkipSink, on_fired: FiringSink) -> Services:
     engine = make_engine(
         config["DATABASE_URL"],
         pool_size=config["DB_POOL_SIZE"],
@@ -127,4 +151,9 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         types=TypeService(db, clock, settings.job_types,
                           config["TYPE_COUNTS_MAX_AGE_SECONDS"]),
         history=HistoryService(db, jobs, keys),
+        schedules=ScheduleService(
+            db, clock, jobs,
+            ScheduleSettings(allow_seconds=config["SCHEDULE_SECONDS"],
+                             grace_seconds=config["SCHEDULE_GRACE_SECONDS"]),
+            on_fired=on_fired),
     )

@@ -95,6 +95,15 @@ SETTINGS: tuple[Setting, ...] = (
             "GET /jobs/{id}?wait_seconds requests a process lets wait at once for a job to "
             "finish (a budget of their own); past it they answer at once. Keep it plus "
             "MAX_WAITING_CLAIMS below GUNICORN_THREADS"),
+    Setting("SCHEDULER", True, _flag,
+            "fire due schedules from each served process (a ticker thread started by wsgi.py "
+            "under gunicorn); 0 leaves firing to other processes or hosts"),
+    Setting("SCHEDULE_GRACE_SECONDS", 60.0, _float_in(0.5, 86_400),
+            "a due slot older than this counts as missed and follows its schedule's "
+            "catch_up; a younger one is late and always enqueues"),
+    Setting("SCHEDULE_SECONDS", False, _flag,
+            "accept six-field cron expressions, seconds first (sub-minute schedules: meant "
+            "for tests and demonstrations)"),
     Setting("SQLITE_SYNCHRONOUS", "FULL", _sqlite_synchronous,
             "SQLite synchronous pragma; FULL means a 201 is on disk"),
     Setting("SQLITE_BUSY_TIMEOUT_MS", 30_000, _int_in(0, 600_000),

@@ -86,6 +86,9 @@ jobs = Table(
     Column("unique_key", String(255), nullable=True),
     Column("unique_scope", String(64), nullable=True),
     Column("unique_while", SmallInteger, nullable=True),
+    # Appended by migration 0008 (schedules): the schedule that enqueued the job, and its slot.
+    Column("schedule", String(100), nullable=True),
+    Column("scheduled_for", Micros, nullable=True),
     # SQLite: never reuse an id, not even after the newest jobs are purged (the highest id
     # ever given is kept in sqlite_sequence). PostgreSQL's sequence never goes back anyway.
     sqlite_autoincrement=True,
@@ -176,6 +179,16 @@ Index(
 # alone: without statistics SQLite's planner prefers it for the claim's status = 'pending'
 # and then sorts every pending row, where the partial index above needs no sort at all.
 Index("ix_jobs_producer_id", jobs.c.producer, jobs.c.id)
+# One job per schedule and slot, however many processes and hosts fire schedules: the
+# database, not the firing code, is the last guard (app/schedules/service.py).
+Index(
+    "uq_jobs_schedule_scheduled_for",
+    jobs.c.schedule,
+    jobs.c.scheduled_for,
+    unique=True,
+    sqlite_where=text("schedule IS NOT NULL"),
+    postgresql_where=text("schedule IS NOT NULL"),
+)
 Index("ix_jobs_worker_id_id", jobs.c.worker_id, jobs.c.id)
 
 # One row per job type whose settings were ever changed (a type without a row has the
@@ -243,6 +256,28 @@ job_events = Table(
     Column("detail", Text, nullable=True),  # compact JSON object
 )
 Index("ix_job_events_job_id_id", job_events.c.job_id, job_events.c.id)
+
+# -- schedules (app/schedules): cron schedules that enqueue jobs -----------------------------
+
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("cron", String(200), nullable=False),
+    Column("timezone", String(64), nullable=False),
+    Column("job", Text, nullable=False),  # the job template: compact JSON of a POST /jobs body
+    Column("catch_up", String(8), nullable=False),
+    Column("paused", Boolean, nullable=False),
+    # The next slot to fire; a slot is due once the clock reaches it. Firing moves it on in the
+    # same transaction that inserts the slot's job, conditional on its old value.
+    Column("next_run_at", Micros, nullable=False),
+    Column("last_run_at", Micros, nullable=True),  # the newest slot enqueued
+    Column("last_job_id", Id, nullable=True),
+    Column("created_at", Micros, nullable=False),
+    Column("updated_at", Micros, nullable=False),
+)
+# Each server process asks for the due schedules about twice a second: an index read.
+Index("ix_schedules_next_run_at", schedules.c.next_run_at)
 
 # When each key last claimed or reported, to a minute: written at most once a minute per key
 # and process (app/history/service.py), never once per heartbeat.

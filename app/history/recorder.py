@@ -67,12 +67,14 @@ class HistoryRecorder:
                     if (row := self._event_row(transition, job, actor, now_us, held_by))]
             repo.add_events(rows)
 
-    def enqueued(self, conn: Connection, jobs: Sequence[Job]) -> None:
-        """Record new jobs: one multi-row INSERT for a batch."""
+    def enqueued(self, conn: Connection, jobs: Sequence[Job], *,
+                 actor: str | None = None) -> None:
+        """Record new jobs: one multi-row INSERT for a batch. The actor is the producer
+        unless told (a schedule's jobs: `schedule:<name>`)."""
         if self.events and jobs:
             HistoryRepository(conn).add_events([
                 {"job_id": job.id, "at": job.created_at, "event": EventName.ENQUEUED.value,
-                 "actor": job.producer, "detail": None} for job in jobs])
+                 "actor": actor or job.producer, "detail": None} for job in jobs])
 
     def deduplicated(self, conn: Connection, jobs: Sequence[Job], *, actor: str,
                      now_us: int) -> None:

@@ -101,6 +101,8 @@ class Job:
     unique_key: str | None = None  # as the producer gave it, or the default digest
     unique_scope: str | None = None  # digest of type, unique key and period bucket
     unique_while: int | None = None  # STATUS_BITS of the statuses in which the key is held
+    schedule: str | None = None  # the schedule that enqueued it (app/schedules)
+    scheduled_for: int | None = None  # the schedule's slot it was enqueued for
 
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""

@@ -280,10 +280,12 @@ class JobRepository:
     # -- creating -------------------------------------------------------------------------
 
     def insert_job(self, values: Mapping[str, Any]) -> Job | None:
-        """Insert a job. None when (producer, idempotency_key) is taken, or its unique scope
-        is held: the caller finds the job that stands in the way."""
+        """Insert a job. None when (producer, idempotency_key) is taken, its unique scope is
+        held, or its (schedule, scheduled_for) slot has its job: the caller finds the job
+        that stands in the way."""
         skip_conflicts = (values.get("idempotency_key") is not None
-                          or values.get("unique_scope") is not None)
+                          or values.get("unique_scope") is not None
+                          or values.get("schedule") is not None)
         stmt = _insert_statement(self.conn.dialect.name, skip_conflicts=skip_conflicts)
         row = self.conn.execute(stmt, values).first()
         return None if row is None else _job(row)

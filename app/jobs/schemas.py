@@ -342,6 +342,10 @@ class JobSchema(Schema):
     updated_at = fields.String(required=True, metadata={"format": "date-time"})
     unique_key = fields.String(required=True, allow_none=True,
                                metadata={"description": "Set on jobs enqueued with unique."})
+    schedule = fields.String(required=True, allow_none=True,
+                             metadata={"description": "The schedule that enqueued the job."})
+    scheduled_for = fields.String(required=True, allow_none=True, metadata={
+        "format": "date-time", "description": "The schedule's slot the job was enqueued for."})
 
 
 class BatchJobSchema(JobSchema):
@@ -396,6 +400,8 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None) -> 
         "created_at": to_rfc3339(job.created_at),
         "updated_at": to_rfc3339(job.updated_at),
         "unique_key": job.unique_key,
+        "schedule": job.schedule,
+        "scheduled_for": to_rfc3339(job.scheduled_for),
     }
     if lease_token is not None:
         shown["lease_token"] = lease_token

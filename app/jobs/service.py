@@ -252,12 +252,37 @@ class JobService:
                                         actor=producer, now_us=now)
         return outcomes
 
-    def _insert_or_meet(self, repo: JobRepository, new: NewJob) -> Enqueued:
+    def enqueue_in(self, conn: Connection, events: Events, new: NewJob, *,
+                   actor: str) -> Enqueued | None:
+        """Store `new` (built by intake's new_job) inside the caller's write transaction (see
+        `write`), recording `actor` on its timeline; None when the job's schedule slot has its
+        job already (the unique index said so). A unique twin is met as on POST /jobs."""
+        try:
+            outcome = self._insert_or_meet(JobRepository(conn), new, actor=actor)
+        except Conflict:
+            # Nothing stood in the way but the (schedule, scheduled_for) index: the slot's job
+            # exists, enqueued by another process or host.
+            return None
+        if outcome.created:
+            events["enqueued"] += 1
+        return outcome
+
+    def write(self, work: Callable[[Connection, Events], T]) -> T:
+        """Run `work` in a write transaction of the job service (see `_write`); for other
+        services whose writes create jobs (schedules). Claims waiting in this process are
+        woken when it has enqueued."""
+        result = self._write(work)
+        self.signal.notify()
+        return result
+
+    def _insert_or_meet(self, repo: JobRepository, new: NewJob,
+                        actor: str | None = None) -> Enqueued:
         values = new.values
+        actor = actor or values["producer"]
         for _attempt in range(_TWIN_ATTEMPTS):
             job = repo.insert_job(values)
             if job is not None:
-                self.history.enqueued(repo.conn, [job])
+                self.history.enqueued(repo.conn, [job], actor=actor)
                 return Enqueued(job)
             # Refused by a unique index. The idempotency key is asked first: a replay is never
             # a duplicate.
@@ -271,14 +296,13 @@ class JobService:
                     replacement = meet_stored_twin(holder, new)
                     now = values["created_at"]
                     if replacement is None:
-                        self.history.deduplicated(repo.conn, [holder],
-                                                  actor=values["producer"], now_us=now)
+                        self.history.deduplicated(repo.conn, [holder], actor=actor, now_us=now)
                         return Enqueued(holder, deduplicated=Deduplicated.RETURNED)
                     replaced = repo.apply_transition(Transition.REPLACE, holder.id,
                                                      replacement)
                     if replaced is not None:
                         self.history.transition(repo.conn, Transition.REPLACE, [replaced],
-                                                actor=values["producer"], now_us=now)
+                                                actor=actor, now_us=now)
                         return Enqueued(replaced, deduplicated=Deduplicated.REPLACED)
             # The job that stood in the way moved on between the insert and the look-up.
         raise Conflict("A request with this idempotency or unique key is in flight; retry.")

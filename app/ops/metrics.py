@@ -49,6 +49,10 @@ JOB_EVENTS: Mapping[str, str] = {
 }
 # Up to the 20 s a long-polling claim may wait, and a little beyond.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0)
+# A slot is enqueued within about a tick (0.5 s) while a server runs; catch-up jobs after
+# downtime are minutes or days late.
+LATENESS_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 30.0, 60.0, 300.0, 3600.0,
+                    86_400.0)
 # Any other method is labelled OTHER: a label value taken from the request line as sent would
 # let a client create time series without bound.
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -74,6 +78,14 @@ class QueueMetrics:
             "by its flow control, by type and reason (paused, max_running, rate, "
             "max_running_per_key).",
             ("type", "reason"), registry=owner)
+        self._schedule_firings = Counter(
+            "queuelog_schedule_firings",
+            "Jobs enqueued by schedules, by schedule (each slot once, across processes).",
+            ("schedule",), registry=owner)
+        self._schedule_lateness = Histogram(
+            "queuelog_schedule_lateness_seconds",
+            "Seconds from a schedule's slot to the enqueue of its job (catch-up jobs "
+            "included).", buckets=LATENESS_BUCKETS, registry=owner)
         self._request_duration = Histogram(
             "queuelog_http_request_duration_seconds",
             "Time the app took to answer a request, by method, route (the URL rule, not the "
@@ -99,6 +111,12 @@ class QueueMetrics:
         """Flow control's skip sink. Types are the configured ones, reasons four constants:
         the label values are bounded."""
         self._flow_skips.labels(job_type, reason).inc()
+
+    def count_schedule_firing(self, schedule: str, lateness_seconds: float) -> None:
+        """The schedule service's firing sink: one job enqueued for a slot, this late.
+        Schedules are created by admins: the label values are bounded."""
+        self._schedule_firings.labels(schedule).inc()
+        self._schedule_lateness.observe(lateness_seconds)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         if method not in KNOWN_METHODS:

@@ -1,0 +1,97 @@
+"""The schedule record and the rule of a firing: which due slots enqueue a job. Pure.
+
+A slot is due once the clock reaches it. A due slot at most `grace` old is simply late (a
+tick, a busy database) and always enqueues; an older one was missed (no server process ran,
+or the database was down) and follows the schedule's catch_up:
+- latest: the newest missed slot enqueues, the others are skipped;
+- none: every missed slot is skipped;
+- all: every missed slot enqueues, oldest first, within the newest MAX_CATCH_UP due slots.
+A paused schedule skips every due slot. Either way the schedule moves on to its first slot
+after now: a resumed schedule fires at its next slot, never a backlog.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass
+
+from app.schedules.cron import Cron
+
+# Jobs one firing enqueues at most (catch_up all after a long downtime): the newest slots.
+MAX_CATCH_UP = 100
+# The history's actor, and the producer of a schedule's jobs, is `schedule:<name>`. No key
+# name holds a colon, so no producer ever sees (or collides with) a schedule's jobs.
+ACTOR_PREFIX = "schedule:"
+_PRODUCER_LENGTH = 100  # the jobs.producer column
+
+
+class CatchUp(enum.StrEnum):
+    LATEST = "latest"
+    NONE = "none"
+    ALL = "all"
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One row of the schedules table. Times are microseconds since the epoch."""
+
+    name: str
+    cron: str
+    timezone: str
+    job: str  # the job template: compact JSON of a POST /jobs body
+    catch_up: str
+    paused: bool
+    next_run_at: int
+    last_run_at: int | None
+    last_job_id: int | None
+    created_at: int
+    updated_at: int
+
+    @property
+    def actor(self) -> str:
+        return f"{ACTOR_PREFIX}{self.name}"
+
+    @property
+    def producer(self) -> str:
+        return producer_of(self.name)
+
+
+def producer_of(name: str) -> str:
+    """The producer of a schedule's jobs: `schedule:<name>`, shortened with a digest of the
+    name where it would not fit the producer column (one producer per schedule whatever the
+    length of its name)."""
+    producer = f"{ACTOR_PREFIX}{name}"
+    if len(producer) <= _PRODUCER_LENGTH:
+        return producer
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:16]
+    keep = _PRODUCER_LENGTH - len(ACTOR_PREFIX) - len(digest) - 1
+    return f"{ACTOR_PREFIX}{name[:keep]}~{digest}"
+
+
+@dataclass(frozen=True)
+class Firing:
+    """What one firing does: enqueue a job for each of `slots` (oldest first), skip
+    `skipped` due slots, and move the schedule's next_run_at to `next_run_at`."""
+
+    slots: list[int]
+    skipped: int
+    next_run_at: int
+
+
+def plan_firing(schedule: Schedule, cron: Cron, now_us: int, grace_us: int) -> Firing:
+    """The firing of `schedule` at `now_us`, its next_run_at being due."""
+    due = cron.slots_between(schedule.next_run_at, now_us, MAX_CATCH_UP)
+    next_run_at = cron.next_after(now_us)
+    if schedule.paused:
+        return Firing([], len(due), next_run_at)
+    late = [slot for slot in due if now_us - slot <= grace_us]
+    missed = [slot for slot in due if now_us - slot > grace_us]
+    if schedule.catch_up == CatchUp.ALL:
+        kept = missed
+    elif schedule.catch_up == CatchUp.LATEST:
+        kept = missed[-1:]
+    else:
+        kept = []
+    slots = kept + late
+    return Firing(slots, len(due) - len(slots), next_run_at)

@@ -1,0 +1,79 @@
+"""Thin handlers of /schedules (admins only): load with a schema, call the service, answer."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, current_app, jsonify, url_for
+
+from app.auth import require_roles
+from app.http import load_body, no_content, refuse_query_parameters
+from app.keys.models import Role
+from app.openapi import Reply, documented
+from app.schedules.schemas import (
+    ScheduleCreateSchema,
+    ScheduleListSchema,
+    SchedulePatchSchema,
+    ScheduleSchema,
+    represent_schedule,
+)
+from app.schedules.service import ScheduleService
+
+bp = Blueprint("schedules", __name__)
+
+_create_schema = ScheduleCreateSchema()
+_patch_schema = SchedulePatchSchema()
+
+bp.before_request(refuse_query_parameters)
+
+
+def _service() -> ScheduleService:
+    service: ScheduleService = current_app.extensions["queuelog"].schedules
+    return service
+
+
+@bp.post("/schedules")
+@documented("Create a schedule: each slot of its cron expression enqueues one job.",
+            body=ScheduleCreateSchema, body_required=True,
+            replies=[Reply(201, "The new schedule.", ScheduleSchema, ("Location",))],
+            errors=[409])
+@require_roles(Role.ADMIN)
+def create_schedule() -> Response:
+    schedule = _service().create_schedule(load_body(_create_schema))
+    response = jsonify(represent_schedule(schedule))
+    response.status_code = 201
+    response.headers["Location"] = url_for("schedules.get_schedule", name=schedule.name)
+    return response
+
+
+@bp.get("/schedules")
+@documented("Every schedule, by name.",
+            replies=[Reply(200, "The schedules.", ScheduleListSchema)])
+@require_roles(Role.ADMIN)
+def list_schedules() -> Response:
+    return jsonify({"schedules": [represent_schedule(s) for s in _service().list_schedules()]})
+
+
+@bp.get("/schedules/<name>")
+@documented("A schedule.", replies=[Reply(200, "The schedule.", ScheduleSchema)], errors=[404])
+@require_roles(Role.ADMIN)
+def get_schedule(name: str) -> Response:
+    return jsonify(represent_schedule(_service().get_schedule(name)))
+
+
+@bp.patch("/schedules/<name>")
+@documented("Change a schedule (cron, timezone, job, catch_up, paused); its next slot is "
+            "computed again from now.",
+            body=SchedulePatchSchema, body_required=True,
+            replies=[Reply(200, "The schedule as changed.", ScheduleSchema)], errors=[404])
+@require_roles(Role.ADMIN)
+def update_schedule(name: str) -> Response:
+    body = load_body(_patch_schema)
+    return jsonify(represent_schedule(_service().update_schedule(name, body)))
+
+
+@bp.delete("/schedules/<name>")
+@documented("Delete a schedule; the jobs it enqueued stay.",
+            replies=[Reply(204, "Deleted.")], errors=[404])
+@require_roles(Role.ADMIN)
+def delete_schedule(name: str) -> Response:
+    _service().delete_schedule(name)
+    return no_content()

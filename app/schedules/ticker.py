@@ -1,0 +1,74 @@
+"""The ticker: a thread in each server process that fires the due schedules about twice a
+second. Started where the app is served (wsgi.py, under QUEUELOG_SCHEDULER), never by the
+factory: tests fire by hand (ScheduleService.fire_due) with a clock they move.
+
+Every process runs one; the database decides which of them fires a slot (see service.py),
+so adding processes or hosts adds no duplicates, and any one of them alive keeps schedules
+firing. A database outage is logged once and retried each tick.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.schedules.service import ScheduleService
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.5
+# How long stop() waits for a firing under way to end (its transaction commits or not).
+STOP_TIMEOUT_SECONDS = 5.0
+
+
+class Ticker:
+    def __init__(self, schedules: ScheduleService, interval: float = TICK_SECONDS) -> None:
+        self.schedules = schedules
+        self.interval = interval
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def start(self) -> Ticker:
+        if self._thread is None:
+            # A daemon, so that a process told to exit never waits on it; stop() (called at
+            # exit and by gunicorn's worker_exit hook) lets a firing under way end first.
+            self._thread = threading.Thread(target=self._run, name="queuelog-schedules",
+                                            daemon=True)
+            self._thread.start()
+            atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(STOP_TIMEOUT_SECONDS)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.interval):
+            self.tick()
+
+    def tick(self) -> None:
+        """One round: fire what is due; log (once per outage) and carry on if it fails."""
+        try:
+            self.schedules.fire_due()
+        except SQLAlchemyError as exc:
+            if not self._failing:
+                log.warning("schedules: the database did not answer (%s); retrying every "
+                            "%.1f s", type(exc).__name__, self.interval)
+            self._failing = True
+            return
+        except Exception:
+            log.exception("schedules: firing failed; retrying next tick")
+            return
+        if self._failing:
+            log.warning("schedules: the database answers again; firing resumed")
+            self._failing = False
