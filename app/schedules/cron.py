@@ -34,8 +34,9 @@ _FIVE = ("minute", "hour", "day-of-month", "month", "day-of-week")
 _SIX = ("second", *_FIVE)
 _RANGES = {"second": (0, 59), "minute": (0, 59), "hour": (0, 23), "day-of-month": (1, 31),
            "month": (1, 12), "day-of-week": (0, 7)}
-_NAMES = {"month": "JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split(),
-          "day-of-week": "SUN MON TUE WED THU FRI SAT".split()}
+_NAMES = {"month": ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT",
+                    "NOV", "DEC"),
+          "day-of-week": ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")}
 # cronsim names the field it refused as "Bad <field>".
 _BAD_FIELD = re.compile(r"Bad ([a-z-]+)")
 # A slot search gives up after this many candidates (never reached by a valid expression: it
@@ -135,14 +136,13 @@ class Cron:
 
     def next_after(self, after_us: int) -> int:
         """The first slot strictly after `after_us`."""
-        steps = 0
-        for candidate in CronSim(self.expression, _local(after_us, self.zone)):
+        candidates = CronSim(self.expression, _local(after_us, self.zone))
+        for steps, candidate in enumerate(candidates):
             slot = _micros(candidate)
             # A time that occurs twice is given at its first occurrence: searching from inside
             # the repeated hour may hand back an instant already past, never fired again.
             if slot > after_us:
                 return slot
-            steps += 1
             if steps >= _MAX_STEPS:
                 break
         raise CronError("the expression gives no slot after now")

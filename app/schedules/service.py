@@ -22,7 +22,7 @@ from sqlalchemy import Connection
 from app.clock import MICROS, Clock
 from app.db import Database
 from app.errors import Conflict, NotFound, ValidationFailed
-from app.jobs.intake import NewJob, new_job
+from app.jobs.intake import new_job
 from app.jobs.models import Priority
 from app.jobs.service import Events, JobService
 from app.keys.models import Caller, Role
