@@ -1,5 +1,5 @@
 """The operator's commands: `queuelog db …`, `queuelog keys …`, `queuelog types …`,
-`queuelog purge`, `queuelog copy`, `queuelog backup`, and the worker runner
+`queuelog schedules …`, `queuelog purge`, `queuelog copy`, `queuelog backup`, and the worker runner
 `queuelog worker …` (from the client package).
 
 `queuelog` is a Flask CLI group over the app factory, so `flask --app app …` works the same.
@@ -7,16 +7,18 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from flask import Flask, current_app
 from flask.cli import AppGroup, FlaskGroup, with_appcontext
 
-from app.errors import NotFound
+from app.errors import NotFound, Problem
 from app.jobs.models import TERMINAL_STATUSES, Priority
 from app.keys.models import Role
 from app.keys.service import KeyCommandError
@@ -178,6 +180,101 @@ def types_set(job_type: str, paused: bool | None, max_running: int | None,
                f"rate_per_second={_limit_text(s.rate_per_second)} burst={s.effective_burst}")
 
 
+schedules_group = AppGroup("schedules", help="List, create, pause, resume and delete "
+                                             "schedules.")
+
+
+def _schedule_line(schedule: Any) -> str:
+    from app.clock import to_rfc3339
+
+    return (f"{schedule.name:<24} {schedule.cron:<16} {schedule.timezone:<18} "
+            f"{schedule.catch_up:<7} {'yes' if schedule.paused else 'no':<7} "
+            f"{to_rfc3339(schedule.next_run_at)}  {to_rfc3339(schedule.last_run_at) or '-'}")
+
+
+def _schedule_call(call: Callable[[], Any]) -> Any:
+    """Run a schedule use case; its problem (422 naming the field, 404, 409) as a message."""
+    try:
+        return call()
+    except Problem as problem:
+        fields = "; ".join(f"{field}: {' '.join(map(str, messages))}"
+                           for field, messages in (problem.errors or {}).items())
+        raise click.ClickException(fields or problem.detail) from None
+
+
+@schedules_group.command("list")
+def schedules_list() -> None:
+    """Every schedule: expression, zone, catch-up, paused, next and last slot."""
+    click.echo(f"{'name':<24} {'cron':<16} {'timezone':<18} {'catch_up':<7} {'paused':<7} "
+               f"{'next_run_at':<27}  last_run_at")
+    for schedule in _services().schedules.list_schedules():
+        click.echo(_schedule_line(schedule))
+
+
+@schedules_group.command("create")
+@click.argument("name")
+@click.argument("cron")
+@click.option("--type", "job_type", help="the job type each slot enqueues")
+@click.option("--payload", default=None, help="the job's payload, a JSON object")
+@click.option("--job", "job_json", default=None,
+              help="the whole job template as JSON (any POST /jobs field but run_at, "
+                   "delay_seconds and idempotency_key), instead of --type/--payload")
+@click.option("--timezone", default="UTC", show_default=True, help="an IANA zone name")
+@click.option("--catch-up", type=click.Choice(["latest", "none", "all"]), default="latest",
+              show_default=True, help="what missed slots do after downtime")
+@click.option("--paused", is_flag=True, help="create it paused")
+def schedules_create(name: str, cron: str, job_type: str | None, payload: str | None,
+                     job_json: str | None, timezone: str, catch_up: str, paused: bool) -> None:
+    """Create schedule NAME firing on CRON (five fields or @hourly … @yearly)."""
+    from marshmallow import ValidationError
+
+    from app.schedules.schemas import ScheduleCreateSchema
+
+    if (job_json is None) == (job_type is None):
+        raise click.UsageError("give --type (with --payload) or --job")
+    try:
+        job = (json.loads(job_json) if job_json is not None
+               else {"type": job_type, "payload": json.loads(payload or "{}")})
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}") from None
+    body = {"name": name, "cron": cron, "timezone": timezone, "job": job,
+            "catch_up": catch_up, "paused": paused}
+    try:
+        loaded = ScheduleCreateSchema().load(body)
+    except ValidationError as exc:
+        raise click.ClickException(f"invalid: {exc.messages}") from None
+    schedule = _schedule_call(lambda: _services().schedules.create_schedule(loaded))
+    click.echo(_schedule_line(schedule))
+
+
+def _set_paused(name: str, paused: bool) -> None:
+    schedule = _schedule_call(
+        lambda: _services().schedules.update_schedule(name, {"paused": paused}))
+    click.echo(_schedule_line(schedule))
+
+
+@schedules_group.command("pause")
+@click.argument("name")
+def schedules_pause(name: str) -> None:
+    """Pause a schedule: its slots are skipped until it is resumed."""
+    _set_paused(name, True)
+
+
+@schedules_group.command("resume")
+@click.argument("name")
+def schedules_resume(name: str) -> None:
+    """Resume a schedule at its next slot (the skipped ones are not made up)."""
+    _set_paused(name, False)
+
+
+@schedules_group.command("delete")
+@click.argument("name")
+def schedules_delete(name: str) -> None:
+    """Delete a schedule; the jobs it enqueued stay."""
+    _schedule_call(lambda: _services().schedules.delete_schedule(name))
+    click.echo(f"deleted {name!r}")
+
+
 @click.command("purge")
 @click.option("--older-than", "older_than", required=True,
               help="age since the last change, <n>[smhdw], e.g. 30d")
@@ -246,6 +343,7 @@ def register_commands(app: Flask) -> None:
     app.cli.add_command(db_group)
     app.cli.add_command(keys_group)
     app.cli.add_command(types_group)
+    app.cli.add_command(schedules_group)
     app.cli.add_command(purge)
     app.cli.add_command(copy)
     app.cli.add_command(backup)

@@ -1,4 +1,4 @@
-"""Moving every job and key from one database to another (SQLite → PostgreSQL, say).
+"""Moving every job, key and schedule from one database to another (SQLite → PostgreSQL, say).
 
 Rows keep their ids, so job URLs, cursors and idempotency replays stay valid after a move,
 and the target's id sequences continue after the highest id the source ever gave (not only
@@ -17,15 +17,25 @@ from sqlalchemy.dialects.postgresql import REGCLASS
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from app.db import Database, api_keys, job_attempts, job_events, job_types, jobs, make_engine
+from app.db import (
+    Database,
+    api_keys,
+    job_attempts,
+    job_events,
+    job_types,
+    jobs,
+    make_engine,
+    schedules,
+)
 from app.migrations import current_revision, head_revision, upgrade
 
 # A job's history goes with it. key_activity (when each key was last seen, to a minute) is
 # left behind: the workers write it again within a minute of their first claim.
 TABLES: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events)
-# Keyed by name rather than id, and small (a row per job type ever changed): copied whole. A
-# type's settings (pause, limits, its token bucket) go with the queue.
-SETTINGS_TABLES: tuple[Table, ...] = (job_types,)
+# Keyed by name rather than id, and small (a row per job type ever changed, a row per
+# schedule): copied whole. A type's settings (pause, limits, its token bucket) and the
+# schedules (with their next slot and last job) go with the queue.
+SETTINGS_TABLES: tuple[Table, ...] = (job_types, schedules)
 
 
 class TransferError(RuntimeError):

@@ -13,6 +13,7 @@ from app import create_app
 from app.db import Database, make_engine
 from app.keys.models import Role
 from app.migrations import current_revision
+from app.schedules.schemas import ScheduleCreateSchema
 from app.transfer import TABLES, TransferError, copy_database
 from tests.conftest import JOB_TYPES, Api, Key
 
@@ -38,6 +39,9 @@ def source(sqlite_template, tmp_path, clock):
     api.claim(worker)
     services.types.update_type("sync", {"paused": True, "max_running": 3,
                                          "rate_per_second": 2.5})
+    services.schedules.create_schedule(ScheduleCreateSchema().load(
+        {"name": "nightly", "cron": "0 3 * * *", "timezone": "Europe/Berlin",
+         "job": {"type": "pdf"}, "catch_up": "all"}))
     services.db.engine.dispose()
     return url, producer, worker
 
@@ -136,7 +140,7 @@ def test_copy_opens_a_sqlite_source_read_only(source, empty_db_url, tmp_path):
         path.chmod(0o600)
     # job_types: the settings changed on "sync", and "email"'s last claim.
     assert copied == {"api_keys": 2, "jobs": 25, "job_attempts": 6, "job_events": 36,
-                      "job_types": 2}
+                      "job_types": 2, "schedules": 1}
 
 
 def test_copy_refuses_a_source_without_the_schema_and_leaves_the_target_alone(
@@ -162,3 +166,13 @@ def test_copy_carries_the_types_flow_control_settings(source, empty_db_url, runn
     target.extensions["queuelog"].db.engine.dispose()
     assert (sync.settings.paused, sync.settings.max_running,
             sync.settings.rate_per_second) == (True, 3, 2.5)
+
+
+def test_copy_carries_the_schedules(source, empty_db_url):
+    source_url, _producer, _worker = source
+    copy_database(source_url, empty_db_url)
+    target = create_app({"DATABASE_URL": empty_db_url, "JOB_TYPES": JOB_TYPES, "TESTING": True})
+    nightly = target.extensions["queuelog"].schedules.get_schedule("nightly")
+    target.extensions["queuelog"].db.engine.dispose()
+    assert (nightly.cron, nightly.timezone, nightly.catch_up) == ("0 3 * * *", "Europe/Berlin",
+                                                                   "all")
