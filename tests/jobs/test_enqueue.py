@@ -39,6 +39,8 @@ def test_enqueue_answers_201_with_the_job_and_its_location(api, producer, clock)
         "created_at": to_rfc3339(clock.now_us()),
         "updated_at": to_rfc3339(clock.now_us()),
         "unique_key": None,
+        "schedule": None,
+        "scheduled_for": None,
     }
     assert "error" not in job and "lease_token" not in job
     assert RFC3339_UTC.match(job["created_at"])
