@@ -334,15 +334,18 @@ def _portable_patterns(node: Any) -> None:
 
 
 def _add_configured_job_types(document: dict[str, Any], job_types: Iterable[str]) -> None:
-    """The job types this deployment accepts, as the enum of an enqueue's `type` and of a
-    claim's `types` (and in their examples, so that each example is one this deployment
-    accepts): any other type is refused with a 422."""
+    """The job types this deployment accepts, as the enum of an enqueue's (and a schedule's
+    job template's) `type` and of a claim's `types` (and in their examples, so that each
+    example is one this deployment accepts): any other type is refused with a 422."""
     types = sorted(job_types)
     schemas = document["components"]["schemas"]
     if not types:
         return
-    enqueue: dict[str, Any] | None = schemas.get("Enqueue")
-    if enqueue is not None:
+    # A schedule's job template takes the same types as an enqueue.
+    for name in ("Enqueue", "JobTemplate"):
+        enqueue: dict[str, Any] | None = schemas.get(name)
+        if enqueue is None:
+            continue
         enqueue["properties"]["type"]["enum"] = types
         if isinstance(enqueue.get("example"), dict):
             enqueue["example"]["type"] = types[0]

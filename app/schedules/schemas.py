@@ -61,7 +61,8 @@ class ScheduleCreateSchema(StrictSchema):
 class SchedulePatchSchema(StrictSchema):
     """Any of the fields; the others stay. Any change computes next_run_at again from now."""
 
-    openapi_extra: ClassVar[dict[str, Any]] = {"example": {"cron": "30 4 * * *"}}
+    openapi_extra: ClassVar[dict[str, Any]] = {"example": {"cron": "30 4 * * *"},
+                                               "minProperties": 1}
 
     cron = _cron_field()
     timezone = _timezone_field()

@@ -98,6 +98,10 @@ class ScheduleService:
         """Change the fields in `patch`; next_run_at is computed again from now (a slot due
         at the moment of the edit is not enqueued). A resumed schedule fires at its next
         slot, not the ones it skipped while paused."""
+        if not patch:
+            raise ValidationFailed(
+                "Nothing to change: give at least one of cron, timezone, job, catch_up, paused.",
+                errors={"_body": ["Give at least one field to change."]})
         current = self.get_schedule(name)
         now = self.clock.now_us()
         cron = self._cron(patch.get("cron", current.cron),

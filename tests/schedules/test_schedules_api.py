@@ -125,3 +125,10 @@ def test_delete_is_204_then_404(schedules: Schedules) -> None:
 def test_routes_take_no_query_parameters(schedules: Schedules) -> None:
     response = schedules.client.get("/schedules?limit=5", headers=schedules.admin.headers)
     assert response.status_code == 422
+
+
+def test_a_patch_without_fields_is_422(schedules: Schedules) -> None:
+    schedules.create(cron="@daily")
+    assert schedules.patch("nightly").status_code == 422
+    empty = schedules.client.patch("/schedules/nightly", headers=schedules.admin.headers)
+    assert empty.status_code == 422
