@@ -51,7 +51,8 @@ _PROBLEMS: dict[int, tuple[str, str]] = {
 _PROBLEM_HEADERS = {401: {"WWW-Authenticate": True}, 503: {"Retry-After": False}}
 
 _HEADERS: dict[str, dict[str, Any]] = {
-    "Location": {"description": "The job's URL.", "schema": {"type": "string"}},
+    "Location": {"description": "The new job's (or schedule's) URL.",
+                 "schema": {"type": "string"}},
     "Idempotent-Replayed": {
         "description": "Present on a replay: this job was created by an earlier request "
                        "with the same idempotency key.",
