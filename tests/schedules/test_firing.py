@@ -11,6 +11,10 @@ from flask import Flask
 
 from app import create_app
 from app.clock import ManualClock
+from app.jobs.intake import new_job
+from app.jobs.models import Priority
+from app.jobs.repository import JobRepository
+from app.keys.models import Caller, Role
 from tests.schedules.conftest import Schedules, micros, set_clock, utc
 
 
@@ -198,3 +202,18 @@ def test_processes_racing_for_a_slot_enqueue_one_job(schedules: Schedules, clock
             app.extensions["queuelog"].db.engine.dispose()
     assert errors == []
     assert schedules.slots() == [f"2027-01-15T08:{minute:02d}:00Z" for minute in range(1, 6)]
+
+
+def test_the_database_holds_one_job_per_schedule_and_slot(app: Flask) -> None:
+    services = app.extensions["queuelog"]
+    caller = Caller(name="schedule:nightly", role=Role.ADMIN, max_priority=Priority.CRITICAL,
+                    allowed_types=None)
+    body = {"type": "email", "payload": {}, "max_retries": 3}
+    values = {**new_job(services.jobs.intake, caller, body, None, 1).values,
+              "schedule": "nightly", "scheduled_for": 1_000_000}
+    with services.db.write() as conn:
+        first = JobRepository(conn).insert_job(values)
+        second = JobRepository(conn).insert_job({**values, "created_at": 2})
+        other_slot = JobRepository(conn).insert_job({**values, "scheduled_for": 2_000_000})
+    assert first is not None and other_slot is not None
+    assert second is None
