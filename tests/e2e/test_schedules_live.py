@@ -107,9 +107,9 @@ def test_two_servers_on_one_postgresql_enqueue_each_second_once(
 
 @pytest.mark.parametrize("catch_up", ["latest", "none"])
 def test_a_server_killed_across_slots_catches_up_as_told_and_never_twice(
-        start_server: StartServer, sqlite_file_url: str, catch_up: str) -> None:
-    url = sqlite_file_url
-    grace = 2
+        start_server: StartServer, server_database_url: str, catch_up: str) -> None:
+    url = server_database_url
+    grace = 3  # seconds: a slot older than this when fired counts as missed
     server = start_server(url, workers=2, settings={"SCHEDULE_SECONDS": "1",
                                                     "SCHEDULE_GRACE_SECONDS": str(grace)})
     token = create_api_key(url, "admin-1", "admin")
