@@ -61,6 +61,7 @@ class ScheduleService:
         self.settings = settings or ScheduleSettings()
         self.on_fired = on_fired
         self._template = JobTemplateSchema()
+        self._unreadable: set[str] = set()  # schedules whose zone this host does not know
 
     # -- admins ---------------------------------------------------------------------------
 
@@ -139,28 +140,39 @@ class ScheduleService:
         try:
             cron = self._cron(schedule.cron, schedule.timezone)
         except ValidationFailed:
-            # A zone the host's database no longer knows: skip, and say so, once a tick.
-            log.warning("schedule %s: cannot compute its slots (cron %r, zone %r); skipped",
-                        schedule.name, schedule.cron, schedule.timezone)
+            # A zone this host's zone database does not know (the schedule was saved where it
+            # did): nothing can be computed; said once per process, not every tick.
+            if schedule.name not in self._unreadable:
+                self._unreadable.add(schedule.name)
+                log.warning("schedule %s: cannot compute its slots (cron %r, zone %r)",
+                            schedule.name, schedule.cron, schedule.timezone)
             return 0
         firing = plan_firing(schedule, cron, now, round(self.settings.grace_seconds * MICROS))
         template = self._loaded_template(schedule)
+        refused: list[str] = []
 
         def fire_in(conn: Connection, events: Events) -> list[tuple[int, int]]:
+            refused.clear()  # the writer may run this again after a rollback
             repo = ScheduleRepository(conn)
             if not repo.take_due_slot(schedule.name, schedule.next_run_at, firing.next_run_at):
                 return []  # another process or host fired it (or an edit moved it): its turn
-            return self._enqueue_slots(conn, events, schedule, template, firing, now)
+            return self._enqueue_slots(conn, events, schedule, template, firing, now, refused)
 
         enqueued = self.jobs.write(fire_in)
+        # Told once committed (app/writer.py: the work itself has no effect outside the
+        # database).
+        for reason in refused:
+            log.warning("schedule %s: slot skipped, its job does not validate: %s",
+                        schedule.name, reason)
         for slot, _job_id in enqueued:
             self.on_fired(schedule.name, max(0.0, (now - slot) / MICROS))
         return len(enqueued)
 
     def _enqueue_slots(self, conn: Connection, events: Events, schedule: Schedule,
-                       template: dict[str, Any] | None, firing: Firing,
-                       now: int) -> list[tuple[int, int]]:
-        """Insert the firing's jobs on `conn`; the (slot, job id) of each one stored."""
+                       template: dict[str, Any] | None, firing: Firing, now: int,
+                       refused: list[str]) -> list[tuple[int, int]]:
+        """Insert the firing's jobs on `conn`; the (slot, job id) of each one stored. Why a
+        template no longer validates goes to `refused`."""
         if template is None:
             return []
         caller = _caller_of(schedule.name)
@@ -171,9 +183,8 @@ class ScheduleService:
             except ValidationFailed as exc:
                 # The template passed when it was saved; the configuration changed since (a
                 # type no longer configured, a smaller payload limit).
-                log.warning("schedule %s: slot skipped, its job does not validate: %s",
-                            schedule.name, exc.detail)
-                return stored
+                refused.append(exc.detail)
+                break
             new = replace(new, values={**new.values, "schedule": schedule.name,
                                        "scheduled_for": slot})
             outcome = self.jobs.enqueue_in(conn, events, new, actor=schedule.actor)

@@ -217,3 +217,22 @@ def test_the_database_holds_one_job_per_schedule_and_slot(app: Flask) -> None:
         other_slot = JobRepository(conn).insert_job({**values, "scheduled_for": 2_000_000})
     assert first is not None and other_slot is not None
     assert second is None
+
+
+def test_a_slot_whose_job_type_is_no_longer_configured_is_skipped_and_said(
+        schedules: Schedules, clock: ManualClock, app_config: dict[str, Any],
+        caplog: Any) -> None:
+    set_clock(clock, "2027-01-15T08:00:00Z")
+    schedules.create(cron="*/10 * * * *")
+    narrowed = create_app({**app_config, "JOB_TYPES": {"pdf"}})
+    set_clock(clock, "2027-01-15T08:10:00Z")
+    try:
+        assert narrowed.extensions["queuelog"].schedules.fire_due() == 0
+    finally:
+        narrowed.extensions["queuelog"].db.engine.dispose()
+    assert "slot skipped, its job does not validate" in caplog.text
+    assert schedules.slots() == []
+    # The schedule moved on: the next slot fires once the type is configured again.
+    assert schedules.get("nightly").get_json()["next_run_at"] == "2027-01-15T08:20:00.000000Z"
+    set_clock(clock, "2027-01-15T08:20:00Z")
+    assert schedules.fire() == 1
