@@ -78,6 +78,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.history.routes import bp as history_bp
 
     app.register_blueprint(history_bp)
+    from app.ui import init_ui
+
+    init_ui(app)
     from app.openapi import bp as openapi_bp
 
     app.register_blueprint(openapi_bp)

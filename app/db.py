@@ -254,6 +254,17 @@ key_activity = Table(
     Column("last_claim_at", Micros, nullable=True),
 )
 
+# Secrets the service makes for itself, by name: the dashboard's session key when
+# QUEUELOG_SECRET_KEY is not set. Stored, not made per process, so that every gunicorn process,
+# every host and every restart signs and checks sessions with the same key.
+service_secrets = Table(
+    "service_secrets",
+    metadata,
+    Column("name", String(40), primary_key=True),
+    Column("value", String(200), nullable=False),
+    Column("created_at", Micros, nullable=False),
+)
+
 def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int,
                           read_only: bool) -> None:
     path = engine.url.database
