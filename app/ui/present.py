@@ -4,7 +4,6 @@ Every filter returns plain text; the templates' autoescaping makes it safe to sh
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from flask import Flask, current_app
@@ -54,15 +53,20 @@ def json_text(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
 
 
-def limit(value: float | None) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, float) and not value.is_integer():
-        return f"{value:g}"
-    return str(int(value)) if math.isfinite(value) else str(value)
+def limits(shown_type: dict[str, Any]) -> str:
+    """A type's flow control in words, as GET /types shows the type: `none`, or e.g.
+    `5 running · 2 per key · 2.5/s, burst 4`."""
+    parts = []
+    if shown_type["max_running"] is not None:
+        parts.append(f"{shown_type['max_running']} running")
+    if shown_type["max_running_per_key"] is not None:
+        parts.append(f"{shown_type['max_running_per_key']} per key")
+    if shown_type["rate_per_second"] is not None:
+        parts.append(f"{shown_type['rate_per_second']:g}/s, burst {shown_type['burst']}")
+    return " · ".join(parts) or "none"
 
 
 def register_filters(app: Flask) -> None:
     for name, fn in (("utc", utc), ("age", age), ("duration", duration),
-                     ("json_text", json_text), ("limit", limit)):
+                     ("json_text", json_text), ("limits", limits)):
         app.add_template_filter(fn, name)

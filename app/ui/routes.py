@@ -17,6 +17,7 @@ from app.history.schemas import (
     represent_explanation,
     represent_worker,
 )
+from app.jobs.models import Job
 from app.jobs.schemas import represent
 from app.keys.models import Caller, Role
 from app.types.schemas import represent_type
@@ -128,7 +129,7 @@ def jobs() -> tuple[str, int]:
         _caller(), status=filters.get("status"), job_type=filters.get("type"),
         producer=filters.get("producer"), limit=JOBS_PER_PAGE, cursor=filters.get("cursor"))
     shown = {name: value for name, value in filters.items() if name != "cursor"}
-    return _page("jobs.html", jobs=[represent(job, show_error=True) for job in page],
+    return _page("jobs.html", jobs=[_shown(job) for job in page],
                  filters=shown, next_cursor=next_cursor, messages={},
                  job_types=sorted(services.types.job_types))
 
@@ -136,12 +137,17 @@ def jobs() -> tuple[str, int]:
 @bp.get("/jobs/<id:job_id>")
 def job(job_id: int) -> tuple[str, int]:
     services, caller = _services(), _caller()
-    shown = represent(services.jobs.get_job(caller, job_id), show_error=True)
-    return _page("job.html", job=shown,
+    return _page("job.html", job=_shown(services.jobs.get_job(caller, job_id)),
                  attempts=[represent_attempt(a, show_error=True)
                            for a in services.history.attempts(caller, job_id)],
                  events=[represent_event(e) for e in services.history.events(caller, job_id)],
                  explanation=represent_explanation(services.history.explain(caller, job_id)))
+
+
+def _shown(job: Job) -> dict[str, Any]:
+    # As the API shows it to an admin, with the producer too (the API's representation
+    # leaves it out: a producer sees only its own jobs).
+    return represent(job, show_error=True) | {"producer": job.producer}
 
 
 @bp.post("/jobs/<id:job_id>/retry")

@@ -257,3 +257,18 @@ def test_queuelog_secret_key_signs_sessions_when_set(app_config: dict[str, Any],
     assert sign_in(client, admin).status_code == 302
     assert built.secret_key == "k" * 40
     built.extensions["queuelog"].db.engine.dispose()
+
+
+def test_a_type_named_like_markup_is_shown_as_text(app_config: dict[str, Any],
+                                                   admin: Key) -> None:
+    from app import create_app
+
+    hostile_type = '"><img src=x onerror=alert(1)>'
+    built = create_app({**app_config, "JOB_TYPES": frozenset({"email", hostile_type})})
+    client = built.test_client()
+    sign_in(client, admin)
+    for page in ("/ui/", "/ui/types", "/ui/jobs"):
+        text = client.get(page).text
+        assert "<img" not in text, page
+        assert "&lt;img src=x onerror=alert(1)&gt;" in text, page
+    built.extensions["queuelog"].db.engine.dispose()
