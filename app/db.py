@@ -176,6 +176,15 @@ Index(
 # alone: without statistics SQLite's planner prefers it for the claim's status = 'pending'
 # and then sorts every pending row, where the partial index above needs no sort at all.
 Index("ix_jobs_producer_id", jobs.c.producer, jobs.c.id)
+# Listing the failed or the cancelled jobs in id order (GET /jobs?status=…, the dashboard's
+# filters): a few thousand among a million stored are found at once rather than by walking
+# every id. Partial, so that only a job entering or leaving those statuses writes them (never
+# a claim or a completion), and matched only by a query that writes the status as a literal:
+# the listing does, for these two statuses alone.
+Index("ix_jobs_failed_id", jobs.c.id, sqlite_where=text("status = 'failed'"),
+      postgresql_where=text("status = 'failed'"))
+Index("ix_jobs_cancelled_id", jobs.c.id, sqlite_where=text("status = 'cancelled'"),
+      postgresql_where=text("status = 'cancelled'"))
 Index("ix_jobs_worker_id_id", jobs.c.worker_id, jobs.c.id)
 
 # One row per job type whose settings were ever changed (a type without a row has the

@@ -1,7 +1,9 @@
-"""The dashboard's session secret, generated once and shared by every process and host.
+"""The dashboard: its session secret, and indexes for listing the failed and cancelled jobs.
 
-One row per named secret: the first process to need one inserts it unless a row is there
-already, and every process then reads the row that won (section 14).
+service_secrets: one row per named secret; the first process to need one inserts it unless a
+row is there already, and every process then reads the row that won (section 14).
+ix_jobs_failed_id, ix_jobs_cancelled_id: partial indexes of those jobs' ids, so that a filter on
+them (a few thousand among a million) finds its rows at once.
 
 Revision ID: 0010
 Revises: 0007
@@ -25,7 +27,13 @@ def upgrade() -> None:
         sa.Column("created_at", sa.BigInteger, nullable=False),
         sa.PrimaryKeyConstraint("name", name="pk_service_secrets"),
     )
+    for status in ("failed", "cancelled"):
+        where = sa.text(f"status = '{status}'")
+        op.create_index(f"ix_jobs_{status}_id", "jobs", ["id"], sqlite_where=where,
+                        postgresql_where=where)
 
 
 def downgrade() -> None:
+    for status in ("failed", "cancelled"):
+        op.drop_index(f"ix_jobs_{status}_id", table_name="jobs")
     op.drop_table("service_secrets")
