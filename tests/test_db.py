@@ -200,6 +200,23 @@ def test_sqlite_listing_failed_or_cancelled_jobs_reads_their_partial_index(sqlit
     assert any(f"USING INDEX ix_jobs_{status}_id (id>?)" in row[-1] for row in plan), plan
 
 
+def test_sqlite_listing_running_jobs_reads_the_running_rows_alone(sqlite_template):
+    database = Database(make_engine(f"sqlite:///{sqlite_template}"))
+    statements: list[Any] = []
+    with database.read() as conn:
+        event.listen(conn, "before_cursor_execute",
+                     lambda *args: statements.append((args[2], args[3])))
+        JobRepository(conn).list_jobs(after_id=0, limit=51, status="running",
+                                      producer="shop")
+        statement, parameters = statements[-1]
+        plan = [row[-1] for row in
+                conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all()]
+    database.engine.dispose()
+    assert any("ix_jobs_lease_expires_at" in step or "ix_jobs_running_type_key" in step
+               for step in plan), plan
+    assert not any(step.startswith("SCAN jobs") and "INDEX" not in step for step in plan), plan
+
+
 def test_migrated_schema_equals_the_code_tables(empty_db_url):
     upgrade(empty_db_url)
     # `alembic check` fails when autogenerate finds any difference.

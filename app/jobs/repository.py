@@ -46,8 +46,8 @@ _CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
 # Listed with their status as a literal, which matches their partial indexes of ids
 # (ix_jobs_failed_id, ix_jobs_cancelled_id): few among many stored, found at once. The other
 # statuses stay bound: completed and pending jobs are common, found soonest walking the ids,
-# and a literal 'pending' or 'running' would lead the planners to a partial index in another
-# order and a sort of every such row.
+# and a literal 'pending' would lead the planners to a partial index in claim order and a
+# sort of every pending row. Running jobs are listed through _running_ids.
 _LISTED_THROUGH_PARTIAL_INDEX = frozenset({JobStatus.FAILED.value, JobStatus.CANCELLED.value})
 _RESCUABLE_ROW = _status_is(*Transition.RESCUE.from_statuses)
 _CLAIM_ORDER = claim_order_columns(jobs)
@@ -169,6 +169,11 @@ _running_workers = (select(jobs.c.worker_id).where(jobs.c.status == _RUNNING)
                     .cte("running_workers").prefix_with("MATERIALIZED"))
 _count_running_by_worker = (select(_running_workers.c.worker_id, func.count())
                             .group_by(_running_workers.c.worker_id))
+# The running jobs' ids, for a listing of them: as many as the workers hold, read from their
+# partial index and then looked up by id, rather than found by walking every id (they are
+# the newest) or every job of a producer.
+_running_ids = (select(jobs.c.id).where(jobs.c.status == _RUNNING)
+                .cte("running_ids").prefix_with("MATERIALIZED"))
 # The earliest lease of one type's running jobs: its running rows, through the same index.
 _next_lease_expiry = (
     select(func.min(jobs.c.lease_expires_at))
@@ -371,6 +376,8 @@ class JobRepository:
             stmt = stmt.where(jobs.c.worker_id == worker)
         if status in _LISTED_THROUGH_PARTIAL_INDEX:
             stmt = stmt.where(_status_is(JobStatus(status)))
+        elif status == JobStatus.RUNNING.value:
+            stmt = stmt.where(jobs.c.id.in_(select(_running_ids.c.id)))
         elif status is not None:
             stmt = stmt.where(jobs.c.status == status)
         if job_type is not None:

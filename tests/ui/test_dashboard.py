@@ -198,6 +198,19 @@ def test_jobs_are_filtered_and_paginated(signed_in: FlaskClient, api: Api, produ
     assert mine.count('<th scope="row"><a href="/ui/jobs/') == 30
 
 
+
+def test_running_jobs_are_listed_by_producer_in_id_order(signed_in: FlaskClient, api: Api,
+                                                         producer: Key, worker: Key,
+                                                         make_key: Any) -> None:
+    other = make_key("producer-2", "producer")
+    ids = [api.enqueue(producer if n % 2 else other, type="email",
+                       payload={"n": n}).get_json()["id"] for n in range(6)]
+    claimed = [api.claim(worker).get_json()["id"] for _ in range(4)]
+    page = signed_in.get("/ui/jobs?status=running&producer=producer-1").text
+    shown = [int(part.split('"', 1)[0]) for part in page.split('<a href="/ui/jobs/')[1:]]
+    assert shown == sorted(i for i in claimed if ids.index(i) % 2)
+
+
 def test_a_bad_filter_is_a_message_not_a_server_error(signed_in: FlaskClient) -> None:
     for query in ("status=lost", "cursor=not-ours", "colour=red"):
         answer = signed_in.get(f"/ui/jobs?{query}")
