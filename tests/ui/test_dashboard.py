@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
@@ -285,3 +286,12 @@ def test_a_type_named_like_markup_is_shown_as_text(app_config: dict[str, Any],
         assert "<img" not in text, page
         assert "&lt;img src=x onerror=alert(1)&gt;" in text, page
     built.extensions["queuelog"].db.engine.dispose()
+
+
+def test_a_short_queuelog_secret_key_is_refused_naming_its_variable() -> None:
+    from app.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError, match="QUEUELOG_SECRET_KEY: must be at least 32"):
+        load_settings({"QUEUELOG_SECRET_KEY": "short"})
+    assert load_settings({"QUEUELOG_SECRET_KEY": "s" * 32})["SECRET_KEY"] == "s" * 32
+    assert load_settings({})["SECRET_KEY"] is None
