@@ -84,6 +84,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.schedules.routes import bp as schedules_bp
 
     app.register_blueprint(schedules_bp)
+    from app.ui import init_ui
+
+    init_ui(app)
     from app.openapi import bp as openapi_bp
 
     app.register_blueprint(openapi_bp)

@@ -189,6 +189,15 @@ Index(
     sqlite_where=text("schedule IS NOT NULL"),
     postgresql_where=text("schedule IS NOT NULL"),
 )
+# Listing the failed or the cancelled jobs in id order (GET /jobs?status=…, the dashboard's
+# filters): a few thousand among a million stored are found at once rather than by walking
+# every id. Partial, so that only a job entering or leaving those statuses writes them (never
+# a claim or a completion), and matched only by a query that writes the status as a literal:
+# the listing does, for these two statuses alone.
+Index("ix_jobs_failed_id", jobs.c.id, sqlite_where=text("status = 'failed'"),
+      postgresql_where=text("status = 'failed'"))
+Index("ix_jobs_cancelled_id", jobs.c.id, sqlite_where=text("status = 'cancelled'"),
+      postgresql_where=text("status = 'cancelled'"))
 Index("ix_jobs_worker_id_id", jobs.c.worker_id, jobs.c.id)
 
 # One row per job type whose settings were ever changed (a type without a row has the
@@ -287,6 +296,17 @@ key_activity = Table(
     Column("name", String(100), primary_key=True),
     Column("last_seen_at", Micros, nullable=False),
     Column("last_claim_at", Micros, nullable=True),
+)
+
+# Secrets the service makes for itself, by name: the dashboard's session key when
+# QUEUELOG_SECRET_KEY is not set. Stored, not made per process, so that every gunicorn process,
+# every host and every restart signs and checks sessions with the same key.
+service_secrets = Table(
+    "service_secrets",
+    metadata,
+    Column("name", String(40), primary_key=True),
+    Column("value", String(200), nullable=False),
+    Column("created_at", Micros, nullable=False),
 )
 
 def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int,

@@ -105,6 +105,17 @@ class OperationDoc:
     errors: frozenset[int]
 
 
+# The dashboard's pages (app/ui, under /ui/) are HTML for browsers signed in with a session,
+# no part of the JSON API this document and docs/API.md describe.
+NOT_API_BLUEPRINTS = frozenset({"ui"})
+
+
+def api_rules(app: Flask) -> list[Rule]:
+    """The URL rules of the JSON API: every rule but the dashboard's."""
+    return [rule for rule in app.url_map.iter_rules()
+            if rule.endpoint.partition(".")[0] not in NOT_API_BLUEPRINTS]
+
+
 def documented(summary: str, *, replies: Iterable[Reply], body: type[Schema] | None = None,
                body_required: bool = False, query: type[Schema] | None = None,
                request_headers: Iterable[str] = (), errors: Iterable[int] = ()
@@ -180,7 +191,7 @@ def build_openapi(app: Flask) -> dict[str, Any]:
     seen: set[type[Schema]] = set()
     # Several rules may share a path (GET /jobs and POST /jobs); apispec takes a path once.
     paths: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
-    for rule in sorted(app.url_map.iter_rules(), key=lambda r: (r.rule, r.endpoint)):
+    for rule in sorted(api_rules(app), key=lambda r: (r.rule, r.endpoint)):
         view = app.view_functions[rule.endpoint]
         path, parameters = _openapi_path(rule)
         doc: OperationDoc | None = getattr(view, "openapi", None)

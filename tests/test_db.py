@@ -9,16 +9,18 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import column, table, text
+from sqlalchemy import column, event, table, text
 from sqlalchemy.exc import IntegrityError
 
 from app.db import Database, make_engine
 from app.jobs.repository import (
+    JobRepository,
     _candidates_one_type,
     _candidates_one_type_by_key,
     _claim_any_type,
     _count_finished,
     _count_running,
+    _count_running_by_worker,
     _due_probe_one_type,
     _due_probe_one_type_by_key,
     _pending_summary,
@@ -174,6 +176,47 @@ def test_sqlite_type_counts_read_partial_indexes_never_the_table(sqlite_template
     assert not any(step.startswith("SCAN jobs") and "INDEX" not in step for step in plan)
 
 
+def test_sqlite_counts_by_worker_read_the_running_rows_alone(sqlite_template):
+    # GET /workers, the dashboard and explain; a GROUP BY worker_id straight on the table
+    # walked the whole (worker_id, id) index.
+    plan = _sqlite_plan(sqlite_template, _count_running_by_worker, {})
+    assert any("ix_jobs_lease_expires_at" in step or "ix_jobs_running_type_key" in step
+               for step in plan), plan
+    assert not any("ix_jobs_worker_id_id" in step for step in plan), plan
+
+
+@pytest.mark.parametrize("status", ["failed", "cancelled"])
+def test_sqlite_listing_failed_or_cancelled_jobs_reads_their_partial_index(sqlite_template,
+                                                                            status):
+    database = Database(make_engine(f"sqlite:///{sqlite_template}"))
+    statements: list[str] = []
+    with database.read() as conn:
+        event.listen(conn, "before_cursor_execute",
+                     lambda *args: statements.append((args[2], args[3])))
+        JobRepository(conn).list_jobs(after_id=0, limit=51, status=status, job_type="email")
+        statement, parameters = statements[-1]
+        plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all()
+    database.engine.dispose()
+    assert any(f"USING INDEX ix_jobs_{status}_id (id>?)" in row[-1] for row in plan), plan
+
+
+def test_sqlite_listing_running_jobs_reads_the_running_rows_alone(sqlite_template):
+    database = Database(make_engine(f"sqlite:///{sqlite_template}"))
+    statements: list[Any] = []
+    with database.read() as conn:
+        event.listen(conn, "before_cursor_execute",
+                     lambda *args: statements.append((args[2], args[3])))
+        JobRepository(conn).list_jobs(after_id=0, limit=51, status="running",
+                                      producer="shop")
+        statement, parameters = statements[-1]
+        plan = [row[-1] for row in
+                conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all()]
+    database.engine.dispose()
+    assert any("ix_jobs_lease_expires_at" in step or "ix_jobs_running_type_key" in step
+               for step in plan), plan
+    assert not any(step.startswith("SCAN jobs") and "INDEX" not in step for step in plan), plan
+
+
 def test_migrated_schema_equals_the_code_tables(empty_db_url):
     upgrade(empty_db_url)
     # `alembic check` fails when autogenerate finds any difference.
@@ -184,7 +227,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0008"
+        assert current_revision(conn) == head_revision() == "0010"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else

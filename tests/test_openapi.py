@@ -9,6 +9,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from app.openapi import api_rules
 from tests.conftest import JOB_TYPES
 
 PROBLEM_TYPE = "application/problem+json"
@@ -36,7 +37,7 @@ def _operations(document: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any
 def _route_table(app: Flask) -> set[tuple[str, str]]:
     return {
         (method, re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule))
-        for rule in app.url_map.iter_rules()
+        for rule in api_rules(app)
         for method in (rule.methods or set()) - IMPLICIT_METHODS
     }
 

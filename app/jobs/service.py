@@ -343,14 +343,17 @@ class JobService:
             return JobRepository(conn).count_running_by_worker()
 
     def list_jobs(self, caller: Caller, *, status: str | None, job_type: str | None,
-                  limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
-        """A page of the jobs the caller may see, by id, and the cursor of the next page."""
+                  limit: int, cursor: str | None,
+                  producer: str | None = None) -> tuple[list[Job], str | None]:
+        """A page of the jobs the caller may see, by id, and the cursor of the next page.
+        `producer` narrows an admin's listing to one producer's jobs (a producer sees only
+        its own whatever it asks)."""
         after_id = decode_cursor(cursor) if cursor is not None else 0
         with self.db.read() as conn:
             page = self._repo(conn, caller).list_jobs(
                 after_id=after_id,
                 limit=limit + 1,
-                producer=caller.name if caller.role is Role.PRODUCER else None,
+                producer=caller.name if caller.role is Role.PRODUCER else producer,
                 worker=caller.name if caller.role is Role.WORKER else None,
                 status=status,
                 job_type=job_type,

@@ -16,6 +16,9 @@ _select_by_digest = select(api_keys).where(api_keys.c.token_digest == bindparam(
 _select_live_by_digest = select(api_keys.c.id).where(
     api_keys.c.token_digest == bindparam("digest"), api_keys.c.revoked_at.is_(None))
 
+_select_live_by_id = select(api_keys).where(api_keys.c.id == bindparam("id"),
+                                            api_keys.c.revoked_at.is_(None))
+
 
 class KeyRepository:
     def __init__(self, conn: Connection) -> None:
@@ -27,6 +30,10 @@ class KeyRepository:
 
     def is_live(self, digest: str) -> bool:
         return self.conn.execute(_select_live_by_digest, {"digest": digest}).first() is not None
+
+    def find_live_by_id(self, key_id: int) -> ApiKey | None:
+        row = self.conn.execute(_select_live_by_id, {"id": key_id}).first()
+        return None if row is None else ApiKey(*row)
 
     def find_by_name(self, name: str) -> ApiKey | None:
         row = self.conn.execute(select(api_keys).where(api_keys.c.name == name)).first()

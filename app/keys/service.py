@@ -110,16 +110,35 @@ class KeyService:
         key = self._cache.get(digest)
         if key is not None:
             return self._caller(key, live_checked=False)
+        key = self._live_key_of(digest)
+        if key is None:
+            return None
+        self._remember(key)
+        return self._caller(key, live_checked=True)
+
+    def key_for_token(self, token: str) -> ApiKey | None:
+        """The live key this token belongs to, read from the database now (the dashboard's
+        sign-in); None when it is unknown or revoked."""
+        return self._live_key_of(token_digest(token))
+
+    def live_key(self, key_id: int) -> ApiKey | None:
+        """The key with this id if it is still live, read from the database now; None once
+        it is revoked (the dashboard asks on every page)."""
+        with self.db.read() as conn:
+            return KeyRepository(conn).find_live_by_id(key_id)
+
+    def caller_of(self, key: ApiKey) -> Caller:
+        """The caller a live key, just read from the database, acts as."""
+        return self._caller(key, live_checked=True)
+
+    def _live_key_of(self, digest: str) -> ApiKey | None:
         with self.db.read() as conn:
             key = KeyRepository(conn).find_by_digest(digest)
         # The lookup is by digest; comparing the digests again in constant time keeps the
         # answer from depending on how much of a guessed token matched.
         if key is None or not hmac.compare_digest(key.token_digest, digest):
             return None
-        if key.revoked_at is not None:
-            return None
-        self._remember(key)
-        return self._caller(key, live_checked=True)
+        return None if key.revoked_at is not None else key
 
     def confirm_live(self, conn: Connection, caller: Caller) -> None:
         """Within the caller's transaction: raise Unauthorized unless its key is still live."""

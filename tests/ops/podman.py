@@ -100,17 +100,22 @@ def _debootstrap(suite: str, tarball: Path) -> None:
         partial.replace(tarball)  # whole or absent, should another run read it
 
 
-def build_context(directory: Path) -> Path:
-    """The checkout's files (tracked, and new ones not ignored) and, in wheels/, the wheels
-    of the server, the client and their dependencies, built by this Python (as README says:
-    `pip wheel --wheel-dir wheels ./client .`). A copy, so that nothing an earlier build left
-    in the checkout (build/lib) slips into the wheels."""
+def copy_checkout(directory: Path) -> None:
+    """The checkout's files (tracked, and new ones not ignored), copied into `directory`: a
+    build from the copy sees nothing an earlier build left in the checkout (build/lib)."""
     listed = run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT).stdout
     for relative in filter(None, listed.split("\0")):
         source = ROOT / relative
         if source.is_file():
             (directory / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, directory / relative)
+
+
+def build_context(directory: Path) -> Path:
+    """A copy of the checkout (copy_checkout) and, in wheels/, the wheels of the server, the
+    client and their dependencies, built by this Python (as README says:
+    `pip wheel --wheel-dir wheels ./client .`)."""
+    copy_checkout(directory)
     run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", "wheels", "./client",
          "."], cwd=directory)
     return directory

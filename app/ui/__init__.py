@@ -1,0 +1,18 @@
+"""The dashboard (contract section 14): server-rendered pages for admins under /ui/."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from app.ui.present import register_filters
+from app.ui.security import init_security
+from app.ui.session import DashboardSessionInterface, SecretKey
+
+
+def init_ui(app: Flask) -> None:
+    app.session_interface = DashboardSessionInterface(SecretKey())
+    init_security(app)
+    register_filters(app)
+    from app.ui.routes import bp
+
+    app.register_blueprint(bp)

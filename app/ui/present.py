@@ -1,0 +1,72 @@
+"""How the dashboard shows values: times in UTC with their age, durations, JSON as text.
+Every filter returns plain text; the templates' autoescaping makes it safe to show."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import Flask, current_app
+
+from app.clock import MICROS, parse_rfc3339
+
+_UNITS = ((86_400, "d"), (3600, "h"), (60, "min"), (1, "s"))
+
+
+def utc(moment: str | None) -> str:
+    """An RFC 3339 time (as the API writes it) as `2026-11-30 14:55:12 UTC`."""
+    if not moment:
+        return "—"
+    return f"{moment[:10]} {moment[11:19]} UTC"
+
+
+def duration(seconds: float | None) -> str:
+    """A span of time in its largest unit or two: `45 s`, `3 min`, `2 h 5 min`."""
+    if seconds is None:
+        return "—"
+    whole = int(seconds)
+    if whole < 1:
+        return f"{seconds:.1f} s" if seconds > 0 else "0 s"
+    parts = []
+    for size, unit in _UNITS:
+        if whole >= size:
+            parts.append(f"{whole // size} {unit}")
+            whole %= size
+        if len(parts) == 2:
+            break
+    return " ".join(parts)
+
+
+def age(moment: str | None) -> str:
+    """How long ago (or how far ahead) an RFC 3339 time is, by the service's clock."""
+    if not moment:
+        return ""
+    now = current_app.extensions["queuelog"].clock.now_us()
+    seconds = (now - parse_rfc3339(moment)) / MICROS
+    if abs(seconds) < 1:
+        return "just now"
+    return f"{duration(seconds)} ago" if seconds > 0 else f"in {duration(-seconds)}"
+
+
+def json_text(value: Any) -> str:
+    """A JSON value as indented text (non-ASCII as it is)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+
+
+def limits(shown_type: dict[str, Any]) -> str:
+    """A type's flow control in words, as GET /types shows the type: `none`, or e.g.
+    `5 running · 2 per key · 2.5/s, burst 4`."""
+    parts = []
+    if shown_type["max_running"] is not None:
+        parts.append(f"{shown_type['max_running']} running")
+    if shown_type["max_running_per_key"] is not None:
+        parts.append(f"{shown_type['max_running_per_key']} per key")
+    if shown_type["rate_per_second"] is not None:
+        parts.append(f"{shown_type['rate_per_second']:g}/s, burst {shown_type['burst']}")
+    return " · ".join(parts) or "none"
+
+
+def register_filters(app: Flask) -> None:
+    for name, fn in (("utc", utc), ("age", age), ("duration", duration),
+                     ("json_text", json_text), ("limits", limits)):
+        app.add_template_filter(fn, name)

@@ -1,0 +1,214 @@
+"""The dashboard in a real browser: Debian's chromium, headless, driven through its
+chromedriver by selenium, against a real gunicorn server (two processes, so that a page may be
+served by another process than the sign-in was) over a real database. Each page's screenshot
+is written to docs/screenshots/ (committed; the README shows them).
+
+In CI (CI=true) these run, never skip: .ci/run installs chromium and chromium-driver.
+Elsewhere they skip only when the browser is not installed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from app.clock import Clock
+from app.db import Database, make_engine
+from app.keys.service import KeyService
+from tests.conftest import ENGINES
+from tests.servers import REPO_ROOT, LiveServer, bearer, create_api_key
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
+HOSTILE = "<script>alert('payload')</script>"
+
+_browser_missing = not (CHROMIUM.exists() and CHROMEDRIVER.exists())
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_browser_missing and os.environ.get("CI") != "true",
+                       reason="chromium and chromium-driver are not installed (apt)"),
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--window-size=1440,1000", "--lang=en-US", "--disable-gpu"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.implicitly_wait(5)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(params=ENGINES)
+def database_url(request: pytest.FixtureRequest, sqlite_template: str, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        path = tmp_path / "browser.sqlite3"
+        shutil.copyfile(sqlite_template, path)
+        return f"sqlite:///{path}"
+    url: str = request.getfixturevalue("postgres_server").create_database()
+    return url
+
+
+@pytest.fixture
+def server(database_url: str, tmp_path: Path) -> Iterator[LiveServer]:
+    live = LiveServer(database_url, log_path=tmp_path / "gunicorn.log", workers=2, threads=4)
+    with live:
+        yield live.start()
+
+
+def _revoke(database_url: str, name: str) -> None:
+    engine = make_engine(database_url, pooled=False)
+    try:
+        KeyService(Database(engine), Clock()).revoke_key(name)
+    finally:
+        engine.dispose()
+
+
+def _failed_job(server: LiveServer, producer: str, worker: str) -> int:
+    enqueued = requests.post(server.url_of("/jobs"), headers=bearer(producer), timeout=10,
+                             json={"type": "email", "max_retries": 0,
+                                   "payload": {"to": "ada@example.com", "note": HOSTILE}})
+    job_id: int = enqueued.json()["id"]
+    claimed = requests.post(server.url_of("/jobs/claim"), headers=bearer(worker),
+                            timeout=10).json()
+    failed = requests.post(server.url_of(f"/jobs/{job_id}/fail"), headers=bearer(worker),
+                           timeout=10, json={"error": "SMTP 550: mailbox unavailable",
+                                             "lease_token": claimed["lease_token"]})
+    assert failed.json()["status"] == "failed"
+    return job_id
+
+
+def _sign_in(browser: Any, server: LiveServer, token: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(server.url_of("/ui/sign-in"))
+    browser.find_element(By.ID, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "form.sign-in button[type=submit]").click()
+
+
+def _click_button(browser: Any, label: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.find_element(By.XPATH, f"//button[normalize-space()='{label}']").click()
+
+
+def _shot(browser: Any, name: str, engine: str) -> None:
+    # One set of screenshots, from the SQLite run (the pages look the same on both).
+    if engine == "sqlite":
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        height = browser.execute_script("return document.documentElement.scrollHeight")
+        browser.set_window_size(1440, max(700, min(int(height) + 40, 2400)))
+        assert browser.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+        browser.set_window_size(1440, 1000)
+
+
+def test_an_operator_signs_in_retries_a_failed_job_steers_the_types_and_signs_out(
+        browser: Any, server: LiveServer, database_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "mailer", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    job_id = _failed_job(server, producer, worker)
+    requests.post(server.url_of("/jobs"), headers=bearer(producer), timeout=10,
+                  json={"type": "pdf", "payload": {"invoice": 1042}})
+
+    # Without a session every page leads to the sign-in page.
+    browser.delete_all_cookies()
+    browser.get(server.url_of("/ui/jobs"))
+    assert browser.current_url == server.url_of("/ui/sign-in")
+    _shot(browser, "sign-in", engine)
+
+    # A producer's token is refused, saying why.
+    _sign_in(browser, server, producer)
+    assert "A producer key may not use the dashboard" in browser.find_element(
+        By.CSS_SELECTOR, "p.error").text
+    assert browser.current_url == server.url_of("/ui/sign-in")
+
+    # The admin signs in and sees the failed job counted on the overview.
+    _sign_in(browser, server, admin)
+    assert browser.current_url == server.url_of("/ui/")
+    failed_link = browser.find_element(
+        By.CSS_SELECTOR, "a[href='/ui/jobs?type=email&status=failed']")
+    assert failed_link.text == "1"
+    assert "mailer" in browser.find_element(By.TAG_NAME, "main").text
+    _shot(browser, "overview", engine)
+
+    failed_link.click()
+    rows = browser.find_elements(By.CSS_SELECTOR, "table tbody tr")
+    assert len(rows) == 1 and "SMTP 550" in rows[0].text
+    _shot(browser, "jobs", engine)
+
+    # The job's page: its attempts with their errors, the payload shown as text.
+    browser.find_element(By.LINK_TEXT, str(job_id)).click()
+    assert browser.current_url == server.url_of(f"/ui/jobs/{job_id}")
+    attempts = browser.find_element(By.ID, "attempts").text
+    assert "mailer" in attempts and "failed" in attempts and "SMTP 550" in attempts
+    assert HOSTILE in browser.find_element(By.CSS_SELECTOR, "section pre").text
+    _shot(browser, "job", engine)
+
+    _click_button(browser, "Retry")
+    assert "Sent back to pending." in browser.find_element(By.CSS_SELECTOR, ".messages").text
+    shown = requests.get(server.url_of(f"/jobs/{job_id}"), headers=bearer(admin), timeout=10)
+    assert shown.json()["status"] == "pending"
+
+    # Pause and resume a type.
+    browser.find_element(By.LINK_TEXT, "Types").click()
+    email_row = "//th[normalize-space()='email']/.."
+    browser.find_element(By.XPATH, f"{email_row}//button[normalize-space()='Pause']").click()
+    assert "email: paused." in browser.find_element(By.CSS_SELECTOR, ".messages").text
+    assert "paused" in browser.find_element(By.XPATH, email_row).text
+    assert requests.get(server.url_of("/types/email"), headers=bearer(admin),
+                        timeout=10).json()["paused"] is True
+    pdf_row = "//th[normalize-space()='pdf']/.."
+    for field, value in (("max_running", "3"), ("rate_per_second", "2.5")):
+        browser.find_element(By.XPATH, f"{pdf_row}//input[@name='{field}']").send_keys(value)
+    browser.find_element(By.XPATH, f"{pdf_row}//button[normalize-space()='Save limits']").click()
+    pdf = requests.get(server.url_of("/types/pdf"), headers=bearer(admin), timeout=10).json()
+    assert (pdf["max_running"], pdf["rate_per_second"], pdf["burst"]) == (3, 2.5, 3)
+    _shot(browser, "types", engine)
+    browser.find_element(By.XPATH, f"{email_row}//button[normalize-space()='Resume']").click()
+    assert requests.get(server.url_of("/types/email"), headers=bearer(admin),
+                        timeout=10).json()["paused"] is False
+
+    # A post carrying the session cookie but no CSRF token is refused.
+    cookies = {c["name"]: c["value"] for c in browser.get_cookies()}
+    forged = requests.post(server.url_of("/ui/types/email/pause"), cookies=cookies, data={},
+                           timeout=10, allow_redirects=False)
+    assert forged.status_code == 400 and "CSRF" in forged.text
+    assert requests.get(server.url_of("/types/email"), headers=bearer(admin),
+                        timeout=10).json()["paused"] is False
+
+    _click_button(browser, "Sign out")
+    assert browser.current_url == server.url_of("/ui/sign-in")
+    browser.get(server.url_of("/ui/"))
+    assert browser.current_url == server.url_of("/ui/sign-in")
+
+
+def test_a_revoked_admin_keys_session_ends_at_its_next_page(
+        browser: Any, server: LiveServer, database_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    admin = create_api_key(database_url, "night-shift", "admin")
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+    assert browser.current_url == server.url_of("/ui/")
+    _revoke(database_url, "night-shift")
+    browser.find_element(By.LINK_TEXT, "Jobs").click()
+    assert browser.current_url == server.url_of("/ui/sign-in")
