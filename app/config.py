@@ -102,6 +102,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("DB_POOL_SIZE", 5, _int_in(1, 200), "connections kept per process"),
     Setting("DB_POOL_TIMEOUT_SECONDS", 10, _int_in(1, 600),
             "how long a request waits for a pooled connection"),
+    Setting("DISPATCH", False, _flag,
+            "run the push dispatcher (`queuelog dispatch`) beside gunicorn: the gunicorn "
+            "master starts it, stops it with itself and restarts it if it dies"),
+    Setting("DISPATCH_CONCURRENCY", 16, _int_in(1, 256),
+            "deliveries the dispatcher makes at once (its --concurrency default)"),
+    Setting("DISPATCH_GRACE_SECONDS", 20.0, _float_in(0, 900),
+            "on SIGTERM, how long deliveries in flight may take to finish before they are "
+            "released (retried at once by the next claim)"),
 )
 
 
