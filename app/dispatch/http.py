@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 import urllib3
-from urllib3.exceptions import HTTPError, ProtocolError, TimeoutError
+from urllib3.exceptions import HTTPError, NewConnectionError, ProtocolError, TimeoutError
 from urllib3.util import parse_url
 
 # Connecting is quick or it is not happening: at most this long (within the timeout).
@@ -84,6 +84,10 @@ class PushClient:
             response = self.pool.request("POST", endpoint.url, body=body, headers=headers,
                                          timeout=timeout, preload_content=False,
                                          redirect=False, retries=False)
+        except NewConnectionError as exc:
+            # Before TimeoutError: urllib3 makes a refused connection a ConnectTimeoutError
+            # too, for compatibility.
+            raise DeliveryFailed(f"connection failed: {_reason(exc)}") from None
         except TimeoutError:
             raise DeliveryFailed(f"timed out after {timeout_seconds:g} s waiting for the "
                                  "receiver to answer", timed_out=True) from None
