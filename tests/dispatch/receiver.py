@@ -35,6 +35,13 @@ class Reply:
 Answer = Callable[[Received], Reply]
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    # The standard library's backlog of 5 resets connections when a dispatcher opens its
+    # 16 at once; a production server's is far larger.
+    request_queue_size = 256
+
+
 class Receiver:
     def __init__(self, secret: str = "", answer: Answer | None = None,
                  record: bool = True) -> None:
@@ -58,8 +65,7 @@ class Receiver:
             def log_message(self, *_args: Any) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property

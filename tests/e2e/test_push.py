@@ -174,7 +174,9 @@ def test_a_thousand_jobs_end_as_the_receivers_pattern_says(setup):
 
 def test_a_dispatcher_killed_mid_run_loses_nothing(setup):
     with Receiver(answer=lambda r: Reply(200, delay=0.05)) as receiver:
-        setup.make_push(receiver.url, timeout_seconds=1)
+        # A timeout well above the receiver's answer, so that no delivery times out (and is
+        # sent again) on a loaded machine: only the kill makes duplicates.
+        setup.make_push(receiver.url, timeout_seconds=5)
         ids = setup.enqueue(300)
         first = setup.dispatcher(concurrency=16)
         setup.wait_until(lambda: len(receiver.received) >= 60, "deliveries under way")
@@ -182,7 +184,7 @@ def test_a_dispatcher_killed_mid_run_loses_nothing(setup):
         in_flight = {job_id for job_id, status in setup.statuses().items()
                      if status == "running"}
         setup.dispatcher(concurrency=16)
-        # Those in flight at the kill come back when their leases (1 s + 30 s) run out.
+        # Those in flight at the kill come back when their leases (5 s + 30 s) run out.
         setup.wait_until(setup.all_finished, "every job to finish", timeout=100)
 
     statuses = setup.statuses()
