@@ -48,7 +48,7 @@ class Supervisor:
             with self._lock:
                 if self.stopping.is_set():
                     return
-                self.process = subprocess.Popen(  # noqa: S603 (our own interpreter)
+                self.process = subprocess.Popen(
                     [sys.executable, "-m", "app.dispatch", "--only-if-enabled"])
             self.log.info("queuelog dispatch started (pid %s)", self.process.pid)
             status = self.process.wait()

@@ -22,6 +22,7 @@ SCRIPTS = {
     "peers": ("== Peers:", "dequeue + ack jobs/s"),
     "memory": ("== Memory: one gunicorn worker", "peak (VmHWM) after"),
     "flow": ("== Flow control: limited claims and GET /types", "limits configured, not reached"),
+    "push": ("== Push delivery: the dispatcher vs a plain HTTP loop", "dispatch / plain"),
 }
 
 

@@ -37,8 +37,9 @@ def test_the_readme_receiver_takes_signed_deliveries_and_refuses_others(
     producer = live_server.client(live_server.create_key("shop", "producer"))
     port = free_port()
     url = f"http://127.0.0.1:{port}/jobs/email"
-    patched = requests.patch(f"{live_server.url}/types/email", json={"push": {"url": url}},
-                             headers={"Authorization": f"Bearer {live_server.admin_token}"}, timeout=10)
+    patched = requests.patch(
+        f"{live_server.url}/types/email", json={"push": {"url": url}}, timeout=10,
+        headers={"Authorization": f"Bearer {live_server.admin_token}"})
     secret = patched.json()["push"]["secret"]
 
     receiver = GunicornServer(

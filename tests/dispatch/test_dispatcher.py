@@ -17,7 +17,7 @@ from app.clock import Clock
 from app.dispatch.dispatcher import DISPATCHER_NAME, Dispatcher
 from app.dispatch.metrics import DispatchMetrics
 from tests.conftest import Api, Key
-from tests.dispatch.receiver import Receiver, Received, Reply
+from tests.dispatch.receiver import Received, Receiver, Reply
 from tests.servers import free_port
 
 

@@ -18,7 +18,7 @@ import pytest
 import requests
 from sqlalchemy import create_engine, text
 
-from tests.dispatch.receiver import Receiver, Received, Reply
+from tests.dispatch.receiver import Received, Receiver, Reply
 from tests.e2e.conftest import StartServer
 from tests.servers import REPO_ROOT, LiveServer, bearer, create_api_key, server_environment
 
@@ -210,7 +210,7 @@ def test_max_running_and_the_rate_of_a_push_type_hold(setup):
     pdf = sorted(r.at for r in receiver.received if r.body["type"] == "pdf")
     email = [r for r in receiver.received if r.body["type"] == "email"]
     assert len(pdf) == 40 and len(email) == 60
-    # Over the run, at most burst + rate × T claims: 40 at 10/s take at least 3.9 s (a
+    # Over the run, at most burst + rate * T claims: 40 at 10/s take at least 3.9 s (a
     # little less as seen at the receiver, where each arrives a moment after its claim).
     assert pdf[-1] - pdf[0] >= 3.5
     assert max_overlap([(r.at, r.at + 0.1) for r in email]) <= 3

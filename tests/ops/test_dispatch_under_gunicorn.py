@@ -14,8 +14,14 @@ import requests
 
 from tests.conftest import JOB_TYPES
 from tests.dispatch.receiver import Receiver, Reply
-from tests.servers import REPO_ROOT, GunicornServer, bearer, create_api_key, gunicorn_argv
-from tests.servers import server_environment
+from tests.servers import (
+    REPO_ROOT,
+    GunicornServer,
+    bearer,
+    create_api_key,
+    gunicorn_argv,
+    server_environment,
+)
 
 pytestmark = pytest.mark.slow
 
