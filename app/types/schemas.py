@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from marshmallow import Schema, ValidationError, fields, validate
+from marshmallow import Schema, fields, validate
 
 from app.clock import to_rfc3339
 from app.jobs.schemas import StrictInteger, StrictNumber, StrictSchema
@@ -16,8 +16,8 @@ from app.types.models import (
     MAX_PUSH_URL_CHARS,
     MAX_RATE,
     MIN_RATE,
+    PUSH_URL_PATTERN,
     TypeSettings,
-    push_url_problem,
 )
 from app.types.service import TypeView
 
@@ -31,18 +31,16 @@ class StrictBoolean(fields.Boolean):
         return value
 
 
-def _push_url(value: str) -> None:
-    problem = push_url_problem(value)
-    if problem is not None:
-        raise ValidationError(problem)
-
-
 class PushSchema(StrictSchema):
     """A push type's endpoint (contract section 12)."""
 
-    url = fields.String(required=True, validate=_push_url, metadata={
-        "description": "http or https; credentials (user:pass@) are sent as Basic auth and "
-                       "never shown.", "maxLength": MAX_PUSH_URL_CHARS})
+    url = fields.String(required=True, validate=[
+        validate.Length(max=MAX_PUSH_URL_CHARS),
+        validate.Regexp(PUSH_URL_PATTERN, error="An http or https URL: a host name or IPv4 "
+                        "address, an optional port 1-65535, then printable ASCII and no "
+                        "fragment (percent-encode the rest).")],
+        metadata={"description": "http or https; credentials (user:pass@) are sent as Basic "
+                                 "auth and never shown."})
     timeout_seconds = StrictInteger(
         load_default=DEFAULT_PUSH_TIMEOUT_SECONDS,
         validate=validate.Range(1, MAX_PUSH_TIMEOUT_SECONDS),
