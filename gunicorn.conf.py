@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from queuelog_gunicorn import multiprocess
+from queuelog_gunicorn import dispatch, multiprocess
 
 
 def _env_int(name: str, default: int) -> int:
@@ -130,12 +130,22 @@ def worker_exit(server: Any, worker: Any) -> None:
         ticker.stop()
 
 
+def when_ready(server: Any) -> None:
+    # QUEUELOG_DISPATCH=1: the push dispatcher runs as this master's child (see
+    # queuelog_gunicorn/dispatch.py for why here and how it stops).
+    dispatch.start(server)
+
+
 def child_exit(server: Any, worker: Any) -> None:
+    dispatch.shutting_down(server)
     try:
-        multiprocess.worker_exited(worker.pid, set(server.WORKERS) | {os.getpid()})
+        # The dispatcher's metrics files are live too: never folded while it runs.
+        multiprocess.worker_exited(worker.pid, set(server.WORKERS) | {os.getpid()}
+                                   | dispatch.live_pid())
     except Exception:  # the master must outlive a damaged metrics file
         server.log.exception("could not fold worker %s's metrics files", worker.pid)
 
 
 def on_exit(server: Any) -> None:
+    dispatch.stop()
     multiprocess.remove_directory()

@@ -1,5 +1,6 @@
 """The operator's commands: `queuelog db …`, `queuelog keys …`, `queuelog types …`,
-`queuelog schedules …`, `queuelog purge`, `queuelog copy`, `queuelog backup`, and the worker runner
+`queuelog schedules …`, `queuelog purge`, `queuelog copy`, `queuelog backup`,
+`queuelog dispatch` (push delivery), and the worker runner
 `queuelog worker …` (from the client package).
 
 `queuelog` is a Flask CLI group over the app factory, so `flask --app app …` works the same.
@@ -339,6 +340,38 @@ def worker(args: tuple[str, ...]) -> None:
     raise SystemExit(worker_main(list(args), prog="queuelog worker"))
 
 
+@click.command("dispatch")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=None,
+              help="deliveries at once (default: QUEUELOG_DISPATCH_CONCURRENCY, 16)")
+@click.option("--metrics-port", type=click.IntRange(1, 65_535), default=None,
+              help="serve this process's metrics on 127.0.0.1:PORT (when not run by the "
+                   "container's gunicorn, whose /metrics shows them)")
+@click.option("--only-if-enabled", is_flag=True, hidden=True,
+              help="exit at once unless QUEUELOG_DISPATCH is on (the gunicorn hook)")
+@with_appcontext
+def dispatch(concurrency: int | None, metrics_port: int | None, only_if_enabled: bool) -> None:
+    """Deliver the jobs of push types to their endpoints, until SIGTERM (then exit 0)."""
+    import logging
+
+    from app.dispatch.dispatcher import Dispatcher
+    from app.dispatch.metrics import DispatchMetrics
+
+    config = current_app.config
+    if only_if_enabled and not config["DISPATCH"]:
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    metrics = DispatchMetrics.from_environment()
+    if metrics_port is not None:
+        metrics.serve(metrics_port, "127.0.0.1")
+    services = _services()
+    dispatcher = Dispatcher(services.jobs, services.types,
+                            concurrency=concurrency or config["DISPATCH_CONCURRENCY"],
+                            grace_seconds=config["DISPATCH_GRACE_SECONDS"], metrics=metrics,
+                            clock=services.clock)
+    dispatcher.install_signal_handlers()
+    dispatcher.run()
+
+
 def register_commands(app: Flask) -> None:
     app.cli.add_command(db_group)
     app.cli.add_command(keys_group)
@@ -347,6 +380,7 @@ def register_commands(app: Flask) -> None:
     app.cli.add_command(purge)
     app.cli.add_command(copy)
     app.cli.add_command(backup)
+    app.cli.add_command(dispatch)
     app.cli.add_command(worker)
 
 

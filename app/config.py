@@ -122,6 +122,14 @@ SETTINGS: tuple[Setting, ...] = (
     # Flask's own SECRET_KEY: the dashboard's sessions and CSRF tokens are signed with it.
     Setting("SECRET_KEY", None, _secret_key,
             "the dashboard's session key; unset: one generated once and kept in the database"),
+    Setting("DISPATCH", False, _flag,
+            "run the push dispatcher (`queuelog dispatch`) beside gunicorn: the gunicorn "
+            "master starts it, stops it with itself and restarts it if it dies"),
+    Setting("DISPATCH_CONCURRENCY", 16, _int_in(1, 256),
+            "deliveries the dispatcher makes at once (its --concurrency default)"),
+    Setting("DISPATCH_GRACE_SECONDS", 20.0, _float_in(0, 900),
+            "on SIGTERM, how long deliveries in flight may take to finish before they are "
+            "released (retried at once by the next claim)"),
 )
 
 

@@ -216,6 +216,12 @@ job_types = Table(
     Column("tokens_at", Micros, nullable=True),
     Column("last_claim_at", Micros, nullable=True),
     Column("updated_at", Micros, nullable=False),
+    # Push delivery (migration 0009): a push type while push_url is set. The url is stored
+    # as the admin gave it, credentials included, and shown only redacted; the secret (the
+    # HMAC key of every delivery's signature) is shown once, when it is made.
+    Column("push_url", Text, nullable=True),
+    Column("push_timeout_seconds", Integer, nullable=True),
+    Column("push_secret", String(64), nullable=True),
 )
 
 # No AUTOINCREMENT here: a key's row is never deleted (revocation keeps it, so that its name

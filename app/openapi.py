@@ -208,6 +208,7 @@ def build_openapi(app: Flask) -> dict[str, Any]:
     document = spec.to_dict()
     _add_schema_extras(document, seen)
     _portable_patterns(document)
+    _strict_nullable_nested(document)
     _add_configured_job_types(document, app.config.get("JOB_TYPES") or ())
     return document
 
@@ -343,6 +344,21 @@ def _portable_patterns(node: Any) -> None:
     elif isinstance(node, list):
         for value in node:
             _portable_patterns(value)
+
+
+def _strict_nullable_nested(node: Any) -> None:
+    """apispec writes a nullable Nested field as `anyOf: [{$ref}, {type: object, nullable}]`,
+    whose second branch admits any object at all: `{}` would pass for a push setting that
+    needs a url. The second branch is made to admit null alone."""
+    if isinstance(node, dict):
+        for option in node.get("anyOf", ()):
+            if option == {"type": "object", "nullable": True}:
+                option["enum"] = [None]
+        for value in node.values():
+            _strict_nullable_nested(value)
+    elif isinstance(node, list):
+        for value in node:
+            _strict_nullable_nested(value)
 
 
 def _add_configured_job_types(document: dict[str, Any], job_types: Iterable[str]) -> None:

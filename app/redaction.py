@@ -57,3 +57,10 @@ def redact_error(text: str) -> str:
     text = _PLAIN_PAIR.sub(lambda m: f"{m['key']}{MASK}", text)
     text = _BEARER.sub(f"Bearer {MASK}", text)
     return text[:MAX_STORED_ERROR_CHARS]
+
+
+def redact_url(url: str) -> str:
+    """The url as it may be shown or logged: credentials (user:pass@) masked, and secret
+    query parameters (token=…, password=…) too."""
+    url = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{MASK}@", url)
+    return _PLAIN_PAIR.sub(lambda m: f"{m['key']}{MASK}", url)

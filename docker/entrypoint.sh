@@ -5,6 +5,10 @@
 #
 # Without QUEUELOG_DATABASE_URL the SQLite file goes in QUEUELOG_DATA_DIR (the volume).
 # Arguments are passed on to gunicorn (e.g. --workers 2).
+#
+# QUEUELOG_DISPATCH=1 runs the push dispatcher too: not from here (a process started beside
+# an exec'd gunicorn would never get the stop signal, which goes to PID 1 alone) but as the
+# gunicorn master's child (gunicorn.conf.py, queuelog_gunicorn/dispatch.py), which stops it.
 set -eu
 
 if [ -z "${QUEUELOG_DATABASE_URL:-}" ]; then

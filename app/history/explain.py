@@ -8,7 +8,9 @@ otherwise due it reads the type's settings and the running counts through the re
 in the service's read transaction, and applies the rules a claim applies (the token bucket's
 arithmetic is TypeSettings'): every limit that holds the job back now, paused first. They
 rank after `scheduled` (a job not yet due has none) and before `jobs_ahead`, and a job held
-back by any of them is not `claimable_now`.
+back by any of them is not `claimable_now`. `flow_reasons` adds `push_type` last for a job
+of a push type: it says who takes the job (the dispatcher, not a worker), holds nothing
+back, and stands in for the worker reasons, which do not concern such a job.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from sqlalchemy import Connection
 from app.clock import MICROS, to_rfc3339
 from app.jobs.models import TERMINAL_STATUSES, Job, JobStatus
 from app.jobs.repository import JobRepository
+from app.redaction import redact_url
 from app.types.repository import TypeRepository
 
 # A type no live worker has claimed for this long is reported as without a worker.
 IDLE_WORKER_US = 5 * 60 * MICROS
 
 Reason = dict[str, Any]
+PUSH_TYPE = "push_type"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,11 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
             f"token comes at {to_rfc3339(next_token_at)}.",
             type=job.type, rate_per_second=settings.rate_per_second,
             next_token_at=to_rfc3339(next_token_at)))
+    if settings.is_push:
+        reasons.append(_reason(
+            PUSH_TYPE, f"Type {job.type} is a push type: the dispatcher (queuelog dispatch) "
+            f"delivers its jobs to {redact_url(settings.push_url or '')}; workers never "
+            "claim them.", type=job.type))
     return reasons
 
 
@@ -127,13 +136,17 @@ def explain(job: Job, now_us: int, *, ahead: int | None, ahead_of_type: int | No
         reasons.append(_reason("scheduled", f"It is not claimable before {to_rfc3339(job.run_at)}.",
                                until=to_rfc3339(job.run_at)))
     reasons += flow
+    # push_type says who takes the job, not what holds it back.
+    pushed = any(reason["code"] == PUSH_TYPE for reason in flow)
+    held = [reason for reason in flow if reason["code"] != PUSH_TYPE]
     if due and ahead:
         reasons.append(_reason(
             "jobs_ahead", f"{ahead} claimable job(s) come before it in claim order "
             f"({ahead_of_type or 0} of type {job.type}).", count=ahead,
             of_its_type=ahead_of_type or 0))
-    reasons += _worker_reasons(job, now_us, workers)
-    return Explanation(job.id, job.status, due and not flow, reasons)
+    if not pushed:
+        reasons += _worker_reasons(job, now_us, workers)
+    return Explanation(job.id, job.status, due and not held, reasons)
 
 
 def _worker_reasons(job: Job, now_us: int, workers: Sequence[WorkerFacts]) -> list[Reason]:

@@ -88,6 +88,15 @@ class HistoryRecorder:
                           "actor": actor, "detail": None} for job in jobs
                          if repo.count_events(job.id, EventName.DEDUPLICATED) < MAX_REFUSALS_KEPT])
 
+    def delivered(self, conn: Connection, job: Job, status: int, *, actor: str,
+                  now_us: int) -> None:
+        """Record that a push delivery of `job` was answered with HTTP `status` (before the
+        completed, retry_scheduled or failed event its outcome makes)."""
+        if self.events:
+            HistoryRepository(conn).add_events([{
+                "job_id": job.id, "at": now_us, "event": EventName.DELIVERED.value,
+                "actor": actor, "detail": _detail(status_code=status)}])
+
     def report_refused(self, conn: Connection, job_id: int, *, worker: str, report: str,
                        reason: str, now_us: int) -> None:
         """Record a heartbeat, complete or fail refused with 409 (in a transaction of its own:

@@ -375,9 +375,10 @@ class JobService:
 
     def claim(self, caller: Caller, *, types: Iterable[str] | None = None,
               lease_seconds: int | None = None, limit: int = 1,
-              wait_seconds: float = 0) -> list[Claimed]:
+              wait_seconds: float = 0, push: bool = False) -> list[Claimed]:
         """Claim up to `limit` jobs for the caller, most urgent first; [] when none is due
-        within `wait_seconds`.
+        within `wait_seconds`. A worker's claim takes pulled types alone; the dispatcher's
+        (`push`) push types alone (ClaimGate decides), under the same flow control.
 
         Expired leases are rescued in the same transaction first, so a job whose worker died
         is claimable again by this very claim. While waiting no connection is held.
@@ -391,18 +392,19 @@ class JobService:
         if wanted is not None and not wanted:
             return []
         seen = self.signal.generation
-        claimed = self._claim_now(caller, wanted, lease_seconds, limit)
+        claimed = self._claim_now(caller, wanted, lease_seconds, limit, push)
         if claimed or wait_seconds <= 0:
             return claimed
         with self._claim_waits.slot() as granted:
             deadline = time.monotonic() + wait_seconds
-            while granted and not claimed and self._wait_for_work(wanted, seen, deadline):
+            while (granted and not claimed
+                   and self._wait_for_work(wanted, seen, deadline, push)):
                 seen = self.signal.generation
-                claimed = self._claim_now(caller, wanted, lease_seconds, limit)
+                claimed = self._claim_now(caller, wanted, lease_seconds, limit, push)
         return claimed
 
     def _claim_now(self, caller: Caller, wanted: frozenset[str] | None,
-                   lease_seconds: int | None, limit: int) -> list[Claimed]:
+                   lease_seconds: int | None, limit: int, push: bool) -> list[Claimed]:
         lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
         nonce = secrets.token_hex(16)
         # Each attempt is a moment of its own: a key revoked since the request began (while
@@ -417,10 +419,12 @@ class JobService:
             now = self.clock.now_us()
             self._rescue_expired_leases(repo, now, events)
             # None: no limit concerns this claim, which then runs as without flow control.
-            gate = None if flow is None else flow.gate(conn, wanted, now)
+            gate = None if flow is None else flow.gate(conn, wanted, now, push=push)
             types, claim_gate = wanted, None
             if flow is not None and gate is not None and gate.restricts(limit):
                 types, claim_gate = flow.allowed_types(gate, wanted), gate
+            elif push and gate is None:
+                return []  # no flow control to tell push types apart: never guess
             jobs = repo.claim_next_jobs(
                 now_us=now, worker=caller.name, lease_expires_at=now + lease_us,
                 nonce=nonce, limit=limit, types=types, gate=claim_gate,
@@ -437,22 +441,23 @@ class JobService:
         return [Claimed(job, job.lease_token or "") for job in jobs]
 
     def _wait_for_work(self, wanted: frozenset[str] | None, seen_generation: int,
-                       deadline: float) -> bool:
+                       deadline: float, push: bool = False) -> bool:
         """Sleep until a job may be claimable (True) or the deadline passes (False)."""
         while (remaining := deadline - time.monotonic()) > 0:
             if self.signal.wait(seen_generation, timeout=min(POLL_SECONDS, remaining)):
                 return True
             with self.db.read() as conn:
-                if self._may_claim_now(conn, wanted):
+                if self._may_claim_now(conn, wanted, push):
                     return True
         return False
 
-    def _may_claim_now(self, conn: Connection, wanted: frozenset[str] | None) -> bool:
+    def _may_claim_now(self, conn: Connection, wanted: frozenset[str] | None,
+                       push: bool = False) -> bool:
         """The waiting claim's peek: is there work this claim could take now, flow control
         included (a paused or full type's backlog must not wake it again and again)?"""
         now = self.clock.now_us()
         gate = None if self.flow is None else self.flow.gate(conn, wanted, now,
-                                                              for_claim=False)
+                                                              for_claim=False, push=push)
         types = wanted
         if gate is not None and self.flow is not None:
             types = self.flow.allowed_types(gate, wanted)
@@ -499,12 +504,15 @@ class JobService:
         return self._report("heartbeat", caller, job_id, heartbeat_in)
 
     def complete(self, caller: Caller, job_id: int, *, lease_token: str | None,
-                 result: dict[str, Any] | None) -> Job:
+                 result: dict[str, Any] | None, delivered: int | None = None) -> Job:
         """running → completed, by the worker holding the job. A repeat of a complete that
-        landed (same lease token, same result) answers the job as that one left it."""
+        landed (same lease token, same result) answers the job as that one left it.
+        `delivered`: the HTTP status of the push delivery this completes (the dispatcher),
+        recorded as a delivered event in the same transaction."""
         stored_result = self._stored_result(result)
         return self._report("complete", caller, job_id, lambda conn, events: self._complete_in(
-            self._repo(conn, caller), events, caller, job_id, lease_token, stored_result))
+            self._repo(conn, caller), events, caller, job_id, lease_token, stored_result,
+            delivered))
 
     def complete_many(self, caller: Caller,
                       items: list[dict[str, Any]]) -> list[tuple[int, Job | Problem]]:
@@ -536,7 +544,8 @@ class JobService:
         return sized_json(result, "result", self.settings.max_payload_bytes)
 
     def _complete_in(self, repo: JobRepository, events: Events, caller: Caller, job_id: int,
-                     lease_token: str | None, stored_result: str | None) -> Job:
+                     lease_token: str | None, stored_result: str | None,
+                     delivered: int | None = None) -> Job:
         now = self.clock.now_us()
         job = repo.apply_transition(
             Transition.COMPLETE, job_id,
@@ -544,6 +553,9 @@ class JobService:
             worker=caller.name, now_us=now, lease_token=lease_token)
         self.history.seen(repo.conn, caller.name, now, claimed=False)
         if job is not None:
+            if delivered is not None:
+                self.history.delivered(repo.conn, job, delivered, actor=caller.name,
+                                       now_us=now)
             self._made(repo, Transition.COMPLETE, [job], events, actor=caller.name, now_us=now)
             return job
         current = repo.get_job(job_id)
@@ -553,10 +565,10 @@ class JobService:
         return self._refuse_report(current, caller, now, lease_token)
 
     def fail(self, caller: Caller, job_id: int, *, lease_token: str | None, error: str,
-             retry_in_seconds: int | None) -> Job:
+             retry_in_seconds: int | None, delivered: int | None = None) -> Job:
         """Record a failed attempt: pending again after a backoff, or failed when none are
         left. A repeat of a fail that landed (same lease token, error and retry_in_seconds)
-        answers the job as that one left it."""
+        answers the job as that one left it. `delivered`: as for complete."""
         # PostgreSQL text cannot hold NUL; an error message is diagnostics, so it is kept with
         # each NUL shown as U+FFFD rather than refused, on every engine alike.
         error = redact_error(error).replace("\x00", "\ufffd")
@@ -581,6 +593,8 @@ class JobService:
             if failed is None:  # another transaction changed it first (PostgreSQL only)
                 raise ReportRefused("The job changed while this request ran; its lease is "
                                     "gone.", job_id=job_id, worker=caller.name)
+            if delivered is not None:
+                self.history.delivered(conn, failed, delivered, actor=caller.name, now_us=now)
             self._made(repo, Transition.FAIL, [failed], events, actor=caller.name, now_us=now)
             self.history.seen(conn, caller.name, now, claimed=False)
             return failed

@@ -50,6 +50,9 @@ class Caller:
     allowed_types: frozenset[str] | None
     token_digest: str = ""
     live_checked: bool = False
+    # The service's own caller (the push dispatcher): no key stands behind it, and its
+    # name (with a ':', which no key name has) cannot be taken by one.
+    internal: bool = False
 
     @property
     def is_admin(self) -> bool:

@@ -141,8 +141,9 @@ class KeyService:
         return None if key.revoked_at is not None else key
 
     def confirm_live(self, conn: Connection, caller: Caller) -> None:
-        """Within the caller's transaction: raise Unauthorized unless its key is still live."""
-        if not caller.live_checked:
+        """Within the caller's transaction: raise Unauthorized unless its key is still live.
+        The service's own caller has no key and is always live."""
+        if not caller.live_checked and not caller.internal:
             if not KeyRepository(conn).is_live(caller.token_digest):
                 self._forget(caller.token_digest)
                 raise Unauthorized("The API key is unknown or revoked.")

@@ -9,6 +9,7 @@ how many jobs of each limited type it may start, and which concurrency keys are 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,6 +19,11 @@ from app.clock import MICROS
 MAX_LIMIT = 100_000
 MIN_RATE = 0.001
 MAX_RATE = 100_000.0
+DEFAULT_PUSH_TIMEOUT_SECONDS = 30
+MAX_PUSH_TIMEOUT_SECONDS = 900
+MAX_PUSH_URL_CHARS = 2000
+# A delivery's lease outlasts its timeout by this much: time to record the outcome.
+PUSH_LEASE_MARGIN_SECONDS = 30
 # A hair of slack: a bucket refilled to 0.9999999 by float arithmetic holds a whole token.
 TOKEN_SLACK = 1e-9
 
@@ -41,6 +47,9 @@ class TypeSettings:
     tokens_at: int | None = None
     last_claim_at: int | None = None
     updated_at: int | None = None
+    push_url: str | None = None  # set: a push type, delivered by the dispatcher
+    push_timeout_seconds: int | None = None
+    push_secret: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> TypeSettings:
@@ -61,8 +70,14 @@ class TypeSettings:
                 or self.rate_per_second is not None)
 
     @property
+    def is_push(self) -> bool:
+        return self.push_url is not None
+
+    @property
     def is_limited(self) -> bool:
-        return self.paused or self.counts_running
+        """A claim must look at this type's row: it is paused, limited, or pushed (which
+        only the dispatcher's claims take)."""
+        return self.paused or self.counts_running or self.is_push
 
     def tokens_available(self, now_us: int) -> float:
         """The bucket refilled up to now (rate set); a full bucket when it was never spent.
@@ -111,6 +126,26 @@ class TypeSettings:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
+_PORT = (r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}"
+         r"|[1-9][0-9]{0,3})")
+# A push endpoint: http or https; optional user:pass@ (sent as Basic auth); a host name or
+# IPv4 address; an optional port 1..65535; then path and query in printable ASCII, no
+# fragment (it is never sent). Percent-encode anything else. Strict on purpose: the pattern
+# is also the API's documented one, so what it admits is exactly what is accepted.
+PUSH_URL_PATTERN = (
+    r"^[Hh][Tt][Tt][Pp][Ss]?://"
+    r"(?:[A-Za-z0-9._~%!$&'()*+,;=:-]+@)?"
+    r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?"
+    rf"(?::{_PORT})?"
+    r"(?:[/?][!$-~]*)?\Z"
+)
+
+
+def new_push_secret() -> str:
+    """A signing secret: 256 bits, as text (its UTF-8 bytes are the HMAC key)."""
+    return "qlsec_" + secrets.token_urlsafe(32)
+
+
 def defaults(job_type: str) -> TypeSettings:
     return TypeSettings(type=job_type)
 
@@ -122,6 +157,9 @@ class SkipReason:
     MAX_RUNNING = "max_running"
     RATE = "rate"
     KEY_MAX_RUNNING = "max_running_per_key"
+    # Not a limit: a push type is left to the dispatcher, and a worker's claim passing it
+    # over is not counted as a skip.
+    PUSH = "push"
 
 
 # (type, concurrency_key or None) -> jobs running
@@ -146,10 +184,18 @@ class ClaimGate:
     # (a claim that read the clock, then waited for the row's lock, must not be credited
     # again with time its predecessor was already credited with).
     bucket_at: Mapping[str, int] = field(default_factory=dict)
+    # The dispatcher's claim: only these types (the push types) may be taken. None: a
+    # worker's claim, which never takes a push type (they are in `blocked`).
+    only: frozenset[str] | None = None
 
     @classmethod
     def for_claim(cls, settings: Iterable[TypeSettings], running: RunningCounts,
-                  now_us: int) -> ClaimGate:
+                  now_us: int, *, push: bool = False) -> ClaimGate:
+        """The gate of a worker's claim, or of the dispatcher's (`push`): each takes only
+        its own kind of type, under the same limits. This is the one place that decides
+        who claims a push type."""
+        settings = list(settings)
+        pushed = frozenset(s.type for s in settings if s.is_push)
         blocked: dict[str, str] = {}
         budgets: dict[str, int] = {}
         key_caps: dict[str, int] = {}
@@ -157,6 +203,10 @@ class ClaimGate:
         tokens_now: dict[str, float] = {}
         bucket_at: dict[str, int] = {}
         for s in settings:
+            if s.is_push != push:
+                if s.is_push:
+                    blocked[s.type] = SkipReason.PUSH
+                continue
             if s.paused:
                 blocked[s.type] = SkipReason.PAUSED
                 continue
@@ -181,7 +231,15 @@ class ClaimGate:
                 key_caps[s.type] = s.max_running_per_key
                 key_running[s.type] = {key: n for (t, key), n in running.items()
                                        if t == s.type and key is not None}
-        return cls(blocked, budgets, key_caps, key_running, tokens_now, bucket_at)
+        return cls(blocked, budgets, key_caps, key_running, tokens_now, bucket_at,
+                   only=pushed if push else None)
+
+    def allowed(self, wanted: frozenset[str]) -> frozenset[str]:
+        """Of the `wanted` types, those this claim may read: not blocked, and push types
+        alone for the dispatcher's claim."""
+        if self.only is not None:
+            wanted = wanted & self.only
+        return wanted - frozenset(self.blocked)
 
     def full_keys(self, job_type: str) -> list[str]:
         """The concurrency keys of `job_type` at their cap now."""
@@ -195,8 +253,9 @@ class ClaimGate:
         limit: nothing blocked, every budget at least `limit`, and no key at its cap (nor,
         for a claim of several, any key cap, since one claim may meet a key twice). The
         claim then runs as it would without flow control, which keeps limits that are not
-        reached cheap."""
-        if self.blocked or any(budget < limit for budget in self.budgets.values()):
+        reached cheap. The dispatcher's claim is always restricted: to the push types."""
+        if (self.only is not None or self.blocked
+                or any(budget < limit for budget in self.budgets.values())):
             return True
         if limit > 1:
             return bool(self.key_caps)

@@ -17,15 +17,18 @@ _counts_running = or_(
     job_types.c.max_running_per_key.is_not(None),
     job_types.c.rate_per_second.is_not(None),
 )
-_select_limited = select(job_types).where(or_(job_types.c.paused.is_(True), _counts_running))
+_paused_or_pushed = or_(job_types.c.paused.is_(True), job_types.c.push_url.is_not(None))
+_select_limited = select(job_types).where(or_(_paused_or_pushed, _counts_running))
+_select_pushed = select(job_types).where(job_types.c.push_url.is_not(None)).order_by(
+    job_types.c.type)
 
 
 @functools.cache
 def _lock_limited(of_some_types: bool) -> Any:
     """One round trip for a PostgreSQL claim: the rows with a cap or a rate locked FOR UPDATE
-    in type order (so that claims never deadlock), and the rows only paused, read."""
+    in type order (so that claims never deadlock), and the rows only paused or pushed, read."""
     locked = select(job_types).where(_counts_running)
-    paused_only = select(job_types).where(job_types.c.paused.is_(True), ~_counts_running)
+    paused_only = select(job_types).where(_paused_or_pushed, ~_counts_running)
     if of_some_types:
         of_types = job_types.c.type.in_(bindparam("types", expanding=True))
         locked, paused_only = locked.where(of_types), paused_only.where(of_types)
@@ -58,9 +61,13 @@ class TypeRepository:
         self.conn = conn
 
     def limited_settings(self) -> list[TypeSettings]:
-        """The rows of every type that is paused or has a cap or a rate: the few a claim
-        must look at (a table of one row per configured type at most)."""
+        """The rows of every type that is paused, pushed or has a cap or a rate: the few a
+        claim must look at (a table of one row per configured type at most)."""
         return [TypeSettings.from_row(row._mapping) for row in self.conn.execute(_select_limited)]
+
+    def pushed_settings(self) -> list[TypeSettings]:
+        """The rows of the push types, by type."""
+        return [TypeSettings.from_row(row._mapping) for row in self.conn.execute(_select_pushed)]
 
     def lock_limited_settings(self, types: Collection[str] | None) -> list[TypeSettings]:
         """The limited rows (of these types; None: of every type), those with a cap or a rate

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from marshmallow import Schema, ValidationError, fields, validate
+from marshmallow import Schema, fields, validate
 
 from app.clock import to_rfc3339
 from app.jobs.schemas import StrictInteger, StrictNumber, StrictSchema
-from app.types.models import MAX_LIMIT, MAX_RATE, MIN_RATE
+from app.redaction import redact_url
+from app.types.models import (
+    DEFAULT_PUSH_TIMEOUT_SECONDS,
+    MAX_LIMIT,
+    MAX_PUSH_TIMEOUT_SECONDS,
+    MAX_PUSH_URL_CHARS,
+    MAX_RATE,
+    MIN_RATE,
+    PUSH_URL_PATTERN,
+    TypeSettings,
+)
 from app.types.service import TypeView
 
 
@@ -21,9 +31,22 @@ class StrictBoolean(fields.Boolean):
         return value
 
 
-def _no_push_yet(value: Any) -> None:
-    raise ValidationError("Push delivery is not available in this version; only null is "
-                          "accepted.")
+class PushSchema(StrictSchema):
+    """A push type's endpoint (contract section 12)."""
+
+    url = fields.String(required=True, validate=[
+        validate.Length(max=MAX_PUSH_URL_CHARS),
+        validate.Regexp(PUSH_URL_PATTERN, error="An http or https URL: a host name or IPv4 "
+                        "address, an optional port 1-65535, then printable ASCII and no "
+                        "fragment (percent-encode the rest).")],
+        metadata={"description": "http or https; credentials (user:pass@) are sent as Basic "
+                                 "auth and never shown."})
+    timeout_seconds = StrictInteger(
+        load_default=DEFAULT_PUSH_TIMEOUT_SECONDS,
+        validate=validate.Range(1, MAX_PUSH_TIMEOUT_SECONDS),
+        metadata={"description": "A delivery's time limit; its lease is this plus 30 s."})
+    rotate_secret = StrictBoolean(load_default=False, metadata={
+        "description": "Make a new signing secret (shown once, in this answer)."})
 
 
 def _limit(description: str) -> StrictInteger:
@@ -47,11 +70,9 @@ class TypePatchSchema(StrictSchema):
     burst = StrictInteger(allow_none=True, validate=validate.Range(1, MAX_LIMIT),
                           metadata={"description": "Tokens the bucket holds at most; null: "
                                                    "ceil(rate_per_second), at least 1."})
-    # Documented as null alone, so that generated clients (and schemathesis) send only what
-    # this version accepts.
-    push = fields.Raw(allow_none=True, validate=_no_push_yet,
-                      metadata={"enum": [None], "description": "Push delivery is not available "
-                                                               "yet: only null."})
+    push = fields.Nested(PushSchema, allow_none=True, metadata={
+        "description": "Deliver the type's jobs to this endpoint (a push type); null: "
+                       "workers claim them again."})
 
 
 class TypeCountsSchema(Schema):
@@ -64,6 +85,14 @@ class TypeCountsSchema(Schema):
     cancelled = fields.Integer(required=True)
 
 
+class PushShownSchema(Schema):
+    url = fields.String(required=True, metadata={"description": "Credentials masked."})
+    timeout_seconds = fields.Integer(required=True)
+    secret = fields.String(metadata={
+        "description": "Only in the answer of the PATCH that made it (push set for the "
+                       "first time, or rotate_secret)."})
+
+
 class TypeSchema(Schema):
     """A job type as GET /types shows it. Documents what `represent_type` builds."""
 
@@ -73,7 +102,7 @@ class TypeSchema(Schema):
     max_running_per_key = fields.Integer(required=True, allow_none=True)
     rate_per_second = fields.Float(required=True, allow_none=True)
     burst = fields.Integer(required=True)
-    push = fields.Dict(required=True, allow_none=True)
+    push = fields.Nested(PushShownSchema, required=True, allow_none=True)
     counts = fields.Nested(TypeCountsSchema, required=True, metadata={
         "description": "completed, failed and cancelled may be a few seconds old."})
     oldest_claimable_age_seconds = fields.Float(required=True, allow_none=True)
@@ -94,9 +123,19 @@ def represent_type(view: TypeView) -> dict[str, Any]:
         "max_running_per_key": s.max_running_per_key,
         "rate_per_second": s.rate_per_second,
         "burst": s.effective_burst,
-        "push": None,
+        "push": _push_shown(s, view.new_secret),
         "counts": {"pending": c.pending, "scheduled": c.scheduled, "running": c.running,
                    "completed": c.completed, "failed": c.failed, "cancelled": c.cancelled},
         "oldest_claimable_age_seconds": view.oldest_claimable_age_seconds,
         "last_claim_at": to_rfc3339(s.last_claim_at),
     }
+
+
+def _push_shown(settings: TypeSettings, new_secret: str | None) -> dict[str, Any] | None:
+    if settings.push_url is None:
+        return None
+    shown: dict[str, Any] = {"url": redact_url(settings.push_url),
+                             "timeout_seconds": settings.push_timeout_seconds}
+    if new_secret is not None:
+        shown["secret"] = new_secret
+    return shown

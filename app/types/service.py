@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection
@@ -16,7 +16,7 @@ from app.db import Database
 from app.errors import NotFound
 from app.jobs.models import Job, JobStatus
 from app.jobs.repository import JobRepository
-from app.types.models import ClaimGate, SkipReason, TypeSettings, defaults
+from app.types.models import ClaimGate, SkipReason, TypeSettings, defaults, new_push_secret
 from app.types.repository import TypeRepository
 
 # Told of each claim that passed over due work of a type (or of a key) held back by its
@@ -46,9 +46,10 @@ class FlowControl:
         self._noted_lock = threading.Lock()
 
     def gate(self, conn: Connection, wanted: frozenset[str] | None, now_us: int, *,
-             for_claim: bool = True) -> ClaimGate | None:
+             for_claim: bool = True, push: bool = False) -> ClaimGate | None:
         """The gate of a claim of `wanted` types (None: any), or None when no limit concerns
-        it, which leaves the claim exactly as it is without flow control.
+        it, which leaves the claim exactly as it is without flow control. The dispatcher's
+        claim (`push`) always has one: it takes push types alone.
 
         For a claim (not a waiting claim's peek) on PostgreSQL, the rows of the types with a
         cap or a rate are locked as they are read, in type order: claims of such a type take
@@ -62,12 +63,15 @@ class FlowControl:
         else:
             relevant = [s for s in types.limited_settings()
                         if wanted is None or s.type in wanted]
-        if not relevant:
+        if push:
+            relevant = [s for s in relevant if s.is_push]
+        if not relevant and not push:
             return None
         jobs = JobRepository(conn)
         capped = any(s.max_running is not None or s.max_running_per_key is not None
                      for s in relevant)
-        gate = ClaimGate.for_claim(relevant, jobs.count_running() if capped else {}, now_us)
+        gate = ClaimGate.for_claim(relevant, jobs.count_running() if capped else {}, now_us,
+                                   push=push)
         if for_claim:
             self._count_skips(jobs, gate, now_us)
         return gate
@@ -75,7 +79,7 @@ class FlowControl:
     def allowed_types(self, gate: ClaimGate, wanted: frozenset[str] | None) -> frozenset[str]:
         """The types a gated claim reads: the wanted ones (any configured type when None)
         but the blocked."""
-        return (self.job_types if wanted is None else wanted) - frozenset(gate.blocked)
+        return gate.allowed(self.job_types if wanted is None else wanted)
 
     def spend(self, conn: Connection, gate: ClaimGate, claimed: list[Job]) -> None:
         """Take the claimed jobs' tokens from their types' buckets, in the claim's
@@ -99,12 +103,24 @@ class FlowControl:
         # Only a limit that held back due work counts: a paused type with nothing pending
         # skips nothing.
         for job_type, reason in sorted(gate.blocked.items()):
-            if jobs.has_due_work_of(job_type, now_us):
+            if reason != SkipReason.PUSH and jobs.has_due_work_of(job_type, now_us):
                 self.on_skip(job_type, reason)
         for job_type in sorted(gate.key_caps):
             full = gate.full_keys(job_type)
             if full and jobs.has_due_work_of(job_type, now_us, full):
                 self.on_skip(job_type, SkipReason.KEY_MAX_RUNNING)
+
+
+def push_columns(current: TypeSettings, push: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The push columns a PATCH's `push` sets. null forgets the url and the secret; a push
+    object keeps the type's secret unless it has none yet or asks for a new one."""
+    if push is None:
+        return {"push_url": None, "push_timeout_seconds": None, "push_secret": None}
+    secret = current.push_secret
+    if secret is None or push.get("rotate_secret", False):
+        secret = new_push_secret()
+    return {"push_url": push["url"], "push_timeout_seconds": push["timeout_seconds"],
+            "push_secret": secret}
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,9 @@ class TypeView:
     settings: TypeSettings
     counts: TypeCounts
     oldest_claimable_age_seconds: float | None
+    # The push signing secret this very change made (push set for the first time, or
+    # rotated): shown once, in the PATCH's answer; None otherwise.
+    new_secret: str | None = None
 
 
 class FinishedCounts:
@@ -192,20 +211,30 @@ class TypeService:
     def update_type(self, job_type: str, patch: Mapping[str, Any]) -> TypeView:
         """Apply a PATCH's fields to the type's settings; from the next claim on."""
         self._known(job_type)
-        # Push delivery (a later section) is not built yet: its schema admits only null,
-        # which is what every type has.
         settings_patch = {name: value for name, value in patch.items() if name != "push"}
 
-        def change(conn: Connection) -> None:
+        def change(conn: Connection) -> str | None:
             repo = TypeRepository(conn)
             now = self.clock.now_us()
             repo.ensure_row(TypeSettings(type=job_type, updated_at=now))
             # FOR UPDATE on PostgreSQL: the bucket is changed by claims too.
             current = repo.lock_settings([job_type])[0]
-            repo.save(current.changed(now, settings_patch))
+            values, secret = dict(settings_patch), None
+            if "push" in patch:
+                values, secret = values | push_columns(current, patch["push"]), None
+                if values["push_secret"] != current.push_secret:
+                    secret = values["push_secret"]
+            repo.save(current.changed(now, values))
+            return secret
 
-        self.db.run_write(change)
-        return self.get_type(job_type)
+        secret = self.db.run_write(change)
+        return replace(self.get_type(job_type), new_secret=secret)
+
+    def push_targets(self) -> dict[str, TypeSettings]:
+        """The push types' settings, by type (what the dispatcher delivers to)."""
+        with self.db.read() as conn:
+            return {s.type: s for s in TypeRepository(conn).pushed_settings()
+                    if s.type in self.job_types}
 
     def _known(self, job_type: str) -> None:
         if job_type not in self.job_types:

@@ -4,6 +4,7 @@
 
 `Client` enqueues, reads, claims and reports jobs over HTTP; `Worker` runs a handler on
 claimed jobs (also `queuelog worker …` or `python -m queuelog_client worker …`).
+`verify_signature` checks a push delivery's Queuelog-Signature header in a receiver.
 """
 
 from queuelog_client.client import Client
@@ -22,6 +23,7 @@ from queuelog_client.errors import (
     ValidationFailed,
     WaitTimeout,
 )
+from queuelog_client.signature import SignatureError, verify_signature
 from queuelog_client.worker import RetryLater, Worker, load_handler
 
 __all__ = [
@@ -37,9 +39,11 @@ __all__ = [
     "ServerError",
     "ServerUnreachable",
     "ServiceUnavailable",
+    "SignatureError",
     "Unauthorized",
     "ValidationFailed",
     "WaitTimeout",
     "Worker",
     "load_handler",
+    "verify_signature",
 ]

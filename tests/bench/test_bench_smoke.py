@@ -23,6 +23,7 @@ SCRIPTS = {
     "memory": ("== Memory: one gunicorn worker", "peak (VmHWM) after"),
     "flow": ("== Flow control: limited claims and GET /types", "limits configured, not reached"),
     "dashboard": ("== Dashboard: page times", "jobs, no filter"),
+    "push": ("== Push delivery: the dispatcher vs a plain HTTP loop", "dispatch / plain"),
 }
 
 

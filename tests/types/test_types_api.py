@@ -73,7 +73,9 @@ def test_patch_changes_only_the_fields_it_names_and_null_clears_a_limit(client, 
     ({"burst": 0}, "burst"),
     ({"paused": 1}, "paused"),
     ({"paused": "yes"}, "paused"),
-    ({"push": {"url": "https://svc.internal/jobs"}}, "push"),
+    ({"push": {"url": "ftp://svc.internal/jobs"}}, "push.url"),
+    ({"push": {"url": "https://svc.internal/jobs", "timeout_seconds": 901}},
+     "push.timeout_seconds"),
     ({"colour": "blue"}, "colour"),
 ])
 def test_patch_refuses_out_of_range_and_unknown_fields_naming_them(client, admin, body, field):

@@ -1,0 +1,275 @@
+"""`queuelog dispatch`: claims jobs of push types and POSTs each to its type's endpoint.
+
+The main thread claims, through JobService.claim like any worker (the same transaction, flow
+control and lease rescue), as many jobs as delivery threads are free; `concurrency` daemon
+threads deliver them and report each outcome through JobService.complete/fail, as a worker
+would, under the claim's lease token. A job's lease is its type's timeout plus
+PUSH_LEASE_MARGIN_SECONDS, so types are claimed in groups of one timeout.
+
+Stopping (SIGTERM, SIGINT): no further claim; deliveries in flight get `grace_seconds` to
+finish; any still unanswered then is released (a failed attempt, retried at once, as a
+lease expiry would make it: the receiver may have acted on it) and the process exits 0.
+A dispatcher killed outright loses nothing either: its leases expire and the next claim
+takes the jobs back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import signal
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from types import FrameType
+
+from app.clock import MICROS, Clock
+from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
+from app.dispatch.metrics import DispatchMetrics
+from app.dispatch.outcome import Kind, Outcome, outcome_of
+from app.errors import Conflict, NotFound, ValidationFailed
+from app.jobs.models import Priority
+from app.jobs.schemas import represent
+from app.jobs.service import Claimed, JobService
+from app.keys.models import Caller, Role
+from app.redaction import redact_error, redact_url
+from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings
+from app.types.service import TypeService
+from queuelog_client.signature import SIGNATURE_HEADER, signature_header
+
+log = logging.getLogger(__name__)
+
+# The worker name of every push claim: a key name never holds ':', so no worker key can
+# report on (complete, fail) a job the dispatcher holds.
+DISPATCHER_NAME = "queuelog:dispatch"
+# Idle: wait this long before claiming again, doubling up to the maximum while nothing comes.
+IDLE_WAIT_SECONDS = (0.02, 0.5)
+# Push settings are read again at most this often (a change applies within it).
+TARGETS_MAX_AGE_SECONDS = 1.0
+RELEASED_ERROR = ("released: the dispatcher stopped before the receiver answered (it may "
+                  "have received the delivery)")
+
+
+def dispatcher_caller() -> Caller:
+    return Caller(name=DISPATCHER_NAME, role=Role.WORKER, max_priority=Priority.LOW,
+                  allowed_types=None, internal=True)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    claimed: Claimed
+    target: TypeSettings
+
+
+def delivery_body(claimed: Claimed) -> bytes:
+    """The job as its producer sees it (no error, no lease token), with its attempt number,
+    as compact UTF-8 JSON."""
+    job = claimed.job
+    shown = represent(job, show_error=False)
+    shown["attempt"] = job.retry_count + 1
+    return json.dumps(shown, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+class Dispatcher:
+    def __init__(self, jobs: JobService, types: TypeService, *, concurrency: int,
+                 grace_seconds: float, metrics: DispatchMetrics, clock: Clock,
+                 client: PushClient | None = None) -> None:
+        self.jobs = jobs
+        self.types = types
+        self.concurrency = concurrency
+        self.grace_seconds = grace_seconds
+        self.metrics = metrics
+        self.clock = clock
+        self.client = client or PushClient(max_connections_per_host=concurrency)
+        self.caller = dispatcher_caller()
+        self.max_body_bytes = jobs.settings.max_payload_bytes
+        self._stopping = threading.Event()
+        self._work: queue.Queue[Delivery] = queue.Queue()
+        self._lock = threading.Condition()
+        self._in_flight: dict[int, Delivery] = {}  # by job id: claimed, not yet reported
+        self._released: set[int] = set()
+        self._targets: dict[str, TypeSettings] = {}
+        self._targets_read_at = -TARGETS_MAX_AGE_SECONDS
+        self._rotation = 0
+
+    # -- running --------------------------------------------------------------------------
+
+    def stop(self, *_args: object) -> None:
+        """Stop claiming; run() then finishes or releases what is in flight and returns."""
+        self._stopping.set()
+        with self._lock:
+            self._lock.notify_all()
+
+    def install_signal_handlers(self) -> None:
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            log.info("dispatch: %s: stopping", signal.Signals(signum).name)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    def run(self) -> None:
+        """Deliver until stop() (a signal); returns once nothing is in flight."""
+        for number in range(self.concurrency):
+            threading.Thread(target=self._deliver_forever, name=f"queuelog-push-{number}",
+                             daemon=True).start()
+        log.info("dispatch: started, %d delivery threads", self.concurrency)
+        idle = IDLE_WAIT_SECONDS[0]
+        try:
+            while not self._stopping.is_set():
+                free = self._wait_for_free_thread()
+                if free <= 0:
+                    continue
+                if self._claim_some(free):
+                    idle = IDLE_WAIT_SECONDS[0]
+                else:
+                    self._stopping.wait(idle)
+                    idle = min(idle * 2, IDLE_WAIT_SECONDS[1])
+        finally:
+            self._finish_in_flight()
+            self.metrics.close()
+        log.info("dispatch: stopped")
+
+    def _wait_for_free_thread(self) -> int:
+        with self._lock:
+            self._lock.wait_for(lambda: len(self._in_flight) < self.concurrency
+                                or self._stopping.is_set(), timeout=1.0)
+            return self.concurrency - len(self._in_flight)
+
+    def _claim_some(self, free: int) -> bool:
+        """Claim up to `free` jobs of the push types, a group of one timeout at a time (the
+        groups taken in turn, so one busy group cannot starve another); True if any."""
+        try:
+            targets = self._push_targets()
+            groups: dict[int, list[str]] = defaultdict(list)
+            for target in targets.values():
+                groups[target.push_timeout_seconds or 0].append(target.type)
+            order = sorted(groups)
+            if not order:
+                return False
+            self._rotation = (self._rotation + 1) % len(order)
+            claimed_any = False
+            for timeout in order[self._rotation:] + order[:self._rotation]:
+                if free <= 0 or self._stopping.is_set():
+                    break
+                claimed = self.jobs.claim(self.caller, types=groups[timeout],
+                                          lease_seconds=timeout + PUSH_LEASE_MARGIN_SECONDS,
+                                          limit=free, push=True)
+                for one in claimed:
+                    # Claimed of these types alone: each has its target.
+                    self._hand_out(Delivery(one, targets[one.job.type]))
+                    free -= 1
+                    claimed_any = True
+            return claimed_any
+        except Exception:
+            # The database may be away for a moment: the dispatcher outlives it, like a
+            # worker whose claims answer 503, and claims again after the idle wait.
+            log.exception("dispatch: a claim failed; trying again")
+            return False
+
+    def _push_targets(self) -> dict[str, TypeSettings]:
+        if time.monotonic() - self._targets_read_at >= TARGETS_MAX_AGE_SECONDS:
+            self._targets = self.types.push_targets()
+            self._targets_read_at = time.monotonic()
+        return self._targets
+
+    def _hand_out(self, delivery: Delivery) -> None:
+        with self._lock:
+            self._in_flight[delivery.claimed.job.id] = delivery
+        self._work.put(delivery)
+
+    # -- delivering -----------------------------------------------------------------------
+
+    def _deliver_forever(self) -> None:
+        while True:
+            delivery = self._work.get()
+            try:
+                self._deliver(delivery)
+            except Exception:
+                log.exception("dispatch: delivering job %d failed",
+                              delivery.claimed.job.id)
+            finally:
+                with self._lock:
+                    self._in_flight.pop(delivery.claimed.job.id, None)
+                    self._lock.notify_all()
+
+    def _deliver(self, delivery: Delivery) -> None:
+        job, target = delivery.claimed.job, delivery.target
+        body = delivery_body(delivery.claimed)
+        timestamp = self.clock.now_us() // MICROS
+        headers = {
+            "Content-Type": "application/json",
+            "Queuelog-Job-Id": str(job.id),
+            "Queuelog-Attempt": str(job.retry_count + 1),
+            SIGNATURE_HEADER: signature_header(target.push_secret or "", timestamp, body),
+        }
+        endpoint = Endpoint.parse(target.push_url or "")
+        self.metrics.started()
+        started = time.monotonic()
+        try:
+            answer = self.client.post(endpoint, body, headers,
+                                      float(target.push_timeout_seconds or 1),
+                                      self.max_body_bytes)
+            outcome = outcome_of(answer, self.clock.now_us() / MICROS)
+        except DeliveryFailed as failed:
+            kind = Kind.TIMEOUT if failed.timed_out else Kind.CONNECTION_ERROR
+            outcome = Outcome(kind, error=f"{failed} ({redact_url(target.push_url or '')})")
+        self._report(delivery, outcome, time.monotonic() - started)
+
+    def _report(self, delivery: Delivery, outcome: Outcome, seconds: float) -> None:
+        claimed = delivery.claimed
+        job_id = claimed.job.id
+        with self._lock:
+            if job_id in self._released:
+                return  # released at shutdown: the job is no longer ours to report on
+        self.metrics.finished(claimed.job.type, outcome.kind, seconds)
+        try:
+            if outcome.completed:
+                self._complete(claimed, outcome)
+            else:
+                self.jobs.fail(self.caller, job_id, lease_token=claimed.lease_token,
+                               error=outcome.error or outcome.kind.value,
+                               retry_in_seconds=outcome.retry_in_seconds,
+                               delivered=outcome.status)
+        except (Conflict, NotFound) as refused:
+            # The lease ran out first (the job was taken back) or an admin changed the job:
+            # its new owner has the word.
+            log.warning("dispatch: the outcome of job %d was refused: %s", job_id,
+                        refused.detail)
+        if outcome.kind is not Kind.COMPLETED:
+            log.info("dispatch: job %d (%s) attempt %d: %s", job_id, claimed.job.type,
+                     claimed.job.retry_count + 1, redact_error(outcome.error or "")[:300])
+
+    def _complete(self, claimed: Claimed, outcome: Outcome) -> None:
+        try:
+            self.jobs.complete(self.caller, claimed.job.id, lease_token=claimed.lease_token,
+                               result=outcome.result, delivered=outcome.status)
+        except ValidationFailed:
+            # The body was a JSON object past the payload limit: completed, without it.
+            self.jobs.complete(self.caller, claimed.job.id, lease_token=claimed.lease_token,
+                               result=None, delivered=outcome.status)
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def _finish_in_flight(self) -> None:
+        deadline = time.monotonic() + self.grace_seconds
+        with self._lock:
+            self._lock.wait_for(lambda: not self._in_flight,
+                                timeout=max(0.0, deadline - time.monotonic()))
+            left = list(self._in_flight.values())
+            self._released.update(d.claimed.job.id for d in left)
+        # Queued, never sent, and sent without an answer alike: released.
+        for delivery in left:
+            claimed = delivery.claimed
+            try:
+                self.jobs.fail(self.caller, claimed.job.id, lease_token=claimed.lease_token,
+                               error=RELEASED_ERROR, retry_in_seconds=0)
+                self.metrics.count(claimed.job.type, Kind.RELEASED)
+            except Exception:
+                log.exception("dispatch: could not release job %d; its lease will expire",
+                              claimed.job.id)
+        if left:
+            log.warning("dispatch: released %d delivery(ies) still in flight", len(left))
+
