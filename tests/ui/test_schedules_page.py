@@ -89,7 +89,7 @@ def test_pause_resume_and_delete_change_the_schedule(
 
 
 def test_a_refused_change_is_a_message_not_a_server_error(signed_in: FlaskClient) -> None:
-    for name in ("gone", "no%20such", "%3Cb%3Ebold%3C%5Cb%3E", "x" * 150):
+    for name in ("gone", "no%20such", "nul%00", "%3Cb%3Ebold%3C%5Cb%3E", "x" * 150):
         for verb in ("pause", "resume", "delete"):
             answer = post_form(signed_in, "/ui/schedules", f"/ui/schedules/{name}/{verb}")
             assert answer.status_code == 302, (name, verb)
