@@ -20,6 +20,7 @@ from app.history.schemas import (
 from app.jobs.models import Job
 from app.jobs.schemas import represent
 from app.keys.models import Caller, Role
+from app.schedules.schemas import represent_schedule
 from app.types.schemas import represent_type
 from app.ui import session as ui_session
 from app.ui.forms import FormInvalid, job_filters, limits_patch
@@ -29,8 +30,9 @@ bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static")
 
 # The navigation, in order: (endpoint, label). A section is one entry here, its route and
-# its template (schedules join when they are on main).
-SECTIONS = (("ui.overview", "Overview"), ("ui.jobs", "Jobs"), ("ui.types", "Types"))
+# its template.
+SECTIONS = (("ui.overview", "Overview"), ("ui.jobs", "Jobs"), ("ui.types", "Types"),
+            ("ui.schedules", "Schedules"))
 JOBS_PER_PAGE = 50
 _OPEN = frozenset({"ui.sign_in", "ui.static"})
 
@@ -113,6 +115,7 @@ def overview() -> tuple[str, int]:
     services = _services()
     return _page("overview.html",
                  types=[represent_type(view) for view in services.types.list_types()],
+                 schedules=_schedules_shown(),
                  workers=[represent_worker(worker) for worker in services.history.workers()])
 
 
@@ -204,3 +207,33 @@ def _act(action: Any, done: str, then: str) -> Response:
     else:
         flash(done, "ok")
     return redirect(then)
+
+
+@bp.get("/schedules")
+def schedules() -> tuple[str, int]:
+    return _page("schedules.html", schedules=_schedules_shown())
+
+
+def _schedules_shown() -> list[dict[str, Any]]:
+    return [represent_schedule(s) for s in _services().schedules.list_schedules()]
+
+
+@bp.post("/schedules/<name>/pause")
+def pause_schedule(name: str) -> Response:
+    return _change_schedule(name, {"paused": True}, f"{name}: paused.")
+
+
+@bp.post("/schedules/<name>/resume")
+def resume_schedule(name: str) -> Response:
+    return _change_schedule(name, {"paused": False}, f"{name}: resumed.")
+
+
+@bp.post("/schedules/<name>/delete")
+def delete_schedule(name: str) -> Response:
+    return _act(lambda: _services().schedules.delete_schedule(name),
+                f"{name}: deleted (the jobs it enqueued stay).", url_for("ui.schedules"))
+
+
+def _change_schedule(name: str, patch: dict[str, Any], done: str) -> Response:
+    return _act(lambda: _services().schedules.update_schedule(name, patch), done,
+                url_for("ui.schedules"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,9 @@ def database_url(request: pytest.FixtureRequest, sqlite_template: str, tmp_path:
 
 @pytest.fixture
 def server(database_url: str, tmp_path: Path) -> Iterator[LiveServer]:
-    live = LiveServer(database_url, log_path=tmp_path / "gunicorn.log", workers=2, threads=4)
+    # Six-field (seconds) cron expressions, so that a schedule has fired within the test.
+    live = LiveServer(database_url, log_path=tmp_path / "gunicorn.log", workers=2, threads=4,
+                      settings={"SCHEDULE_SECONDS": "true"})
     with live:
         yield live.start()
 
@@ -93,6 +96,34 @@ def _failed_job(server: LiveServer, producer: str, worker: str) -> int:
     return job_id
 
 
+def _fired_schedules(server: LiveServer, admin: str) -> int:
+    """Two schedules: `nightly-report`, which has fired once (its last job is that job's id,
+    returned), and `hourly-sync`, paused, which never has."""
+    created = requests.post(server.url_of("/schedules"), headers=bearer(admin), timeout=10,
+                            json={"name": "nightly-report", "cron": "* * * * * *",
+                                  "job": {"type": "pdf", "payload": {"report": "daily"}}})
+    assert created.status_code == 201, created.text
+    url = server.url_of("/schedules/nightly-report")
+    deadline = time.monotonic() + 30
+    while (last_job := requests.get(url, headers=bearer(admin),
+                                    timeout=10).json()["last_job_id"]) is None:
+        assert time.monotonic() < deadline, "the schedule never fired"
+        time.sleep(0.2)
+    # From now on a nightly schedule (the PATCH keeps its last run and job).
+    changed = requests.patch(url, headers=bearer(admin), timeout=10,
+                             json={"cron": "0 3 * * *", "timezone": "Europe/Berlin"})
+    assert changed.json()["last_job_id"] == last_job
+    requests.post(server.url_of("/schedules"), headers=bearer(admin), timeout=10,
+                  json={"name": "hourly-sync", "cron": "@hourly", "paused": True,
+                        "job": {"type": "sync", "payload": {"source": "crm"}}})
+    job_id: int = last_job
+    return job_id
+
+
+def _schedule(server: LiveServer, admin: str, name: str) -> Any:
+    return requests.get(server.url_of(f"/schedules/{name}"), headers=bearer(admin), timeout=10)
+
+
 def _sign_in(browser: Any, server: LiveServer, token: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -117,7 +148,7 @@ def _shot(browser: Any, name: str, engine: str) -> None:
         browser.set_window_size(1440, 1000)
 
 
-def test_an_operator_signs_in_retries_a_failed_job_steers_the_types_and_signs_out(
+def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_and_signs_out(
         browser: Any, server: LiveServer, database_url: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -128,6 +159,7 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_the_types_and_signs_ou
     job_id = _failed_job(server, producer, worker)
     requests.post(server.url_of("/jobs"), headers=bearer(producer), timeout=10,
                   json={"type": "pdf", "payload": {"invoice": 1042}})
+    scheduled_job = _fired_schedules(server, admin)
 
     # Without a session every page leads to the sign-in page.
     browser.delete_all_cookies()
@@ -148,6 +180,13 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_the_types_and_signs_ou
         By.CSS_SELECTOR, "a[href='/ui/jobs?type=email&status=failed']")
     assert failed_link.text == "1"
     assert "mailer" in browser.find_element(By.TAG_NAME, "main").text
+    # Schedules with their next and last run; the last job a link to its page.
+    nightly = browser.find_element(By.XPATH, "//th[normalize-space()='nightly-report']/..").text
+    assert "0 3 * * *" in nightly and "Europe/Berlin" in nightly and "pdf" in nightly
+    assert " ago)" in nightly and "(in " in nightly
+    assert browser.find_element(By.CSS_SELECTOR, f"#schedules a[href='/ui/jobs/{scheduled_job}']")
+    assert "paused" in browser.find_element(
+        By.XPATH, "//th[normalize-space()='hourly-sync']/..").text
     _shot(browser, "overview", engine)
 
     failed_link.click()
@@ -187,6 +226,22 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_the_types_and_signs_ou
     assert requests.get(server.url_of("/types/email"), headers=bearer(admin),
                         timeout=10).json()["paused"] is False
 
+    # Pause and resume a schedule, delete another.
+    browser.find_element(By.LINK_TEXT, "Schedules").click()
+    assert browser.current_url == server.url_of("/ui/schedules")
+    nightly_row = "//th[normalize-space()='nightly-report']/.."
+    browser.find_element(By.XPATH, f"{nightly_row}//button[normalize-space()='Pause']").click()
+    assert "nightly-report: paused." in browser.find_element(By.CSS_SELECTOR, ".messages").text
+    assert _schedule(server, admin, "nightly-report").json()["paused"] is True
+    browser.find_element(By.XPATH, f"{nightly_row}//button[normalize-space()='Resume']").click()
+    assert "nightly-report: resumed." in browser.find_element(By.CSS_SELECTOR, ".messages").text
+    assert _schedule(server, admin, "nightly-report").json()["paused"] is False
+    _shot(browser, "schedules", engine)
+    sync_row = "//th[normalize-space()='hourly-sync']/.."
+    browser.find_element(By.XPATH, f"{sync_row}//button[normalize-space()='Delete']").click()
+    assert "hourly-sync: deleted" in browser.find_element(By.CSS_SELECTOR, ".messages").text
+    assert _schedule(server, admin, "hourly-sync").status_code == 404
+
     # A post carrying the session cookie but no CSRF token is refused.
     cookies = {c["name"]: c["value"] for c in browser.get_cookies()}
     forged = requests.post(server.url_of("/ui/types/email/pause"), cookies=cookies, data={},
@@ -194,6 +249,10 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_the_types_and_signs_ou
     assert forged.status_code == 400 and "CSRF" in forged.text
     assert requests.get(server.url_of("/types/email"), headers=bearer(admin),
                         timeout=10).json()["paused"] is False
+    forged = requests.post(server.url_of("/ui/schedules/nightly-report/pause"), cookies=cookies,
+                           data={}, timeout=10, allow_redirects=False)
+    assert forged.status_code == 400
+    assert _schedule(server, admin, "nightly-report").json()["paused"] is False
 
     _click_button(browser, "Sign out")
     assert browser.current_url == server.url_of("/ui/sign-in")

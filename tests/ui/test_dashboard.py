@@ -26,7 +26,7 @@ def _failed_job(api: Api, producer: Key, worker: Key, **payload: Any) -> int:
 
 
 def test_a_page_without_a_session_redirects_to_sign_in(client: FlaskClient) -> None:
-    for page in ("/ui/", "/ui/jobs", "/ui/jobs/1", "/ui/types"):
+    for page in ("/ui/", "/ui/jobs", "/ui/jobs/1", "/ui/types", "/ui/schedules"):
         answer = client.get(page)
         assert answer.status_code == 302, page
         assert answer.headers["Location"] == "/ui/sign-in"
