@@ -28,6 +28,11 @@ def _ignore_skip(_type: str, _reason: str) -> None:
     pass
 
 
+class LimitReached(Exception):
+    """A claim made on a gate read without locks no longer fits the limits under the locks:
+    its transaction is rolled back and the claim made again on a locked gate."""
+
+
 # last_claim_at is written at most this often per type and process: a write per claim would
 # make every claim of a type queue on its one row, which is what flow control must not cost.
 LAST_CLAIM_RESOLUTION_US = MICROS
@@ -46,41 +51,83 @@ class FlowControl:
         self._noted_lock = threading.Lock()
 
     def gate(self, conn: Connection, wanted: frozenset[str] | None, now_us: int, *,
-             for_claim: bool = True) -> ClaimGate | None:
+             lock: bool = False) -> ClaimGate | None:
         """The gate of a claim of `wanted` types (None: any), or None when no limit concerns
         it, which leaves the claim exactly as it is without flow control.
 
-        For a claim (not a waiting claim's peek) on PostgreSQL, the rows of the types with a
-        cap or a rate are locked as they are read, in type order: claims of such a type take
-        turns, and each counts the running jobs (in a statement after the lock, so with a
-        snapshot that sees the one before it committed). SQLite's BEGIN IMMEDIATE already
-        makes every claim take its turn.
+        With `lock` on PostgreSQL, the rows of the types with a cap or a rate are locked as
+        they are read, in type order, and the running jobs are counted in a statement after
+        the lock (so with a snapshot that sees the claim before it committed): the gate is
+        final, as every gate is on SQLite, where BEGIN IMMEDIATE makes claims take turns.
+        Without it, the gate is a guess that `settle` checks under the locks.
         """
         types = TypeRepository(conn)
-        if for_claim and conn.dialect.name == "postgresql":
+        if lock and conn.dialect.name == "postgresql":
             relevant = types.lock_limited_settings(wanted)
         else:
             relevant = [s for s in types.limited_settings()
                         if wanted is None or s.type in wanted]
         if not relevant:
             return None
-        jobs = JobRepository(conn)
         capped = any(s.max_running is not None or s.max_running_per_key is not None
                      for s in relevant)
-        gate = ClaimGate.for_claim(relevant, jobs.count_running() if capped else {}, now_us)
-        if for_claim:
-            self._count_skips(jobs, gate, now_us)
-        return gate
+        running = JobRepository(conn).count_running() if capped else {}
+        return ClaimGate.for_claim(relevant, running, now_us)
 
     def allowed_types(self, gate: ClaimGate, wanted: frozenset[str] | None) -> frozenset[str]:
         """The types a gated claim reads: the wanted ones (any configured type when None)
         but the blocked."""
         return (self.job_types if wanted is None else wanted) - frozenset(gate.blocked)
 
-    def spend(self, conn: Connection, gate: ClaimGate, claimed: list[Job]) -> None:
+    def settle(self, conn: Connection, gate: ClaimGate, claimed: list[Job], now_us: int, *,
+               check: bool) -> None:
         """Take the claimed jobs' tokens from their types' buckets, in the claim's
-        transaction (under the rows' locks on PostgreSQL)."""
+        transaction.
+
+        With `check` on PostgreSQL (the gate was read without locks), the claimed types'
+        rows are locked first, in type order, and the claim is checked against the settings,
+        running counts and buckets as they are now; LimitReached when it no longer fits.
+        The locks are taken this late so that concurrent claims of a type take turns only
+        from here to their commit, not for their whole transaction.
+        """
+        if check and claimed and conn.dialect.name == "postgresql":
+            gate = self._checked_gate(conn, claimed, now_us)
         TypeRepository(conn).save_buckets(gate.buckets_after(job.type for job in claimed))
+
+    def _checked_gate(self, conn: Connection, claimed: list[Job], now_us: int) -> ClaimGate:
+        fresh = TypeRepository(conn).lock_limited_settings({job.type for job in claimed})
+        if not fresh:
+            return ClaimGate()
+        # Counted in a statement after the locks: it sees every claim of these types that
+        # took the locks before this one (they hold them to their commit), and this one's
+        # own jobs, which are taken out to ask whether they fit beside the others.
+        running: dict[tuple[str, str | None], int] = {}
+        if any(s.max_running is not None or s.max_running_per_key is not None
+               for s in fresh):
+            running = JobRepository(conn).count_running()
+            for job in claimed:
+                running[job.type, job.concurrency_key] -= 1
+        gate = ClaimGate.for_claim(fresh, running, now_us)
+        if not gate.admits(claimed):
+            raise LimitReached
+        return gate
+
+    def skips(self, conn: Connection, gate: ClaimGate, now_us: int) -> list[tuple[str, str]]:
+        """The (type, reason) a claim under `gate` passes over: only a limit that held back
+        due work counts (a paused type with nothing pending skips nothing). Told to on_skip
+        by `report_skips` once the claim committed."""
+        jobs = JobRepository(conn)
+        found = [(job_type, reason) for job_type, reason in sorted(gate.blocked.items())
+                 if jobs.has_due_work_of(job_type, now_us)]
+        for job_type in sorted(gate.key_caps):
+            full = gate.full_keys(job_type)
+            if full and jobs.has_due_work_of(job_type, now_us, full):
+                found.append((job_type, SkipReason.KEY_MAX_RUNNING))
+        return found
+
+    def report_skips(self, skips: list[tuple[str, str]]) -> None:
+        for job_type, reason in skips:
+            self.on_skip(job_type, reason)
 
     def note_claimed(self, claimed: list[Job]) -> None:
         """Record when each type was last claimed; at most once a second per type and
@@ -94,17 +141,6 @@ class FlowControl:
                 self._last_noted[job_type] = now
         if due:
             self.db.run_write(lambda conn: TypeRepository(conn).note_last_claim(due, now))
-
-    def _count_skips(self, jobs: JobRepository, gate: ClaimGate, now_us: int) -> None:
-        # Only a limit that held back due work counts: a paused type with nothing pending
-        # skips nothing.
-        for job_type, reason in sorted(gate.blocked.items()):
-            if jobs.has_due_work_of(job_type, now_us):
-                self.on_skip(job_type, reason)
-        for job_type in sorted(gate.key_caps):
-            full = gate.full_keys(job_type)
-            if full and jobs.has_due_work_of(job_type, now_us, full):
-                self.on_skip(job_type, SkipReason.KEY_MAX_RUNNING)
 
 
 @dataclass(frozen=True)
