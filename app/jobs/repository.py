@@ -403,10 +403,11 @@ class JobRepository:
                 .limit(1))
         return self.conn.execute(stmt).first() is not None
 
-    def count_running(self) -> dict[tuple[str, str | None], int]:
-        """Running jobs by (type, concurrency_key)."""
-        return {(job_type, key): count
-                for job_type, key, count in self.conn.execute(_count_running)}
+    def count_running(self, along_with: Any = None) -> dict[tuple[str, str | None], int]:
+        """Running jobs by (type, concurrency_key). `along_with`: a data-modifying CTE
+        (PostgreSQL) run in the same statement, which saves a round trip."""
+        stmt = _count_running if along_with is None else _count_running.add_cte(along_with)
+        return {(job_type, key): count for job_type, key, count in self.conn.execute(stmt)}
 
     def next_lease_expiry(self, job_type: str) -> int | None:
         """The earliest lease_expires_at of the type's running jobs; None when none runs."""

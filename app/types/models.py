@@ -65,6 +65,15 @@ class TypeSettings:
     def is_limited(self) -> bool:
         return self.paused or self.counts_running
 
+    def far_from_caps(self, running: RunningCounts, share: float) -> bool:
+        """What runs of this type, and of each of its keys, is at most `share` of its cap."""
+        if self.max_running is not None and sum(
+                n for (t, _key), n in running.items() if t == self.type) > share * self.max_running:
+            return False
+        return self.max_running_per_key is None or all(
+            n <= share * self.max_running_per_key
+            for (t, key), n in running.items() if t == self.type and key is not None)
+
     def tokens_available(self, now_us: int) -> float:
         """The bucket refilled up to now (rate set); a full bucket when it was never spent.
         A clock that went back (another host's) refills nothing rather than draining."""

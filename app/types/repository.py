@@ -6,7 +6,7 @@ import functools
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, or_, select, union_all, update
+from sqlalchemy import Connection, bindparam, case, literal, or_, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.db import job_types
@@ -94,6 +94,17 @@ class TypeRepository:
         """Store each rate-limited type's bucket (tokens, as of when) after a claim."""
         for job_type, (tokens, at) in sorted(buckets.items()):
             self.conn.execute(_spend_tokens, {"t": job_type, "tokens": tokens, "at": at})
+
+    @staticmethod
+    def spend_buckets(buckets: dict[str, tuple[float, int]]) -> Any:
+        """The write of `save_buckets` as one statement, to run inside another (a CTE)."""
+        kinds = sorted(buckets)
+        tokens = case({t: literal(buckets[t][0], job_types.c.tokens.type) for t in kinds},
+                      value=job_types.c.type)
+        at = case({t: literal(buckets[t][1], job_types.c.tokens_at.type) for t in kinds},
+                  value=job_types.c.type)
+        return (update(job_types).where(job_types.c.type.in_(kinds))
+                .values(tokens=tokens, tokens_at=at).cte("spent"))
 
     def note_last_claim(self, types: Collection[str], now_us: int) -> None:
         """Move each type's last_claim_at forward to `now_us` (never back)."""

@@ -16,7 +16,7 @@ from app.db import Database
 from app.errors import NotFound
 from app.jobs.models import Job, JobStatus
 from app.jobs.repository import JobRepository
-from app.types.models import ClaimGate, SkipReason, TypeSettings, defaults
+from app.types.models import ClaimGate, RunningCounts, SkipReason, TypeSettings, defaults
 from app.types.repository import TypeRepository
 
 # Told of each claim that passed over due work of a type (or of a key) held back by its
@@ -32,6 +32,13 @@ class LimitReached(Exception):
     """A claim made on a gate read without locks no longer fits the limits under the locks:
     its transaction is rolled back and the claim made again on a locked gate."""
 
+
+# A cap that the last check of a claim in this process found at most this share used, no more
+# than this long ago, lets the next claims of the type choose their jobs without counting
+# what runs (their check under the lock counts). Nearer its cap, every claim counts first, so
+# that it chooses the jobs that fit rather than be rolled back and made again.
+FAR_SHARE = 0.5
+FAR_FOR_SECONDS = 1.0
 
 # last_claim_at is written at most this often per type and process: a write per claim would
 # make every claim of a type queue on its one row, which is what flow control must not cost.
@@ -49,6 +56,9 @@ class FlowControl:
         self.on_skip = on_skip
         self._last_noted: dict[str, int] = {}
         self._noted_lock = threading.Lock()
+        # type -> until when (time.monotonic) its caps count as far from reached.
+        self._far_until: dict[str, float] = {}
+        self._far_lock = threading.Lock()
 
     def gate(self, conn: Connection, wanted: frozenset[str] | None, now_us: int, *,
              lock: bool = False) -> ClaimGate | None:
@@ -59,9 +69,12 @@ class FlowControl:
         they are read, in type order, and the running jobs are counted in a statement after
         the lock (so with a snapshot that sees the claim before it committed): the gate is
         final, as every gate is on SQLite, where BEGIN IMMEDIATE makes claims take turns.
-        Without it, the gate is a guess that `settle` checks under the locks.
+        Without it on PostgreSQL, the gate is a guess that `settle` checks under the locks,
+        and the running jobs are not even counted while this process's last checks found
+        every cap concerned far from reached.
         """
         types = TypeRepository(conn)
+        final = lock or conn.dialect.name != "postgresql"
         if lock and conn.dialect.name == "postgresql":
             relevant = types.lock_limited_settings(wanted)
         else:
@@ -69,9 +82,10 @@ class FlowControl:
                         if wanted is None or s.type in wanted]
         if not relevant:
             return None
-        capped = any(s.max_running is not None or s.max_running_per_key is not None
-                     for s in relevant)
-        running = JobRepository(conn).count_running() if capped else {}
+        capped = [s.type for s in relevant
+                  if s.max_running is not None or s.max_running_per_key is not None]
+        count = capped and (final or not self._all_far(capped))
+        running = JobRepository(conn).count_running() if count else {}
         return ClaimGate.for_claim(relevant, running, now_us)
 
     def allowed_types(self, gate: ClaimGate, wanted: frozenset[str] | None) -> frozenset[str]:
@@ -88,29 +102,51 @@ class FlowControl:
         rows are locked first, in type order, and the claim is checked against the settings,
         running counts and buckets as they are now; LimitReached when it no longer fits.
         The locks are taken this late so that concurrent claims of a type take turns only
-        from here to their commit, not for their whole transaction.
+        from here to their commit (two statements and the commit), not for their whole
+        transaction.
         """
-        if check and claimed and conn.dialect.name == "postgresql":
-            gate = self._checked_gate(conn, claimed, now_us)
-        TypeRepository(conn).save_buckets(gate.buckets_after(job.type for job in claimed))
-
-    def _checked_gate(self, conn: Connection, claimed: list[Job], now_us: int) -> ClaimGate:
-        fresh = TypeRepository(conn).lock_limited_settings({job.type for job in claimed})
+        if not (check and claimed and conn.dialect.name == "postgresql"):
+            TypeRepository(conn).save_buckets(gate.buckets_after(job.type for job in claimed))
+            return
+        types = TypeRepository(conn)
+        fresh = types.lock_limited_settings({job.type for job in claimed})
         if not fresh:
-            return ClaimGate()
-        # Counted in a statement after the locks: it sees every claim of these types that
-        # took the locks before this one (they hold them to their commit), and this one's
-        # own jobs, which are taken out to ask whether they fit beside the others.
+            return
+        # The bucket does not depend on what runs, so its write rides on the count's
+        # statement; a claim found not to fit rolls it back with the rest.
+        buckets = ClaimGate.for_claim(fresh, {}, now_us).buckets_after(
+            job.type for job in claimed)
+        capped = [s for s in fresh
+                  if s.max_running is not None or s.max_running_per_key is not None]
         running: dict[tuple[str, str | None], int] = {}
-        if any(s.max_running is not None or s.max_running_per_key is not None
-               for s in fresh):
-            running = JobRepository(conn).count_running()
+        if capped:
+            # Counted in a statement after the locks: it sees every claim of these types
+            # that took the locks before this one (they hold them to their commit), and
+            # this one's own jobs, which are taken out to ask whether they fit beside the
+            # others.
+            running = JobRepository(conn).count_running(
+                along_with=types.spend_buckets(buckets) if buckets else None)
+            self._note_room(capped, running)
             for job in claimed:
                 running[job.type, job.concurrency_key] -= 1
-        gate = ClaimGate.for_claim(fresh, running, now_us)
-        if not gate.admits(claimed):
+        elif buckets:
+            types.save_buckets(buckets)
+        if not ClaimGate.for_claim(fresh, running, now_us).admits(claimed):
             raise LimitReached
-        return gate
+
+    def _all_far(self, job_types: list[str]) -> bool:
+        now = time.monotonic()
+        with self._far_lock:
+            return all(self._far_until.get(job_type, 0.0) > now for job_type in job_types)
+
+    def _note_room(self, capped: list[TypeSettings], running: RunningCounts) -> None:
+        until = time.monotonic() + FAR_FOR_SECONDS
+        with self._far_lock:
+            for s in capped:
+                if s.far_from_caps(running, FAR_SHARE):
+                    self._far_until[s.type] = until
+                else:
+                    self._far_until.pop(s.type, None)
 
     def skips(self, conn: Connection, gate: ClaimGate, now_us: int) -> list[tuple[str, str]]:
         """The (type, reason) a claim under `gate` passes over: only a limit that held back
