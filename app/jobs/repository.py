@@ -155,6 +155,13 @@ _count_running = (
     .where(jobs.c.status == _RUNNING)
     .group_by(jobs.c.type, jobs.c.concurrency_key)
 )
+
+
+@functools.cache
+def _count_running_along(cte: Any) -> Any:
+    return _count_running.add_cte(cte)
+
+
 # The earliest lease of one type's running jobs: its running rows, through the same index.
 _next_lease_expiry = (
     select(func.min(jobs.c.lease_expires_at))
@@ -403,11 +410,15 @@ class JobRepository:
                 .limit(1))
         return self.conn.execute(stmt).first() is not None
 
-    def count_running(self, along_with: Any = None) -> dict[tuple[str, str | None], int]:
+    def count_running(self, along_with: tuple[Any, dict[str, Any]] | None = None,
+                      ) -> dict[tuple[str, str | None], int]:
         """Running jobs by (type, concurrency_key). `along_with`: a data-modifying CTE
-        (PostgreSQL) run in the same statement, which saves a round trip."""
-        stmt = _count_running if along_with is None else _count_running.add_cte(along_with)
-        return {(job_type, key): count for job_type, key, count in self.conn.execute(stmt)}
+        (PostgreSQL) and its parameters, run in the same statement to save a round trip."""
+        stmt, params = _count_running, {}
+        if along_with is not None:
+            stmt, params = _count_running_along(along_with[0]), along_with[1]
+        return {(job_type, key): count
+                for job_type, key, count in self.conn.execute(stmt, params)}
 
     def next_lease_expiry(self, job_type: str) -> int | None:
         """The earliest lease_expires_at of the type's running jobs; None when none runs."""

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, literal, or_, select, union_all, update
+from sqlalchemy import Connection, bindparam, or_, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.db import job_types
@@ -46,6 +46,14 @@ _spend_tokens = (
     update(job_types)
     .where(job_types.c.type == bindparam("t"))
     .values(tokens=bindparam("tokens"), tokens_at=bindparam("at"))
+)
+
+# Built once: a statement built per claim costs more than a round trip saves.
+_spend_tokens_cte = (
+    update(job_types)
+    .where(job_types.c.type == bindparam("spent_type"))
+    .values(tokens=bindparam("spent_tokens"), tokens_at=bindparam("spent_at"))
+    .cte("spent")
 )
 
 
@@ -96,15 +104,11 @@ class TypeRepository:
             self.conn.execute(_spend_tokens, {"t": job_type, "tokens": tokens, "at": at})
 
     @staticmethod
-    def spend_buckets(buckets: dict[str, tuple[float, int]]) -> Any:
-        """The write of `save_buckets` as one statement, to run inside another (a CTE)."""
-        kinds = sorted(buckets)
-        tokens = case({t: literal(buckets[t][0], job_types.c.tokens.type) for t in kinds},
-                      value=job_types.c.type)
-        at = case({t: literal(buckets[t][1], job_types.c.tokens_at.type) for t in kinds},
-                  value=job_types.c.type)
-        return (update(job_types).where(job_types.c.type.in_(kinds))
-                .values(tokens=tokens, tokens_at=at).cte("spent"))
+    def spend_bucket(job_type: str, tokens: float, at: int) -> tuple[Any, dict[str, Any]]:
+        """The write of `save_buckets` for one type, as a CTE to run inside another
+        statement, and its parameters."""
+        return _spend_tokens_cte, {"spent_type": job_type, "spent_tokens": tokens,
+                                   "spent_at": at}
 
     def note_last_claim(self, types: Collection[str], now_us: int) -> None:
         """Move each type's last_claim_at forward to `now_us` (never back)."""

@@ -124,8 +124,13 @@ class FlowControl:
             # that took the locks before this one (they hold them to their commit), and
             # this one's own jobs, which are taken out to ask whether they fit beside the
             # others.
-            running = JobRepository(conn).count_running(
-                along_with=types.spend_buckets(buckets) if buckets else None)
+            spend = None
+            if len(buckets) == 1:
+                ((job_type, (tokens, at)),) = buckets.items()
+                spend = types.spend_bucket(job_type, tokens, at)
+            elif buckets:  # a claim of several rated types: each bucket on its own
+                types.save_buckets(buckets)
+            running = JobRepository(conn).count_running(along_with=spend)
             self._note_room(capped, running)
             for job in claimed:
                 running[job.type, job.concurrency_key] -= 1
