@@ -296,10 +296,13 @@ def measure(options: Any) -> Report:
         "Claims: one gunicorn server with the shipped gunicorn.conf.py over a fresh SQLite "
         "file; the two kinds of run alternate which goes first. 'Limits configured' sets "
         "max_running, max_running_per_key, rate_per_second and burst (all 100,000) on every "
-        "type; each claim then reads (on PostgreSQL: locks) the limited types' settings, "
-        "counts the running jobs by (type, key) through their partial index, claims with "
-        "the plain claim statement (no key is full and a single claim cannot exceed any "
-        "room), and spends tokens, all in the claim's transaction.",
+        "type. On SQLite each claim then reads the limited types' settings, counts the "
+        "running jobs by (type, key) through their partial index, claims with the plain "
+        "claim statement (no key is full and a single claim cannot exceed any room), and "
+        "spends tokens, all in the claim's transaction. On PostgreSQL it reads the settings "
+        "(and counts only when its process's last check found a cap more than half used), "
+        "claims with the same statement, then locks its job's type row, counts again and "
+        "spends the tokens in one statement, and commits.",
         "GET /types: pending, scheduled and running counts and the oldest claimable age are "
         "read from partial indexes of the pending and running rows on every request; "
         "completed, failed and cancelled come from a per-process cache (default at most 10 s "

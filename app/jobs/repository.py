@@ -174,6 +174,13 @@ _count_running_by_worker = (select(_running_workers.c.worker_id, func.count())
 # the newest) or every job of a producer.
 _running_ids = (select(jobs.c.id).where(jobs.c.status == _RUNNING)
                 .cte("running_ids").prefix_with("MATERIALIZED"))
+
+
+@functools.cache
+def _count_running_along(cte: Any) -> Any:
+    return _count_running.add_cte(cte)
+
+
 # The earliest lease of one type's running jobs: its running rows, through the same index.
 _next_lease_expiry = (
     select(func.min(jobs.c.lease_expires_at))
@@ -428,10 +435,15 @@ class JobRepository:
                 .limit(1))
         return self.conn.execute(stmt).first() is not None
 
-    def count_running(self) -> dict[tuple[str, str | None], int]:
-        """Running jobs by (type, concurrency_key)."""
+    def count_running(self, along_with: tuple[Any, dict[str, Any]] | None = None,
+                      ) -> dict[tuple[str, str | None], int]:
+        """Running jobs by (type, concurrency_key). `along_with`: a data-modifying CTE
+        (PostgreSQL) and its parameters, run in the same statement to save a round trip."""
+        stmt, params = _count_running, {}
+        if along_with is not None:
+            stmt, params = _count_running_along(along_with[0]), along_with[1]
         return {(job_type, key): count
-                for job_type, key, count in self.conn.execute(_count_running)}
+                for job_type, key, count in self.conn.execute(stmt, params)}
 
     def next_lease_expiry(self, job_type: str) -> int | None:
         """The earliest lease_expires_at of the type's running jobs; None when none runs."""

@@ -47,7 +47,7 @@ from app.jobs.uniqueness import Deduplicated, holds_key_in
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitingBudget
 from app.keys.models import Caller, Role
 from app.redaction import redact_error
-from app.types.service import FlowControl
+from app.types.service import FlowControl, LimitReached
 
 log = logging.getLogger(__name__)
 
@@ -413,14 +413,18 @@ class JobService:
         caller.live_checked = False
 
         flow = self.flow
+        skips: list[tuple[str, str]] = []
 
-        def claim_in(conn: Connection, events: Events) -> list[Job]:
+        def claim_in(conn: Connection, events: Events, *, optimistic: bool) -> list[Job]:
             repo = self._repo(conn, caller)
             now = self.clock.now_us()
             self._rescue_expired_leases(repo, now, events)
             # None: no limit concerns this claim, which then runs as without flow control.
-            gate = None if flow is None else flow.gate(conn, wanted, now, push=push)
+            gate = None if flow is None else flow.gate(conn, wanted, now,
+                                                         lock=not optimistic, push=push)
             types, claim_gate = wanted, None
+            # Told once the claim committed; an attempt rolled back tells nothing.
+            skips[:] = [] if flow is None or gate is None else flow.skips(conn, gate, now)
             if flow is not None and gate is not None and gate.restricts(limit):
                 types, claim_gate = flow.allowed_types(gate, wanted), gate
             elif push and gate is None:
@@ -429,13 +433,21 @@ class JobService:
                 now_us=now, worker=caller.name, lease_expires_at=now + lease_us,
                 nonce=nonce, limit=limit, types=types, gate=claim_gate,
             )
-            if flow is not None and gate is not None:
-                flow.spend(conn, gate, jobs)
             self._made(repo, Transition.CLAIM, jobs, events, actor=caller.name, now_us=now)
+            if flow is not None and gate is not None:
+                flow.settle(conn, gate, jobs, now, check=optimistic)
             self.history.seen(conn, caller.name, now, claimed=True)
             return jobs
 
-        jobs = self._write(claim_in)
+        # First on a gate read without locks, checked under them just before the commit
+        # (PostgreSQL; see FlowControl.settle); when a limit was reached meanwhile, again
+        # on a gate read under the locks, which cannot miss.
+        try:
+            jobs = self._write(lambda conn, events: claim_in(conn, events, optimistic=True))
+        except LimitReached:
+            jobs = self._write(lambda conn, events: claim_in(conn, events, optimistic=False))
+        if flow is not None:
+            flow.report_skips(skips)
         if jobs and flow is not None:
             flow.note_claimed(jobs)
         return [Claimed(job, job.lease_token or "") for job in jobs]
@@ -456,8 +468,7 @@ class JobService:
         """The waiting claim's peek: is there work this claim could take now, flow control
         included (a paused or full type's backlog must not wake it again and again)?"""
         now = self.clock.now_us()
-        gate = None if self.flow is None else self.flow.gate(conn, wanted, now,
-                                                              for_claim=False, push=push)
+        gate = None if self.flow is None else self.flow.gate(conn, wanted, now, push=push)
         types = wanted
         if gate is not None and self.flow is not None:
             types = self.flow.allowed_types(gate, wanted)

@@ -1,9 +1,10 @@
 """A job type's settings and the flow-control rules a claim applies, free of HTTP and SQL.
 
-A claim of limited types reads the settings and the running counts in its own transaction
-(under the settings rows' locks on PostgreSQL, under BEGIN IMMEDIATE on SQLite), and
-`ClaimGate.for_claim` turns them into what the claim may take: the types it must pass over,
-how many jobs of each limited type it may start, and which concurrency keys are full.
+A claim of limited types reads the settings and the running counts in its own transaction,
+and `ClaimGate.for_claim` turns them into what the claim may take: the types it must pass
+over, how many jobs of each limited type it may start, and which concurrency keys are full.
+On SQLite, BEGIN IMMEDIATE makes that read final; on PostgreSQL the claim is checked again
+(`ClaimGate.admits`) under the claimed types' row locks before it commits (app/types/service.py).
 """
 
 from __future__ import annotations
@@ -78,6 +79,15 @@ class TypeSettings:
         """A claim must look at this type's row: it is paused, limited, or pushed (which
         only the dispatcher's claims take)."""
         return self.paused or self.counts_running or self.is_push
+
+    def far_from_caps(self, running: RunningCounts, share: float) -> bool:
+        """What runs of this type, and of each of its keys, is at most `share` of its cap."""
+        if self.max_running is not None and sum(
+                n for (t, _key), n in running.items() if t == self.type) > share * self.max_running:
+            return False
+        return self.max_running_per_key is None or all(
+            n <= share * self.max_running_per_key
+            for (t, key), n in running.items() if t == self.type and key is not None)
 
     def tokens_available(self, now_us: int) -> float:
         """The bucket refilled up to now (rate set); a full bucket when it was never spent.
@@ -278,6 +288,17 @@ class ClaimGate:
                 running[key] = running.get(key, 0) + 1
             chosen.append(row)
         return chosen
+
+    def admits(self, claimed: Iterable[Any]) -> bool:
+        """True when these claimed jobs (rows with `type` and `concurrency_key`, in claim
+        order) fit the gate: none of a blocked type, and each type's within its budget and
+        its key caps."""
+        by_type: dict[str, list[Any]] = {}
+        for job in claimed:
+            by_type.setdefault(job.type, []).append(job)
+        return all(job_type not in self.blocked
+                   and len(self.pick(job_type, of_type, len(of_type))) == len(of_type)
+                   for job_type, of_type in by_type.items())
 
     def budget(self, job_type: str, limit: int) -> int:
         return min(limit, self.budgets.get(job_type, limit))

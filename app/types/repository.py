@@ -51,6 +51,14 @@ _spend_tokens = (
     .values(tokens=bindparam("tokens"), tokens_at=bindparam("at"))
 )
 
+# Built once: a statement built per claim costs more than a round trip saves.
+_spend_tokens_cte = (
+    update(job_types)
+    .where(job_types.c.type == bindparam("spent_type"))
+    .values(tokens=bindparam("spent_tokens"), tokens_at=bindparam("spent_at"))
+    .cte("spent")
+)
+
 
 def _insert(dialect: str) -> Any:
     return postgresql.insert(job_types) if dialect == "postgresql" else sqlite.insert(job_types)
@@ -101,6 +109,13 @@ class TypeRepository:
         """Store each rate-limited type's bucket (tokens, as of when) after a claim."""
         for job_type, (tokens, at) in sorted(buckets.items()):
             self.conn.execute(_spend_tokens, {"t": job_type, "tokens": tokens, "at": at})
+
+    @staticmethod
+    def spend_bucket(job_type: str, tokens: float, at: int) -> tuple[Any, dict[str, Any]]:
+        """The write of `save_buckets` for one type, as a CTE to run inside another
+        statement, and its parameters."""
+        return _spend_tokens_cte, {"spent_type": job_type, "spent_tokens": tokens,
+                                   "spent_at": at}
 
     def note_last_claim(self, types: Collection[str], now_us: int) -> None:
         """Move each type's last_claim_at forward to `now_us` (never back)."""

@@ -16,7 +16,14 @@ from app.db import Database
 from app.errors import NotFound
 from app.jobs.models import Job, JobStatus
 from app.jobs.repository import JobRepository
-from app.types.models import ClaimGate, SkipReason, TypeSettings, defaults, new_push_secret
+from app.types.models import (
+    ClaimGate,
+    RunningCounts,
+    SkipReason,
+    TypeSettings,
+    defaults,
+    new_push_secret,
+)
 from app.types.repository import TypeRepository
 
 # Told of each claim that passed over due work of a type (or of a key) held back by its
@@ -27,6 +34,18 @@ SkipSink = Callable[[str, str], None]
 def _ignore_skip(_type: str, _reason: str) -> None:
     pass
 
+
+class LimitReached(Exception):
+    """A claim made on a gate read without locks no longer fits the limits under the locks:
+    its transaction is rolled back and the claim made again on a locked gate."""
+
+
+# A cap that the last check of a claim in this process found at most this share used, no more
+# than this long ago, lets the next claims of the type choose their jobs without counting
+# what runs (their check under the lock counts). Nearer its cap, every claim counts first, so
+# that it chooses the jobs that fit rather than be rolled back and made again.
+FAR_SHARE = 0.5
+FAR_FOR_SECONDS = 1.0
 
 # last_claim_at is written at most this often per type and process: a write per claim would
 # make every claim of a type queue on its one row, which is what flow control must not cost.
@@ -44,21 +63,27 @@ class FlowControl:
         self.on_skip = on_skip
         self._last_noted: dict[str, int] = {}
         self._noted_lock = threading.Lock()
+        # type -> until when (time.monotonic) its caps count as far from reached.
+        self._far_until: dict[str, float] = {}
+        self._far_lock = threading.Lock()
 
     def gate(self, conn: Connection, wanted: frozenset[str] | None, now_us: int, *,
-             for_claim: bool = True, push: bool = False) -> ClaimGate | None:
+             lock: bool = False, push: bool = False) -> ClaimGate | None:
         """The gate of a claim of `wanted` types (None: any), or None when no limit concerns
         it, which leaves the claim exactly as it is without flow control. The dispatcher's
         claim (`push`) always has one: it takes push types alone.
 
-        For a claim (not a waiting claim's peek) on PostgreSQL, the rows of the types with a
-        cap or a rate are locked as they are read, in type order: claims of such a type take
-        turns, and each counts the running jobs (in a statement after the lock, so with a
-        snapshot that sees the one before it committed). SQLite's BEGIN IMMEDIATE already
-        makes every claim take its turn.
+        With `lock` on PostgreSQL, the rows of the types with a cap or a rate are locked as
+        they are read, in type order, and the running jobs are counted in a statement after
+        the lock (so with a snapshot that sees the claim before it committed): the gate is
+        final, as every gate is on SQLite, where BEGIN IMMEDIATE makes claims take turns.
+        Without it on PostgreSQL, the gate is a guess that `settle` checks under the locks,
+        and the running jobs are not even counted while this process's last checks found
+        every cap concerned far from reached.
         """
         types = TypeRepository(conn)
-        if for_claim and conn.dialect.name == "postgresql":
+        final = lock or conn.dialect.name != "postgresql"
+        if lock and conn.dialect.name == "postgresql":
             relevant = types.lock_limited_settings(wanted)
         else:
             relevant = [s for s in types.limited_settings()
@@ -67,24 +92,94 @@ class FlowControl:
             relevant = [s for s in relevant if s.is_push]
         if not relevant and not push:
             return None
-        jobs = JobRepository(conn)
-        capped = any(s.max_running is not None or s.max_running_per_key is not None
-                     for s in relevant)
-        gate = ClaimGate.for_claim(relevant, jobs.count_running() if capped else {}, now_us,
-                                   push=push)
-        if for_claim:
-            self._count_skips(jobs, gate, now_us)
-        return gate
+        capped = [s.type for s in relevant
+                  if s.max_running is not None or s.max_running_per_key is not None]
+        count = capped and (final or not self._all_far(capped))
+        running = JobRepository(conn).count_running() if count else {}
+        return ClaimGate.for_claim(relevant, running, now_us, push=push)
 
     def allowed_types(self, gate: ClaimGate, wanted: frozenset[str] | None) -> frozenset[str]:
         """The types a gated claim reads: the wanted ones (any configured type when None)
         but the blocked."""
         return gate.allowed(self.job_types if wanted is None else wanted)
 
-    def spend(self, conn: Connection, gate: ClaimGate, claimed: list[Job]) -> None:
+    def settle(self, conn: Connection, gate: ClaimGate, claimed: list[Job], now_us: int, *,
+               check: bool) -> None:
         """Take the claimed jobs' tokens from their types' buckets, in the claim's
-        transaction (under the rows' locks on PostgreSQL)."""
-        TypeRepository(conn).save_buckets(gate.buckets_after(job.type for job in claimed))
+        transaction.
+
+        With `check` on PostgreSQL (the gate was read without locks), the claimed types'
+        rows are locked first, in type order, and the claim is checked against the settings,
+        running counts and buckets as they are now; LimitReached when it no longer fits.
+        The locks are taken this late so that concurrent claims of a type take turns only
+        from here to their commit (two statements and the commit), not for their whole
+        transaction.
+        """
+        if not (check and claimed and conn.dialect.name == "postgresql"):
+            TypeRepository(conn).save_buckets(gate.buckets_after(job.type for job in claimed))
+            return
+        types = TypeRepository(conn)
+        fresh = types.lock_limited_settings({job.type for job in claimed})
+        if not fresh:
+            return
+        # The bucket does not depend on what runs, so its write rides on the count's
+        # statement; a claim found not to fit rolls it back with the rest.
+        push = gate.only is not None  # the dispatcher's claim judges push types alone
+        buckets = ClaimGate.for_claim(fresh, {}, now_us, push=push).buckets_after(
+            job.type for job in claimed)
+        capped = [s for s in fresh
+                  if s.max_running is not None or s.max_running_per_key is not None]
+        running: dict[tuple[str, str | None], int] = {}
+        if capped:
+            # Counted in a statement after the locks: it sees every claim of these types
+            # that took the locks before this one (they hold them to their commit), and
+            # this one's own jobs, which are taken out to ask whether they fit beside the
+            # others.
+            spend = None
+            if len(buckets) == 1:
+                ((job_type, (tokens, at)),) = buckets.items()
+                spend = types.spend_bucket(job_type, tokens, at)
+            elif buckets:  # a claim of several rated types: each bucket on its own
+                types.save_buckets(buckets)
+            running = JobRepository(conn).count_running(along_with=spend)
+            self._note_room(capped, running)
+            for job in claimed:
+                running[job.type, job.concurrency_key] -= 1
+        elif buckets:
+            types.save_buckets(buckets)
+        if not ClaimGate.for_claim(fresh, running, now_us, push=push).admits(claimed):
+            raise LimitReached
+
+    def _all_far(self, job_types: list[str]) -> bool:
+        now = time.monotonic()
+        with self._far_lock:
+            return all(self._far_until.get(job_type, 0.0) > now for job_type in job_types)
+
+    def _note_room(self, capped: list[TypeSettings], running: RunningCounts) -> None:
+        until = time.monotonic() + FAR_FOR_SECONDS
+        with self._far_lock:
+            for s in capped:
+                if s.far_from_caps(running, FAR_SHARE):
+                    self._far_until[s.type] = until
+                else:
+                    self._far_until.pop(s.type, None)
+
+    def skips(self, conn: Connection, gate: ClaimGate, now_us: int) -> list[tuple[str, str]]:
+        """The (type, reason) a claim under `gate` passes over: only a limit that held back
+        due work counts (a paused type with nothing pending skips nothing). Told to on_skip
+        by `report_skips` once the claim committed."""
+        jobs = JobRepository(conn)
+        found = [(job_type, reason) for job_type, reason in sorted(gate.blocked.items())
+                 if reason != SkipReason.PUSH and jobs.has_due_work_of(job_type, now_us)]
+        for job_type in sorted(gate.key_caps):
+            full = gate.full_keys(job_type)
+            if full and jobs.has_due_work_of(job_type, now_us, full):
+                found.append((job_type, SkipReason.KEY_MAX_RUNNING))
+        return found
+
+    def report_skips(self, skips: list[tuple[str, str]]) -> None:
+        for job_type, reason in skips:
+            self.on_skip(job_type, reason)
 
     def note_claimed(self, claimed: list[Job]) -> None:
         """Record when each type was last claimed; at most once a second per type and
@@ -98,17 +193,6 @@ class FlowControl:
                 self._last_noted[job_type] = now
         if due:
             self.db.run_write(lambda conn: TypeRepository(conn).note_last_claim(due, now))
-
-    def _count_skips(self, jobs: JobRepository, gate: ClaimGate, now_us: int) -> None:
-        # Only a limit that held back due work counts: a paused type with nothing pending
-        # skips nothing.
-        for job_type, reason in sorted(gate.blocked.items()):
-            if reason != SkipReason.PUSH and jobs.has_due_work_of(job_type, now_us):
-                self.on_skip(job_type, reason)
-        for job_type in sorted(gate.key_caps):
-            full = gate.full_keys(job_type)
-            if full and jobs.has_due_work_of(job_type, now_us, full):
-                self.on_skip(job_type, SkipReason.KEY_MAX_RUNNING)
 
 
 def push_columns(current: TypeSettings, push: Mapping[str, Any] | None) -> dict[str, Any]:
