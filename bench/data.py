@@ -1,11 +1,13 @@
-"""The data the benchmarks start from: scratch directories, migrated SQLite files, keys, and
-the jobs the HTTP benchmarks send."""
+"""The data the benchmarks start from: scratch directories, migrated SQLite files and
+PostgreSQL databases, keys, and the jobs the HTTP benchmarks send."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,9 @@ from typing import Any
 from bench.load import Client
 
 JOB_TYPES = "email,report"
+# With this set to a PostgreSQL server URL, the benchmarks that compare engines measure
+# PostgreSQL too, each in databases of its own, dropped afterwards.
+POSTGRES_VARIABLE = "QUEUELOG_BENCH_POSTGRES_URL"
 
 
 def sqlite_url(path: str | Path) -> str:
@@ -49,6 +54,39 @@ def scratch_directory(prefix: str) -> Iterator[str]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def postgres_database(server_url: str) -> Iterator[str]:
+    """A fresh, migrated database on the PostgreSQL server at `server_url`, dropped after."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from app.migrations import upgrade
+
+    name = f"queuelog_bench_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def engine_databases(directory: str, stack: contextlib.ExitStack,
+                     name: str = "queuelog.sqlite3") -> dict[str, str]:
+    """{engine: url} of fresh migrated databases: SQLite always, PostgreSQL as well when
+    POSTGRES_VARIABLE is set (dropped when `stack` closes)."""
+    urls = {"SQLite": migrated_database(directory, name)}
+    server = os.environ.get(POSTGRES_VARIABLE)
+    if server:
+        urls["PostgreSQL"] = stack.enter_context(postgres_database(server))
+    return urls
 
 
 # -- the job bodies the HTTP benchmarks send -----------------------------------------------------
