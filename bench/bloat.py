@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,9 +34,11 @@ if __package__ in (None, ""):  # run as `python bench/bloat.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.data import (
+    CHURNED_TABLES,
     JOB_TYPES,
     POSTGRES_VARIABLE,
     RESULT,
+    STAND_INS,
     job_body,
     migrated_database,
     postgres_database,
@@ -52,7 +53,6 @@ TURN = 20
 ENQUEUE_BATCH, CLAIM_BATCH = 1000, 100
 CHUNK = 10_000  # jobs per statement of the SQL cycle
 TARGET_RATIO = 0.8
-CHURNED_TABLES = ("jobs", "job_attempts", "job_events")
 
 
 def body(n: int) -> dict[str, Any]:
@@ -199,74 +199,6 @@ def reset_storage(url: str) -> None:
         engine.dispose()
 
 
-class StandInAutovacuum:
-    """What autovacuum would do, for a server that runs with autovacuum = off (test servers
-    often do; production ones must not). Every naptime it applies autovacuum's own rule to
-    each churned table, with the table's storage parameters or the server's defaults:
-    VACUUM once dead rows exceed threshold + scale factor x rows, ANALYZE once rows changed
-    since the last analyze exceed its pair. A server with autovacuum on is left alone."""
-
-    def __init__(self, url: str) -> None:
-        from sqlalchemy import create_engine, text
-
-        self.engine = create_engine(url, isolation_level="AUTOCOMMIT")
-        with self.engine.connect() as conn:
-            self.active = conn.execute(text("SHOW autovacuum")).scalar() == "off"
-            self.naptime = float(conn.execute(text(
-                "SELECT setting FROM pg_settings WHERE name = 'autovacuum_naptime'")).scalar())
-            self.defaults = {name: float(value) for name, value in conn.execute(text(
-                "SELECT name, setting FROM pg_settings WHERE name IN"
-                " ('autovacuum_vacuum_scale_factor', 'autovacuum_vacuum_threshold',"
-                " 'autovacuum_analyze_scale_factor', 'autovacuum_analyze_threshold')"))}
-        self.vacuums = self.analyzes = 0
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def __enter__(self) -> StandInAutovacuum:
-        if self.active:
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopped.set()
-        if self.active:
-            self.thread.join()
-        self.engine.dispose()
-
-    def due(self, options: list[str] | None, rows: float, dead: int,
-            changed: int) -> tuple[bool, bool]:
-        """(vacuum, analyze): autovacuum's rule with these storage parameters."""
-        own = dict(option.split("=", 1) for option in options or [])
-
-        def setting(key: str) -> float:
-            return float(own.get(key, self.defaults[key]))
-
-        rows = max(rows, 0)
-        return (dead > setting("autovacuum_vacuum_threshold")
-                + setting("autovacuum_vacuum_scale_factor") * rows,
-                changed > setting("autovacuum_analyze_threshold")
-                + setting("autovacuum_analyze_scale_factor") * rows)
-
-    def run(self) -> None:
-        from sqlalchemy import text
-
-        while not self.stopped.wait(self.naptime):
-            with self.engine.connect() as conn:
-                rows = conn.execute(text(
-                    "SELECT c.relname, c.reltuples, s.n_dead_tup, s.n_mod_since_analyze,"
-                    " c.reloptions FROM pg_class c JOIN pg_stat_user_tables s"
-                    " ON s.relid = c.oid WHERE c.relname = ANY(:names)"),
-                    {"names": list(CHURNED_TABLES)}).all()
-                for name, tuples, dead, changed, options in rows:
-                    vacuum, analyze = self.due(options, tuples, dead, changed)
-                    if vacuum or analyze:
-                        verb = ("VACUUM (ANALYZE)" if vacuum and analyze
-                                else "VACUUM" if vacuum else "ANALYZE")
-                        conn.execute(text(f"{verb} {name}"))
-                        self.vacuums += vacuum
-                        self.analyzes += analyze
-
-
 @contextlib.contextmanager
 def database(engine: str, directory: str, name: str) -> Iterator[str]:
     if engine == "PostgreSQL":
@@ -292,8 +224,7 @@ def measure_engine(options: Any, report: Report, engine: str) -> None:
             stack.callback(side.close)
         load = os.getloadavg()[0]
         cycled_side = sides["cycled"]
-        stand_in = (stack.enter_context(StandInAutovacuum(cycled_url))
-                    if engine == "PostgreSQL" else None)
+        stand_in = STAND_INS.get(cycled_url)
         purged, cycling, purging = (cycled_side.cycle_in_sql(cycle)
                                     if engine == "PostgreSQL" else cycled_side.cycle(cycle))
         print(f"{engine}: {purged:,} jobs cycled in {cycling:.0f} s, purged in {purging:.0f} s",

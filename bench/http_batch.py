@@ -296,6 +296,9 @@ def measure(options: Any) -> Report:
         "QUEUELOG_BENCH_POSTGRES_URL set, another over a fresh PostgreSQL database on the "
         "same machine (fsync on), the two taking turns. The targets and the long-polling "
         "rows are SQLite's.",
+        "A PostgreSQL server running with autovacuum = off (the test server does) gets the "
+        "bench's stand-in (bench/data.py, StandInAutovacuum): without ANALYZE the planner "
+        "has no statistics for jobs and sorts every pending row for each claim.",
         "One vs two servers: a second gunicorn over the same PostgreSQL database, the "
         "clients taking the two in turn; on this 2-core machine everything shares the same "
         "cores, so the ratio shows what a second server costs or gains through the "

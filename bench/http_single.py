@@ -190,6 +190,9 @@ def measure(options: Any) -> Report:
         "SQLite file with its defaults (WAL, synchronous=FULL, group commit), and, when "
         "QUEUELOG_BENCH_POSTGRES_URL is set, on a fresh PostgreSQL database on the same "
         "machine (the server's own settings, fsync on); its request log goes to /dev/null.",
+        "A PostgreSQL server running with autovacuum = off (the test server does) gets the "
+        "bench's stand-in (bench/data.py, StandInAutovacuum): without ANALYZE the planner "
+        "has no statistics for jobs and sorts every pending row for each claim.",
         "The ratio is queuelog's jobs/s over the baseline's in the same repeat; the runs "
         "of a repeat alternate which goes first. The targets are SQLite's.",
         "A claim + complete operation is two requests; its latency spans both. The queue is "
