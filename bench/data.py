@@ -1,11 +1,14 @@
-"""The data the benchmarks start from: scratch directories, migrated SQLite files, keys, and
-the jobs the HTTP benchmarks send."""
+"""The data the benchmarks start from: scratch directories, migrated SQLite files and
+PostgreSQL databases, keys, and the jobs the HTTP benchmarks send."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
+import threading
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,9 @@ from typing import Any
 from bench.load import Client
 
 JOB_TYPES = "email,report"
+# With this set to a PostgreSQL server URL, the benchmarks that compare engines measure
+# PostgreSQL too, each in databases of its own, dropped afterwards.
+POSTGRES_VARIABLE = "QUEUELOG_BENCH_POSTGRES_URL"
 
 
 def sqlite_url(path: str | Path) -> str:
@@ -49,6 +55,119 @@ def scratch_directory(prefix: str) -> Iterator[str]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# The tables a queue churns (migration 0011 sets their storage parameters).
+CHURNED_TABLES = ("jobs", "job_attempts", "job_events")
+
+
+class StandInAutovacuum:
+    """What autovacuum would do, for a server that runs with autovacuum = off (test servers
+    often do; production ones must not). Every naptime it applies autovacuum's own rule to
+    each churned table, with the table's storage parameters or the server's defaults:
+    VACUUM once dead rows exceed threshold + scale factor x rows, ANALYZE once rows changed
+    since the last analyze exceed its pair. A server with autovacuum on is left alone."""
+
+    def __init__(self, url: str) -> None:
+        from sqlalchemy import create_engine, text
+
+        self.engine = create_engine(url, isolation_level="AUTOCOMMIT")
+        with self.engine.connect() as conn:
+            self.active = conn.execute(text("SHOW autovacuum")).scalar() == "off"
+            self.naptime = float(conn.execute(text(
+                "SELECT setting FROM pg_settings WHERE name = 'autovacuum_naptime'")).scalar())
+            self.defaults = {name: float(value) for name, value in conn.execute(text(
+                "SELECT name, setting FROM pg_settings WHERE name IN"
+                " ('autovacuum_vacuum_scale_factor', 'autovacuum_vacuum_threshold',"
+                " 'autovacuum_analyze_scale_factor', 'autovacuum_analyze_threshold')"))}
+        self.vacuums = self.analyzes = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def __enter__(self) -> StandInAutovacuum:
+        if self.active:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        if self.active:
+            self.thread.join()
+        self.engine.dispose()
+
+    def due(self, options: list[str] | None, rows: float, dead: int,
+            changed: int) -> tuple[bool, bool]:
+        """(vacuum, analyze): autovacuum's rule with these storage parameters."""
+        own = dict(option.split("=", 1) for option in options or [])
+
+        def setting(key: str) -> float:
+            return float(own.get(key, self.defaults[key]))
+
+        rows = max(rows, 0)
+        return (dead > setting("autovacuum_vacuum_threshold")
+                + setting("autovacuum_vacuum_scale_factor") * rows,
+                changed > setting("autovacuum_analyze_threshold")
+                + setting("autovacuum_analyze_scale_factor") * rows)
+
+    def run(self) -> None:
+        from sqlalchemy import text
+
+        while not self.stopped.wait(self.naptime):
+            with self.engine.connect() as conn:
+                rows = conn.execute(text(
+                    "SELECT c.relname, c.reltuples, s.n_dead_tup, s.n_mod_since_analyze,"
+                    " c.reloptions FROM pg_class c JOIN pg_stat_user_tables s"
+                    " ON s.relid = c.oid WHERE c.relname = ANY(:names)"),
+                    {"names": list(CHURNED_TABLES)}).all()
+                for name, tuples, dead, changed, options in rows:
+                    vacuum, analyze = self.due(options, tuples, dead, changed)
+                    if vacuum or analyze:
+                        verb = ("VACUUM (ANALYZE)" if vacuum and analyze
+                                else "VACUUM" if vacuum else "ANALYZE")
+                        conn.execute(text(f"{verb} {name}"))
+                        self.vacuums += vacuum
+                        self.analyzes += analyze
+
+
+# The stand-in of each database postgres_database() made, by URL, while it exists.
+STAND_INS: dict[str, StandInAutovacuum] = {}
+
+
+@contextlib.contextmanager
+def postgres_database(server_url: str) -> Iterator[str]:
+    """A fresh, migrated database on the PostgreSQL server at `server_url`, dropped after;
+    vacuumed and analyzed as autovacuum would, even where the server runs without it."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from app.migrations import upgrade
+
+    name = f"queuelog_bench_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        with StandInAutovacuum(url) as stand_in:
+            STAND_INS[url] = stand_in
+            yield url
+    finally:
+        STAND_INS.pop(url, None)
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def engine_databases(directory: str, stack: contextlib.ExitStack,
+                     name: str = "queuelog.sqlite3") -> dict[str, str]:
+    """{engine: url} of fresh migrated databases: SQLite always, PostgreSQL as well when
+    POSTGRES_VARIABLE is set (dropped when `stack` closes)."""
+    urls = {"SQLite": migrated_database(directory, name)}
+    server = os.environ.get(POSTGRES_VARIABLE)
+    if server:
+        urls["PostgreSQL"] = stack.enter_context(postgres_database(server))
+    return urls
 
 
 # -- the job bodies the HTTP benchmarks send -----------------------------------------------------

@@ -23,8 +23,7 @@ import random
 import sqlite3
 import sys
 import time
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +35,21 @@ from app.keys.models import Role
 
 # The worker's cycle (POST /jobs/claim, then complete) as http_single.py measures it; the
 # import registers the scenario under its name for the load generator.
-from bench.data import JOB_TYPES, create_keys, job_body, migrated_database, scratch_directory
+from bench.data import (
+    JOB_TYPES,
+    POSTGRES_VARIABLE,
+    create_keys,
+    job_body,
+    migrated_database,
+    postgres_database,
+    scratch_directory,
+)
 from bench.http_single import claim_complete_one
 from bench.load import Client, run_load
 from bench.report import Report, Table, Target, run_script
 from bench.servers import queuelog_server
 from bench.stats import Spread, ms, percentile
 
-# With this set to a PostgreSQL server URL, the claim rows are measured there too (in a
-# database of their own, dropped afterwards).
-POSTGRES_VARIABLE = "QUEUELOG_BENCH_POSTGRES_URL"
 CLIENTS = 8
 FULL_OPERATIONS, SMOKE_OPERATIONS = 3000, 100
 MAX_SECONDS = 15.0
@@ -85,28 +89,6 @@ def set_limits(port: int, token: str, settings: Mapping[str, Any]) -> None:
             client.call("PATCH", f"/types/{job_type}", dict(settings), expect=(200,))
     finally:
         client.close()
-
-
-@contextlib.contextmanager
-def postgres_database(server_url: str) -> Iterator[str]:
-    """A fresh, migrated database on the PostgreSQL server at `server_url`, dropped after."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    from app.migrations import upgrade
-
-    name = f"queuelog_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def measure_claims(options: Any, report: Report, engine: str) -> None:

@@ -3,10 +3,15 @@ claim-many + complete-many cycle (10 and 100 jobs per request), at 1 and 8 clien
 latency from an enqueue to the delivery of a long-polling claim (`wait_seconds`).
 
     PYTHONPATH=. python bench/http_batch.py [--smoke] [--repeats N]
+
+With QUEUELOG_BENCH_POSTGRES_URL set to a PostgreSQL server URL, the batch rows are measured
+on PostgreSQL as well, in the same run, and one queuelog server is compared with two on one
+PostgreSQL database.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import sys
 import threading
@@ -21,6 +26,7 @@ if __package__ in (None, ""):  # run as `python bench/http_batch.py`
 from bench.data import (
     RESULT,
     create_keys,
+    engine_databases,
     fill_queue,
     job_body,
     migrated_database,
@@ -56,6 +62,10 @@ LONG_POLL_TYPE = "report"
 ENQUEUE_GOAL = 10_000
 CYCLE_GOAL = 5_000
 LONG_POLL_GOAL_MS = 100
+KEYS = {"producer-0": "producer", "producer-1": "producer", "worker-0": "worker",
+        "worker-1": "worker"}
+# One server against two over one PostgreSQL database, at this many clients.
+SCALE_CLIENTS = 8
 
 
 @scenario
@@ -147,56 +157,107 @@ def measure(options: Any) -> Report:
     requests = SMOKE_REQUESTS if options.smoke else FULL_REQUESTS
     report = Report("HTTP, batches and long polling", "python bench/http_batch.py",
                     options.smoke, options.repeats)
-    figures: dict[tuple[str, int, int], dict[str, Spread]] = {}
+    # figures[(scenario, jobs per request, clients, engine)]; scaled[(scenario, jobs per
+    # request, servers)]: one or two queuelog servers on one PostgreSQL database.
+    figures: dict[tuple[str, int, int, str], dict[str, Spread]] = {}
+    scaled: dict[tuple[str, int, int], dict[str, Spread]] = {}
+    scale_ratios: dict[tuple[str, int], Spread] = {}
     idle_poll, backlog_poll = LongPoll(), LongPoll()
     backlog = Spread()
-    with scratch_directory("queuelog-bench-batch-") as directory:
-        url = migrated_database(directory)
-        tokens = create_keys(url, {"producer-0": "producer", "producer-1": "producer",
-                                   "worker-0": "worker", "worker-1": "worker"})
-        producers = [tokens["producer-0"], tokens["producer-1"]]
-        workers = [tokens["worker-0"], tokens["worker-1"]]
+
+    def record(key: tuple[Any, ...], into: dict[Any, dict[str, Spread]], result: Any) -> None:
+        spread = into.setdefault(key, {"jobs": Spread(), "requests": Spread(),
+                                       "p50": Spread(), "p99": Spread()})
+        spread["jobs"].add(result.jobs_per_second)
+        spread["requests"].add(result.operations_per_second)
+        spread["p50"].add(result.p50_ms)
+        spread["p99"].add(result.p99_ms)
+
+    with scratch_directory("queuelog-bench-batch-") as directory, \
+            contextlib.ExitStack() as stack:
+        urls = engine_databases(directory, stack)
+        engines = list(urls)
+        tokens = {engine: create_keys(url, KEYS) for engine, url in urls.items()}
+        servers = {engine: stack.enter_context(queuelog_server(directory, url))
+                   for engine, url in urls.items()}
+        second = (stack.enter_context(queuelog_server(directory, urls["PostgreSQL"]))
+                  if "PostgreSQL" in urls else None)
         idle_url = migrated_database(directory, "idle.sqlite3")
         idle_tokens = create_keys(idle_url, {"producer": "producer",
                                              "worker": "worker"})
-        with queuelog_server(directory, url) as server, \
-                queuelog_server(directory, idle_url) as idle:
-            for repeat in range(options.repeats):
-                for (name, size), counts in requests.items():
-                    for clients in CLIENTS:
-                        count = counts[clients]
+        idle = stack.enter_context(queuelog_server(directory, idle_url))
+
+        def keys(engine: str, name: str) -> list[str]:
+            role = "producer" if name == "enqueue_batch" else "worker"
+            return [tokens[engine][f"{role}-0"], tokens[engine][f"{role}-1"]]
+
+        for repeat in range(options.repeats):
+            for (name, size), counts in requests.items():
+                for clients in CLIENTS:
+                    count = counts[clients]
+                    order = engines if repeat % 2 == 0 else list(reversed(engines))
+                    for engine in order:
+                        server = servers[engine]
                         if name == "claim_complete_many":
-                            fill_queue(server.port, producers[0], count * size)
-                        keys = producers if name == "enqueue_batch" else workers
-                        result = run_load(name, server.port, keys, clients=clients,
-                                          operations=count, max_seconds=MAX_SECONDS,
-                                          params={"size": size})
-                        spread = figures.setdefault((name, size, clients), {
-                            "jobs": Spread(), "requests": Spread(), "p50": Spread(),
-                            "p99": Spread()})
-                        spread["jobs"].add(result.jobs_per_second)
-                        spread["requests"].add(result.operations_per_second)
-                        spread["p50"].add(result.p50_ms)
-                        spread["p99"].add(result.p99_ms)
+                            fill_queue(server.port, keys(engine, "enqueue_batch")[0],
+                                       count * size)
+                        result = run_load(name, server.port, keys(engine, name),
+                                          clients=clients, operations=count,
+                                          max_seconds=MAX_SECONDS, params={"size": size})
+                        record((name, size, clients, engine), figures, result)
                         print(f"repeat {repeat + 1}: {LABELS[name]} {size}/request at "
-                              f"{clients} client(s): {result.jobs_per_second:,.0f} jobs/s",
+                              f"{clients} client(s), {engine}: "
+                              f"{result.jobs_per_second:,.0f} jobs/s",
                               file=sys.stderr, flush=True)
-                samples = LONG_POLL_SAMPLES[options.smoke]
-                # An empty queue, and a claim that may take any type: the wake-up alone.
-                idle_poll.sample(samples, idle.port, idle_tokens["producer"],
-                                 idle_tokens["worker"], None)
-                # Behind the jobs the runs above left pending, waiting for another type.
-                backlog.add(pending_jobs(url))
-                backlog_poll.sample(max(1, samples // 3), server.port, producers[1],
-                                    workers[1], [LONG_POLL_TYPE])
+                if second is None:
+                    continue
+                pair = [servers["PostgreSQL"].port, second.port]
+                count = counts[SCALE_CLIENTS]
+                done = {}
+                for count_of_servers in ([1, 2] if repeat % 2 == 0 else [2, 1]):
+                    if name == "claim_complete_many":
+                        fill_queue(pair[0], keys("PostgreSQL", "enqueue_batch")[0],
+                                   count * size)
+                    done[count_of_servers] = result = run_load(
+                        name, pair[:count_of_servers], keys("PostgreSQL", name),
+                        clients=SCALE_CLIENTS, operations=count, max_seconds=MAX_SECONDS,
+                        params={"size": size})
+                    record((name, size, count_of_servers), scaled, result)
+                scale_ratios.setdefault((name, size), Spread()).add(
+                    done[2].jobs_per_second / done[1].jobs_per_second)
+                print(f"repeat {repeat + 1}: {LABELS[name]} {size}/request on PostgreSQL: "
+                      f"one server {done[1].jobs_per_second:,.0f} jobs/s, two "
+                      f"{done[2].jobs_per_second:,.0f}", file=sys.stderr, flush=True)
+            samples = LONG_POLL_SAMPLES[options.smoke]
+            # An empty queue, and a claim that may take any type: the wake-up alone.
+            idle_poll.sample(samples, idle.port, idle_tokens["producer"],
+                             idle_tokens["worker"], None)
+            # Behind the jobs the runs above left pending, waiting for another type.
+            backlog.add(pending_jobs(urls["SQLite"]))
+            backlog_poll.sample(max(1, samples // 3), servers["SQLite"].port,
+                                tokens["SQLite"]["producer-1"], tokens["SQLite"]["worker-1"],
+                                [LONG_POLL_TYPE])
 
     table = Table("Jobs/s and latency per request (median [min-max] over repeats)",
-                  ["operation", "jobs per request", "clients", "jobs/s", "requests/s",
-                   "p50 ms", "p99 ms"])
-    for (name, size, clients), spread in figures.items():
-        table.add(LABELS[name], f"{size:,}", clients, spread["jobs"].show(),
+                  ["operation", "jobs per request", "clients", "database", "jobs/s",
+                   "requests/s", "p50 ms", "p99 ms"])
+    for (name, size, clients, engine), spread in figures.items():
+        table.add(LABELS[name], f"{size:,}", clients, engine, spread["jobs"].show(),
                   spread["requests"].show(), spread["p50"].show(1), spread["p99"].show(1))
     report.tables.append(table)
+    if scaled:
+        scale_table = Table(
+            f"One server vs two servers (two gunicorn instances, clients split between them) "
+            f"on one PostgreSQL database, {SCALE_CLIENTS} clients (median [min-max] over "
+            "repeats)", ["operation", "jobs per request", "one server jobs/s",
+                         "two servers jobs/s", "two / one", "one server p99 ms",
+                         "two servers p99 ms"])
+        for name, size in requests:
+            one, two = scaled[(name, size, 1)], scaled[(name, size, 2)]
+            scale_table.add(LABELS[name], f"{size:,}", one["jobs"].show(), two["jobs"].show(),
+                            scale_ratios[(name, size)].show(2), one["p99"].show(1),
+                            two["p99"].show(1))
+        report.tables.append(scale_table)
     samples = LONG_POLL_SAMPLES[options.smoke]
     poll_table = Table(
         "Long polling: an enqueue's 201 → the waiting claim's answer, ms (median [min-max] "
@@ -213,7 +274,8 @@ def measure(options: Any) -> Report:
     report.tables.append(poll_table)
 
     def best(name: str) -> tuple[str, Spread]:
-        key = max((k for k in figures if k[0] == name), key=lambda k: figures[k]["jobs"].median)
+        key = max((k for k in figures if k[0] == name and k[3] == "SQLite"),
+                  key=lambda k: figures[k]["jobs"].median)
         return f"{key[1]:,} per request, {key[2]} clients", figures[key]["jobs"]
 
     where, spread = best("enqueue_batch")
@@ -230,7 +292,17 @@ def measure(options: Any) -> Report:
                                  idle_poll.stored_p99.median <= LONG_POLL_GOAL_MS))
     report.notes += [
         "One gunicorn under the shipped gunicorn.conf.py (workers = cores, 16 threads each) on a "
-        "fresh SQLite file with the default synchronous=FULL: durability as shipped.",
+        "fresh SQLite file with the default synchronous=FULL: durability as shipped; with "
+        "QUEUELOG_BENCH_POSTGRES_URL set, another over a fresh PostgreSQL database on the "
+        "same machine (fsync on), the two taking turns. The targets and the long-polling "
+        "rows are SQLite's.",
+        "A PostgreSQL server running with autovacuum = off (the test server does) gets the "
+        "bench's stand-in (bench/data.py, StandInAutovacuum): without ANALYZE the planner "
+        "has no statistics for jobs and sorts every pending row for each claim.",
+        "One vs two servers: a second gunicorn over the same PostgreSQL database, the "
+        "clients taking the two in turn; on this 2-core machine everything shares the same "
+        "cores, so the ratio shows what a second server costs or gains through the "
+        "database, not what a second host would add.",
         "A claim-many + complete-many request pair is one operation: its latency spans both, "
         "its jobs are those claimed and completed. The queue is filled through /jobs/batch "
         "before each cycle run (not timed); jobs left by the enqueue runs stay pending, so "

@@ -91,7 +91,7 @@ class LoadResult:
         return ms(percentile(self.latencies, 99))
 
 
-def _client_process(name: str, port: int, tokens: list[str], params: Mapping[str, Any],
+def _client_process(name: str, ports: list[int], tokens: list[str], params: Mapping[str, Any],
                     threads: int, first_client: int, budget: Any, start: Any, stop_at: Any,
                     ready: Any, results: Any) -> None:
     work = SCENARIOS[name]
@@ -99,7 +99,8 @@ def _client_process(name: str, port: int, tokens: list[str], params: Mapping[str
     jobs = [0]
     errors: list[str] = []
     lock = threading.Lock()
-    clients = [Client(port, tokens[(first_client + i) % len(tokens)]) for i in range(threads)]
+    clients = [Client(ports[(first_client + i) % len(ports)],
+                      tokens[(first_client + i) % len(tokens)]) for i in range(threads)]
     for client in clients:
         client.conn.connect()
     cpu_before = time.process_time()
@@ -140,11 +141,12 @@ def _client_process(name: str, port: int, tokens: list[str], params: Mapping[str
     results.put((latencies, jobs[0], errors, finished, time.process_time() - cpu_before))
 
 
-def run_load(name: str, port: int, tokens: Sequence[str], *, clients: int, operations: int,
-             max_seconds: float, params: Mapping[str, Any] | None = None,
+def run_load(name: str, port: int | Sequence[int], tokens: Sequence[str], *, clients: int,
+             operations: int, max_seconds: float, params: Mapping[str, Any] | None = None,
              processes: int | None = None) -> LoadResult:
     """`clients` concurrent clients, each on its own keep-alive connection, running the
-    scenario `name` until `operations` have started or `max_seconds` have passed.
+    scenario `name` until `operations` have started or `max_seconds` have passed. Given
+    several ports (servers over one database), the clients take them in turn.
 
     The clients are threads spread over a few forked processes (one per core by default),
     so that one Python process's GIL does not cap the load the clients can offer.
@@ -161,9 +163,10 @@ def run_load(name: str, port: int, tokens: Sequence[str], *, clients: int, opera
               for i in range(processes)]
     children = []
     first = 0
+    ports = [port] if isinstance(port, int) else list(port)
     for share in shares:
         child = context.Process(target=_client_process, daemon=True, args=(
-            name, port, list(tokens), dict(params or {}), share, first, budget, start,
+            name, ports, list(tokens), dict(params or {}), share, first, budget, start,
             stop_at, ready, results))
         child.start()
         children.append(child)

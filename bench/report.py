@@ -13,8 +13,12 @@ from typing import Any
 
 
 def parse_options(description: str, argv: Sequence[str] | None = None,
-                  default_repeats: int = 3) -> argparse.Namespace:
+                  default_repeats: int = 3,
+                  add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+                  ) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
+    if add_arguments is not None:  # a script's own options
+        add_arguments(parser)
     parser.add_argument("--smoke", action="store_true",
                         help="a few hundred jobs, one repeat: checks the script still runs")
     parser.add_argument("--repeats", type=int, default=None,
