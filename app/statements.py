@@ -62,8 +62,9 @@ class DriverStatement:
         self._lock = threading.Lock()
 
     def rows(self, conn: Connection, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
-        if (conn.dialect.name != "sqlite" or conn._has_events
-                or not conn.in_transaction()):
+        dispatch = conn.dispatch
+        if (conn.dialect.name != "sqlite" or dispatch.before_cursor_execute
+                or dispatch.after_cursor_execute or not conn.in_transaction()):
             return self._through_core(conn, params)
         shape = tuple(params)
         try:

@@ -74,3 +74,11 @@ def test_cursor_listeners_see_every_statement(database):
         event.listen(conn, "before_cursor_execute", lambda *args: seen.append(args[2]))
         _insert_thing.rows(conn, {"name": "a"})
     assert any(sql.startswith("INSERT INTO things") for sql in seen)
+
+
+def test_listeners_on_the_engine_see_every_statement_too(database):
+    seen: list[str] = []
+    event.listen(database.engine, "before_cursor_execute", lambda *args: seen.append(args[2]))
+    with database.write() as conn:
+        _insert_thing.rows(conn, {"name": "a"})
+    assert any(sql.startswith("INSERT INTO things") for sql in seen)
