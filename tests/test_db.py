@@ -149,7 +149,7 @@ CLAIM_PARAMS = {"now": 0, "worker": "w", "lease_expires_at": 0, "nonce": "n", "l
 
 
 def test_sqlite_claim_reads_the_partial_claim_order_index(sqlite_template):
-    plan = _sqlite_plan(sqlite_template, _claim_any_type, CLAIM_PARAMS)
+    plan = _sqlite_plan(sqlite_template, _claim_any_type.statement, CLAIM_PARAMS)
     assert any(step.endswith("USING INDEX ix_jobs_claim_order") for step in plan), plan
     assert not any("TEMP B-TREE" in step for step in plan)  # no sort: already in claim order
 

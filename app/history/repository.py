@@ -11,11 +11,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from app.db import job_attempts, job_events, key_activity
 from app.history.models import Attempt, EventName, JobEvent, KeyActivity, Outcome
+from app.statements import DriverStatement
 
 # The attempt a claim opens: numbered after the job's earlier ones. The claim holds the job
 # (BEGIN IMMEDIATE on SQLite, the row lock on PostgreSQL), so no other attempt of the same
 # job can be numbered at the same time; the unique index is the guard all the same.
-_open_attempt = insert(job_attempts).from_select(
+_open_attempt_statement = insert(job_attempts).from_select(
     ["job_id", "number", "worker_id", "claimed_at", "outcome"],
     select(
         bindparam("job_id"),
@@ -25,15 +26,17 @@ _open_attempt = insert(job_attempts).from_select(
         literal_column(f"'{Outcome.RUNNING.value}'"),
     ).where(job_attempts.c.job_id == bindparam("job_id")),
 )
+_open_attempt = DriverStatement(_open_attempt_statement)
 
 # A job has at most one running attempt: the one its current claim opened.
-_close_attempt = (
+_close_attempt_statement = (
     update(job_attempts)
     .where(job_attempts.c.job_id == bindparam("closed_job_id"),
            job_attempts.c.outcome == literal_column(f"'{Outcome.RUNNING.value}'"))
     .values(ended_at=bindparam("ended_at"), outcome=bindparam("new_outcome"),
             error=bindparam("new_error"))
 )
+_close_attempt = DriverStatement(_close_attempt_statement)
 
 _attempts_of_job = (select(job_attempts).where(job_attempts.c.job_id == bindparam("job_id"))
                     .order_by(job_attempts.c.number))
@@ -42,7 +45,7 @@ _events_of_job = (select(job_events).where(job_events.c.job_id == bindparam("job
                   .order_by(job_events.c.id.desc()).limit(bindparam("limit")))
 _count_events = select(func.count()).select_from(job_events).where(
     job_events.c.job_id == bindparam("job_id"), job_events.c.event == bindparam("event"))
-_insert_event = insert(job_events)
+_insert_event = DriverStatement(insert(job_events))
 
 
 @functools.cache
@@ -65,14 +68,19 @@ class HistoryRepository:
         """Open an attempt per row (`job_id`, `worker_id`, `claimed_at`)."""
         if rows:
             # One row (a single claim, the hot path) skips executemany's extra work.
-            self.conn.execute(_open_attempt, rows[0] if len(rows) == 1 else list(rows))
+            if len(rows) == 1:
+                _open_attempt.rows(self.conn, rows[0])
+            else:
+                self.conn.execute(_open_attempt_statement, list(rows))
 
     def close_attempts(self, rows: Sequence[Mapping[str, Any]], outcome: Outcome,
                        ended_at: int) -> None:
         """End the running attempt of each row's job (`closed_job_id`, `new_error`)."""
         params = [{**row, "ended_at": ended_at, "new_outcome": outcome.value} for row in rows]
-        if params:
-            self.conn.execute(_close_attempt, params[0] if len(params) == 1 else params)
+        if len(params) == 1:
+            _close_attempt.rows(self.conn, params[0])
+        elif params:
+            self.conn.execute(_close_attempt_statement, params)
 
     def attempts_of(self, job_id: int) -> list[Attempt]:
         return [Attempt(*row) for row in self.conn.execute(_attempts_of_job, {"job_id": job_id})]
@@ -83,7 +91,7 @@ class HistoryRepository:
         """Store events (`job_id`, `at`, `event`, `actor`, `detail`), several in one
         multi-row INSERT."""
         if len(rows) == 1:
-            self.conn.execute(_insert_event, rows[0])
+            _insert_event.rows(self.conn, rows[0])
         elif rows:
             self.conn.execute(insert(job_events).values(list(rows)))
 

@@ -33,6 +33,7 @@ from sqlalchemy.exc import DBAPIError
 
 from app.db import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
 from app.jobs.models import Job, JobStatus, Transition, claim_order_key
+from app.statements import DriverStatement
 from app.types.models import ClaimGate
 
 
@@ -71,7 +72,7 @@ _select_unique_holder = select(jobs).where(
     _unique_holder,
 )
 # SKIP LOCKED: a lease another claim is rescuing right now is simply left to that claim.
-_select_expired_leases = (
+_select_expired_leases = DriverStatement(
     select(jobs)
     .where(_RESCUABLE_ROW, jobs.c.lease_expires_at <= bindparam("now"))
     .order_by(jobs.c.lease_expires_at)
@@ -232,7 +233,7 @@ def _claim_next_any_type() -> Any:
     )
 
 
-_claim_any_type = _claim_next_any_type()
+_claim_any_type = DriverStatement(_claim_next_any_type())
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
 _claim_chosen = (
     update(jobs)
@@ -243,7 +244,8 @@ _claim_chosen = (
 
 
 @functools.cache
-def _transition_update(transition: Transition, columns: frozenset[str], fenced: bool) -> Any:
+def _transition_update(transition: Transition, columns: frozenset[str],
+                       fenced: bool) -> DriverStatement:
     """UPDATE of `columns` on one job in one of the transition's from-statuses, RETURNING it.
     A worker's report also needs the job held: by the worker, under a live lease. `fenced`
     adds: its lease token matches. Built once per shape: building and hashing a statement
@@ -254,7 +256,7 @@ def _transition_update(transition: Transition, columns: frozenset[str], fenced: 
                        jobs.c.lease_expires_at > bindparam("now")]
     if fenced:
         conditions.append(jobs.c.lease_token == bindparam("held_lease_token"))
-    return (
+    return DriverStatement(
         update(jobs)
         .where(jobs.c.id == bindparam("job_id"), *conditions)
         .values({name: bindparam(f"new_{name}") for name in sorted(columns)})
@@ -263,11 +265,11 @@ def _transition_update(transition: Transition, columns: frozenset[str], fenced: 
 
 
 @functools.cache
-def _insert_statement(dialect: str, skip_conflicts: bool) -> Any:
+def _insert_statement(dialect: str, skip_conflicts: bool) -> DriverStatement:
     stmt = (postgresql.insert(jobs) if dialect == "postgresql" else sqlite.insert(jobs))
     if skip_conflicts:
         stmt = stmt.on_conflict_do_nothing()
-    return stmt.returning(*jobs.c)
+    return DriverStatement(stmt.returning(*jobs.c))
 
 
 def _new_values(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -313,7 +315,7 @@ class JobRepository:
                           or values.get("unique_scope") is not None
                           or values.get("schedule") is not None)
         stmt = _insert_statement(self.conn.dialect.name, skip_conflicts=skip_conflicts)
-        row = self.conn.execute(stmt, values).first()
+        row = stmt.first(self.conn, values)
         return None if row is None else _job(row)
 
     def insert_jobs(self, rows: Sequence[Mapping[str, Any]]) -> list[Job]:
@@ -464,7 +466,7 @@ class JobRepository:
 
     def find_expired_leases(self, now_us: int, limit: int) -> list[Job]:
         """Running jobs whose lease ran out, oldest expiry first (locked on PostgreSQL)."""
-        rows = self.conn.execute(_select_expired_leases, {"now": now_us, "limit": limit})
+        rows = _select_expired_leases.rows(self.conn, {"now": now_us, "limit": limit})
         return [_job(row) for row in rows]
 
     def count_jobs_by_status_and_type(self) -> dict[tuple[str, str], int]:
@@ -512,8 +514,9 @@ class JobRepository:
             "now": now_us, "worker": worker, "lease_expires_at": lease_expires_at,
             "nonce": nonce, "limit": limit,
         }
+        rows: Sequence[Any]
         if types is None:
-            rows = self.conn.execute(_claim_any_type, params)
+            rows = _claim_any_type.rows(self.conn, params)
         else:
             # Each type's candidates through its own index, then the most urgent of all of
             # them: one query over several types would have to read every pending job of
@@ -526,7 +529,7 @@ class JobRepository:
             chosen = [row.id for row in candidates[:limit]]
             if not chosen:
                 return []
-            rows = self.conn.execute(_claim_chosen, {**params, "ids": chosen})
+            rows = self.conn.execute(_claim_chosen, {**params, "ids": chosen}).all()
         claimed = [_job(row) for row in rows]
         # RETURNING gives no order; hand the jobs out in claim order.
         claimed.sort(key=claim_order_key)
@@ -566,7 +569,7 @@ class JobRepository:
                                   fenced=lease_token is not None)
         params = {"job_id": job_id, "worker": worker, "now": now_us,
                   "held_lease_token": lease_token, **_new_values(values)}
-        row = self.conn.execute(stmt, params).first()
+        row = stmt.first(self.conn, params)
         return None if row is None else _job(row)
 
     def find_ids_for_bulk(self, *, statuses: Collection[JobStatus], limit: int,

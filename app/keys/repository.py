@@ -9,12 +9,13 @@ from sqlalchemy import Connection, bindparam, insert, select, update
 
 from app.db import api_keys
 from app.keys.models import ApiKey
+from app.statements import DriverStatement
 
 _select_by_digest = select(api_keys).where(api_keys.c.token_digest == bindparam("digest"))
 
 
-_select_live_by_digest = select(api_keys.c.id).where(
-    api_keys.c.token_digest == bindparam("digest"), api_keys.c.revoked_at.is_(None))
+_select_live_by_digest = DriverStatement(select(api_keys.c.id).where(
+    api_keys.c.token_digest == bindparam("digest"), api_keys.c.revoked_at.is_(None)))
 
 _select_live_by_id = select(api_keys).where(api_keys.c.id == bindparam("id"),
                                             api_keys.c.revoked_at.is_(None))
@@ -29,7 +30,7 @@ class KeyRepository:
         return None if row is None else ApiKey(*row)
 
     def is_live(self, digest: str) -> bool:
-        return self.conn.execute(_select_live_by_digest, {"digest": digest}).first() is not None
+        return _select_live_by_digest.first(self.conn, {"digest": digest}) is not None
 
     def find_live_by_id(self, key_id: int) -> ApiKey | None:
         row = self.conn.execute(_select_live_by_id, {"id": key_id}).first()

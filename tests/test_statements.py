@@ -1,0 +1,84 @@
+"""Hot statements run on SQLite's driver cursor (app/statements.py): the same rows and the
+same errors as through Core, and nothing silently left on the slow path."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, event, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from app.db import Database, make_engine
+from app.history import repository as history_repository
+from app.jobs import repository as job_repository
+from app.keys import repository as key_repository
+from app.statements import DriverStatement
+
+_metadata = MetaData()
+_things = Table("things", _metadata, Column("id", Integer, primary_key=True),
+                Column("name", String(20), nullable=False, unique=True))
+_insert_thing = DriverStatement(insert(_things).returning(_things.c.id, _things.c.name))
+_thing_named = DriverStatement(select(_things).where(_things.c.name == "b"))
+
+
+@pytest.fixture
+def database(tmp_path):
+    database = Database(make_engine(f"sqlite:///{tmp_path / 'things.sqlite3'}"))
+    _metadata.create_all(database.engine)
+    yield database
+    database.engine.dispose()
+
+
+def _statements_of(*modules):
+    return [value for module in modules for value in vars(module).values()
+            if isinstance(value, DriverStatement)]
+
+
+def test_the_hot_statements_of_a_job_cycle_take_the_driver_path(engine_name, api, producer,
+                                                                  worker):
+    if engine_name != "sqlite":
+        pytest.skip("the driver path is SQLite's alone")
+    job = api.enqueue(producer).json
+    claimed = api.claim(worker).json
+    assert claimed["id"] == job["id"]
+    assert api.complete(worker, job["id"], lease_token=claimed["lease_token"]).status_code == 200
+
+    hot = _statements_of(job_repository, history_repository, key_repository)
+    hot += [job_repository._insert_statement("sqlite", False)]
+    used = [statement for statement in hot if statement._plans]
+    # The key check, the insert, its event, the lease probe, the claim and its attempt, the
+    # complete's update and attempt, and their events: every one compiled for the driver.
+    assert len(used) >= 5
+    assert all(plan is not None for statement in used for plan in statement._plans.values())
+
+
+def test_rows_and_constants_are_as_through_core(database):
+    with database.write() as conn:
+        assert _insert_thing.rows(conn, {"name": "a"}) == [(1, "a")]
+        assert _insert_thing.first(conn, {"name": "b"}) == (2, "b")
+        # A literal in the statement is bound by SQLAlchemy itself, and kept.
+        assert _thing_named.rows(conn, {}) == [tuple(row) for row in
+                                                conn.execute(_thing_named.statement)]
+
+
+def test_a_driver_error_is_sqlalchemys_and_rolls_back_with_the_transaction(database):
+    with pytest.raises(IntegrityError), database.write() as conn:
+        _insert_thing.rows(conn, {"name": "a"})
+        _insert_thing.rows(conn, {"name": "a"})
+    with database.read() as conn:
+        assert conn.execute(select(_things)).all() == []
+
+
+def test_cursor_listeners_see_every_statement(database):
+    seen: list[str] = []
+    with database.write() as conn:
+        event.listen(conn, "before_cursor_execute", lambda *args: seen.append(args[2]))
+        _insert_thing.rows(conn, {"name": "a"})
+    assert any(sql.startswith("INSERT INTO things") for sql in seen)
+
+
+def test_listeners_on_the_engine_see_every_statement_too(database):
+    seen: list[str] = []
+    event.listen(database.engine, "before_cursor_execute", lambda *args: seen.append(args[2]))
+    with database.write() as conn:
+        _insert_thing.rows(conn, {"name": "a"})
+    assert any(sql.startswith("INSERT INTO things") for sql in seen)
