@@ -124,18 +124,31 @@ def _schedule(server: LiveServer, admin: str, name: str) -> Any:
     return requests.get(server.url_of(f"/schedules/{name}"), headers=bearer(admin), timeout=10)
 
 
+def _follow(browser: Any, element: Any) -> None:
+    """Click a link or a form's button and wait for the page it leads to: a click returns
+    before the browser has loaded the next page, and a check made in between (through the
+    API, or of the old page's messages) would see the state before the click."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = browser.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(browser, 30).until(expected_conditions.staleness_of(page))
+
+
 def _sign_in(browser: Any, server: LiveServer, token: str) -> None:
     from selenium.webdriver.common.by import By
 
     browser.get(server.url_of("/ui/sign-in"))
     browser.find_element(By.ID, "token").send_keys(token)
-    browser.find_element(By.CSS_SELECTOR, "form.sign-in button[type=submit]").click()
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "form.sign-in button[type=submit]"))
 
 
 def _click_button(browser: Any, label: str) -> None:
     from selenium.webdriver.common.by import By
 
-    browser.find_element(By.XPATH, f"//button[normalize-space()='{label}']").click()
+    _follow(browser, browser.find_element(By.XPATH, f"//button[normalize-space()='{label}']"))
 
 
 def _shot(browser: Any, name: str, engine: str) -> None:
@@ -189,13 +202,13 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
         By.XPATH, "//th[normalize-space()='hourly-sync']/..").text
     _shot(browser, "overview", engine)
 
-    failed_link.click()
+    _follow(browser, failed_link)
     rows = browser.find_elements(By.CSS_SELECTOR, "table tbody tr")
     assert len(rows) == 1 and "SMTP 550" in rows[0].text
     _shot(browser, "jobs", engine)
 
     # The job's page: its attempts with their errors, the payload shown as text.
-    browser.find_element(By.LINK_TEXT, str(job_id)).click()
+    _follow(browser, browser.find_element(By.LINK_TEXT, str(job_id)))
     assert browser.current_url == server.url_of(f"/ui/jobs/{job_id}")
     attempts = browser.find_element(By.ID, "attempts").text
     assert "mailer" in attempts and "failed" in attempts and "SMTP 550" in attempts
@@ -208,9 +221,10 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     assert shown.json()["status"] == "pending"
 
     # Pause and resume a type.
-    browser.find_element(By.LINK_TEXT, "Types").click()
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Types"))
     email_row = "//th[normalize-space()='email']/.."
-    browser.find_element(By.XPATH, f"{email_row}//button[normalize-space()='Pause']").click()
+    _follow(browser,
+            browser.find_element(By.XPATH, f"{email_row}//button[normalize-space()='Pause']"))
     assert "email: paused." in browser.find_element(By.CSS_SELECTOR, ".messages").text
     assert "paused" in browser.find_element(By.XPATH, email_row).text
     assert requests.get(server.url_of("/types/email"), headers=bearer(admin),
@@ -218,27 +232,32 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     pdf_row = "//th[normalize-space()='pdf']/.."
     for field, value in (("max_running", "3"), ("rate_per_second", "2.5")):
         browser.find_element(By.XPATH, f"{pdf_row}//input[@name='{field}']").send_keys(value)
-    browser.find_element(By.XPATH, f"{pdf_row}//button[normalize-space()='Save limits']").click()
+    _follow(browser,
+            browser.find_element(By.XPATH, f"{pdf_row}//button[normalize-space()='Save limits']"))
     pdf = requests.get(server.url_of("/types/pdf"), headers=bearer(admin), timeout=10).json()
     assert (pdf["max_running"], pdf["rate_per_second"], pdf["burst"]) == (3, 2.5, 3)
     _shot(browser, "types", engine)
-    browser.find_element(By.XPATH, f"{email_row}//button[normalize-space()='Resume']").click()
+    _follow(browser,
+            browser.find_element(By.XPATH, f"{email_row}//button[normalize-space()='Resume']"))
     assert requests.get(server.url_of("/types/email"), headers=bearer(admin),
                         timeout=10).json()["paused"] is False
 
     # Pause and resume a schedule, delete another.
-    browser.find_element(By.LINK_TEXT, "Schedules").click()
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Schedules"))
     assert browser.current_url == server.url_of("/ui/schedules")
     nightly_row = "//th[normalize-space()='nightly-report']/.."
-    browser.find_element(By.XPATH, f"{nightly_row}//button[normalize-space()='Pause']").click()
+    _follow(browser,
+            browser.find_element(By.XPATH, f"{nightly_row}//button[normalize-space()='Pause']"))
     assert "nightly-report: paused." in browser.find_element(By.CSS_SELECTOR, ".messages").text
     assert _schedule(server, admin, "nightly-report").json()["paused"] is True
-    browser.find_element(By.XPATH, f"{nightly_row}//button[normalize-space()='Resume']").click()
+    _follow(browser,
+            browser.find_element(By.XPATH, f"{nightly_row}//button[normalize-space()='Resume']"))
     assert "nightly-report: resumed." in browser.find_element(By.CSS_SELECTOR, ".messages").text
     assert _schedule(server, admin, "nightly-report").json()["paused"] is False
     _shot(browser, "schedules", engine)
     sync_row = "//th[normalize-space()='hourly-sync']/.."
-    browser.find_element(By.XPATH, f"{sync_row}//button[normalize-space()='Delete']").click()
+    _follow(browser,
+            browser.find_element(By.XPATH, f"{sync_row}//button[normalize-space()='Delete']"))
     assert "hourly-sync: deleted" in browser.find_element(By.CSS_SELECTOR, ".messages").text
     assert _schedule(server, admin, "hourly-sync").status_code == 404
 
@@ -269,5 +288,5 @@ def test_a_revoked_admin_keys_session_ends_at_its_next_page(
     _sign_in(browser, server, admin)
     assert browser.current_url == server.url_of("/ui/")
     _revoke(database_url, "night-shift")
-    browser.find_element(By.LINK_TEXT, "Jobs").click()
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Jobs"))
     assert browser.current_url == server.url_of("/ui/sign-in")
