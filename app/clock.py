@@ -12,6 +12,9 @@ import time
 from datetime import UTC, datetime, timedelta
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Naive, for rendering: isoformat of a naive datetime is strftime's format without an offset,
+# several times cheaper (every answer renders up to seven timestamps per job).
+_NAIVE_EPOCH = datetime(1970, 1, 1)
 MICROS = 1_000_000
 
 # RFC 3339 date-time: a full date, a time with optional fraction, and an explicit offset.
@@ -46,8 +49,8 @@ class ManualClock(Clock):
 def to_rfc3339(micros: int | None) -> str | None:
     if micros is None:
         return None
-    moment = EPOCH + timedelta(microseconds=micros)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    moment = _NAIVE_EPOCH + timedelta(microseconds=micros)
+    return moment.isoformat(timespec="microseconds") + "Z"
 
 
 def parse_rfc3339(text: str) -> int:

@@ -36,6 +36,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from app.files import create_private
@@ -342,10 +343,18 @@ def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int
     def on_begin(conn: Connection) -> None:
         # A write that starts as a reader can fail with SQLITE_BUSY without waiting when it
         # later needs the lock; BEGIN IMMEDIATE takes the write lock up front and waits.
-        if conn.get_execution_options().get("queuelog_write"):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-        else:
-            conn.exec_driver_sql("BEGIN")
+        sql = "BEGIN IMMEDIATE" if conn.get_execution_options().get("queuelog_write") else "BEGIN"
+        if conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute:
+            conn.exec_driver_sql(sql)  # whoever listens sees it, as every other statement
+            return
+        # Straight to the driver otherwise: through Core this costs several times the
+        # statement, and on SQLite it opens every write, inside the serial section.
+        error_class = conn.dialect.loaded_dbapi.Error
+        try:
+            conn.connection.driver_connection.execute(sql)  # type: ignore[union-attr]
+        except error_class as error:
+            raise DBAPIError.instance(sql, (), error, error_class,
+                                      dialect=conn.dialect) from error
 
 
 def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeout: int = 10,

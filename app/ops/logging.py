@@ -39,7 +39,9 @@ def request_id_from(header: str | None) -> str:
 
 
 def rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat of the naive UTC time: strftime's format, several times cheaper per line.
+    moment = datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
+    return moment.isoformat(timespec="microseconds") + "Z"
 
 
 class JsonLineFormatter(logging.Formatter):

@@ -10,6 +10,7 @@ from sqlalchemy import Connection, bindparam, or_, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.db import job_types
+from app.statements import DriverStatement
 from app.types.models import TypeSettings
 
 _counts_running = or_(
@@ -19,6 +20,11 @@ _counts_running = or_(
 )
 _paused_or_pushed = or_(job_types.c.paused.is_(True), job_types.c.push_url.is_not(None))
 _select_limited = select(job_types).where(or_(_paused_or_pushed, _counts_running))
+# Every claim asks; on most servers no type is limited. The names alone need no conversion,
+# so they are read on SQLite's driver cursor (app/statements.py), and the whole rows, through
+# Core, only when there are some.
+_select_limited_names = DriverStatement(
+    select(job_types.c.type).where(or_(_paused_or_pushed, _counts_running)))
 _select_pushed = select(job_types).where(job_types.c.push_url.is_not(None)).order_by(
     job_types.c.type)
 
@@ -71,6 +77,8 @@ class TypeRepository:
     def limited_settings(self) -> list[TypeSettings]:
         """The rows of every type that is paused, pushed or has a cap or a rate: the few a
         claim must look at (a table of one row per configured type at most)."""
+        if not _select_limited_names.rows(self.conn, {}):
+            return []
         return [TypeSettings.from_row(row._mapping) for row in self.conn.execute(_select_limited)]
 
     def pushed_settings(self) -> list[TypeSettings]:

@@ -9,8 +9,8 @@ import threading
 import time
 from datetime import timedelta
 
-from flask import Flask, Request, current_app, session
-from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
+from flask import Flask, Request, Response, current_app, request, session
+from flask.sessions import SecureCookieSession, SecureCookieSessionInterface, SessionMixin
 from itsdangerous import URLSafeTimedSerializer
 from sqlalchemy import Connection
 
@@ -68,9 +68,12 @@ class DashboardSessionInterface(SecureCookieSessionInterface):
             return self.session_class()
         return super().open_session(app, request)
 
-    def get_cookie_secure(self, app: Flask) -> bool:
-        from flask import request
+    def save_session(self, app: Flask, session: SessionMixin, response: Response) -> None:
+        # The API's answers carry no cookie: skip Flask's cookie settings on every request.
+        if is_dashboard(request.path):
+            super().save_session(app, session, response)
 
+    def get_cookie_secure(self, app: Flask) -> bool:
         return request.is_secure or super().get_cookie_secure(app)
 
 
