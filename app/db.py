@@ -156,8 +156,12 @@ Index(
     sqlite_where=text("status IN ('completed', 'failed', 'cancelled')"),
     postgresql_where=text("status IN ('completed', 'failed', 'cancelled')"),
 )
-# The idempotency guard: one job per (producer, key); NULL keys never collide.
-Index("uq_jobs_producer_idempotency_key", jobs.c.producer, jobs.c.idempotency_key, unique=True)
+# The idempotency guard: one job per (producer, key). Partial (migration 0012): most jobs
+# have no key, and an index entry they would never be looked up by is one more page written
+# at every enqueue; the look-up asks for one key by equality, which implies the predicate.
+Index("uq_jobs_producer_idempotency_key", jobs.c.producer, jobs.c.idempotency_key, unique=True,
+      sqlite_where=text("idempotency_key IS NOT NULL"),
+      postgresql_where=text("idempotency_key IS NOT NULL"))
 # Unique jobs: one job per (producer, scope) among the jobs whose status is in their own
 # `while` set. The predicate reads the row itself, so a transition that moves a job out of
 # its while statuses frees its key in the same statement, with no code of its own. Holder
@@ -199,7 +203,10 @@ Index("ix_jobs_failed_id", jobs.c.id, sqlite_where=text("status = 'failed'"),
       postgresql_where=text("status = 'failed'"))
 Index("ix_jobs_cancelled_id", jobs.c.id, sqlite_where=text("status = 'cancelled'"),
       postgresql_where=text("status = 'cancelled'"))
-Index("ix_jobs_worker_id_id", jobs.c.worker_id, jobs.c.id)
+# A worker's jobs, for GET /jobs?worker_id=…; partial for the same reason (0012): no
+# pending job has a worker, so an enqueue writes nothing here.
+Index("ix_jobs_worker_id_id", jobs.c.worker_id, jobs.c.id,
+      sqlite_where=text("worker_id IS NOT NULL"), postgresql_where=text("worker_id IS NOT NULL"))
 
 # One row per job type whose settings were ever changed (a type without a row has the
 # defaults: not paused, no limits). The token bucket's state lives on the row, so that every

@@ -24,6 +24,7 @@ from app.jobs.repository import (
     _due_probe_one_type,
     _due_probe_one_type_by_key,
     _pending_summary,
+    _select_by_idempotency_key,
 )
 from app.migrations import alembic_config, current_revision, head_revision, upgrade
 
@@ -227,7 +228,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0011"
+        assert current_revision(conn) == head_revision() == "0012"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
@@ -243,7 +244,7 @@ def test_postgres_tables_carry_the_storage_parameters_of_0011(empty_db_url, engi
     database = Database(make_engine(empty_db_url))
     if engine_name == "sqlite":
         with database.read() as conn:
-            assert current_revision(conn) == "0011"
+            assert current_revision(conn) == "0012"
         database.engine.dispose()
         return
     with database.read() as conn:
@@ -301,3 +302,26 @@ def test_unique_jobs_migration_keeps_stored_jobs_and_enforces_one_holder(empty_d
     with pytest.raises(IntegrityError), engine.begin() as conn:
         conn.execute(insert_held, {**held, "status": "running"})
     engine.dispose()
+
+
+def test_sqlite_idempotency_look_up_reads_the_partial_unique_index(sqlite_template):
+    # Partial since 0012 (jobs without a key are not in it): the look-up by one key by
+    # equality still reads it.
+    plan = _sqlite_plan(sqlite_template, _select_by_idempotency_key,
+                        {"producer": "p", "idempotency_key": "k"})
+    assert any("USING INDEX uq_jobs_producer_idempotency_key (producer=? AND idempotency_key=?)"
+               in step for step in plan), plan
+
+
+def test_sqlite_listing_a_workers_jobs_reads_the_partial_worker_index(sqlite_template):
+    database = Database(make_engine(f"sqlite:///{sqlite_template}"))
+    statements: list[tuple[str, Any]] = []
+    with database.read() as conn:
+        event.listen(conn, "before_cursor_execute",
+                     lambda *args: statements.append((args[2], args[3])))
+        JobRepository(conn).list_jobs(after_id=0, limit=51, worker="worker-1")
+        statement, parameters = statements[-1]
+        plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all()
+    database.engine.dispose()
+    assert any("USING INDEX ix_jobs_worker_id_id (worker_id=? AND id>?)" in row[-1]
+               for row in plan), plan
