@@ -6,6 +6,7 @@ nothing to convert on the hot paths; the API renders them as RFC 3339.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -44,10 +45,21 @@ class ManualClock(Clock):
 
 
 def to_rfc3339(micros: int | None) -> str | None:
+    """`2026-11-30T18:15:43.123456Z`: UTC, always six fraction digits."""
     if micros is None:
         return None
-    moment = EPOCH + timedelta(microseconds=micros)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return _rfc3339(micros)
+
+
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+
+
+# Every job shown renders five or six times, and a batch's jobs share most of theirs (one
+# created_at, one claimed_at): remembered, the text costs a look-up. isoformat gives what
+# strftime("%Y-%m-%dT%H:%M:%S.%f") gives for the years 1000-9999, at a third of the cost.
+@functools.lru_cache(maxsize=4096)
+def _rfc3339(micros: int) -> str:
+    return (_NAIVE_EPOCH + timedelta(microseconds=micros)).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_rfc3339(text: str) -> int:
