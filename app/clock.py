@@ -6,6 +6,7 @@ nothing to convert on the hot paths; the API renders them as RFC 3339.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -47,10 +48,19 @@ class ManualClock(Clock):
 
 
 def to_rfc3339(micros: int | None) -> str | None:
+    """`2026-11-30T18:15:43.123456Z`: UTC, always six fraction digits."""
     if micros is None:
         return None
-    moment = _NAIVE_EPOCH + timedelta(microseconds=micros)
-    return moment.isoformat(timespec="microseconds") + "Z"
+    return _rfc3339(micros)
+
+
+# Every job shown renders five or six times, and a batch's jobs share most of theirs (one
+# created_at, one claimed_at): remembered, the text costs a look-up. isoformat gives what
+# strftime("%Y-%m-%dT%H:%M:%S.%f") gives, at a third of the cost (and four-digit years
+# before 1000, as RFC 3339 wants).
+@functools.lru_cache(maxsize=4096)
+def _rfc3339(micros: int) -> str:
+    return (_NAIVE_EPOCH + timedelta(microseconds=micros)).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_rfc3339(text: str) -> int:

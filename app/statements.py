@@ -18,12 +18,20 @@ It takes the driver path only where that gives the very same result as Core:
   catch statements that way): they then see every statement, through Core.
 Otherwise, and always on PostgreSQL, it runs the statement through Core. Driver errors are
 raised as SQLAlchemy's own exception classes, as Core raises them.
+
+Many rows at once (a batch's jobs, their events and attempts): `execute_many` hands a write
+without RETURNING to the driver's executemany, and `insert_many` sends an INSERT … RETURNING
+as multi-row VALUES, the way Core's "insertmanyvalues" batches it. Core compiles a
+multi-row INSERT built with `.values([...])` afresh for every call (its SQL depends on the
+number of rows), and sends an INSERT … RETURNING that must keep its rows' order one row per
+statement on SQLite: on a 1,000-job batch the two cost more than everything else the
+request does.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
@@ -41,11 +49,14 @@ class _Plan:
     """One compiled shape: its SQL and where each positional value comes from (None when the
     shape must run through Core)."""
 
-    __slots__ = ("slots", "sql")
+    __slots__ = ("slots", "sql", "values_group")
 
-    def __init__(self, sql: str, slots: list[_Slot]) -> None:
+    def __init__(self, sql: str, slots: list[_Slot], values_group: str | None) -> None:
         self.sql = sql
         self.slots = slots
+        # An INSERT's one parenthesised group of VALUES, found once in `sql` (None for other
+        # statements): repeated, it makes the multi-row form.
+        self.values_group = values_group
 
 
 class DriverStatement:
@@ -62,26 +73,66 @@ class DriverStatement:
         self._lock = threading.Lock()
 
     def rows(self, conn: Connection, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
-        dispatch = conn.dispatch
-        if (conn.dialect.name != "sqlite" or dispatch.before_cursor_execute
-                or dispatch.after_cursor_execute or not conn.in_transaction()):
-            return self._through_core(conn, params)
-        shape = tuple(params)
-        try:
-            plan = self._plans[shape]
-        except KeyError:
-            plan = self._compile(conn.dialect, params, shape)
+        plan = self._driver_plan(conn, params)
         if plan is None:
             return self._through_core(conn, params)
         values = tuple(params[value] if named else value for named, value in plan.slots)
-        driver = conn.connection.driver_connection
-        error_class = conn.dialect.loaded_dbapi.Error
+        return _fetch_all(conn, plan.sql, values)
+
+    def execute_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Run the statement (a write without RETURNING) once for each row of parameters,
+        all of one shape (the same names), as Core's executemany would."""
+        if not rows:
+            return
+        plan = self._driver_plan(conn, rows[0])
+        if plan is None:
+            conn.execute(self.statement, [dict(row) for row in rows])
+            return
+        slots = plan.slots
+        values = [tuple(row[value] if named else value for named, value in slots)
+                  for row in rows]
+        _on_driver(conn, plan.sql, values,
+                   lambda driver: driver.executemany(plan.sql, values))
+
+    def insert_many(self, conn: Connection,
+                    rows: Sequence[Mapping[str, Any]]) -> list[Sequence[Any]] | None:
+        """The statement (an INSERT … RETURNING of one row's VALUES) for every row of
+        parameters, all of one shape, as multi-row VALUES on the driver, in as few statements
+        as the dialect's limits allow (insertmanyvalues_page_size rows, and
+        insertmanyvalues_max_parameters values, per statement). Returns the RETURNING rows in
+        no particular order (SQLite promises none), or None when the rows must go through
+        Core (see the module's docstring), for the caller to run them there."""
+        if not rows:
+            return []
+        plan = self._driver_plan(conn, rows[0])
+        if plan is None or plan.values_group is None:
+            return None
+        slots = plan.slots
+        dialect = conn.dialect
+        per_statement = max(1, min(dialect.insertmanyvalues_page_size,
+                                   dialect.insertmanyvalues_max_parameters // len(slots)))
+        returned: list[Sequence[Any]] = []
+        for first in range(0, len(rows), per_statement):
+            chunk = rows[first:first + per_statement]
+            sql = plan.sql.replace(plan.values_group,
+                                   ", ".join([plan.values_group] * len(chunk)), 1)
+            values = tuple(row[value] if named else value
+                           for row in chunk for named, value in slots)
+            returned += _fetch_all(conn, sql, values)
+        return returned
+
+    def _driver_plan(self, conn: Connection, params: Mapping[str, Any]) -> _Plan | None:
+        """The driver plan for `params`' shape, or None when the statement must run through
+        Core (see the module's docstring)."""
+        dispatch = conn.dispatch
+        if (conn.dialect.name != "sqlite" or dispatch.before_cursor_execute
+                or dispatch.after_cursor_execute or not conn.in_transaction()):
+            return None
+        shape = tuple(params)
         try:
-            rows: list[Any] = driver.execute(plan.sql, values).fetchall()  # type: ignore[union-attr]
-        except error_class as error:
-            raise DBAPIError.instance(plan.sql, values, error, error_class,
-                                      dialect=conn.dialect) from error
-        return rows
+            return self._plans[shape]
+        except KeyError:
+            return self._compile(conn.dialect, params, shape)
 
     def first(self, conn: Connection, params: Mapping[str, Any]) -> Sequence[Any] | None:
         rows = self.rows(conn, params)
@@ -93,8 +144,11 @@ class DriverStatement:
 
     def _compile(self, dialect: Dialect, params: Mapping[str, Any],
                  shape: tuple[str, ...]) -> _Plan | None:
-        # Core compiles with the sorted names of the parameters as the column keys.
-        compiled = self.statement.compile(dialect=dialect, column_keys=sorted(params))
+        # Core compiles with the sorted names of the parameters as the column keys. An INSERT
+        # is compiled as for an executemany, which gives the same SQL and also names its group
+        # of VALUES (for insert_many).
+        compiled = self.statement.compile(dialect=dialect, column_keys=sorted(params),
+                                          for_executemany=bool(self.statement.is_insert))
         plan = _plan_of(compiled, dialect, params) if isinstance(compiled, SQLCompiler) else None
         with self._lock:
             self._plans[shape] = plan
@@ -120,4 +174,26 @@ def _plan_of(compiled: SQLCompiler, dialect: Dialect, params: Mapping[str, Any])
             slots.append((False, constants[name]))
         else:
             return None  # a parameter Core would refuse as missing: let Core say so
-    return _Plan(compiled.string, slots)
+    values_group = None
+    many = compiled._insertmanyvalues
+    if many is not None and compiled.string.count(f"({many.single_values_expr})") == 1:
+        values_group = f"({many.single_values_expr})"
+    return _Plan(compiled.string, slots, values_group)
+
+
+def _fetch_all(conn: Connection, sql: str, values: tuple[Any, ...]) -> list[Sequence[Any]]:
+    rows: list[Sequence[Any]] = _on_driver(conn, sql, values,
+                                           lambda driver: driver.execute(sql, values).fetchall())
+    return rows
+
+
+def _on_driver(conn: Connection, sql: str, values: Any, call: Callable[[Any], Any]) -> Any:
+    """`call` on the connection's driver connection; driver errors raised as Core raises
+    them (SQLAlchemy's classes)."""
+    driver = conn.connection.driver_connection
+    error_class = conn.dialect.loaded_dbapi.Error
+    try:
+        return call(driver)
+    except error_class as error:
+        raise DBAPIError.instance(sql, values, error, error_class,
+                                  dialect=conn.dialect) from error

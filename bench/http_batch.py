@@ -2,6 +2,11 @@
 claim-many + complete-many cycle (10 and 100 jobs per request), at 1 and 8 clients, and the
 latency from an enqueue to the delivery of a long-polling claim (`wait_seconds`).
 
+Beside each batch row at 8 clients, in turns with it, raw sqlite3 does the same database work
+(bench/raw_batch.py): the same rows inserted in one transaction per batch, or the same
+claims and completes with the repository's statements, on a fresh file with the same
+pragmas. The ratio of the two is the batch routes' target.
+
     PYTHONPATH=. python bench/http_batch.py [--smoke] [--repeats N]
 
 With QUEUELOG_BENCH_POSTGRES_URL set to a PostgreSQL server URL, the batch rows are measured
@@ -33,9 +38,11 @@ from bench.data import (
     scratch_directory,
 )
 from bench.load import Client, HttpError, run_load, scenario
+from bench.raw_batch import raw_cycle_rate, raw_insert_rate
 from bench.report import Report, Table, Target, run_script
 from bench.servers import queuelog_server
 from bench.stats import Spread, ms, percentile
+from bench.storage import Statements
 
 CLIENTS = (1, 8)
 # (scenario, jobs per request): requests per load run at 1 and at 8 clients. Bounded again by
@@ -66,6 +73,13 @@ KEYS = {"producer-0": "producer", "producer-1": "producer", "worker-0": "worker"
         "worker-1": "worker"}
 # One server against two over one PostgreSQL database, at this many clients.
 SCALE_CLIENTS = 8
+# The HTTP rows (SQLite) compared with raw sqlite3 doing the same work: at this many clients,
+# against these goals for (scenario, jobs per request).
+RAW_CLIENTS = 8
+RAW_GOALS = {("enqueue_batch", 1000): 0.5, ("claim_complete_many", 100): 0.7}
+RAW_LABELS = {"enqueue_batch": "insert, one transaction per batch (executemany)",
+              "claim_complete_many": "claim UPDATE … RETURNING, then the completes, one "
+                                     "transaction each"}
 
 
 @scenario
@@ -153,6 +167,16 @@ def pending_jobs(url: str) -> int:
         return conn.execute("SELECT count(*) FROM jobs WHERE status = 'pending'").fetchone()[0]
 
 
+def raw_rate(directory: str, statements: Statements, name: str, size: int, count: int,
+             run: int) -> float:
+    """raw sqlite3's jobs/s doing `count` jobs of scenario `name`, `size` per transaction (or
+    claim), on a fresh database of its own."""
+    file = f"raw-{run}.sqlite3"
+    if name == "enqueue_batch":
+        return raw_insert_rate(directory, file, statements, count, size)
+    return raw_cycle_rate(directory, file, statements, count, size)
+
+
 def measure(options: Any) -> Report:
     requests = SMOKE_REQUESTS if options.smoke else FULL_REQUESTS
     report = Report("HTTP, batches and long polling", "python bench/http_batch.py",
@@ -164,6 +188,10 @@ def measure(options: Any) -> Report:
     scale_ratios: dict[tuple[str, int], Spread] = {}
     idle_poll, backlog_poll = LongPoll(), LongPoll()
     backlog = Spread()
+    # raw[(scenario, jobs per request)]: raw sqlite3's jobs/s; against_raw[...]: the HTTP
+    # row at RAW_CLIENTS on SQLite over raw sqlite3's, each repeat's pair measured in turns.
+    raw: dict[tuple[str, int], Spread] = {}
+    against_raw: dict[tuple[str, int], Spread] = {}
 
     def record(key: tuple[Any, ...], into: dict[Any, dict[str, Spread]], result: Any) -> None:
         spread = into.setdefault(key, {"jobs": Spread(), "requests": Spread(),
@@ -186,6 +214,8 @@ def measure(options: Any) -> Report:
         idle_tokens = create_keys(idle_url, {"producer": "producer",
                                              "worker": "worker"})
         idle = stack.enter_context(queuelog_server(directory, idle_url))
+        statements = Statements(directory)
+        raw_runs = 0
 
         def keys(engine: str, name: str) -> list[str]:
             role = "producer" if name == "enqueue_batch" else "worker"
@@ -196,7 +226,19 @@ def measure(options: Any) -> Report:
                 for clients in CLIENTS:
                     count = counts[clients]
                     order = engines if repeat % 2 == 0 else list(reversed(engines))
+                    # raw sqlite3 takes its turn first in even repeats, last in odd ones.
+                    if clients == RAW_CLIENTS:
+                        order = (["raw", *order] if repeat % 2 == 0 else [*order, "raw"])
+                    http_rate: dict[tuple[str, int], float] = {}
                     for engine in order:
+                        if engine == "raw":
+                            raw_runs += 1
+                            rate = raw_rate(directory, statements, name, size, count * size,
+                                            raw_runs)
+                            raw.setdefault((name, size), Spread()).add(rate)
+                            print(f"repeat {repeat + 1}: {LABELS[name]} {size}/request, raw "
+                                  f"sqlite3: {rate:,.0f} jobs/s", file=sys.stderr, flush=True)
+                            continue
                         server = servers[engine]
                         if name == "claim_complete_many":
                             fill_queue(server.port, keys(engine, "enqueue_batch")[0],
@@ -205,10 +247,15 @@ def measure(options: Any) -> Report:
                                           clients=clients, operations=count,
                                           max_seconds=MAX_SECONDS, params={"size": size})
                         record((name, size, clients, engine), figures, result)
+                        if engine == "SQLite" and clients == RAW_CLIENTS:
+                            http_rate[(name, size)] = result.jobs_per_second
                         print(f"repeat {repeat + 1}: {LABELS[name]} {size}/request at "
                               f"{clients} client(s), {engine}: "
                               f"{result.jobs_per_second:,.0f} jobs/s",
                               file=sys.stderr, flush=True)
+                    if clients == RAW_CLIENTS:
+                        against_raw.setdefault((name, size), Spread()).add(
+                            http_rate[(name, size)] / raw[(name, size)].values[-1])
                 if second is None:
                     continue
                 pair = [servers["PostgreSQL"].port, second.port]
@@ -245,6 +292,16 @@ def measure(options: Any) -> Report:
         table.add(LABELS[name], f"{size:,}", clients, engine, spread["jobs"].show(),
                   spread["requests"].show(), spread["p50"].show(1), spread["p99"].show(1))
     report.tables.append(table)
+    raw_table = Table(
+        f"raw sqlite3 doing the same database work, beside the HTTP rows at {RAW_CLIENTS} "
+        "clients on SQLite, measured in turns (median [min-max] over repeats)",
+        ["operation", "jobs per request / transaction", "raw sqlite3 does", "raw sqlite3 jobs/s",
+         f"HTTP jobs/s, {RAW_CLIENTS} clients", "HTTP / raw"])
+    for (name, size), spread in raw.items():
+        raw_table.add(LABELS[name], f"{size:,}", RAW_LABELS[name], spread.show(),
+                      figures[(name, size, RAW_CLIENTS, "SQLite")]["jobs"].show(),
+                      against_raw[(name, size)].show(2))
+    report.tables.append(raw_table)
     if scaled:
         scale_table = Table(
             f"One server vs two servers (two gunicorn instances, clients split between them) "
@@ -286,6 +343,11 @@ def measure(options: Any) -> Report:
     report.targets.append(Target(f"claim-many + complete-many jobs/s (best: {where})",
                                  f"≥ {CYCLE_GOAL:,}", spread.show(),
                                  spread.median >= CYCLE_GOAL))
+    for (name, size), goal in RAW_GOALS.items():
+        ratio = against_raw[(name, size)]
+        report.targets.append(Target(
+            f"{LABELS[name]} ({size:,} per request, {RAW_CLIENTS} clients) / raw sqlite3 "
+            "doing the same work", f"≥ {goal}", ratio.show(2), ratio.median >= goal))
     report.targets.append(Target("long-poll delivery after the enqueue's 201, empty queue, p99",
                                  f"≤ about {LONG_POLL_GOAL_MS} ms (contract)",
                                  idle_poll.stored_p99.show(1, " ms"),
@@ -316,6 +378,15 @@ def measure(options: Any) -> Report:
         "'email'), for a 'report' job: each peek and each claim reads only the 'report' "
         "part of the per-type claim-order index, so the backlog of other types costs it "
         "nothing (see depth.py's typed rows).",
+        "raw sqlite3 (bench/raw_batch.py): a fresh file migrated to the real schema (every "
+        "index of the jobs table), the engine's pragmas (WAL, synchronous=FULL), the rows the "
+        "service's intake builds for the same job bodies. Enqueue: one executemany of the "
+        "jobs table's INSERT per batch, in its own transaction. Claim + complete: the "
+        "repository's claim UPDATE … RETURNING (caught from SQLAlchemy, as storage.py "
+        "does) for that many jobs in claim order in one transaction, then its fenced "
+        "complete UPDATE … RETURNING for each of them in another. It does none of what "
+        "queuelog adds: HTTP, JSON, validation, the history rows (an event per job and "
+        "change, an attempt per claim), the key check, the lease rescue, flow control.",
         "The clients are threads in forked processes sharing the 2 cores with the server.",
     ]
     return report

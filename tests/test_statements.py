@@ -83,3 +83,42 @@ def test_listeners_on_the_engine_see_every_statement_too(database):
     with database.write() as conn:
         _insert_thing.rows(conn, {"name": "a"})
     assert any(sql.startswith("INSERT INTO things") for sql in seen)
+
+
+_insert_plain_thing = DriverStatement(insert(_things))
+
+
+def test_many_rows_are_stored_as_through_core_and_come_back_each_once(database):
+    with database.write() as conn:
+        _insert_plain_thing.execute_many(conn, [{"name": "a"}, {"name": "b"}])
+        returned = _insert_thing.insert_many(conn, [{"name": f"n{i}"} for i in range(2500)])
+        assert returned is not None
+        assert sorted(name for _, name in returned) == sorted(f"n{i}" for i in range(2500))
+    with database.read() as conn:
+        assert [name for _, name in conn.execute(select(_things).order_by(_things.c.id))] == [
+            "a", "b", *(f"n{i}" for i in range(2500))]
+
+
+def test_an_error_in_many_rows_is_sqlalchemys_and_stores_none_of_them(database):
+    with pytest.raises(IntegrityError), database.write() as conn:
+        _insert_thing.insert_many(conn, [{"name": "a"}, {"name": "b"}, {"name": "a"}])
+    with pytest.raises(IntegrityError), database.write() as conn:
+        _insert_plain_thing.execute_many(conn, [{"name": "c"}, {"name": "c"}])
+    with database.read() as conn:
+        assert conn.execute(select(_things)).all() == []
+
+
+def test_a_batch_of_jobs_comes_back_in_the_order_sent(db_url):
+    # Rows alike but for their payload, sent so that their payloads do not sort as sent.
+    database = Database(make_engine(db_url))
+    try:
+        now = 1_700_000_000_000_000
+        rows = [{"type": "email", "payload": f'{{"n":{(i * 7919) % 1000}}}', "priority": 2,
+                 "status": "pending", "retry_count": 0, "max_retries": 3, "producer": "p",
+                 "run_at": now, "created_at": now, "updated_at": now} for i in range(1000)]
+        with database.write() as conn:
+            made = job_repository.JobRepository(conn).insert_jobs(rows)
+        assert [job.payload for job in made] == [row["payload"] for row in rows]
+        assert [job.id for job in made] == sorted(job.id for job in made)
+    finally:
+        database.engine.dispose()

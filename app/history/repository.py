@@ -66,12 +66,11 @@ class HistoryRepository:
 
     def open_attempts(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Open an attempt per row (`job_id`, `worker_id`, `claimed_at`)."""
-        if rows:
-            # One row (a single claim, the hot path) skips executemany's extra work.
-            if len(rows) == 1:
-                _open_attempt.rows(self.conn, rows[0])
-            else:
-                self.conn.execute(_open_attempt_statement, list(rows))
+        # One row (a single claim, the hot path) skips executemany's extra work.
+        if len(rows) == 1:
+            _open_attempt.rows(self.conn, rows[0])
+        else:
+            _open_attempt.execute_many(self.conn, rows)
 
     def close_attempts(self, rows: Sequence[Mapping[str, Any]], outcome: Outcome,
                        ended_at: int) -> None:
@@ -79,8 +78,8 @@ class HistoryRepository:
         params = [{**row, "ended_at": ended_at, "new_outcome": outcome.value} for row in rows]
         if len(params) == 1:
             _close_attempt.rows(self.conn, params[0])
-        elif params:
-            self.conn.execute(_close_attempt_statement, params)
+        else:
+            _close_attempt.execute_many(self.conn, params)
 
     def attempts_of(self, job_id: int) -> list[Attempt]:
         return [Attempt(*row) for row in self.conn.execute(_attempts_of_job, {"job_id": job_id})]
@@ -89,11 +88,11 @@ class HistoryRepository:
 
     def add_events(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Store events (`job_id`, `at`, `event`, `actor`, `detail`), several in one
-        multi-row INSERT."""
+        executemany (on SQLite the driver's: see app/statements.py)."""
         if len(rows) == 1:
             _insert_event.rows(self.conn, rows[0])
-        elif rows:
-            self.conn.execute(insert(job_events).values(list(rows)))
+        else:
+            _insert_event.execute_many(self.conn, rows)
 
     def events_of(self, job_id: int, limit: int) -> list[JobEvent]:
         """The job's newest `limit` events, oldest first."""

@@ -280,6 +280,30 @@ def _job(row: Any) -> Job:
     return Job(*row)
 
 
+# The columns that tell a batch's rows apart, checked against the rows sent.
+_TELLING_COLUMNS = ("type", "payload", "priority", "run_at", "idempotency_key")
+
+
+def _in_row_order(returned: Sequence[Any], rows: Sequence[Mapping[str, Any]]) -> list[Job]:
+    """The jobs a multi-row INSERT … RETURNING on SQLite made, in the order of `rows`.
+
+    SQLite returns them in no promised order, but inserts the rows of VALUES in order and,
+    under AUTOINCREMENT, gives each an id above every id before it: in id order they are in
+    `rows`' order. That is checked on the columns that tell rows apart; should it ever not
+    hold, each row is matched with a job holding every one of its values instead.
+    """
+    made = sorted(map(_job, returned), key=lambda job: job.id)
+    if len(made) == len(rows) and all(
+            getattr(job, name) == row.get(name)
+            for job, row in zip(made, rows, strict=True) for name in _TELLING_COLUMNS):
+        return made
+    by_values: dict[tuple[Any, ...], list[Job]] = {}
+    names = sorted(rows[0])
+    for job in reversed(made):
+        by_values.setdefault(tuple(getattr(job, name) for name in names), []).append(job)
+    return [by_values[tuple(row[name] for name in names)].pop() for row in rows]
+
+
 # PostgreSQL's deadlock_detected and serialization_failure: the transaction is undone whole
 # and may simply run again.
 _RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
@@ -327,8 +351,12 @@ class JobRepository:
         """
         if not rows:
             return []
-        stmt = insert(jobs).returning(*jobs.c, sort_by_parameter_order=True)
         try:
+            returned = _insert_statement(self.conn.dialect.name, skip_conflicts=False
+                                         ).insert_many(self.conn, rows)
+            if returned is not None:
+                return _in_row_order(returned, rows)
+            stmt = insert(jobs).returning(*jobs.c, sort_by_parameter_order=True)
             return [_job(row) for row in self.conn.execute(stmt, list(rows))]
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES:

@@ -8,7 +8,8 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.auth import current_caller, require_roles
 from app.errors import Forbidden, Problem, ValidationFailed, problem_body
-from app.http import load_body, load_query, no_content
+from app.http import json_body, load_body, load_query, no_content
+from app.jobs.fastload import load_batch
 from app.jobs.schemas import (
     BatchEnqueueSchema,
     BatchJobListSchema,
@@ -50,7 +51,6 @@ _heartbeat_schema = HeartbeatSchema()
 _complete_schema = CompleteSchema()
 _fail_schema = FailSchema()
 _no_body_schema = EmptySchema()
-_batch_schema = BatchEnqueueSchema()
 _claim_many_schema = ClaimManySchema()
 _complete_many_schema = CompleteManySchema()
 _bulk_schema = BulkSchema()
@@ -142,7 +142,7 @@ def enqueue_batch() -> Response:
         raise ValidationFailed(
             "A batch takes an idempotency_key in each job, not the Idempotency-Key header.",
             errors={"Idempotency-Key": ["Put idempotency_key in each job instead."]})
-    body = load_body(_batch_schema)
+    body = load_batch(json_body())
     results = _service().enqueue_many(current_caller(), body["jobs"])
     show_error = current_caller().is_admin
     response = jsonify({"jobs": [represent(outcome.job, show_error=show_error)

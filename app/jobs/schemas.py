@@ -35,14 +35,18 @@ DEFAULT_BULK_JOBS = 1000
 # A page of GET /jobs stops short of `limit` jobs rather than pass this many bytes of JSON.
 MAX_PAGE_BYTES = 4 * 1024 * 1024
 
+MAX_TYPE_CHARS = 100
+MAX_KEY_CHARS = 255
+
 _ASCII_DIGITS = re.compile(r"[0-9]{1,18}")
-_PRINTABLE_ASCII = validate.Regexp(r"^[\x20-\x7e]+\Z", error="Must be printable ASCII.")
+PRINTABLE_ASCII = re.compile(r"^[\x20-\x7e]+\Z")
+_PRINTABLE_ASCII = validate.Regexp(PRINTABLE_ASCII, error="Must be printable ASCII.")
 
 
 def idempotency_key_field(**options: Any) -> fields.String:
     """An idempotency key, in the `Idempotency-Key` header or in a body alike: 1..255
     printable ASCII. (HTTP drops spaces at the ends of a header value before it gets here.)"""
-    return fields.String(validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII],
+    return fields.String(validate=[validate.Length(min=1, max=MAX_KEY_CHARS), _PRINTABLE_ASCII],
                          **options)
 
 
@@ -191,7 +195,7 @@ class UniqueSchema(StrictSchema):
 
 
 class EnqueueSchema(StrictSchema):
-    type = fields.String(required=True, validate=validate.Length(min=1, max=100))
+    type = fields.String(required=True, validate=validate.Length(min=1, max=MAX_TYPE_CHARS))
     payload = fields.Dict(load_default=dict)
     priority = PriorityLabel(load_default=None, metadata={
         "enum": [*PRIORITY_LABELS, None],
@@ -204,7 +208,8 @@ class EnqueueSchema(StrictSchema):
                                   validate=validate.Range(0, MAX_DELAY_SECONDS))
     idempotency_key = idempotency_key_field(load_default=None)
     concurrency_key = fields.String(
-        load_default=None, validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII],
+        load_default=None, validate=[validate.Length(min=1, max=MAX_KEY_CHARS),
+                                     _PRINTABLE_ASCII],
         metadata={"description": "With the type's max_running_per_key set, at most that many "
                                  "jobs of one (type, concurrency_key) run at once."})
     unique = fields.Nested(UniqueSchema, load_default=None, allow_none=True, metadata={
@@ -265,6 +270,9 @@ class BulkResultSchema(Schema):
 
 
 class BatchEnqueueSchema(StrictSchema):
+    """POST /jobs/batch's body. The route loads it through app/jobs/fastload.py, which gives
+    what this schema would for plainly valid jobs: a rule changed here changes there too."""
+
     jobs = fields.List(fields.Nested(EnqueueSchema), required=True,
                        validate=validate.Length(min=1, max=MAX_BATCH_JOBS))
 
