@@ -137,7 +137,10 @@ def pattern(n: int) -> str:
     return {0: "500", 1: "503"}.get(n % 10, "200")
 
 
-def test_a_thousand_jobs_end_as_the_receivers_pattern_says(setup):
+def test_three_hundred_jobs_end_as_the_receivers_pattern_says(setup):
+    """300 jobs at concurrency 16: 30 of each failing outcome (500: failed after its one
+    retry; 503 then 200: completed after Retry-After) among 240 plain successes, so every
+    outcome runs many times over, with deliveries of all three in flight at once."""
     def answer(received: Received) -> Reply:
         kind = pattern(received.body["payload"]["n"])
         if kind == "500":
@@ -148,7 +151,7 @@ def test_a_thousand_jobs_end_as_the_receivers_pattern_says(setup):
 
     with Receiver(answer=answer) as receiver:
         receiver.secret = setup.make_push(receiver.url)
-        ids = setup.enqueue(1000, max_retries=1)
+        ids = setup.enqueue(300, max_retries=1)
         setup.dispatcher(concurrency=16)
         # Meanwhile a worker that may claim every type gets none of them.
         for _ in range(5):
@@ -172,6 +175,12 @@ def test_a_thousand_jobs_end_as_the_receivers_pattern_says(setup):
     assert setup.dispatchers[0].terminate() == 0
 
 
+# On SQLite alone: what is proven here is the dispatcher's (a kill loses no job; only the
+# deliveries in flight at the kill are sent twice), and it claims through JobService.claim
+# like any worker, so after the kill the other engine would run the same expired-lease
+# rescue that tests/e2e/test_rescue.py proves on both engines against a killed worker
+# process. Each run waits out a lease (timeout + 30 s) with nothing else to do.
+@pytest.mark.parametrize("server_database_url", ["sqlite"], indirect=True)
 def test_a_dispatcher_killed_mid_run_loses_nothing(setup):
     with Receiver(answer=lambda r: Reply(200, delay=0.05)) as receiver:
         # A timeout well above the receiver's answer, so that no delivery times out (and is
