@@ -11,4 +11,7 @@ PYTHON=${PYTHON:-python3}
 # setuptools packs whatever an earlier build left in build/lib into the wheel it makes.
 rm -rf build client/build
 .venv-test/bin/python -m pip install --quiet ./client ".[test,bench]"
-exec .venv-test/bin/python -m pytest "$@"
+# Two processes (pytest-xdist), a file at a time each: much of the suite waits on real
+# servers, leases and schedule slots, which overlap well even on two cores; a file's fixtures
+# (the built image, the browser) are made once. `-n 0` after the script runs one process.
+exec .venv-test/bin/python -m pytest -n 2 --dist loadfile "$@"
