@@ -57,6 +57,21 @@ def wait_until_a_claim_waits_for_a_lock(app: Flask) -> None:
     raise AssertionError("the claim never waited for the type's row")
 
 
+def claim_while_a_rival_starts(app: Flask, worker: Any, job_id: int, job_type: str,
+                               now_us: int) -> list[Any]:
+    """A claim made while a rival transaction starts `job_id` running without the claim's
+    gate seeing it; the rival commits once the claim waits at its check under the lock.
+    Returns what the claim took."""
+    with app.extensions["queuelog"].db.engine.connect() as conn:
+        transaction = conn.begin()
+        start_running_unseen(conn, job_id, now_us, job_type)
+        thread, claimed = claim_in_thread(app, worker)
+        wait_until_a_claim_waits_for_a_lock(app)
+        transaction.commit()
+    thread.join(30)
+    return claimed
+
+
 def running_of(app: Flask, job_type: str) -> int:
     with app.extensions["queuelog"].db.read() as conn:
         return int(conn.execute(text("SELECT count(*) FROM jobs WHERE status = 'running' "
@@ -70,16 +85,9 @@ def test_a_claim_that_the_check_finds_over_max_running_takes_the_next_allowed_jo
     first = api.enqueue(producer, type="email").json["id"]
     api.enqueue(producer, type="email")
     other_type = api.enqueue(producer, type="pdf").json["id"]
-    engine = app.extensions["queuelog"].db.engine
-    with engine.connect() as conn:
-        transaction = conn.begin()
-        start_running_unseen(conn, first, clock.now_us(), "email")
-        # The claim's gate cannot see that job running: it takes the second email job, then
-        # waits at its check for the row this transaction holds.
-        thread, claimed = claim_in_thread(app, worker)
-        wait_until_a_claim_waits_for_a_lock(app)
-        transaction.commit()
-    thread.join(30)
+    # The claim's gate cannot see that job running: it takes the second email job, then
+    # waits at its check for the row the rival holds.
+    claimed = claim_while_a_rival_starts(app, worker, first, "email", clock.now_us())
 
     assert [c.job.id for c in claimed] == [other_type]
     assert running_of(app, "email") == 1
@@ -92,14 +100,7 @@ def test_a_claim_that_the_check_finds_over_its_key_cap_takes_another_key(
     first = api.enqueue(producer, type="sync", concurrency_key="a").json["id"]
     api.enqueue(producer, type="sync", concurrency_key="a")
     other_key = api.enqueue(producer, type="sync", concurrency_key="b").json["id"]
-    engine = app.extensions["queuelog"].db.engine
-    with engine.connect() as conn:
-        transaction = conn.begin()
-        start_running_unseen(conn, first, clock.now_us(), "sync")
-        thread, claimed = claim_in_thread(app, worker)
-        wait_until_a_claim_waits_for_a_lock(app)
-        transaction.commit()
-    thread.join(30)
+    claimed = claim_while_a_rival_starts(app, worker, first, "sync", clock.now_us())
 
     assert [c.job.id for c in claimed] == [other_key]
     assert running_of(app, "sync") == 2
@@ -114,14 +115,7 @@ def test_a_cap_far_from_reached_a_moment_ago_still_holds_when_others_reach_it(
     ids = [api.enqueue(producer, type="email").json["id"] for _ in range(3)]
     other_type = api.enqueue(producer, type="pdf").json["id"]
     assert api.claim(worker).json["id"] == ids[0]
-    engine = app.extensions["queuelog"].db.engine
-    with engine.connect() as conn:
-        transaction = conn.begin()
-        start_running_unseen(conn, ids[1], clock.now_us(), "email")
-        thread, claimed = claim_in_thread(app, worker)
-        wait_until_a_claim_waits_for_a_lock(app)
-        transaction.commit()
-    thread.join(30)
+    claimed = claim_while_a_rival_starts(app, worker, ids[1], "email", clock.now_us())
 
     assert [c.job.id for c in claimed] == [other_type]
     assert running_of(app, "email") == 2
