@@ -42,9 +42,26 @@ def journal_of(conn: Any) -> str:
     return str(conn.execute("PRAGMA journal_mode").fetchone()[0]).upper()
 
 
-class QueuelogPeer:
-    name = "queuelog (repository)"
+class _QueuelogWayPeer:
+    """A peer running queuelog's enqueue, claim and complete through one of bench/storage.py's
+    ways (`self.way`)."""
+
     ack = "claim, then complete: two commits; an unacknowledged job returns when its lease ends"
+    way: Any
+
+    def enqueue(self, n: int) -> None:
+        self.way.enqueue(n)
+
+    def dequeue_ack(self, n: int) -> None:
+        self.way.claim(n)
+        self.way.complete(n)
+
+    def close(self) -> None:
+        self.way.close()
+
+
+class QueuelogPeer(_QueuelogWayPeer):
+    name = "queuelog (repository)"
 
     def __init__(self, directory: str) -> None:
         self.way = RepositoryWay(migrated_database(directory, "queuelog.sqlite3"), "FULL")
@@ -54,23 +71,12 @@ class QueuelogPeer:
             raw = conn.connection.dbapi_connection
             return f"{journal_of(raw)}, synchronous={synchronous_of(raw)}"
 
-    def enqueue(self, n: int) -> None:
-        self.way.enqueue(n)
 
-    def dequeue_ack(self, n: int) -> None:
-        self.way.claim(n)
-        self.way.complete(n)
-
-    def close(self) -> None:
-        self.way.close()
-
-
-class QueuelogRawPeer:
+class QueuelogRawPeer(_QueuelogWayPeer):
     """The floor under queuelog's own code: the statements its repository sends (caught once
     per run) on a bare sqlite3 connection with the engine's pragmas, over the same schema."""
 
     name = "queuelog's statements on bare sqlite3 (no queuelog code: the schema's floor)"
-    ack = QueuelogPeer.ack
     statements: Statements | None = None  # set by measure(), once per run
 
     def __init__(self, directory: str) -> None:
@@ -80,16 +86,6 @@ class QueuelogRawPeer:
 
     def durability(self) -> str:
         return f"{journal_of(self.way.conn)}, synchronous={synchronous_of(self.way.conn)}"
-
-    def enqueue(self, n: int) -> None:
-        self.way.enqueue(n)
-
-    def dequeue_ack(self, n: int) -> None:
-        self.way.claim(n)
-        self.way.complete(n)
-
-    def close(self) -> None:
-        self.way.close()
 
 
 class HueyPeer:
