@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -66,7 +67,9 @@ class StandInAutovacuum:
     often do; production ones must not). Every naptime it applies autovacuum's own rule to
     each churned table, with the table's storage parameters or the server's defaults:
     VACUUM once dead rows exceed threshold + scale factor x rows, ANALYZE once rows changed
-    since the last analyze exceed its pair. A server with autovacuum on is left alone."""
+    since the last analyze exceed its pair; and it runs them throttled as autovacuum does
+    (autovacuum_vacuum_cost_delay and _cost_limit), not at a manual VACUUM's full speed. A
+    server with autovacuum on is left alone."""
 
     def __init__(self, url: str) -> None:
         from sqlalchemy import create_engine, text
@@ -74,12 +77,19 @@ class StandInAutovacuum:
         self.engine = create_engine(url, isolation_level="AUTOCOMMIT")
         with self.engine.connect() as conn:
             self.active = conn.execute(text("SHOW autovacuum")).scalar() == "off"
-            self.naptime = float(conn.execute(text(
-                "SELECT setting FROM pg_settings WHERE name = 'autovacuum_naptime'")).scalar())
-            self.defaults = {name: float(value) for name, value in conn.execute(text(
+            settings = {name: float(value) for name, value in conn.execute(text(
                 "SELECT name, setting FROM pg_settings WHERE name IN"
                 " ('autovacuum_vacuum_scale_factor', 'autovacuum_vacuum_threshold',"
-                " 'autovacuum_analyze_scale_factor', 'autovacuum_analyze_threshold')"))}
+                " 'autovacuum_analyze_scale_factor', 'autovacuum_analyze_threshold',"
+                " 'autovacuum_naptime', 'autovacuum_vacuum_cost_delay',"
+                " 'autovacuum_vacuum_cost_limit', 'vacuum_cost_limit')"))}
+        self.naptime = settings.pop("autovacuum_naptime")
+        # As autovacuum reads them: -1 means "the manual VACUUM's setting".
+        limit = settings.pop("autovacuum_vacuum_cost_limit")
+        manual_limit = settings.pop("vacuum_cost_limit")
+        self.cost_limit = int(manual_limit if limit < 0 else limit)
+        self.cost_delay_ms = settings.pop("autovacuum_vacuum_cost_delay")
+        self.defaults = settings
         self.vacuums = self.analyzes = 0
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -109,24 +119,43 @@ class StandInAutovacuum:
                 changed > setting("autovacuum_analyze_threshold")
                 + setting("autovacuum_analyze_scale_factor") * rows)
 
+    def due_now(self, conn: Any) -> dict[str, tuple[bool, bool]]:
+        """Each churned table autovacuum would vacuum or analyze now: {name: (vacuum,
+        analyze)}."""
+        from sqlalchemy import text
+
+        rows = conn.execute(text(
+            "SELECT c.relname, c.reltuples, s.n_dead_tup, s.n_mod_since_analyze,"
+            " c.reloptions FROM pg_class c JOIN pg_stat_user_tables s"
+            " ON s.relid = c.oid WHERE c.relname = ANY(:names)"),
+            {"names": list(CHURNED_TABLES)}).all()
+        return {name: verdict for name, tuples, dead, changed, options in rows
+                if any(verdict := self.due(options, tuples, dead, changed))}
+
+    def wait_until_vacuumed(self, timeout: float) -> float:
+        """Wait until no churned table has more dead rows than autovacuum lets stand (by
+        this stand-in or the server's own autovacuum); returns the seconds waited."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            with self.engine.connect() as conn:
+                if not any(vacuum for vacuum, _ in self.due_now(conn).values()):
+                    break
+            time.sleep(1)
+        return time.monotonic() - started
+
     def run(self) -> None:
         from sqlalchemy import text
 
         while not self.stopped.wait(self.naptime):
             with self.engine.connect() as conn:
-                rows = conn.execute(text(
-                    "SELECT c.relname, c.reltuples, s.n_dead_tup, s.n_mod_since_analyze,"
-                    " c.reloptions FROM pg_class c JOIN pg_stat_user_tables s"
-                    " ON s.relid = c.oid WHERE c.relname = ANY(:names)"),
-                    {"names": list(CHURNED_TABLES)}).all()
-                for name, tuples, dead, changed, options in rows:
-                    vacuum, analyze = self.due(options, tuples, dead, changed)
-                    if vacuum or analyze:
-                        verb = ("VACUUM (ANALYZE)" if vacuum and analyze
-                                else "VACUUM" if vacuum else "ANALYZE")
-                        conn.execute(text(f"{verb} {name}"))
-                        self.vacuums += vacuum
-                        self.analyzes += analyze
+                conn.execute(text(f"SET vacuum_cost_delay = {self.cost_delay_ms}"))
+                conn.execute(text(f"SET vacuum_cost_limit = {self.cost_limit}"))
+                for name, (vacuum, analyze) in self.due_now(conn).items():
+                    verb = ("VACUUM (ANALYZE)" if vacuum and analyze
+                            else "VACUUM" if vacuum else "ANALYZE")
+                    conn.execute(text(f"{verb} {name}"))
+                    self.vacuums += vacuum
+                    self.analyzes += analyze
 
 
 # The stand-in of each database postgres_database() made, by URL, while it exists.
