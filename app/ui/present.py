@@ -9,6 +9,7 @@ from typing import Any
 from flask import Flask, current_app
 
 from app.clock import MICROS, parse_rfc3339
+from app.types.models import MAX_LIMIT, MAX_RATE, MIN_RATE
 
 _UNITS = ((86_400, "d"), (3600, "h"), (60, "min"), (1, "s"))
 
@@ -70,3 +71,7 @@ def register_filters(app: Flask) -> None:
     for name, fn in (("utc", utc), ("age", age), ("duration", duration),
                      ("json_text", json_text), ("limits", limits)):
         app.add_template_filter(fn, name)
+    # The limits' bounds, from their one home, for the forms' inputs to offer.
+    for name, bound in (("MAX_LIMIT", MAX_LIMIT), ("MIN_RATE", MIN_RATE),
+                        ("MAX_RATE", MAX_RATE)):
+        app.add_template_global(bound, name)
