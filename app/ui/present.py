@@ -72,6 +72,4 @@ def register_filters(app: Flask) -> None:
                      ("json_text", json_text), ("limits", limits)):
         app.add_template_filter(fn, name)
     # The limits' bounds, from their one home, for the forms' inputs to offer.
-    for name, bound in (("MAX_LIMIT", MAX_LIMIT), ("MIN_RATE", MIN_RATE),
-                        ("MAX_RATE", MAX_RATE)):
-        app.add_template_global(bound, name)
+    app.jinja_env.globals.update(MAX_LIMIT=MAX_LIMIT, MIN_RATE=MIN_RATE, MAX_RATE=MAX_RATE)
