@@ -11,6 +11,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app.clock import ManualClock
+from app.types.models import MAX_LIMIT, MAX_RATE, MIN_RATE
 from tests.conftest import Api, Key
 from tests.ui.conftest import csrf_of, post_form, sign_in
 
@@ -231,6 +232,13 @@ def test_types_are_paused_resumed_and_their_limits_changed(
     shown = client.get("/types/email", headers=admin.headers).get_json()
     assert (shown["max_running"], shown["rate_per_second"], shown["burst"]) == (5, 2.5, 4)
     assert "email: limits changed." in signed_in.get("/ui/types").text
+
+
+def test_the_limits_form_offers_the_bounds_the_api_enforces(signed_in: FlaskClient) -> None:
+    page = signed_in.get("/ui/types").text
+    assert f'name="max_running" min="1" max="{MAX_LIMIT}"' in page
+    assert f'name="burst" min="1" max="{MAX_LIMIT}"' in page
+    assert f'name="rate_per_second" min="{MIN_RATE}" max="{MAX_RATE}"' in page
 
 
 def test_a_bad_limit_is_a_message_and_changes_nothing(
