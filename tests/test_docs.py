@@ -1,0 +1,184 @@
+"""README.md and docs/*.md render as they are written and show what the API answers.
+
+Read with a CommonMark parser (markdown-it-py), as GitHub and every other renderer read them:
+a code fence left open swallows the prose after it and turns the next block into text, which
+no reader of the raw file notices. Every ```json example must parse; and every job or job
+type an example shows must have exactly the fields the API's own schemas give one, so that a
+field added to the API cannot go missing from the examples (it did: schedule, scheduled_for).
+Examples that are deliberately partial (ellipses, `{…}`) are labelled ```text, not json.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+from marshmallow import Schema
+
+from app.jobs.schemas import BatchJobSchema, JobSchema
+from app.types.schemas import TypeSchema
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+# A line that opens a fence with an info string (```sh, ```json): inside another fence it
+# means that fence was never closed, since a closing fence carries no info string.
+_FENCE_OPENER = re.compile(r"^ {0,3}(`{3,}|~{3,})[^`\s]")
+
+
+@dataclass(frozen=True)
+class Fence:
+    path: Path
+    line: int  # 1-based line of the opening fence
+    info: str
+    content: str
+    closed: bool
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def _tokens(path: Path) -> list[Token]:
+    return MarkdownIt("commonmark").parse(path.read_text(encoding="utf-8"))
+
+
+def fences(path: Path) -> list[Fence]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found = []
+    for token in _tokens(path):
+        if token.type != "fence" or token.map is None:
+            continue
+        start, end = token.map
+        last = lines[end - 1].strip() if end - start >= 2 else ""
+        marker = token.markup[0]
+        closed = (len(last) >= len(token.markup) and set(last) == {marker})
+        found.append(Fence(path, start + 1, token.info.strip(), token.content, closed))
+    return found
+
+
+def json_bodies(fence: Fence) -> Iterator[Any]:
+    """The JSON a fence shows: a ```json block whole, or an HTTP response's body. Raises
+    JSONDecodeError for one that does not parse."""
+    if fence.info == "json":
+        yield json.loads(fence.content)
+    elif fence.info == "" and fence.content.startswith("HTTP/"):
+        _head, _, body = fence.content.partition("\n\n")
+        if body.strip():
+            yield json.loads(body)
+
+
+def _objects(value: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(value, dict):
+        yield value
+        for member in value.values():
+            yield from _objects(member)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _objects(item)
+
+
+def _schema_of(shown: dict[str, Any]) -> Schema | None:
+    """The schema an object of an example claims to be an instance of, if any."""
+    if {"id", "type", "status", "retry_count"} <= shown.keys():
+        return BatchJobSchema() if "replayed" in shown else JobSchema()
+    if {"type", "paused", "counts"} <= shown.keys():
+        return TypeSchema()
+    return None
+
+
+def _named(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=_named)
+def test_every_code_fence_is_closed(path: Path) -> None:
+    unclosed = [fence.where for fence in fences(path) if not fence.closed]
+    swallowing = [fence.where for fence in fences(path)
+                  if any(_FENCE_OPENER.match(line) for line in fence.content.splitlines())]
+    assert not unclosed, f"fences never closed: {unclosed}"
+    assert not swallowing, f"fences running into the next (a closing ``` missing): {swallowing}"
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=_named)
+def test_every_json_example_parses(path: Path) -> None:
+    broken = []
+    for fence in fences(path):
+        try:
+            list(json_bodies(fence))
+        except json.JSONDecodeError as error:
+            broken.append(f"{fence.where}: {error}")
+    assert not broken, "JSON examples that do not parse (label partial ones ```text):\n" + \
+        "\n".join(broken)
+
+
+def test_the_fence_checks_catch_a_fence_left_open(tmp_path: Path) -> None:
+    """The PATCH /types 422 example had lost its closing fence: the next section's heading
+    became part of the JSON, and the next ```sh opened inside it."""
+    document = tmp_path / "doc.md"
+    document.write_text('```json\n{"a": 1}\n\n### Next\n\n```sh\ncurl x\n```\n\nProse.\n')
+    [fence, *_] = fences(document)
+    assert fence.closed
+    assert any(_FENCE_OPENER.match(line) for line in fence.content.splitlines())
+    with pytest.raises(json.JSONDecodeError):
+        list(json_bodies(fence))
+    document.write_text("Prose.\n\n```sh\ncurl x\n")
+    assert not fences(document)[0].closed
+    document.write_text("```sh\ncurl x\n```\n")
+    assert fences(document)[0].closed
+
+
+# Links: the README is the index of docs/, so every link in it and in docs/ must land.
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as '-'."""
+    text = heading.strip().lower().replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    tokens = _tokens(path)
+    seen: dict[str, int] = {}
+    found = set()
+    for opening, inline in itertools.pairwise(tokens):
+        if opening.type == "heading_open":
+            slug = github_slug(inline.content)
+            found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def local_links(path: Path) -> Iterator[str]:
+    for token in _tokens(path):
+        for child in token.children or []:
+            target = child.attrs.get("href") or child.attrs.get("src")
+            if isinstance(target, str) and not re.match(r"[a-z]+:", target):
+                yield target
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=_named)
+def test_every_local_link_lands_on_a_file_and_heading(path: Path) -> None:
+    broken = []
+    for target in local_links(path):
+        file_part, _, fragment = target.partition("#")
+        linked = (path.parent / file_part).resolve() if file_part else path
+        missing_heading = (fragment and linked.suffix == ".md" and linked.exists()
+                           and fragment not in anchors(linked))
+        if not linked.exists() or missing_heading:
+            broken.append(target)
+    assert not broken, f"{_named(path)}: links to nothing: {broken}"
+
+
+def test_github_slugs_are_computed_as_github_does() -> None:
+    assert github_slug("PATCH /types/{type}") == "patch-typestype"
+    assert github_slug("1. One SQLite host") == "1-one-sqlite-host"
+    assert github_slug("Why isn't my job running?") == "why-isnt-my-job-running"
