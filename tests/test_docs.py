@@ -121,6 +121,22 @@ def test_every_json_example_parses(path: Path) -> None:
         "\n".join(broken)
 
 
+@pytest.mark.parametrize("path", DOCUMENTS, ids=_named)
+def test_every_job_and_type_shown_has_the_fields_the_api_gives(path: Path) -> None:
+    wrong = []
+    for fence in fences(path):
+        try:
+            bodies = list(json_bodies(fence))
+        except json.JSONDecodeError:
+            continue  # test_every_json_example_parses names it
+        for body in bodies:
+            for shown in _objects(body):
+                schema = _schema_of(shown)
+                if schema is not None and (errors := schema.validate(shown)):
+                    wrong.append(f"{fence.where}: {type(schema).__name__} {errors}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_fence_checks_catch_a_fence_left_open(tmp_path: Path) -> None:
     """The PATCH /types 422 example had lost its closing fence: the next section's heading
     became part of the JSON, and the next ```sh opened inside it."""
@@ -135,6 +151,20 @@ def test_the_fence_checks_catch_a_fence_left_open(tmp_path: Path) -> None:
     assert not fences(document)[0].closed
     document.write_text("```sh\ncurl x\n```\n")
     assert fences(document)[0].closed
+
+
+def test_the_schema_check_catches_a_job_missing_a_field() -> None:
+    job = {"id": 1, "type": "email", "payload": {}, "priority": "medium", "status": "pending",
+           "retry_count": 0, "max_retries": 3, "idempotency_key": None, "concurrency_key": None,
+           "run_at": "2026-11-30T06:00:00.000000Z", "claimed_at": None, "worker_id": None,
+           "lease_expires_at": None, "result": None, "created_at": "2026-11-30T06:00:00.000000Z",
+           "updated_at": "2026-11-30T06:00:00.000000Z", "unique_key": None, "schedule": None,
+           "scheduled_for": None}
+    schema = _schema_of(job)
+    assert schema is not None and not schema.validate(job)
+    del job["scheduled_for"]
+    assert "scheduled_for" in schema.validate(job)
+    assert "surprise" in schema.validate({**job, "scheduled_for": None, "surprise": 1})
 
 
 # Links: the README is the index of docs/, so every link in it and in docs/ must land.
