@@ -14,7 +14,7 @@ lint:
 	.venv-test/bin/ruff check .
 	.venv-test/bin/mypy
 
-# The benchmarks (README.md, "Benchmarks"): about 30 minutes on 2 cores; writes
+# The benchmarks (docs/BENCHMARKS.md): about 30 minutes on 2 cores; writes
 # bench/RESULTS.md. The venv holds the project and the peers bench/peers.py compares with.
 bench: .venv-bench/bin/python
 	PYTHONPATH=. .venv-bench/bin/python bench/run_all.py

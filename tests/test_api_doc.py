@@ -1,7 +1,7 @@
 """docs/API.md stays complete: every route of the app has its section there, with a curl
 example and the response it gives. The dashboard's HTML pages under /ui/ are deliberately left
-out (app.openapi.api_rules): they are no JSON API route; README's Dashboard section and
-docs/API.md's opening say so."""
+out (app.openapi.api_rules): they are no JSON API route; docs/DASHBOARD.md and docs/API.md's
+opening say so."""
 
 from __future__ import annotations
 

@@ -212,3 +212,20 @@ def test_github_slugs_are_computed_as_github_does() -> None:
     assert github_slug("PATCH /types/{type}") == "patch-typestype"
     assert github_slug("1. One SQLite host") == "1-one-sqlite-host"
     assert github_slug("Why isn't my job running?") == "why-isnt-my-job-running"
+
+
+# The README is a newcomer's first page: short, and the index of everything else.
+
+README_MAX_BYTES = 8 * 1024
+
+
+def test_the_readme_stays_short() -> None:
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, (
+        f"README.md is {size} bytes: keep it to what a newcomer needs and move the rest to docs/")
+
+
+def test_the_readme_links_every_document_in_docs() -> None:
+    linked = {(README.parent / target.partition("#")[0]).resolve()
+              for target in local_links(README)}
+    assert not [_named(doc) for doc in DOCUMENTS[1:] if doc.resolve() not in linked]

@@ -1,6 +1,6 @@
 """The dispatcher's HTTP client: one pooled urllib3 PoolManager for every delivery.
 
-Why urllib3 (httpx was the other candidate; README, "Push delivery"): its PoolManager keeps
+Why urllib3 (httpx was the other candidate; docs/PUSH.md, "The HTTP client"): its PoolManager keeps
 connections alive per host and is safe to share between the delivery threads, with
 `maxsize` connections per host and `block=True`, so a dispatcher never opens more than its
 concurrency to one receiver; `Timeout(connect, read, total)` bounds each phase; with

@@ -1,7 +1,7 @@
 """Cron expressions and time zones: parsing with messages that name the wrong part, and the
 slots an expression gives, as microseconds since the epoch. Pure: no database, no clock.
 
-The expressions are cronsim's (the schedule's `cron`, see the README for why cronsim): five
+The expressions are cronsim's (the schedule's `cron`; docs/SCHEDULES.md says why cronsim): five
 fields, a macro (@hourly …), or, where the operator allows it, six fields with seconds first.
 Slots are computed in the schedule's IANA zone (zoneinfo) with cronsim's daylight-saving
 rules, which are Debian cron's: a job at a fixed local time (neither its minute nor its hour

@@ -1,4 +1,4 @@
-"""The README's Flask receiver (section "Push delivery"), run as written: served by gunicorn,
+"""docs/PUSH.md's Flask receiver, run as written: served by gunicorn,
 fed by a real `queuelog dispatch`, checking signatures with queuelog_client."""
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ _EXAMPLE = re.compile(r"<!-- example: receiver -->\s*```python\n(.*?)```", re.DO
 
 
 def receiver_example() -> str:
-    section = (ROOT / "README.md").read_text().split("## Push delivery", 1)[1]
-    section = section.split("\n## ", 1)[0]
-    match = _EXAMPLE.search(section)
-    assert match is not None, "the README's Push delivery section has no receiver example"
+    match = _EXAMPLE.search((ROOT / "docs" / "PUSH.md").read_text())
+    assert match is not None, "docs/PUSH.md has no receiver example"
     return match[1]
 
 

@@ -1,4 +1,4 @@
-"""The README's Python examples for unique jobs and waiting for a result, run exactly as
+"""docs/JOBS.md's Python examples for unique jobs and waiting for a result, run exactly as
 written against a live server."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ _EXAMPLE = re.compile(r"<!-- example: (\w+) -->\s*```python\n(.*?)```", re.DOTAL
 
 
 def readme_example(section: str, name: str) -> str:
-    text = (ROOT / "README.md").read_text().split(f"## {section}\n", 1)[1]
+    text = (ROOT / "docs" / "JOBS.md").read_text().split(f"## {section}\n", 1)[1]
     return dict(_EXAMPLE.findall(text.split("\n## ", 1)[0]))[name]
 
 
