@@ -23,6 +23,7 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 from marshmallow import Schema
 
+from app.config import SETTINGS
 from app.jobs.schemas import BatchJobSchema, JobSchema
 from app.types.schemas import TypeSchema
 
@@ -229,3 +230,19 @@ def test_the_readme_links_every_document_in_docs() -> None:
     linked = {(README.parent / target.partition("#")[0]).resolve()
               for target in local_links(README)}
     assert not [_named(doc) for doc in DOCUMENTS[1:] if doc.resolve() not in linked]
+
+
+def test_scaling_counts_postgresql_connections_with_the_shipped_worker_count() -> None:
+    """docs/SCALING.md once counted 2 workers a host: the test machine's cores, not what
+    gunicorn.conf.py ships (one worker per core, at most 4)."""
+    conf = (ROOT / "gunicorn.conf.py").read_text()
+    cap = re.search(r'"GUNICORN_WORKERS", min\(os\.cpu_count\(\) or 1, (\d+)\)', conf)
+    assert cap is not None, "gunicorn.conf.py's default worker count is no longer min(cores, N)"
+    workers = int(cap[1])
+    pool = next(s.default for s in SETTINGS if s.variable == "QUEUELOG_DB_POOL_SIZE")
+    scaling = (ROOT / "docs" / "SCALING.md").read_text()
+    bullet = scaling.split("- **Connections.**", 1)[1].split("\n- **", 1)[0]
+    bullet = re.sub(r"\s+", " ", bullet)
+    assert f"`QUEUELOG_DB_POOL_SIZE` ({pool})" in bullet
+    assert f"at most {workers}" in bullet
+    assert f"up to {workers * pool * 2} connections per host" in bullet
