@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, current_app, flash, g, redirect, render_template, request, url_for
-from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
@@ -23,8 +22,9 @@ from app.keys.models import Caller, Role
 from app.schedules.schemas import represent_schedule
 from app.types.schemas import represent_type
 from app.ui import session as ui_session
+from app.ui import throttle
 from app.ui.forms import FormInvalid, job_filters, limits_patch
-from app.ui.security import csrf
+from app.ui.security import CSRFRefused, check_csrf
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static")
@@ -39,9 +39,7 @@ _OPEN = frozenset({"ui.sign_in", "ui.static"})
 
 @bp.before_request
 def _require_session() -> Response | None:
-    # Flask-WTF checks only the dashboard's forms: the JSON API's bearer keys are no
-    # ambient credential a forged cross-site request could use.
-    csrf.protect()
+    check_csrf()
     if request.endpoint in _OPEN:
         return None
     caller = ui_session.signed_in_caller()
@@ -69,8 +67,8 @@ def _page(template: str, status: int = 200, **context: Any) -> tuple[str, int]:
     return render_template(f"ui/{template}", **context), status
 
 
-@bp.errorhandler(CSRFError)
-def _csrf_refused(error: CSRFError) -> tuple[str, int]:
+@bp.errorhandler(CSRFRefused)
+def _csrf_refused(error: CSRFRefused) -> tuple[str, int]:
     return _page("error.html", 400, title="Form refused",
                  detail="The form came without a valid CSRF token (or from another site). "
                         "Reload the page and send it again.")
@@ -90,10 +88,17 @@ def _http_error(error: HTTPException) -> tuple[str, int]:
 @bp.route("/sign-in", methods=["GET", "POST"])
 def sign_in() -> Response | tuple[str, int]:
     if request.method == "GET":
-        return _page("sign_in.html")
+        return _page("sign_in.html", signed_out="signed_out" in request.args)
+    address = request.remote_addr or "unknown"
+    wait = throttle.retry_after(address)
+    if wait is not None:
+        page, status = _page("sign_in.html", 429,
+                             refused=f"Too many failed sign-ins: try again in {wait} s.")
+        return Response(page, status, headers={"Retry-After": str(wait)})
     token = request.form.get("token", "").strip()
     key = _services().keys.key_for_token(token) if token else None
     if key is None:
+        throttle.count_failure(address)
         return _page("sign_in.html", 401, refused="That token is unknown or revoked.")
     if key.role != Role.ADMIN:
         return _page("sign_in.html", 403,
@@ -106,8 +111,8 @@ def sign_in() -> Response | tuple[str, int]:
 @bp.post("/sign-out")
 def sign_out() -> Response:
     ui_session.sign_out()
-    flash("Signed out.", "ok")
-    return redirect(url_for("ui.sign_in"))
+    # Said by the address, not a flash: the session that could carry one has just ended.
+    return redirect(url_for("ui.sign_in", signed_out=1))
 
 
 @bp.get("/")
