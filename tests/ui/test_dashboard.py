@@ -245,13 +245,19 @@ def test_the_limits_form_offers_the_bounds_the_api_enforces(signed_in: FlaskClie
 
 def test_a_bad_limit_is_a_message_and_changes_nothing(
         signed_in: FlaskClient, admin: Key, client: FlaskClient) -> None:
+    # Other scripts' digits and underscores, which int() and float() take: ASCII digits
+    # only, as the API's query strings.
     for form in ({"max_running": "0"}, {"max_running": "lots"}, {"rate_per_second": "nan"},
-                 {"burst": "1e9"}):
+                 {"burst": "1e9"}, {"max_running": "\u0663"}, {"burst": "\uff17"},
+                 {"max_running_per_key": "1_000"}, {"rate_per_second": "2_5"},
+                 {"rate_per_second": "\u0662.5"}, {"rate_per_second": "-1"}):
         answer = post_form(signed_in, "/ui/types", "/ui/types/email/limits", form)
         assert answer.status_code == 302, form
         page = signed_in.get("/ui/types").text
         assert 'class="error"' in page and "email: " in page, form
-    assert client.get("/types/email", headers=admin.headers).get_json()["max_running"] is None
+    shown = client.get("/types/email", headers=admin.headers).get_json()
+    assert (shown["max_running"], shown["max_running_per_key"], shown["rate_per_second"]) \
+        == (None, None, None)
     answer = post_form(signed_in, "/ui/types", "/ui/types/nosuch/pause")
     assert "not in QUEUELOG_JOB_TYPES" in signed_in.get("/ui/types").text
 
