@@ -56,13 +56,23 @@ def _optional_text(length: int) -> fields.String:
     return fields.String(validate=validate.Length(1, length))
 
 
+# The jobs page's status filter: a status, or `scheduled` (pending, its run_at still ahead:
+# what GET /types counts as scheduled).
+SCHEDULED = "scheduled"
+JOB_FILTER_STATUSES = (*(s.value for s in JobStatus), SCHEDULED)
+NEWEST_FIRST, OLDEST_FIRST = "newest", "oldest"
+
+
 class JobFilterSchema(StrictSchema):
-    """The jobs page's query string (empty fields are left out before loading)."""
+    """The jobs page's query string (empty fields are left out before loading): the
+    filters, the order, and where the page starts (after `cursor`, or before `before`)."""
 
     type = _optional_text(100)
-    status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]))
+    status = fields.String(validate=validate.OneOf(JOB_FILTER_STATUSES))
     producer = _optional_text(100)
+    order = fields.String(validate=validate.OneOf([NEWEST_FIRST, OLDEST_FIRST]))
     cursor = _optional_text(200)
+    before = _optional_text(200)
 
 
 _filter_schema = JobFilterSchema()

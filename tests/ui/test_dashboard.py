@@ -210,7 +210,7 @@ def test_running_jobs_are_listed_by_producer_in_id_order(signed_in: FlaskClient,
     ids = [api.enqueue(producer if n % 2 else other, type="email",
                        payload={"n": n}).get_json()["id"] for n in range(6)]
     claimed = [api.claim(worker).get_json()["id"] for _ in range(4)]
-    page = signed_in.get("/ui/jobs?status=running&producer=producer-1").text
+    page = signed_in.get("/ui/jobs?status=running&producer=producer-1&order=oldest").text
     shown = [int(part.split('"', 1)[0]) for part in page.split('<a href="/ui/jobs/')[1:]]
     assert shown == sorted(i for i in claimed if ids.index(i) % 2)
 
