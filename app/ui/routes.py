@@ -239,11 +239,22 @@ def _bulk_filters(action: str, given: Any) -> dict[str, Any]:
 @bp.get("/jobs/<id:job_id>")
 def job(job_id: int) -> tuple[str, int]:
     services, caller = _services(), _caller()
-    return _page("job.html", job=_shown(services.jobs.get_job(caller, job_id)),
+    shown = _shown(services.jobs.get_job(caller, job_id))
+    return _page("job.html", job=shown,
                  attempts=[represent_attempt(a, show_error=True)
                            for a in services.history.attempts(caller, job_id)],
-                 events=[represent_event(e) for e in services.history.events(caller, job_id)],
+                 events=[_event_shown(represent_event(e), shown["error"])
+                         for e in services.history.events(caller, job_id)],
                  explanation=represent_explanation(services.history.explain(caller, job_id)))
+
+
+def _event_shown(event: dict[str, Any], error: str | None) -> dict[str, Any]:
+    # The error the page shows at its top is not said again in the event that recorded it.
+    detail = event["detail"]
+    if error and isinstance(detail, dict) and detail.get("error") == error:
+        rest = {name: value for name, value in detail.items() if name != "error"}
+        return event | {"detail": rest or None, "error_above": True}
+    return event
 
 
 def _shown(job: Job) -> dict[str, Any]:

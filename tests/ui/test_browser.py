@@ -215,12 +215,13 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     assert len(rows) == 1 and "SMTP 550" in rows[0].text
     _shot(browser, "jobs", engine)
 
-    # The job's page: its attempts with their errors, the payload shown as text.
+    # The job's page: why it failed at the top, its attempts, the payload shown as text.
     _follow(browser, browser.find_element(By.LINK_TEXT, str(job_id)))
     assert browser.current_url == server.url_of(f"/ui/jobs/{job_id}")
+    assert "SMTP 550" in browser.find_element(By.CSS_SELECTOR, "section.failure").text
     attempts = browser.find_element(By.ID, "attempts").text
-    assert "mailer" in attempts and "failed" in attempts and "SMTP 550" in attempts
-    assert HOSTILE in browser.find_element(By.CSS_SELECTOR, "section pre").text
+    assert "mailer" in attempts and "failed" in attempts
+    assert HOSTILE in browser.find_element(By.CSS_SELECTOR, "#payload-heading + pre").text
     _shot(browser, "job", engine)
 
     _click_button(browser, "Retry")
@@ -282,7 +283,8 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     assert _schedule(server, admin, "nightly-report").json()["paused"] is False
 
     _click_button(browser, "Sign out")
-    assert browser.current_url == server.url_of("/ui/sign-in")
+    assert browser.current_url == server.url_of("/ui/sign-in?signed_out=1")
+    assert "Signed out." in browser.find_element(By.CSS_SELECTOR, ".messages").text
     browser.get(server.url_of("/ui/"))
     assert browser.current_url == server.url_of("/ui/sign-in")
 
