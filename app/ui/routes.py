@@ -106,8 +106,12 @@ def _dashboard_routing_error() -> Response | None:
     if (not isinstance(error, (NotFound, MethodNotAllowed))
             or not ui_session.is_dashboard(request.path)):
         return None
-    page, status = _http_error(error)
-    return Response(page, status, headers=error.get_headers())
+    # Nor do the blueprint's session check and page context run: the page asks itself, so
+    # that a signed-in admin still has the navigation.
+    g.caller = ui_session.signed_in_caller()
+    page = render_template("ui/error.html", **_page_context(), title=error.name,
+                           detail=error.description)
+    return Response(page, error.code, headers=error.get_headers())
 
 
 @bp.route("/sign-in", methods=["GET", "POST"])

@@ -300,3 +300,28 @@ def test_a_revoked_admin_keys_session_ends_at_its_next_page(
     _revoke(database_url, "night-shift")
     _follow(browser, browser.find_element(By.LINK_TEXT, "Jobs"))
     assert browser.current_url == server.url_of("/ui/sign-in")
+
+
+def test_bulk_retry_of_the_filtered_jobs_asks_first_and_a_wrong_path_is_the_dashboards_page(
+        browser: Any, server: LiveServer, database_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "mailer", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    failed = [_failed_job(server, producer, worker) for _ in range(2)]
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+    browser.get(server.url_of("/ui/jobs?type=email&status=failed"))
+    _follow(browser, browser.find_element(By.PARTIAL_LINK_TEXT, "Retry every failed"))
+    assert "Retry jobs?" in browser.find_element(By.TAG_NAME, "h1").text
+    assert all(requests.get(server.url_of(f"/jobs/{job_id}"), headers=bearer(admin),
+                            timeout=10).json()["status"] == "failed" for job_id in failed)
+    _click_button(browser, "Retry them")
+    assert "2 jobs sent back to pending." in browser.find_element(
+        By.CSS_SELECTOR, ".messages").text
+    assert all(requests.get(server.url_of(f"/jobs/{job_id}"), headers=bearer(admin),
+                            timeout=10).json()["status"] == "pending" for job_id in failed)
+    browser.get(server.url_of("/ui/jobs/abc"))
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Not Found"
+    assert browser.find_element(By.LINK_TEXT, "Jobs")  # the dashboard's page, signed in
