@@ -48,14 +48,6 @@ def _job_types(text: str) -> frozenset[str]:
     return frozenset(part.strip() for part in text.split(",") if part.strip())
 
 
-def _secret_key(text: str) -> str:
-    # A session key guessed is every admin's session forged: no short one.
-    if len(text) < 32:
-        raise ValueError("must be at least 32 characters (e.g. `python -c 'import secrets; "
-                         "print(secrets.token_urlsafe(48))'`)")
-    return text
-
-
 def _sqlite_synchronous(text: str) -> str:
     value = text.strip().upper()
     if value not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
@@ -119,9 +111,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("DB_POOL_SIZE", 5, _int_in(1, 200), "connections kept per process"),
     Setting("DB_POOL_TIMEOUT_SECONDS", 10, _int_in(1, 600),
             "how long a request waits for a pooled connection"),
-    # Flask's own SECRET_KEY: the dashboard's sessions and CSRF tokens are signed with it.
-    Setting("SECRET_KEY", None, _secret_key,
-            "the dashboard's session key; unset: one generated once and kept in the database"),
     Setting("DISPATCH", False, _flag,
             "run the push dispatcher (`queuelog dispatch`) beside gunicorn: the gunicorn "
             "master starts it, stops it with itself and restarts it if it dies"),

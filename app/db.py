@@ -312,15 +312,32 @@ key_activity = Table(
     Column("last_claim_at", Micros, nullable=True),
 )
 
-# Secrets the service makes for itself, by name: the dashboard's session key when
-# QUEUELOG_SECRET_KEY is not set. Stored, not made per process, so that every gunicorn process,
-# every host and every restart signs and checks sessions with the same key.
-service_secrets = Table(
-    "service_secrets",
+# The dashboard's signed-in sessions (section 14), one row each. The browser's cookie holds a
+# random id; only its SHA-256 digest is kept here, as for API tokens: nothing readable from the
+# database lets anyone present a session, and deleting the row (sign-out, the key revoked,
+# expiry) ends it. The CSRF secret is derived from the id (app/ui/session.py), never stored.
+ui_sessions = Table(
+    "ui_sessions",
     metadata,
-    Column("name", String(40), primary_key=True),
-    Column("value", String(200), nullable=False),
+    Column("id_digest", String(64), primary_key=True),
+    Column("key_id", BigInteger, nullable=False),
     Column("created_at", Micros, nullable=False),
+    Column("expires_at", Micros, nullable=False),
+    # What a page leaves for the next one (Flask's flashed messages), as JSON.
+    Column("data", Text, nullable=False),
+)
+# Sign-out of every session of a revoked key, and the purge of expired ones.
+Index("ix_ui_sessions_key_id", ui_sessions.c.key_id)
+Index("ix_ui_sessions_expires_at", ui_sessions.c.expires_at)
+
+# Failed dashboard sign-ins per fixed window, by scope (one client address, or every client):
+# kept in the database so that every gunicorn process and host throttles against one count.
+ui_sign_in_failures = Table(
+    "ui_sign_in_failures",
+    metadata,
+    Column("scope", String(100), primary_key=True),
+    Column("window_start", Micros, nullable=False),
+    Column("failures", Integer, nullable=False),
 )
 
 def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int,

@@ -406,9 +406,17 @@ class JobRepository:
 
     def list_jobs(self, *, after_id: int, limit: int, producer: str | None = None,
                   worker: str | None = None, status: str | None = None,
-                  job_type: str | None = None) -> list[Job]:
-        """Jobs with id > after_id in id order, narrowed by the filters that are not None."""
-        stmt = select(jobs).where(jobs.c.id > after_id)
+                  job_type: str | None = None, run_after: int | None = None,
+                  descending: bool = False) -> list[Job]:
+        """Jobs with id > after_id in id order (`descending`: id < after_id, newest first;
+        after_id 0 then means from the newest), narrowed by the filters that are not None;
+        `run_after` keeps the jobs whose run_at is later."""
+        if descending:
+            stmt = select(jobs).where(jobs.c.id < after_id) if after_id else select(jobs)
+        else:
+            stmt = select(jobs).where(jobs.c.id > after_id)
+        if run_after is not None:
+            stmt = stmt.where(jobs.c.run_at > run_after)
         if producer is not None:
             stmt = stmt.where(jobs.c.producer == producer)
         if worker is not None:
@@ -421,7 +429,7 @@ class JobRepository:
             stmt = stmt.where(jobs.c.status == status)
         if job_type is not None:
             stmt = stmt.where(jobs.c.type == job_type)
-        stmt = stmt.order_by(jobs.c.id).limit(limit)
+        stmt = stmt.order_by(jobs.c.id.desc() if descending else jobs.c.id).limit(limit)
         return [_job(row) for row in self.conn.execute(stmt)]
 
     def find_by_idempotency_keys(self, producer: str, keys: Collection[str]) -> dict[str, Job]:

@@ -39,6 +39,7 @@ MAX_TYPE_CHARS = 100
 MAX_KEY_CHARS = 255
 
 _ASCII_DIGITS = re.compile(r"[0-9]{1,18}")
+_ASCII_DECIMAL = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
 PRINTABLE_ASCII = re.compile(r"^[\x20-\x7e]+\Z")
 _PRINTABLE_ASCII = validate.Regexp(PRINTABLE_ASCII, error="Must be printable ASCII.")
 
@@ -70,6 +71,17 @@ class QueryInteger(fields.Integer):
         if not isinstance(value, str) or not _ASCII_DIGITS.fullmatch(value):
             raise self.make_error("invalid")
         return int(value)
+
+
+class QueryNumber(fields.Float):
+    """A number in a query string or a form: ASCII digits with an optional fraction, for the
+    reason QueryInteger gives (float() also takes "1_0", "nan", "1e9", spaces and other
+    scripts' digits)."""
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> float:
+        if not isinstance(value, str) or not _ASCII_DECIMAL.fullmatch(value):
+            raise self.make_error("invalid")
+        return float(value)
 
 
 class StrictNumber(fields.Float):

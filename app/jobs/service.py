@@ -343,25 +343,34 @@ class JobService:
             return JobRepository(conn).count_running_by_worker()
 
     def list_jobs(self, caller: Caller, *, status: str | None, job_type: str | None,
-                  limit: int, cursor: str | None,
-                  producer: str | None = None) -> tuple[list[Job], str | None]:
+                  limit: int, cursor: str | None, producer: str | None = None,
+                  newest_first: bool = False, backward: bool = False,
+                  scheduled: bool = False) -> tuple[list[Job], str | None]:
         """A page of the jobs the caller may see, by id, and the cursor of the next page.
         `producer` narrows an admin's listing to one producer's jobs (a producer sees only
-        its own whatever it asks)."""
+        its own whatever it asks). `newest_first` lists by id downwards; `backward` gives the
+        page before `cursor` (in the listing's order) and the cursor of the one before that;
+        `scheduled` keeps the pending jobs whose run_at is still ahead."""
         after_id = decode_cursor(cursor) if cursor is not None else 0
+        # A page backwards is read forwards in the other order, then turned round.
+        descending = newest_first != backward
         with self.db.read() as conn:
             page = self._repo(conn, caller).list_jobs(
                 after_id=after_id,
                 limit=limit + 1,
                 producer=caller.name if caller.role is Role.PRODUCER else producer,
                 worker=caller.name if caller.role is Role.WORKER else None,
-                status=status,
+                status=JobStatus.PENDING.value if scheduled else status,
                 job_type=job_type,
+                run_after=self.clock.now_us() if scheduled else None,
+                descending=descending,
             )
-        if len(page) > limit:
-            page = page[:limit]
-            return page, encode_cursor(page[-1].id)
-        return page, None
+        more = len(page) > limit
+        page = page[:limit]
+        following = encode_cursor(page[-1].id) if more else None
+        if backward:
+            page.reverse()
+        return page, following
 
     @staticmethod
     def _visible_to(caller: Caller, job: Job) -> bool:

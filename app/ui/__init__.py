@@ -6,11 +6,11 @@ from flask import Flask
 
 from app.ui.present import register_filters
 from app.ui.security import init_security
-from app.ui.session import DashboardSessionInterface, SecretKey
+from app.ui.session import DashboardSessionInterface
 
 
 def init_ui(app: Flask) -> None:
-    app.session_interface = DashboardSessionInterface(SecretKey())
+    app.session_interface = DashboardSessionInterface()
     init_security(app)
     register_filters(app)
     from app.ui.routes import bp

@@ -4,7 +4,6 @@ to turn into their types first."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +11,7 @@ from marshmallow import ValidationError, fields, validate
 
 from app.errors import flatten_errors
 from app.jobs.models import JobStatus
-from app.jobs.schemas import StrictSchema
+from app.jobs.schemas import QueryInteger, QueryNumber, StrictSchema
 from app.types.schemas import TypePatchSchema
 
 LIMIT_FIELDS = ("max_running", "max_running_per_key", "rate_per_second", "burst")
@@ -27,32 +26,27 @@ class FormInvalid(ValueError):
         self.messages = messages
 
 
-def _number(text: str, *, whole: bool) -> int | float:
-    value = float(text) if not whole else int(text, 10)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value
+class LimitsFormSchema(StrictSchema):
+    """The limits form's text, in the forms the API's query strings take (ASCII digits
+    only); TypePatchSchema then holds the values to its ranges."""
+
+    max_running = QueryInteger(error_messages={"invalid": "Not a whole number."})
+    max_running_per_key = QueryInteger(error_messages={"invalid": "Not a whole number."})
+    rate_per_second = QueryNumber(error_messages={"invalid": "Not a number."})
+    burst = QueryInteger(error_messages={"invalid": "Not a whole number."})
+
+
+_limits_form = LimitsFormSchema()
 
 
 def limits_patch(form: Mapping[str, str]) -> dict[str, Any]:
     """The PATCH a type's limits form asks for: an empty field clears its limit (burst: back
     to its default)."""
-    patch: dict[str, Any] = {}
-    errors: dict[str, list[str]] = {}
-    for name in LIMIT_FIELDS:
-        text = form.get(name, "").strip()
-        if not text:
-            patch[name] = None
-            continue
-        try:
-            patch[name] = _number(text, whole=name != "rate_per_second")
-        except ValueError:
-            kind = "a number" if name == "rate_per_second" else "a whole number"
-            errors[name] = [f"Not {kind}."]
-    if errors:
-        raise FormInvalid(errors)
+    texts = {name: form.get(name, "").strip() for name in LIMIT_FIELDS}
     try:
-        loaded: dict[str, Any] = _patch_schema.load(patch)
+        given = _limits_form.load({name: text for name, text in texts.items() if text})
+        loaded: dict[str, Any] = _patch_schema.load(
+            {name: given.get(name) for name in LIMIT_FIELDS})
     except ValidationError as error:
         raise FormInvalid(flatten_errors(error.messages)) from None
     return loaded
@@ -62,13 +56,23 @@ def _optional_text(length: int) -> fields.String:
     return fields.String(validate=validate.Length(1, length))
 
 
+# The jobs page's status filter: a status, or `scheduled` (pending, its run_at still ahead:
+# what GET /types counts as scheduled).
+SCHEDULED = "scheduled"
+JOB_FILTER_STATUSES = (*(s.value for s in JobStatus), SCHEDULED)
+NEWEST_FIRST, OLDEST_FIRST = "newest", "oldest"
+
+
 class JobFilterSchema(StrictSchema):
-    """The jobs page's query string (empty fields are left out before loading)."""
+    """The jobs page's query string (empty fields are left out before loading): the
+    filters, the order, and where the page starts (after `cursor`, or before `before`)."""
 
     type = _optional_text(100)
-    status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]))
+    status = fields.String(validate=validate.OneOf(JOB_FILTER_STATUSES))
     producer = _optional_text(100)
+    order = fields.String(validate=validate.OneOf([NEWEST_FIRST, OLDEST_FIRST]))
     cursor = _optional_text(200)
+    before = _optional_text(200)
 
 
 _filter_schema = JobFilterSchema()

@@ -4,7 +4,9 @@ Every filter returns plain text; the templates' autoescaping makes it safe to sh
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from flask import Flask, current_app
 
@@ -19,6 +21,14 @@ def utc(moment: str | None) -> str:
     if not moment:
         return "—"
     return f"{moment[:10]} {moment[11:19]} UTC"
+
+
+def in_zone(moment: str | None, zone: str) -> str:
+    """An RFC 3339 time in an IANA time zone, as `2026-12-01 03:00:00 CET`."""
+    if not moment:
+        return "—"
+    local = datetime.fromtimestamp(parse_rfc3339(moment) / MICROS, ZoneInfo(zone))
+    return local.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def duration(seconds: float | None) -> str:
@@ -49,6 +59,12 @@ def age(moment: str | None) -> str:
     return f"{duration(seconds)} ago" if seconds > 0 else f"in {duration(-seconds)}"
 
 
+def last_line(text: str | None) -> str:
+    """The last line with something on it: of a traceback, the exception and its message."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def json_text(value: Any) -> str:
     """A JSON value as indented text (non-ASCII as it is)."""
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
@@ -69,7 +85,8 @@ def limits(shown_type: dict[str, Any]) -> str:
 
 def register_filters(app: Flask) -> None:
     for name, fn in (("utc", utc), ("age", age), ("duration", duration),
-                     ("json_text", json_text), ("limits", limits)):
+                     ("json_text", json_text), ("limits", limits),
+                     ("last_line", last_line), ("in_zone", in_zone)):
         app.add_template_filter(fn, name)
     # The limits' bounds, from their one home, for the forms' inputs to offer.
     app.jinja_env.globals.update(MAX_LIMIT=MAX_LIMIT, MIN_RATE=MIN_RATE, MAX_RATE=MAX_RATE)

@@ -6,25 +6,35 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, current_app, flash, g, redirect, render_template, request, url_for
-from flask_wtf.csrf import CSRFError
-from werkzeug.exceptions import HTTPException
+from marshmallow import ValidationError
+from werkzeug.exceptions import BadRequest, HTTPException, MethodNotAllowed, NotFound
 from werkzeug.wrappers import Response
 
-from app.errors import Problem
+from app.clock import to_rfc3339
+from app.errors import Problem, flatten_errors
 from app.history.schemas import (
     represent_attempt,
     represent_event,
     represent_explanation,
     represent_worker,
 )
-from app.jobs.models import Job
-from app.jobs.schemas import represent
+from app.jobs.cursor import encode_cursor
+from app.jobs.models import TERMINAL_STATUSES, Job, Transition
+from app.jobs.schemas import BulkSchema, represent
 from app.keys.models import Caller, Role
 from app.schedules.schemas import represent_schedule
 from app.types.schemas import represent_type
 from app.ui import session as ui_session
-from app.ui.forms import FormInvalid, job_filters, limits_patch
-from app.ui.security import csrf
+from app.ui import throttle
+from app.ui.forms import (
+    JOB_FILTER_STATUSES,
+    NEWEST_FIRST,
+    SCHEDULED,
+    FormInvalid,
+    job_filters,
+    limits_patch,
+)
+from app.ui.security import CSRFRefused, check_csrf
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static")
@@ -34,14 +44,13 @@ bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
 SECTIONS = (("ui.overview", "Overview"), ("ui.jobs", "Jobs"), ("ui.types", "Types"),
             ("ui.schedules", "Schedules"))
 JOBS_PER_PAGE = 50
+_bulk_schema = BulkSchema()
 _OPEN = frozenset({"ui.sign_in", "ui.static"})
 
 
 @bp.before_request
 def _require_session() -> Response | None:
-    # Flask-WTF checks only the dashboard's forms: the JSON API's bearer keys are no
-    # ambient credential a forged cross-site request could use.
-    csrf.protect()
+    check_csrf()
     if request.endpoint in _OPEN:
         return None
     caller = ui_session.signed_in_caller()
@@ -69,8 +78,8 @@ def _page(template: str, status: int = 200, **context: Any) -> tuple[str, int]:
     return render_template(f"ui/{template}", **context), status
 
 
-@bp.errorhandler(CSRFError)
-def _csrf_refused(error: CSRFError) -> tuple[str, int]:
+@bp.errorhandler(CSRFRefused)
+def _csrf_refused(error: CSRFRefused) -> tuple[str, int]:
     return _page("error.html", 400, title="Form refused",
                  detail="The form came without a valid CSRF token (or from another site). "
                         "Reload the page and send it again.")
@@ -87,13 +96,38 @@ def _http_error(error: HTTPException) -> tuple[str, int]:
     return _page("error.html", status, title=error.name, detail=error.description)
 
 
+@bp.before_app_request
+def _dashboard_routing_error() -> Response | None:
+    """A path under /ui/ that no page has (or an id that is no id: /ui/jobs/abc), or a page
+    asked with a method it does not take, is the dashboard's own error page, not the JSON
+    API's problem: a routing failure never reaches the blueprint's handlers, as no route of
+    it matched."""
+    error = request.routing_exception
+    if (not isinstance(error, (NotFound, MethodNotAllowed))
+            or not ui_session.is_dashboard(request.path)):
+        return None
+    # Nor do the blueprint's session check and page context run: the page asks itself, so
+    # that a signed-in admin still has the navigation.
+    g.caller = ui_session.signed_in_caller()
+    page = render_template("ui/error.html", **_page_context(), title=error.name,
+                           detail=error.description)
+    return Response(page, error.code, headers=error.get_headers())
+
+
 @bp.route("/sign-in", methods=["GET", "POST"])
 def sign_in() -> Response | tuple[str, int]:
     if request.method == "GET":
-        return _page("sign_in.html")
+        return _page("sign_in.html", signed_out="signed_out" in request.args)
+    address = request.remote_addr or "unknown"
+    wait = throttle.retry_after(address)
+    if wait is not None:
+        page, status = _page("sign_in.html", 429,
+                             refused=f"Too many failed sign-ins: try again in {wait} s.")
+        return Response(page, status, headers={"Retry-After": str(wait)})
     token = request.form.get("token", "").strip()
     key = _services().keys.key_for_token(token) if token else None
     if key is None:
+        throttle.count_failure(address)
         return _page("sign_in.html", 401, refused="That token is unknown or revoked.")
     if key.role != Role.ADMIN:
         return _page("sign_in.html", 403,
@@ -106,8 +140,8 @@ def sign_in() -> Response | tuple[str, int]:
 @bp.post("/sign-out")
 def sign_out() -> Response:
     ui_session.sign_out()
-    flash("Signed out.", "ok")
-    return redirect(url_for("ui.sign_in"))
+    # Said by the address, not a flash: the session that could carry one has just ended.
+    return redirect(url_for("ui.sign_in", signed_out=1))
 
 
 @bp.get("/")
@@ -126,31 +160,114 @@ def jobs() -> tuple[str, int]:
         filters = job_filters(request.args)
     except FormInvalid as invalid:
         return _page("jobs.html", 400, jobs=[], filters={}, next_cursor=None,
-                     job_types=sorted(services.types.job_types),
-                     messages=invalid.messages)
-    page, next_cursor = services.jobs.list_jobs(
-        _caller(), status=filters.get("status"), job_type=filters.get("type"),
-        producer=filters.get("producer"), limit=JOBS_PER_PAGE, cursor=filters.get("cursor"))
-    shown = {name: value for name, value in filters.items() if name != "cursor"}
-    return _page("jobs.html", jobs=[_shown(job) for job in page],
-                 filters=shown, next_cursor=next_cursor, messages={},
-                 job_types=sorted(services.types.job_types))
+                     previous_cursor=None, job_types=sorted(services.types.job_types),
+                     messages=invalid.messages, statuses=JOB_FILTER_STATUSES, bulk=None)
+    status = filters.get("status")
+    backward = "before" in filters
+    page, following = services.jobs.list_jobs(
+        _caller(), status=None if status == SCHEDULED else status,
+        scheduled=status == SCHEDULED, job_type=filters.get("type"),
+        producer=filters.get("producer"), limit=JOBS_PER_PAGE,
+        cursor=filters.get("before") if backward else filters.get("cursor"),
+        newest_first=filters.get("order", NEWEST_FIRST) == NEWEST_FIRST, backward=backward)
+    # Going backwards, `following` leads further back and the page we came from is next;
+    # going forwards, a page reached through a cursor has one before it.
+    if backward:
+        previous_cursor, next_cursor = following, encode_cursor(page[-1].id) if page else None
+    else:
+        next_cursor = following
+        previous_cursor = encode_cursor(page[0].id) if page and "cursor" in filters else None
+    shown = {name: value for name, value in filters.items() if name not in ("cursor", "before")}
+    return _page("jobs.html", jobs=[_shown(job) for job in page], filters=shown,
+                 next_cursor=next_cursor, previous_cursor=previous_cursor, messages={},
+                 job_types=sorted(services.types.job_types), statuses=JOB_FILTER_STATUSES,
+                 bulk=_bulk_actions(shown))
+
+
+def _bulk_actions(filters: dict[str, str]) -> list[str]:
+    """The bulk actions the jobs page offers for its filters: those the API's bulk routes
+    can take (a type and a status; neither a producer nor `scheduled`), and only those that
+    start from the status filtered on."""
+    if "producer" in filters or filters.get("status") == SCHEDULED:
+        return []
+    status = filters.get("status")
+    return [action for action, transition in _BULK.items()
+            if status is None or status in {s.value for s in transition.from_statuses}]
+
+
+# The jobs list's bulk actions, each with the transition its service call makes.
+_BULK = {"retry": Transition.RETRY, "cancel": Transition.CANCEL}
+
+
+@bp.get("/jobs/<action>-many")
+def confirm_bulk(action: str) -> tuple[str, int]:
+    """Ask before a bulk action: what it takes, in words, and the form that does it."""
+    filters = _bulk_filters(action, request.args)
+    return _page("bulk.html", action=action, filters=filters,
+                 statuses=sorted(s.value for s in _BULK[action].from_statuses
+                                 if filters.get("status") in (None, s.value)))
+
+
+@bp.post("/jobs/<action>-many")
+def bulk(action: str) -> Response:
+    filters = _bulk_filters(action, request.form)
+    caller, service = _caller(), _services().jobs
+    run = service.retry_many if action == "retry" else service.cancel_many
+    shown = {name: value for name, value in filters.items() if name != "limit"}
+    try:
+        changed = run(caller, filters)
+    except Problem as refused:
+        flash(refused.detail, "error")
+    else:
+        done = "sent back to pending" if action == "retry" else "cancelled"
+        flash(f"{len(changed)} job{'' if len(changed) == 1 else 's'} {done}.", "ok")
+    return redirect(url_for("ui.jobs", **shown))
+
+
+def _bulk_filters(action: str, given: Any) -> dict[str, Any]:
+    """The filters a bulk action takes, through the API's own BulkSchema (its limit
+    included); a 404 for an action there is none of, a 400 page for filters it refuses."""
+    if action not in _BULK:
+        raise NotFound()
+    wanted = {name: given.get(name, "").strip() for name in ("type", "status")}
+    try:
+        loaded: dict[str, Any] = _bulk_schema.load(
+            {name: value for name, value in wanted.items() if value})
+    except ValidationError as error:
+        said = "; ".join(f"{name}: {' '.join(texts)}"
+                         for name, texts in flatten_errors(error.messages).items())
+        raise BadRequest(f"These filters cannot be used: {said}") from None
+    return loaded
 
 
 @bp.get("/jobs/<id:job_id>")
 def job(job_id: int) -> tuple[str, int]:
     services, caller = _services(), _caller()
-    return _page("job.html", job=_shown(services.jobs.get_job(caller, job_id)),
+    shown = _shown(services.jobs.get_job(caller, job_id))
+    return _page("job.html", job=shown,
                  attempts=[represent_attempt(a, show_error=True)
                            for a in services.history.attempts(caller, job_id)],
-                 events=[represent_event(e) for e in services.history.events(caller, job_id)],
+                 events=[_event_shown(represent_event(e), shown["error"])
+                         for e in services.history.events(caller, job_id)],
                  explanation=represent_explanation(services.history.explain(caller, job_id)))
+
+
+def _event_shown(event: dict[str, Any], error: str | None) -> dict[str, Any]:
+    # The error the page shows at its top is not said again in the event that recorded it.
+    detail = event["detail"]
+    if error and isinstance(detail, dict) and detail.get("error") == error:
+        rest = {name: value for name, value in detail.items() if name != "error"}
+        return event | {"detail": rest or None, "error_above": True}
+    return event
 
 
 def _shown(job: Job) -> dict[str, Any]:
     # As the API shows it to an admin, with the producer too (the API's representation
     # leaves it out: a producer sees only its own jobs).
-    return represent(job, show_error=True) | {"producer": job.producer}
+    # Finished is when a job reached its end: nothing but a retry changes it after that.
+    finished = to_rfc3339(job.updated_at) if job.status in TERMINAL_STATUSES else None
+    return represent(job, show_error=True) | {"producer": job.producer,
+                                              "finished_at": finished}
 
 
 @bp.post("/jobs/<id:job_id>/retry")

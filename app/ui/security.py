@@ -1,14 +1,14 @@
-"""The dashboard's defences beside the session: CSRF tokens (Flask-WTF) on its forms, and the
-headers every dashboard response carries."""
+"""The dashboard's defences beside the session: a CSRF token on every form (derived from the
+session's id, app/ui/session.py), and the headers every dashboard response carries."""
 
 from __future__ import annotations
 
+import hmac
+
 from flask import Flask, Response, request
-from flask_wtf.csrf import CSRFProtect
+from werkzeug.exceptions import BadRequest
 
-from app.ui.session import SESSION_LIFETIME, is_dashboard
-
-csrf = CSRFProtect()
+from app.ui.session import csrf_token, is_dashboard
 
 # No script at all, styles only from our own static file, forms only to ourselves, never in
 # a frame.
@@ -22,25 +22,26 @@ HEADERS = {
     # Pages show payloads and errors: no copy of them kept by the browser or a proxy.
     "Cache-Control": "no-store",
 }
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class CSRFRefused(BadRequest):
+    description = "The form came without a valid CSRF token."
+
+
+def check_csrf() -> None:
+    """Refuse a dashboard form posted without its session's token. The JSON API is never
+    asked: its bearer keys are no ambient credential a forged cross-site request could use."""
+    if request.method in _SAFE_METHODS:
+        return
+    sent = request.form.get("csrf_token", "")
+    if not hmac.compare_digest(sent.encode("utf-8", "surrogatepass"),
+                               csrf_token().encode("ascii")):
+        raise CSRFRefused()
 
 
 def init_security(app: Flask) -> None:
-    app.config.update(
-        # Checked by the dashboard's own before_request alone (app/ui/routes.py): the JSON
-        # API is not asked for tokens.
-        WTF_CSRF_CHECK_DEFAULT=False,
-        # A token lives as long as the session that holds it (at most 8 hours).
-        WTF_CSRF_TIME_LIMIT=None,
-        # Flask-WTF's https check wants a Referer header, which Referrer-Policy: no-referrer
-        # withholds; the token and the SameSite=Strict cookie already stop cross-site posts.
-        WTF_CSRF_SSL_STRICT=False,
-        PERMANENT_SESSION_LIFETIME=SESSION_LIFETIME,
-        SESSION_COOKIE_NAME="queuelog_session",
-        SESSION_COOKIE_HTTPONLY=True,
-        SESSION_COOKIE_SAMESITE="Strict",
-        SESSION_COOKIE_PATH="/ui",
-    )
-    csrf.init_app(app)
+    app.jinja_env.globals["csrf_token"] = csrf_token
 
     @app.after_request
     def dashboard_headers(response: Response) -> Response:

@@ -215,12 +215,13 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     assert len(rows) == 1 and "SMTP 550" in rows[0].text
     _shot(browser, "jobs", engine)
 
-    # The job's page: its attempts with their errors, the payload shown as text.
+    # The job's page: why it failed at the top, its attempts, the payload shown as text.
     _follow(browser, browser.find_element(By.LINK_TEXT, str(job_id)))
     assert browser.current_url == server.url_of(f"/ui/jobs/{job_id}")
+    assert "SMTP 550" in browser.find_element(By.CSS_SELECTOR, "section.failure").text
     attempts = browser.find_element(By.ID, "attempts").text
-    assert "mailer" in attempts and "failed" in attempts and "SMTP 550" in attempts
-    assert HOSTILE in browser.find_element(By.CSS_SELECTOR, "section pre").text
+    assert "mailer" in attempts and "failed" in attempts
+    assert HOSTILE in browser.find_element(By.CSS_SELECTOR, "#payload-heading + pre").text
     _shot(browser, "job", engine)
 
     _click_button(browser, "Retry")
@@ -282,7 +283,8 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     assert _schedule(server, admin, "nightly-report").json()["paused"] is False
 
     _click_button(browser, "Sign out")
-    assert browser.current_url == server.url_of("/ui/sign-in")
+    assert browser.current_url == server.url_of("/ui/sign-in?signed_out=1")
+    assert "Signed out." in browser.find_element(By.CSS_SELECTOR, ".messages").text
     browser.get(server.url_of("/ui/"))
     assert browser.current_url == server.url_of("/ui/sign-in")
 
@@ -298,3 +300,28 @@ def test_a_revoked_admin_keys_session_ends_at_its_next_page(
     _revoke(database_url, "night-shift")
     _follow(browser, browser.find_element(By.LINK_TEXT, "Jobs"))
     assert browser.current_url == server.url_of("/ui/sign-in")
+
+
+def test_bulk_retry_of_the_filtered_jobs_asks_first_and_a_wrong_path_is_the_dashboards_page(
+        browser: Any, server: LiveServer, database_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "mailer", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    failed = [_failed_job(server, producer, worker) for _ in range(2)]
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+    browser.get(server.url_of("/ui/jobs?type=email&status=failed"))
+    _follow(browser, browser.find_element(By.PARTIAL_LINK_TEXT, "Retry every failed"))
+    assert "Retry jobs?" in browser.find_element(By.TAG_NAME, "h1").text
+    assert all(requests.get(server.url_of(f"/jobs/{job_id}"), headers=bearer(admin),
+                            timeout=10).json()["status"] == "failed" for job_id in failed)
+    _click_button(browser, "Retry them")
+    assert "2 jobs sent back to pending." in browser.find_element(
+        By.CSS_SELECTOR, ".messages").text
+    assert all(requests.get(server.url_of(f"/jobs/{job_id}"), headers=bearer(admin),
+                            timeout=10).json()["status"] == "pending" for job_id in failed)
+    browser.get(server.url_of("/ui/jobs/abc"))
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Not Found"
+    assert browser.find_element(By.LINK_TEXT, "Jobs")  # the dashboard's page, signed in

@@ -1,0 +1,174 @@
+"""The jobs list and a job's page for an operator's first hour (issue 28.14): a failed job's
+error at the top once, the list in either order with both ways through its pages, its
+columns and filters, bulk actions behind a confirmation, the dashboard's own not-found page,
+and schedule times in the schedule's own zone."""
+
+from __future__ import annotations
+
+import html
+import re
+
+from flask import Flask
+from flask.testing import FlaskClient
+from markupsafe import escape
+
+from app.clock import ManualClock
+from tests.conftest import Api, Key
+from tests.ui.conftest import post_form
+
+TRACEBACK = ('Traceback (most recent call last):\n  File "worker.py", line 12, in send\n'
+             "    smtp.send(message)\nConnectionRefusedError: smtp.example.com:25 said no")
+
+
+def _failed(api: Api, producer: Key, worker: Key, error: str = TRACEBACK,
+            job_type: str = "email") -> int:
+    job_id = int(api.enqueue(producer, type=job_type, payload={}, max_retries=0)
+                 .get_json()["id"])
+    claimed = api.claim(worker).get_json()
+    assert claimed["id"] == job_id
+    api.fail(worker, job_id, error=error, lease_token=claimed["lease_token"])
+    return job_id
+
+
+def _ids(page: str) -> list[int]:
+    return [int(found) for found in re.findall(r'<th scope="row"><a href="/ui/jobs/(\d+)"', page)]
+
+
+def test_a_failed_jobs_error_is_at_the_top_of_its_page_once(
+        signed_in: FlaskClient, api: Api, producer: Key, worker: Key) -> None:
+    job_id = _failed(api, producer, worker)
+    page = signed_in.get(f"/ui/jobs/{job_id}").text
+    shown = str(escape(TRACEBACK))
+    assert page.count(shown) == 1
+    assert page.count("said no") == 1  # nor in another form (the event's JSON detail)
+    assert page.index(shown) < page.index("<caption>The job</caption>")
+    assert "Why it failed" in page
+    # The attempt that failed points up to it rather than saying it again.
+    attempts = page[page.index('id="attempts"'):]
+    assert 'href="#error-heading"' in attempts and "ConnectionRefusedError" not in attempts
+
+
+def test_the_jobs_list_shows_the_last_line_of_an_error(
+        signed_in: FlaskClient, api: Api, producer: Key, worker: Key) -> None:
+    _failed(api, producer, worker)
+    page = signed_in.get("/ui/jobs").text
+    assert "ConnectionRefusedError: smtp.example.com:25 said no" in page
+    assert "Traceback" not in page
+
+
+def test_the_jobs_list_is_newest_first_with_pages_both_ways(
+        signed_in: FlaskClient, client: FlaskClient, producer: Key) -> None:
+    answer = client.post("/jobs/batch", headers=producer.headers,
+                         json={"jobs": [{"type": "email", "payload": {"n": n}}
+                                        for n in range(60)]})
+    assert answer.status_code == 201
+    first = signed_in.get("/ui/jobs").text
+    assert _ids(first) == list(range(60, 10, -1))
+    assert 'rel="prev"' not in first
+    following = html.unescape(re.search(r'href="([^"]+)" rel="next"', first).group(1))
+    second = signed_in.get(following).text
+    assert _ids(second) == list(range(10, 0, -1)) and 'rel="next"' not in second
+    back = html.unescape(re.search(r'href="([^"]+)" rel="prev"', second).group(1))
+    again = signed_in.get(back).text
+    assert _ids(again) == list(range(60, 10, -1))
+    assert 'rel="prev"' not in again and 'rel="next"' in again
+    oldest = signed_in.get("/ui/jobs?order=oldest").text
+    assert _ids(oldest) == list(range(1, 51))
+    following = html.unescape(re.search(r'href="([^"]+)" rel="next"', oldest).group(1))
+    assert "order=oldest" in following
+    second = signed_in.get(following).text
+    assert _ids(second) == list(range(51, 61))
+    back = html.unescape(re.search(r'href="([^"]+)" rel="prev"', second).group(1))
+    assert _ids(signed_in.get(back).text) == list(range(1, 51))
+
+
+def test_the_jobs_list_shows_when_each_job_runs_and_finished(
+        signed_in: FlaskClient, api: Api, producer: Key, worker: Key,
+        clock: ManualClock) -> None:
+    job_id = api.enqueue(producer, type="email", payload={}).get_json()["id"]
+    claimed = api.claim(worker).get_json()
+    clock.advance(90)
+    api.complete(worker, job_id, result={}, lease_token=claimed["lease_token"])
+    finished = api.get(producer, job_id).get_json()["updated_at"]
+    page = signed_in.get("/ui/jobs").text
+    assert '<th scope="col">Runs at</th>' in page and '<th scope="col">Finished</th>' in page
+    row = page[page.index(f'/ui/jobs/{job_id}"'):]
+    row = row[:row.index("</tr>")]
+    assert f'<time datetime="{finished}">' in row
+
+
+def test_the_scheduled_filter_lists_the_pending_jobs_not_yet_due(
+        signed_in: FlaskClient, api: Api, producer: Key) -> None:
+    due = api.enqueue(producer, type="email", payload={}).get_json()["id"]
+    later = api.enqueue(producer, type="email", payload={}, delay_seconds=3600).get_json()["id"]
+    assert _ids(signed_in.get("/ui/jobs?status=scheduled").text) == [later]
+    assert _ids(signed_in.get("/ui/jobs?status=pending").text) == [later, due]
+    assert '<option value="scheduled" selected>' in signed_in.get(
+        "/ui/jobs?status=scheduled").text
+
+
+def test_bulk_retry_of_the_filtered_jobs_asks_first_and_needs_its_csrf_token(
+        signed_in: FlaskClient, api: Api, producer: Key, worker: Key, admin: Key) -> None:
+    failed = [_failed(api, producer, worker) for _ in range(3)]
+    other = _failed(api, producer, worker, job_type="pdf")
+    listing = signed_in.get("/ui/jobs?type=email&status=failed").text
+    confirm = html.unescape(re.search(r'href="(/ui/jobs/retry-many[^"]*)"', listing).group(1))
+    assert "cancel-many" not in listing  # a failed job cannot be cancelled
+    page = signed_in.get(confirm).text
+    assert "Retry jobs?" in page and "up to <strong>1000</strong>" in page
+    assert all(api.get(admin, job_id).get_json()["status"] == "failed" for job_id in failed)
+    refused = signed_in.post("/ui/jobs/retry-many", data={"type": "email", "status": "failed"})
+    assert refused.status_code == 400
+    answer = post_form(signed_in, confirm, "/ui/jobs/retry-many",
+                       {"type": "email", "status": "failed"})
+    assert answer.status_code == 302
+    assert "3 jobs sent back to pending." in signed_in.get(answer.headers["Location"]).text
+    assert [api.get(admin, job_id).get_json()["status"] for job_id in failed] == ["pending"] * 3
+    assert api.get(admin, other).get_json()["status"] == "failed"
+
+
+def test_bulk_cancel_takes_the_pending_jobs_of_the_type(
+        signed_in: FlaskClient, api: Api, producer: Key, admin: Key) -> None:
+    ids = [api.enqueue(producer, type="email", payload={}).get_json()["id"] for _ in range(2)]
+    answer = post_form(signed_in, "/ui/jobs/cancel-many?type=email", "/ui/jobs/cancel-many",
+                       {"type": "email"})
+    assert "2 jobs cancelled." in signed_in.get(answer.headers["Location"]).text
+    assert {api.get(admin, job_id).get_json()["status"] for job_id in ids} == {"cancelled"}
+
+
+def test_bulk_actions_are_offered_only_for_filters_they_can_take(
+        signed_in: FlaskClient) -> None:
+    for query in ("producer=producer-1", "status=scheduled", "status=completed",
+                  "status=running"):
+        page = signed_in.get(f"/ui/jobs?{query}").text
+        assert "retry-many" not in page and "cancel-many" not in page, query
+    assert "retry-many" in signed_in.get("/ui/jobs").text
+    assert signed_in.get("/ui/jobs/explode-many").status_code == 404
+    assert signed_in.get("/ui/jobs/retry-many?status=lost").status_code == 400
+
+
+def test_a_path_under_ui_that_is_no_page_is_the_dashboards_own_not_found_page(
+        signed_in: FlaskClient, client: FlaskClient) -> None:
+    for browser in (signed_in, client):
+        for path in ("/ui/jobs/abc", "/ui/nosuchpage", "/ui/jobs/1/nothing"):
+            answer = browser.get(path)
+            assert answer.status_code == 404, path
+            assert answer.mimetype == "text/html", path
+            assert "<h1>Not Found</h1>" in answer.text, path
+        answer = browser.get("/ui/sign-out")
+        assert answer.status_code == 405 and answer.mimetype == "text/html"
+        assert "POST" in answer.headers["Allow"]
+    assert client.get("/nosuchroute").mimetype == "application/problem+json"
+
+
+def test_schedule_times_are_shown_in_the_schedules_own_zone_too(
+        signed_in: FlaskClient, client: FlaskClient, admin: Key, app: Flask) -> None:
+    answer = client.post("/schedules", headers=admin.headers, json={
+        "name": "berlin", "cron": "0 3 * * *", "timezone": "Europe/Berlin",
+        "job": {"type": "email", "payload": {}}})
+    assert answer.status_code == 201
+    next_run = answer.get_json()["next_run_at"]  # 03:00 in Berlin, in winter 02:00 UTC
+    page = signed_in.get("/ui/schedules").text
+    assert f'<time class="zoned" datetime="{next_run}">{next_run[:10]} 02:00:00 UTC</time>' \
+        in page
+    assert f"{next_run[:10]} 03:00:00 CET" in page
