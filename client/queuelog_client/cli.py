@@ -13,12 +13,22 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
+from queuelog_client.client import MAX_CLAIM_WAIT_SECONDS, check_url
 from queuelog_client.errors import ProblemError
-from queuelog_client.worker import Worker, load_handler
+from queuelog_client.worker import RECONNECT_BACKOFF_MAX_SECONDS, Worker, load_handler
 
 TOKEN_VARIABLE = "QUEUELOG_TOKEN"  # noqa: S105 - a variable name, not a secret
 URL_VARIABLE = "QUEUELOG_URL"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A mistake on the command line is one line on stderr (exit 2): what is wrong and where
+    the help is, not the whole usage, which runs over several lines here."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class _RefuseToken(argparse.Action):
@@ -35,7 +45,7 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog or "queuelog worker", allow_abbrev=False,
         description="Claim jobs from a queuelog server and run a Python handler on each. "
                     f"The worker key's token comes from {TOKEN_VARIABLE} or --token-file. "
@@ -56,8 +66,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--lease-seconds", type=_positive_int,
                         help="lease asked for each claim (default: the server's)")
     parser.add_argument("--wait-seconds", type=float, default=5.0,
-                        help="long-poll wait of each claim, 0..20 (default 5); a stop is "
-                             "noticed once the claim in flight returns")
+                        help=f"long-poll wait of each claim, 0..{MAX_CLAIM_WAIT_SECONDS:g} "
+                             "(default 5); a stop is noticed once the claim in flight "
+                             f"returns; 0 polls, pausing up to {RECONNECT_BACKOFF_MAX_SECONDS:g} s "
+                             "while there is no work")
     parser.add_argument("--grace-seconds", type=float, default=30.0,
                         help="on SIGTERM, how long held jobs may still run (default 30)")
     parser.add_argument("--log-level", default="INFO",
@@ -78,8 +90,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.url:
         parser.error(f"--url is required (or set {URL_VARIABLE})")
-    if not 0 <= args.wait_seconds <= 20:
-        parser.error("--wait-seconds must be between 0 and 20")
+    try:
+        check_url(args.url)
+    except ValueError as exc:
+        parser.error(f"--url: {exc}")
+    if not 0 <= args.wait_seconds <= MAX_CLAIM_WAIT_SECONDS:
+        parser.error(f"--wait-seconds must be between 0 and {MAX_CLAIM_WAIT_SECONDS:g}")
     try:
         token = _read_token(args.token_file)
     except OSError as exc:
@@ -103,7 +119,6 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                     wait_seconds=args.wait_seconds, grace_seconds=args.grace_seconds)
     try:
         worker.run()
-    except ProblemError as exc:
-        logging.getLogger("queuelog_client.worker").error("giving up: %s", exc)
-        return 1
+    except ProblemError:
+        return 1  # the worker logged the refusal once already, as it stopped claiming
     return 0
