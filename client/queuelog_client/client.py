@@ -32,6 +32,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlencode, urlsplit
 
+from queuelog_client._version import __version__
 from queuelog_client.errors import (
     ProblemError,
     ServerError,
@@ -42,7 +43,7 @@ from queuelog_client.errors import (
 
 __all__ = ["Client", "check_url"]
 
-USER_AGENT = "queuelog-client/0.1"
+USER_AGENT = f"queuelog-client/{__version__}"
 # Connections kept open for reuse; more than this many idle ones are closed.
 MAX_IDLE_CONNECTIONS = 16
 # A Retry-After beyond this is not waited out in one sleep: the caller should hear back.
@@ -199,6 +200,7 @@ class Client:
                 priority: str | None = None, max_retries: int | None = None,
                 run_at: datetime | str | None = None, delay_seconds: int | None = None,
                 idempotency_key: str | None = None,
+                concurrency_key: str | None = None,
                 unique: Mapping[str, Any] | None = None) -> Job:
         """Enqueue one job and return it, with `"replayed": True` when the server already
         held a job with this idempotency key (generated when not given).
@@ -208,8 +210,13 @@ class Client:
         running, return the twin). The job comes back with `"deduplicated"`: False for a new
         job, True when the twin holding the key was returned, "replaced" when it took this
         payload and schedule. `on_conflict="reject"` raises Conflict, whose
-        `problem["existing_job_id"]` names the twin."""
+        `problem["existing_job_id"]` names the twin.
+
+        `concurrency_key`: with the type's max_running_per_key set, at most that many jobs
+        of one (type, concurrency_key) run at once (one customer's jobs, say)."""
         body = _enqueue_body(type, payload, priority, max_retries, run_at, delay_seconds)
+        if concurrency_key is not None:
+            body["concurrency_key"] = concurrency_key
         if unique is not None:
             body["unique"] = dict(unique)
         key = idempotency_key or _new_idempotency_key()
