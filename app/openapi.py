@@ -66,7 +66,10 @@ _HEADERS: dict[str, dict[str, Any]] = {
     },
     "WWW-Authenticate": {"description": "The scheme to authenticate with: Bearer.",
                          "schema": {"type": "string"}},
-    "Retry-After": {"description": "Seconds to wait before retrying.",
+    "Retry-After": {"description": "Seconds to wait before retrying. On a 2xx answer to a "
+                                   "request that asked to wait: the server could not wait "
+                                   "(its budget of waiting requests is full), so it answered "
+                                   "at once; ask again after this long.",
                     "schema": {"type": "string"}},
 }
 

@@ -35,6 +35,7 @@ from app.jobs.schemas import (
 )
 from app.jobs.service import Claimed, Enqueued, JobService
 from app.jobs.uniqueness import Deduplicated
+from app.jobs.waiting import NOT_WAITED_RETRY_AFTER_SECONDS, WaitAnswer
 from app.keys.models import Role
 from app.openapi import Reply, documented
 
@@ -93,13 +94,21 @@ def _idempotency_key_header() -> str | None:
     return loaded
 
 
-def _claim(body: dict[str, Any], limit: int) -> list[Claimed]:
+def _claim(body: dict[str, Any], limit: int) -> WaitAnswer[list[Claimed]]:
     caller = current_caller()
     if body.get("worker_id", caller.name) != caller.name:
         raise Forbidden("worker_id must be this key's own name.")
-    return _service().claim(caller, types=body.get("types"),
-                            lease_seconds=body.get("lease_seconds"), limit=limit,
-                            wait_seconds=body["wait_seconds"])
+    return _service().await_claim(caller, types=body.get("types"),
+                                  lease_seconds=body.get("lease_seconds"), limit=limit,
+                                  wait_seconds=body["wait_seconds"])
+
+
+def _say_not_waited(response: Response, answer: WaitAnswer[Any]) -> Response:
+    # The answer alone (nothing yet) reads like a wait that ran out: without this a client
+    # asks again at once, and keeps doing so for as long as the budget stays full.
+    if answer.not_waited:
+        response.headers["Retry-After"] = str(NOT_WAITED_RETRY_AFTER_SECONDS)
+    return response
 
 
 # The literal routes under /jobs/ are registered before /jobs/<id:job_id>, and ids are
@@ -108,26 +117,31 @@ def _claim(body: dict[str, Any], limit: int) -> list[Claimed]:
 @documented("Claim the most urgent claimable job, waiting up to wait_seconds for one.",
             body=ClaimSchema,
             replies=[Reply(200, "The claimed job, running, with its lease_token.", JobSchema),
-                     Reply(204, "Nothing is claimable now.")])
+                     Reply(204, "Nothing became claimable within wait_seconds; with "
+                                "Retry-After, the server could not wait (its budget of "
+                                "waiting claims is full).", headers=("Retry-After",))])
 @require_roles(Role.WORKER)
 def claim_job() -> Response:
-    claimed = _claim(load_body(_claim_schema), limit=1)
-    if not claimed:
-        return no_content()
-    return _job_response(claimed[0].job, lease_token=claimed[0].lease_token)
+    answer = _claim(load_body(_claim_schema), limit=1)
+    if not answer.value:
+        return _say_not_waited(no_content(), answer)
+    return _job_response(answer.value[0].job, lease_token=answer.value[0].lease_token)
 
 
 @bp.post("/jobs/claim-many")
 @documented("Claim up to max_jobs claimable jobs in claim order, each with its own lease.",
             body=ClaimManySchema,
-            replies=[Reply(200, "The claimed jobs (possibly none), each with its lease_token.",
-                           ClaimedJobListSchema)])
+            replies=[Reply(200, "The claimed jobs (possibly none), each with its lease_token; "
+                                "none with Retry-After: the server could not wait (its budget "
+                                "of waiting claims is full).",
+                           ClaimedJobListSchema, ("Retry-After",))])
 @require_roles(Role.WORKER)
 def claim_many_jobs() -> Response:
     body = load_body(_claim_many_schema)
-    claimed = _claim(body, limit=body["max_jobs"])
-    return jsonify({"jobs": [represent(c.job, show_error=False, lease_token=c.lease_token)
-                             for c in claimed]})
+    answer = _claim(body, limit=body["max_jobs"])
+    return _say_not_waited(
+        jsonify({"jobs": [represent(c.job, show_error=False, lease_token=c.lease_token)
+                          for c in answer.value]}), answer)
 
 
 @bp.post("/jobs/batch")
@@ -243,12 +257,16 @@ def list_jobs() -> Response:
 
 @bp.get("/jobs/<id:job_id>")
 @documented("Read a job, waiting up to wait_seconds for it to finish.",
-            query=GetJobQuerySchema, replies=[_JOB], errors=[404])
+            query=GetJobQuerySchema,
+            replies=[Reply(200, "The job; unfinished with Retry-After: the server could not "
+                                "wait (its budget of waiting requests is full).",
+                           JobSchema, ("Retry-After",))],
+            errors=[404])
 @require_roles(*ANY_ROLE)
 def get_job(job_id: int) -> Response:
     query = load_query(_get_query_schema)
-    return _job_response(_service().get_job(current_caller(), job_id,
-                                            wait_seconds=query["wait_seconds"]))
+    answer = _service().await_job(current_caller(), job_id, query["wait_seconds"])
+    return _say_not_waited(_job_response(answer.value), answer)
 
 
 @bp.post("/jobs/<id:job_id>/heartbeat")

@@ -44,7 +44,7 @@ from app.jobs.intake import (
 from app.jobs.models import TERMINAL_STATUSES, Backoff, Job, JobStatus, Transition
 from app.jobs.repository import JobRepository, WriteConflict
 from app.jobs.uniqueness import Deduplicated, holds_key_in
-from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitingBudget
+from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
 from app.keys.models import Caller, Role
 from app.redaction import redact_error
 from app.types.service import FlowControl, LimitReached
@@ -309,18 +309,22 @@ class JobService:
 
     # -- reading --------------------------------------------------------------------------
 
-    def get_job(self, caller: Caller, job_id: int, wait_seconds: float = 0) -> Job:
-        """The job, if the caller may see it; NotFound otherwise (the two look alike).
+    def get_job(self, caller: Caller, job_id: int) -> Job:
+        """The job, if the caller may see it; NotFound otherwise (the two look alike)."""
+        return self._read_visible(caller, job_id)
 
-        With `wait_seconds`, an unfinished job is read again as soon as this process finishes
-        a job, and every POLL_SECONDS for the other processes and hosts, until it is
-        completed, failed or cancelled or the time is up; then it is answered as it is. Past
-        the process's budget of waiting requests it is answered at once.
+    def await_job(self, caller: Caller, job_id: int, wait_seconds: float) -> WaitAnswer[Job]:
+        """The job as get_job reads it, once it is finished or `wait_seconds` have passed.
+
+        An unfinished job is read again as soon as this process finishes a job, and every
+        POLL_SECONDS for the other processes and hosts, until it is completed, failed or
+        cancelled or the time is up; then it is answered as it is. Past the process's budget
+        of waiting requests it is answered at once, marked `not_waited`.
         """
         seen = self.finished.generation
         job = self._read_visible(caller, job_id)
         if job.status in TERMINAL_STATUSES or wait_seconds <= 0:
-            return job
+            return WaitAnswer(job)
         with self._result_waits.slot() as granted:
             deadline = time.monotonic() + wait_seconds
             while (granted and job.status not in TERMINAL_STATUSES
@@ -328,7 +332,7 @@ class JobService:
                 self.finished.wait(seen, timeout=min(POLL_SECONDS, remaining))
                 seen = self.finished.generation
                 job = self._read_visible(caller, job_id)
-        return job
+        return WaitAnswer(job, not_waited=not granted)
 
     def _read_visible(self, caller: Caller, job_id: int) -> Job:
         with self.db.read() as conn:
@@ -384,14 +388,23 @@ class JobService:
 
     def claim(self, caller: Caller, *, types: Iterable[str] | None = None,
               lease_seconds: int | None = None, limit: int = 1,
-              wait_seconds: float = 0, push: bool = False) -> list[Claimed]:
-        """Claim up to `limit` jobs for the caller, most urgent first; [] when none is due
-        within `wait_seconds`. A worker's claim takes pulled types alone; the dispatcher's
-        (`push`) push types alone (ClaimGate decides), under the same flow control.
+              push: bool = False) -> list[Claimed]:
+        """Claim up to `limit` jobs for the caller, most urgent first; [] when none is due.
+        A worker's claim takes pulled types alone; the dispatcher's (`push`) push types
+        alone (ClaimGate decides), under the same flow control.
 
         Expired leases are rescued in the same transaction first, so a job whose worker died
-        is claimable again by this very claim. While waiting no connection is held.
+        is claimable again by this very claim.
         """
+        return self.await_claim(caller, types=types, lease_seconds=lease_seconds,
+                                limit=limit, push=push).value
+
+    def await_claim(self, caller: Caller, *, types: Iterable[str] | None = None,
+                    lease_seconds: int | None = None, limit: int = 1,
+                    wait_seconds: float = 0, push: bool = False) -> WaitAnswer[list[Claimed]]:
+        """As claim, waiting up to `wait_seconds` for a job when none is due now (no
+        connection is held while waiting). Past the process's budget of waiting claims it
+        answers at once, marked `not_waited`."""
         if types is not None:
             # Checked before anything else: a misspelt type would otherwise find nothing
             # forever, and a waiting claim only ever probes configured types.
@@ -399,18 +412,19 @@ class JobService:
             require_configured_types(self.settings.job_types, types, "types")
         wanted = self._claimable_types(caller, types)
         if wanted is not None and not wanted:
-            return []
+            # Nothing this key may ever take here: waiting would not change that.
+            return WaitAnswer([])
         seen = self.signal.generation
         claimed = self._claim_now(caller, wanted, lease_seconds, limit, push)
         if claimed or wait_seconds <= 0:
-            return claimed
+            return WaitAnswer(claimed)
         with self._claim_waits.slot() as granted:
             deadline = time.monotonic() + wait_seconds
             while (granted and not claimed
                    and self._wait_for_work(wanted, seen, deadline, push)):
                 seen = self.signal.generation
                 claimed = self._claim_now(caller, wanted, lease_seconds, limit, push)
-        return claimed
+        return WaitAnswer(claimed, not_waited=not granted)
 
     def _claim_now(self, caller: Caller, wanted: frozenset[str] | None,
                    lease_seconds: int | None, limit: int, push: bool) -> list[Claimed]:

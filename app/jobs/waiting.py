@@ -12,8 +12,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 POLL_SECONDS = 0.05
+# What a request that asked to wait but found the budget full is told (Retry-After): come
+# back in this many seconds rather than at once, which would spin (issue 27.5: one client
+# made thousands of requests in 10 s). A waiting slot frees as soon as one of its requests
+# is answered, so a short pause, which clients stretch with their own jittered backoff.
+NOT_WAITED_RETRY_AFTER_SECONDS = 1
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WaitAnswer(Generic[T]):
+    """The answer to a request that may wait. `not_waited`: it asked to wait, there was
+    nothing to answer yet, and the budget was full, so it was answered at once anyway."""
+
+    value: T
+    not_waited: bool = False
 
 
 class JobSignal:

@@ -7,6 +7,7 @@ claimed jobs (also `queuelog worker â€¦` or `python -m queuelog_client worker â€
 `verify_signature` checks a push delivery's Queuelog-Signature header in a receiver.
 """
 
+from queuelog_client._version import __version__
 from queuelog_client.client import Client
 from queuelog_client.errors import (
     BadRequest,
@@ -44,6 +45,7 @@ __all__ = [
     "ValidationFailed",
     "WaitTimeout",
     "Worker",
+    "__version__",
     "load_handler",
     "verify_signature",
 ]

@@ -13,12 +13,29 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
+from queuelog_client._version import __version__
+from queuelog_client.client import MAX_CLAIM_WAIT_SECONDS, check_url
 from queuelog_client.errors import ProblemError
-from queuelog_client.worker import Worker, load_handler
+from queuelog_client.worker import RECONNECT_BACKOFF_MAX_SECONDS, Worker, load_handler
 
 TOKEN_VARIABLE = "QUEUELOG_TOKEN"  # noqa: S105 - a variable name, not a secret
 URL_VARIABLE = "QUEUELOG_URL"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A mistake on the command line is one line on stderr (exit 2): what is wrong, the short
+    usage when one is given, and where the help is; not argparse's whole usage block, which
+    runs over several lines here."""
+
+    def __init__(self, *args: Any, short_usage: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.short_usage = short_usage
+
+    def error(self, message: str) -> NoReturn:
+        usage = f"usage: {self.short_usage}; " if self.short_usage else ""
+        self.exit(2, f"{self.prog}: error: {message} ({usage}see {self.prog} --help)\n")
 
 
 class _RefuseToken(argparse.Action):
@@ -35,7 +52,7 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog or "queuelog worker", allow_abbrev=False,
         description="Claim jobs from a queuelog server and run a Python handler on each. "
                     f"The worker key's token comes from {TOKEN_VARIABLE} or --token-file. "
@@ -56,12 +73,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--lease-seconds", type=_positive_int,
                         help="lease asked for each claim (default: the server's)")
     parser.add_argument("--wait-seconds", type=float, default=5.0,
-                        help="long-poll wait of each claim, 0..20 (default 5); a stop is "
-                             "noticed once the claim in flight returns")
+                        help=f"long-poll wait of each claim, 0..{MAX_CLAIM_WAIT_SECONDS:g} "
+                             "(default 5); a stop is noticed once the claim in flight "
+                             f"returns; 0 polls, pausing up to {RECONNECT_BACKOFF_MAX_SECONDS:g} s "
+                             "while there is no work")
     parser.add_argument("--grace-seconds", type=float, default=30.0,
                         help="on SIGTERM, how long held jobs may still run (default 30)")
     parser.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--version", action="version", version=f"queuelog-client {__version__}")
     return parser
 
 
@@ -78,8 +98,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.url:
         parser.error(f"--url is required (or set {URL_VARIABLE})")
-    if not 0 <= args.wait_seconds <= 20:
-        parser.error("--wait-seconds must be between 0 and 20")
+    try:
+        check_url(args.url)
+    except ValueError as exc:
+        parser.error(f"--url: {exc}")
+    if not 0 <= args.wait_seconds <= MAX_CLAIM_WAIT_SECONDS:
+        parser.error(f"--wait-seconds must be between 0 and {MAX_CLAIM_WAIT_SECONDS:g}")
     try:
         token = _read_token(args.token_file)
     except OSError as exc:
@@ -103,7 +127,33 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                     wait_seconds=args.wait_seconds, grace_seconds=args.grace_seconds)
     try:
         worker.run()
-    except ProblemError as exc:
-        logging.getLogger("queuelog_client.worker").error("giving up: %s", exc)
-        return 1
+    except ProblemError:
+        return 1  # the worker logged the refusal once already, as it stopped claiming
     return 0
+
+
+MODULE_PROG = "python -m queuelog_client"
+
+
+def module_main(argv: Sequence[str] | None = None, prog: str = MODULE_PROG) -> int:
+    """`python -m queuelog_client`: its one command, `worker`, with --help and --version."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["worker"]:
+        return main(args[1:], prog=f"{prog} worker")
+    parser = OneLineParser(
+        prog=prog, allow_abbrev=False,
+        short_usage=f"{prog} worker --url URL --handler MODULE:FUNCTION [options]",
+        description="The queuelog client's command line (the Python API is "
+                    "queuelog_client.Client and queuelog_client.Worker).",
+        epilog=f"Run '{prog} worker --help' for the worker runner's options. The worker key's "
+               f"token comes from {TOKEN_VARIABLE} (or --token-file), the server from --url "
+               f"or {URL_VARIABLE}.")
+    parser.add_argument("--version", action="version", version=f"queuelog-client {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command")
+    commands.add_parser("worker", add_help=False,
+                        help="claim jobs from a queuelog server and run a Python handler on "
+                             "each (the same runner as the server's `queuelog worker`)")
+    parsed = parser.parse_args(args)  # help, version and mistakes exit here
+    if parsed.command is None:
+        parser.error("no command given")
+    raise AssertionError("unreachable: worker is handled above")

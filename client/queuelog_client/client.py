@@ -6,6 +6,12 @@ honoured). A 4xx is never retried: sending the same request again cannot change 
 Every enqueue carries an idempotency key (a fresh uuid4 when the caller gives none), so a
 retry of a request whose answer was lost finds the job the first attempt stored instead of
 creating a second one.
+
+Waiting (claim's wait_seconds, wait()): when the server's budget of waiting requests is full
+it answers at once with Retry-After instead of waiting. The client then waits in its stead,
+at least that long plus a jittered backoff that grows with each such answer (capped at
+max_backoff_seconds), and asks again while the caller's wait lasts: asking again at once
+would spin, thousands of requests a minute against a busy server.
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlencode, urlsplit
 
+from queuelog_client._version import __version__
 from queuelog_client.errors import (
     ProblemError,
     ServerError,
@@ -34,22 +41,50 @@ from queuelog_client.errors import (
     problem_error,
 )
 
-__all__ = ["Client"]
+__all__ = ["Client", "check_url"]
 
-USER_AGENT = "queuelog-client/0.1"
+USER_AGENT = f"queuelog-client/{__version__}"
 # Connections kept open for reuse; more than this many idle ones are closed.
 MAX_IDLE_CONNECTIONS = 16
 # A Retry-After beyond this is not waited out in one sleep: the caller should hear back.
 MAX_RETRY_AFTER_SECONDS = 60.0
-# The server waits at most this long in one GET /jobs/{id}?wait_seconds=N.
+# The server waits at most this long in one GET /jobs/{id}?wait_seconds=N, and in one claim
+# (wait_seconds); tests/client/test_wire_constants.py checks both against /openapi.json.
 MAX_WAIT_PER_REQUEST_SECONDS = 60.0
+MAX_CLAIM_WAIT_SECONDS = 20.0
 FINISHED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 Job = dict[str, Any]
+T = TypeVar("T")
 
 
 def _new_idempotency_key() -> str:
     return str(uuid.uuid4())
+
+
+class ServerUrl(NamedTuple):
+    scheme: str
+    host: str
+    port: int | None
+    prefix: str  # the path the server's routes are under, without a trailing slash
+
+
+def check_url(url: str) -> ServerUrl:
+    """The parts of a server URL, http(s)://host[:port][/prefix]; ValueError, in one line
+    saying what is wrong, for anything else."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # a ValueError when it is not a port number
+    except ValueError as exc:
+        raise ValueError(f"url must be http(s)://host[:port][/prefix], not {url!r} "
+                         f"({exc})") from None
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        hint = f" (did you mean http://{url}?)" if "://" not in url else ""
+        raise ValueError(f"url must be http(s)://host[:port][/prefix], not {url!r}{hint}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"url must be http(s)://host[:port][/prefix], without a query or "
+                         f"fragment, not {url!r}")
+    return ServerUrl(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
 
 
 class _ConnectionPool:
@@ -131,22 +166,20 @@ class Client:
                  max_attempts: int = 5, backoff_seconds: float = 0.25,
                  max_backoff_seconds: float = 10.0,
                  ssl_context: ssl.SSLContext | None = None) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in {"http", "https"} or not parts.hostname:
-            raise ValueError(f"url must be http(s)://host[:port][/prefix], not {url!r}")
+        parts = check_url(url)
         token = token if token is not None else os.environ.get("QUEUELOG_TOKEN")
         if not token:
             raise ValueError("no token: pass token= or set QUEUELOG_TOKEN")
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self.url = url.rstrip("/")
-        self._prefix = parts.path.rstrip("/")
+        self._prefix = parts.prefix
         self._token = token
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.backoff_seconds = backoff_seconds
         self.max_backoff_seconds = max_backoff_seconds
-        self._pool = _ConnectionPool(parts.scheme, parts.hostname, parts.port, ssl_context)
+        self._pool = _ConnectionPool(parts.scheme, parts.host, parts.port, ssl_context)
 
     def __repr__(self) -> str:  # never the token
         return f"Client({self.url!r})"
@@ -167,6 +200,7 @@ class Client:
                 priority: str | None = None, max_retries: int | None = None,
                 run_at: datetime | str | None = None, delay_seconds: int | None = None,
                 idempotency_key: str | None = None,
+                concurrency_key: str | None = None,
                 unique: Mapping[str, Any] | None = None) -> Job:
         """Enqueue one job and return it, with `"replayed": True` when the server already
         held a job with this idempotency key (generated when not given).
@@ -176,8 +210,13 @@ class Client:
         running, return the twin). The job comes back with `"deduplicated"`: False for a new
         job, True when the twin holding the key was returned, "replaced" when it took this
         payload and schedule. `on_conflict="reject"` raises Conflict, whose
-        `problem["existing_job_id"]` names the twin."""
+        `problem["existing_job_id"]` names the twin.
+
+        `concurrency_key`: with the type's max_running_per_key set, at most that many jobs
+        of one (type, concurrency_key) run at once (one customer's jobs, say)."""
         body = _enqueue_body(type, payload, priority, max_retries, run_at, delay_seconds)
+        if concurrency_key is not None:
+            body["concurrency_key"] = concurrency_key
         if unique is not None:
             body["unique"] = dict(unique)
         key = idempotency_key or _new_idempotency_key()
@@ -217,19 +256,18 @@ class Client:
 
         The server holds each request up to a minute and answers within about 100 ms of the
         job finishing; longer timeouts are covered by asking again."""
-        deadline = time.monotonic() + max(timeout, 0.0)
-        while True:
-            remaining = max(deadline - time.monotonic(), 0.0)
-            wait_seconds = round(min(remaining, MAX_WAIT_PER_REQUEST_SECONDS), 3)
-            _, _, answer = self._request(
+        def ask(wait: float) -> tuple[Job, bool, float | None]:
+            wait_seconds = round(min(wait, MAX_WAIT_PER_REQUEST_SECONDS), 3)
+            _, headers, job = self._request(
                 "GET", f"/jobs/{int(job_id)}?wait_seconds={wait_seconds}",
                 timeout=self.timeout + wait_seconds)
-            job: dict[str, Any] = answer
-            if job["status"] in FINISHED_STATUSES:
-                return job
-            if time.monotonic() >= deadline:
-                raise WaitTimeout(f"job {int(job_id)} is still {job['status']} after "
-                                  f"{timeout} s", job)
+            return job, job["status"] in FINISHED_STATUSES, _not_waited(headers)
+
+        job = self._long_poll(timeout, ask)
+        if job["status"] not in FINISHED_STATUSES:
+            raise WaitTimeout(f"job {int(job_id)} is still {job['status']} after "
+                              f"{timeout} s", job)
+        return job
 
     def list_jobs(self, *, status: str | None = None, type: str | None = None,
                   limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
@@ -270,19 +308,26 @@ class Client:
               wait_seconds: float = 0) -> Job | None:
         """Claim the most urgent due job (with its `lease_token`), waiting up to
         `wait_seconds` for one; None when there was none."""
-        body = _claim_body(types, lease_seconds, wait_seconds)
-        job: Job | None
-        status, _, job = self._request("POST", "/jobs/claim", body,
-                                       timeout=self.timeout + wait_seconds)
-        return None if status == 204 else job
+        def ask(wait: float) -> tuple[Job | None, bool, float | None]:
+            status, headers, job = self._request(
+                "POST", "/jobs/claim", _claim_body(types, lease_seconds, wait),
+                timeout=self.timeout + wait)
+            claimed: Job | None = None if status == 204 else job
+            return claimed, claimed is not None, _not_waited(headers)
+
+        return self._long_poll(wait_seconds, ask)
 
     def claim_many(self, max_jobs: int, *, types: Iterable[str] | None = None,
                    lease_seconds: int | None = None, wait_seconds: float = 0) -> list[Job]:
         """Claim up to `max_jobs` jobs at once, each with its own `lease_token`."""
-        body = _claim_body(types, lease_seconds, wait_seconds) | {"max_jobs": max_jobs}
-        claimed: list[Job] = self._object("POST", "/jobs/claim-many", body,
-                                          timeout=self.timeout + wait_seconds)["jobs"]
-        return claimed
+        def ask(wait: float) -> tuple[list[Job], bool, float | None]:
+            body = _claim_body(types, lease_seconds, wait) | {"max_jobs": max_jobs}
+            _, headers, answer = self._request("POST", "/jobs/claim-many", body,
+                                               timeout=self.timeout + wait)
+            claimed: list[Job] = answer["jobs"]
+            return claimed, bool(claimed), _not_waited(headers)
+
+        return self._long_poll(wait_seconds, ask)
 
     def heartbeat(self, job_id: int, lease_token: str | None = None, *,
                   lease_seconds: int | None = None) -> Job:
@@ -356,6 +401,29 @@ class Client:
                         f"attempts ({failure.error!r})") from failure.error
                 time.sleep(self._delay(attempt, failure.retry_after))
         raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _long_poll(self, wait_seconds: float,
+                   ask: Callable[[float], tuple[T, bool, float | None]]) -> T:
+        """Ask until done or `wait_seconds` have passed; the last answer. `ask(wait)` sends
+        one request that may wait that long: (answer, done, Retry-After when the server
+        said it did not wait)."""
+        deadline = time.monotonic() + max(wait_seconds, 0.0)
+        not_waited = 0
+        while True:
+            answer, done, retry_after = ask(max(deadline - time.monotonic(), 0.0))
+            remaining = deadline - time.monotonic()
+            if done or remaining <= 0:
+                return answer
+            if retry_after is not None:
+                not_waited += 1
+                time.sleep(min(self._delay_after_not_waited(not_waited, retry_after),
+                               remaining))
+
+    def _delay_after_not_waited(self, times: int, retry_after: float) -> float:
+        """The pause after the `times`-th answer in a row that did not wait: its Retry-After,
+        then the retries' jittered backoff, so that the clients a full server turned away
+        together do not come back together."""
+        return min(retry_after, MAX_RETRY_AFTER_SECONDS) + self._delay(times, None)
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -437,6 +505,15 @@ def _retry_after(value: str | None) -> float | None:
         when = parsedate_to_datetime(value)
         return max(0.0, when.timestamp() - time.time())
     return None
+
+
+def _not_waited(headers: Mapping[str, str]) -> float | None:
+    """A 2xx answer to a request that asked to wait carries Retry-After only when the server
+    could not wait (its budget of waiting requests was full): how long to pause, or None."""
+    if "retry-after" not in headers:
+        return None
+    seconds = _retry_after(headers["retry-after"])
+    return 1.0 if seconds is None else seconds
 
 
 def _rfc3339(moment: datetime) -> str:

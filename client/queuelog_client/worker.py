@@ -19,6 +19,7 @@ import enum
 import functools
 import importlib
 import logging
+import random
 import signal
 import threading
 import time
@@ -29,7 +30,7 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
-from queuelog_client.client import Client, Job
+from queuelog_client.client import MAX_CLAIM_WAIT_SECONDS, Client, Job
 from queuelog_client.errors import (
     Conflict,
     NotFound,
@@ -48,7 +49,9 @@ Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
 # The server stores at most 2,000 characters of an error; sending more is wasted bytes.
 MAX_ERROR_CHARS = 2000
 MAX_RETRY_IN_SECONDS = 86_400
-# Backoff between attempts to reach a server that does not answer.
+# Backoff between attempts to reach a server that does not answer, and between the empty
+# claims of a worker that does not long-poll (wait_seconds=0), which would otherwise ask
+# again at once, each claim a write transaction.
 RECONNECT_BACKOFF_SECONDS = 0.25
 RECONNECT_BACKOFF_MAX_SECONDS = 5.0
 # After the grace period: how long the last fail reports and reporting threads may take.
@@ -133,8 +136,8 @@ class Worker:
                  timeout: float = 30.0) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if not 0 <= wait_seconds <= 20:
-            raise ValueError("wait_seconds must be between 0 and 20")
+        if not 0 <= wait_seconds <= MAX_CLAIM_WAIT_SECONDS:
+            raise ValueError(f"wait_seconds must be between 0 and {MAX_CLAIM_WAIT_SECONDS:g}")
         self.handler = handler
         self.types = None if types is None else list(types)
         self.concurrency = concurrency
@@ -163,8 +166,12 @@ class Worker:
         heartbeats = threading.Thread(target=self._heartbeat_loop, name="queuelog-heartbeat",
                                       daemon=True)
         heartbeats.start()
-        log.info("worker started: %s, types %s, concurrency %d", self.client.url,
-                 ",".join(self.types) if self.types is not None else "any", self.concurrency)
+        # Said at once: an idle worker would otherwise print nothing until its first job.
+        log.info("worker waiting for jobs of %s from %s (concurrency %d, each claim waits "
+                 "up to %g s)",
+                 f"types {','.join(self.types)}" if self.types is not None
+                 else "any type the key allows", self.client.url, self.concurrency,
+                 self.wait_seconds)
         try:
             self._claim_loop()
         finally:
@@ -215,7 +222,7 @@ class Worker:
     # -- claiming -------------------------------------------------------------------------
 
     def _claim_loop(self) -> None:
-        backoff = RECONNECT_BACKOFF_SECONDS
+        backoff = idle = RECONNECT_BACKOFF_SECONDS
         while not self._stopping.is_set():
             with self._changed:
                 self._changed.wait_for(
@@ -238,6 +245,13 @@ class Worker:
             backoff = RECONNECT_BACKOFF_SECONDS
             for job in jobs:
                 self._start(job)
+            if jobs or self.wait_seconds > 0:
+                # A long-polling claim has waited already (the client waits in the server's
+                # stead when the server could not).
+                idle = RECONNECT_BACKOFF_SECONDS
+                continue
+            self._stopping.wait(random.uniform(idle / 2, idle))
+            idle = min(idle * 2, RECONNECT_BACKOFF_MAX_SECONDS)
 
     def _claim(self, free: int) -> list[Job]:
         if self.concurrency == 1:

@@ -4,6 +4,7 @@ subprocesses, for the client and worker tests. Traffic stays on 127.0.0.1."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -65,7 +66,7 @@ class LiveServer:
     """gunicorn serving this checkout on a free loopback port over one SQLite file, which
     outlives restarts of the server."""
 
-    def __init__(self, directory: Path, template: str) -> None:
+    def __init__(self, directory: Path, template: str, **settings: str) -> None:
         self.directory = directory
         database = directory / "queuelog.sqlite3"
         shutil.copyfile(template, database)
@@ -76,7 +77,7 @@ class LiveServer:
             gunicorn_argv(*UNCONFIGURED, "--workers", "2", "--worker-class", WORKER_CLASS,
                           "--threads", "8", "--bind", f"127.0.0.1:{self.port}"),
             server_environment(directory, QUEUELOG_DATABASE_URL=self.db_url,
-                               QUEUELOG_JOB_TYPES=JOB_TYPES),
+                               QUEUELOG_JOB_TYPES=JOB_TYPES, **settings),
             port=self.port, logs=directory)
         self.admin_token = self.create_key("admin", "admin")
 
@@ -111,6 +112,16 @@ class LiveServer:
 
     def log(self) -> str:
         return self.server.log_tail()
+
+    def requests_to(self, route: str) -> int:
+        """How many requests the server has logged for `route` (its URL rule, e.g.
+        "/jobs/claim"): one JSON line each on its stdout."""
+        count = 0
+        for line in self.server.stdout().splitlines():
+            with contextlib.suppress(ValueError):
+                if json.loads(line).get("route") == route:
+                    count += 1
+        return count
 
 
 @pytest.fixture

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.version import Version
 
+import queuelog_client
+import queuelog_client._version
 from tests.client.conftest import ROOT
 
 CLIENT = ROOT / "client"
@@ -30,10 +33,20 @@ def _client_pin(requirements: list[str]) -> Requirement:
     return next(r for r in map(Requirement, requirements) if r.name == "queuelog-client")
 
 
+def test_the_client_version_has_one_home_which_the_build_reads() -> None:
+    project = tomllib.loads((CLIENT / "pyproject.toml").read_text())
+    assert "version" not in project["project"]
+    assert project["project"]["dynamic"] == ["version"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "queuelog_client._version.__version__"}
+    assert queuelog_client.__version__ == queuelog_client._version.__version__
+    assert Version(queuelog_client.__version__)  # a version pip understands
+
+
 def test_the_server_and_the_client_share_one_version_and_the_server_pins_it() -> None:
     setup = _server_metadata()
     server_version = setup["metadata"]["version"]
-    client_version = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]["version"]
+    client_version = queuelog_client.__version__
     pin = _client_pin(setup["options"]["install_requires"].split("\n")[1:])
     assert client_version == server_version
     assert str(pin.specifier) == f"=={server_version}"
@@ -63,13 +76,16 @@ def test_the_client_installed_alone_runs_the_worker_without_server_dependencies(
     installed = run("-m", "pip", "install", "--quiet", str(CLIENT))
     assert installed.returncode == 0, installed.stderr
 
-    probe = run("-c", "import importlib.util, queuelog_client; "
+    probe = run("-c", "import importlib.metadata, importlib.util, queuelog_client; "
                       "print(queuelog_client.__file__); "
-                      f"print([m for m in {SERVER_ONLY!r} if importlib.util.find_spec(m)])")
+                      f"print([m for m in {SERVER_ONLY!r} if importlib.util.find_spec(m)]); "
+                      "print(queuelog_client.__version__, "
+                      "importlib.metadata.version('queuelog-client'))")
     assert probe.returncode == 0, probe.stderr
-    client_file, missing_server_modules = probe.stdout.splitlines()
+    client_file, missing_server_modules, versions = probe.stdout.splitlines()
     assert Path(client_file).is_relative_to(environment)
     assert missing_server_modules == "[]"
+    assert versions == f"{queuelog_client.__version__} {queuelog_client.__version__}"
     listed = run("-m", "pip", "list", "--format=freeze")
     names = {line.split("==")[0].lower() for line in listed.stdout.splitlines()}
     assert "queuelog-client" in names and "queuelog" not in names
