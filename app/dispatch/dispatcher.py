@@ -48,6 +48,11 @@ DISPATCHER_NAME = "queuelog:dispatch"
 IDLE_WAIT_SECONDS = (0.02, 0.5)
 # Push settings are read again at most this often (a change applies within it).
 TARGETS_MAX_AGE_SECONDS = 1.0
+# What a delivery leaves of its lease to record the outcome: the deadline of a job that
+# waited for a thread is cut to fit, so no delivery outlives its lease.
+REPORT_SECONDS = 5.0
+LEASE_SPENT_ERROR = ("not sent: the job's lease ran out before a delivery thread was free "
+                     "(retried)")
 RELEASED_ERROR = ("released: the dispatcher stopped before the receiver answered (it may "
                   "have received the delivery)")
 
@@ -206,12 +211,15 @@ class Dispatcher:
             SIGNATURE_HEADER: signature_header(target.push_secret or "", timestamp, body),
         }
         endpoint = Endpoint.parse(target.push_url or "")
+        lease_left = ((job.lease_expires_at or 0) - self.clock.now_us()) / MICROS
+        seconds = min(float(target.push_timeout_seconds or 1), lease_left - REPORT_SECONDS)
+        if seconds <= 0:
+            self._report(delivery, Outcome(Kind.TIMEOUT, error=LEASE_SPENT_ERROR), 0.0)
+            return
         self.metrics.started()
         started = time.monotonic()
         try:
-            answer = self.client.post(endpoint, body, headers,
-                                      float(target.push_timeout_seconds or 1),
-                                      self.max_body_bytes)
+            answer = self.client.post(endpoint, body, headers, seconds, self.max_body_bytes)
             outcome = outcome_of(answer, self.clock.now_us() / MICROS)
         except DeliveryFailed as failed:
             kind = Kind.TIMEOUT if failed.timed_out else Kind.CONNECTION_ERROR
