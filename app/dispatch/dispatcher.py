@@ -53,6 +53,8 @@ TARGETS_MAX_AGE_SECONDS = 1.0
 REPORT_SECONDS = 5.0
 LEASE_SPENT_ERROR = ("not sent: the job's lease ran out before a delivery thread was free "
                      "(retried)")
+DISPATCHER_ERROR = ("dispatcher error: {} while delivering or recording the outcome (the "
+                    "receiver may have received the delivery); see the dispatcher's log")
 RELEASED_ERROR = ("released: the dispatcher stopped before the receiver answered (it may "
                   "have received the delivery)")
 
@@ -192,9 +194,12 @@ class Dispatcher:
             delivery = self._work.get()
             try:
                 self._deliver(delivery)
-            except Exception:
+            except Exception as exc:
+                # A fault of ours, not the receiver's: the attempt still ends now, as a
+                # failed one saying so, rather than holding the job until its lease lapses.
                 log.exception("dispatch: delivering job %d failed",
                               delivery.claimed.job.id)
+                self._end_attempt(delivery, exc)
             finally:
                 with self._lock:
                     self._in_flight.pop(delivery.claimed.job.id, None)
@@ -249,6 +254,21 @@ class Dispatcher:
         if outcome.kind is not Kind.COMPLETED:
             log.info("dispatch: job %d (%s) attempt %d: %s", job_id, claimed.job.type,
                      claimed.job.retry_count + 1, redact_error(outcome.error or "")[:300])
+
+    def _end_attempt(self, delivery: Delivery, exc: Exception) -> None:
+        claimed = delivery.claimed
+        with self._lock:
+            if claimed.job.id in self._released:
+                return
+        try:
+            self.jobs.fail(self.caller, claimed.job.id, lease_token=claimed.lease_token,
+                           error=DISPATCHER_ERROR.format(type(exc).__name__),
+                           retry_in_seconds=None)
+        except (Conflict, NotFound):
+            pass  # its outcome was recorded before the fault, or the job is no longer ours
+        except Exception:
+            log.exception("dispatch: could not end the attempt of job %d; its lease will "
+                          "expire", claimed.job.id)
 
     def _complete(self, claimed: Claimed, outcome: Outcome) -> None:
         try:

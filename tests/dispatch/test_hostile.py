@@ -4,14 +4,25 @@ delivered meanwhile."""
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 import pytest
 
 from app.clock import Clock
+from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.http import PushClient
+from app.dispatch.metrics import DispatchMetrics
 from tests.conftest import Api, Key
 from tests.dispatch.receiver import Receiver, Reply, Trickler
-from tests.dispatch.test_dispatcher import dispatching, job_of, make_push, wait_until
+from tests.dispatch.test_dispatcher import (
+    Running,
+    dispatching,
+    job_of,
+    make_push,
+    wait_until,
+)
 
 __all__ = ["dispatching"]  # the fixture, shared with the other dispatcher tests
 
@@ -64,3 +75,84 @@ def test_a_trickled_answer_ends_as_a_timeout_at_the_deadline_and_others_are_deli
         for attempt in attempts:
             assert attempt["error"].startswith("timed out after 2 s"), attempt["error"]
     assert len(healthy.received) == 3
+
+
+def _deep(levels: int) -> bytes:
+    return b'{"a":' * levels + b"1" + b"}" * levels
+
+
+def _strict(text: str) -> Any:
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"x": NaN}', b'{"x": Infinity}', b'{"x": 1e400}', _deep(100), _deep(970),
+    b'{"x": "\\ud800"}', b'{"\\udfff": 1}', b'{"x": "\xed\xa0\x80"}', b'{"x": "\xff"}'],
+    ids=["nan", "infinity", "overflow", "100-deep", "970-deep", "lone-surrogate",
+         "lone-surrogate-key", "encoded-surrogate", "not-utf-8"])
+def test_a_2xx_body_the_api_would_refuse_as_a_result_completes_the_job_without_it(
+        client, api, admin, producer, dispatching, body):
+    """The receiver succeeded, so the job is completed; what it answered is stored only if a
+    worker's complete could have sent it as its result, and the producer's pages stay JSON."""
+    with Receiver(answer=lambda r: Reply(200, body)) as receiver:
+        make_push(client, admin, receiver.url)
+        job_id = api.enqueue(producer, type="email").json["id"]
+        running = dispatching()
+        wait_until(lambda: job_of(api, admin, job_id)["status"] == "completed", "completion",
+                   timeout=20)
+        running.stop()
+    assert job_of(api, admin, job_id)["result"] is None
+    assert len(receiver.received) == 1
+    page = client.get("/jobs", headers=producer.headers)
+    assert page.status_code == 200
+    [shown] = _strict(page.get_data(as_text=True))["jobs"]
+    assert shown["id"] == job_id and shown["result"] is None
+
+
+def test_a_result_as_deep_as_a_worker_may_send_is_stored(client, api, admin, producer,
+                                                          dispatching):
+    # 64 levels counted from the result itself, the worker's complete's limit.
+    with Receiver(answer=lambda r: Reply(200, _deep(64))) as receiver:
+        make_push(client, admin, receiver.url)
+        job_id = api.enqueue(producer, type="email").json["id"]
+        running = dispatching()
+        wait_until(lambda: job_of(api, admin, job_id)["status"] == "completed", "completion",
+                   timeout=20)
+        running.stop()
+    assert json.dumps(job_of(api, admin, job_id)["result"]).encode().replace(b" ", b"") \
+        == _deep(64).replace(b" ", b"")
+
+
+class FaultyClient(PushClient):
+    """Delivers for real, then fails as a bug of ours would (the receiver got the job)."""
+
+    def post(self, *args: Any, **kwargs: Any) -> Any:
+        super().post(*args, **kwargs)
+        raise RuntimeError("a fault after sending")
+
+
+def test_an_unexpected_error_ends_the_attempt_at_once_as_a_failed_one(
+        app, client, api, admin, producer, caplog):
+    caplog.set_level(logging.ERROR)
+    services = app.extensions["queuelog"]
+    with Receiver(answer=lambda r: Reply(200, b"{}")) as receiver:
+        make_push(client, admin, receiver.url)
+        job_id = api.enqueue(producer, type="email", max_retries=0).json["id"]
+        running = Running(Dispatcher(services.jobs, services.types, concurrency=1,
+                                     grace_seconds=5, metrics=DispatchMetrics(),
+                                     clock=services.clock, client=FaultyClient(1)))
+        running.thread.start()
+        try:
+            # The lease is the timeout (5 s) plus 30 s: the job is not left held that long.
+            wait_until(lambda: job_of(api, admin, job_id)["status"] == "failed", "the failure",
+                       timeout=20)
+        finally:
+            running.stop()
+    job = job_of(api, admin, job_id)
+    assert job["error"].startswith("dispatcher error: RuntimeError")
+    [attempt] = attempts_of(client, admin, job_id)
+    assert attempt["outcome"] == "failed"
+    assert len(receiver.received) == 1
