@@ -21,8 +21,9 @@ import queue
 import signal
 import threading
 import time
+import traceback
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 
 from app.clock import MICROS, Clock
@@ -34,7 +35,7 @@ from app.jobs.models import Priority
 from app.jobs.schemas import represent
 from app.jobs.service import Claimed, JobService
 from app.keys.models import Caller, Role
-from app.redaction import redact_error, redact_url
+from app.redaction import display_url, redact_error, scrub_url
 from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings
 from app.types.service import TypeService
 from queuelog_client.signature import SIGNATURE_HEADER, signature_header
@@ -197,8 +198,10 @@ class Dispatcher:
             except Exception as exc:
                 # A fault of ours, not the receiver's: the attempt still ends now, as a
                 # failed one saying so, rather than holding the job until its lease lapses.
-                log.exception("dispatch: delivering job %d failed",
-                              delivery.claimed.job.id)
+                # (The traceback may quote the push url: logged in its display form.)
+                trace = "".join(traceback.format_exception(exc))
+                log.error("dispatch: delivering job %d failed:\n%s", delivery.claimed.job.id,
+                          scrub_url(trace, delivery.target.push_url or ""))
                 self._end_attempt(delivery, exc)
             finally:
                 with self._lock:
@@ -228,7 +231,7 @@ class Dispatcher:
             outcome = outcome_of(answer, self.clock.now_us() / MICROS)
         except DeliveryFailed as failed:
             kind = Kind.TIMEOUT if failed.timed_out else Kind.CONNECTION_ERROR
-            outcome = Outcome(kind, error=f"{failed} ({redact_url(target.push_url or '')})")
+            outcome = Outcome(kind, error=f"{failed} ({display_url(target.push_url or '')})")
         self._report(delivery, outcome, time.monotonic() - started)
 
     def _report(self, delivery: Delivery, outcome: Outcome, seconds: float) -> None:
@@ -237,6 +240,11 @@ class Dispatcher:
         with self._lock:
             if job_id in self._released:
                 return  # released at shutdown: the job is no longer ours to report on
+        if outcome.error is not None:
+            # What urllib3 or the receiver said may quote the url, query and all: the error
+            # is stored and logged with the url in its display form (no secret of it).
+            outcome = replace(outcome, error=scrub_url(outcome.error,
+                                                       delivery.target.push_url or ""))
         self.metrics.finished(claimed.job.type, outcome.kind, seconds)
         try:
             if outcome.completed:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -27,6 +28,8 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import HTTPError, NewConnectionError
 from urllib3.exceptions import TimeoutError as OperationTimedOut
 from urllib3.util import parse_url
+
+from app.redaction import display_url
 
 # Connecting is quick or it is not happening: at most this long (within the timeout).
 MAX_CONNECT_SECONDS = 10.0
@@ -162,10 +165,29 @@ class _WatchedHTTPSPool(HTTPSConnectionPool):
     ConnectionCls = _WatchedHTTPSConnection
 
 
+class _RequestTargetMasking(logging.Filter):
+    """urllib3 logs each request's target (path and query) at DEBUG: a push url's query may
+    be a signature, so the target is logged in the display form (app/redaction.py)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                display_url(f"http://host{arg}")[len("http://host"):]
+                if isinstance(arg, str) and arg.startswith("/") else arg
+                for arg in record.args)
+        return True
+
+
+_MASKING = _RequestTargetMasking()
+
+
 class PushClient:
     """POSTs deliveries through one pool; thread-safe."""
 
     def __init__(self, max_connections_per_host: int) -> None:
+        urllib3_log = logging.getLogger("urllib3.connectionpool")
+        if _MASKING not in urllib3_log.filters:
+            urllib3_log.addFilter(_MASKING)
         self.pool = urllib3.PoolManager(
             num_pools=64, maxsize=max_connections_per_host, block=True, retries=False)
         self.pool.pool_classes_by_scheme = {"http": _WatchedHTTPPool,

@@ -19,10 +19,12 @@ from tests.dispatch.receiver import Receiver, Reply, Trickler
 from tests.dispatch.test_dispatcher import (
     Running,
     dispatching,
+    events_of,
     job_of,
     make_push,
     wait_until,
 )
+from tests.servers import free_port
 
 __all__ = ["dispatching"]  # the fixture, shared with the other dispatcher tests
 
@@ -156,3 +158,53 @@ def test_an_unexpected_error_ends_the_attempt_at_once_as_a_failed_one(
     [attempt] = attempts_of(client, admin, job_id)
     assert attempt["outcome"] == "failed"
     assert len(receiver.received) == 1
+
+
+SECRETS = ("s1gn4ture", "c0de-v4lue", "Tok3nInPath", "AKIAXYZ", "hunter2")
+
+
+def _secret_url(base: str) -> str:
+    """`base` (http://host:port/hook) with secrets in its credentials, path and query."""
+    scheme, _, rest = base.partition("://")
+    host, _, _path = rest.partition("/")
+    return (f"{scheme}://bob:hunter2@{host}/hooks/Tok3nInPath/notify?sig=s1gn4ture"
+            "&code=c0de-v4lue&X-Amz-Signature=AKIAXYZ&key=")
+
+
+def test_a_push_urls_secrets_are_never_shown_stored_or_logged(
+        client, api, admin, producer, dispatching, caplog):
+    """The url as set is not shown again: admins see scheme, host and path shape only, a
+    producer nothing of it; attempt errors and the dispatcher's log hold the same display
+    form, even when the receiver (or urllib3) quotes the url back."""
+    caplog.set_level(logging.DEBUG)
+    refused = _secret_url(f"http://127.0.0.1:{free_port()}/hook")
+    with Receiver(answer=lambda r: Reply(500, b"bad request to " + echoed[0].encode())) \
+            as receiver:
+        echoed = [_secret_url(receiver.url)]
+        make_push(client, admin, echoed[0], job_type="email")
+        make_push(client, admin, refused, job_type="pdf")
+        ids = [api.enqueue(producer, type=job_type, max_retries=0).json["id"]
+               for job_type in ("email", "pdf")]
+        explained = [client.get(f"/jobs/{job_id}/explain", headers=producer.headers).json
+                     for job_id in ids]
+        running = dispatching()
+        wait_until(lambda: all(job_of(api, admin, j)["status"] == "failed" for j in ids),
+                   "both failures", timeout=20)
+        running.stop()
+    listed = client.get("/types", headers=admin.headers).json["types"]
+    shown = {entry["type"]: entry["push"]["url"] for entry in listed if entry["push"]}
+    port = receiver.url.split(":")[2].split("/")[0]
+    assert shown["email"] == (f"http://127.0.0.1:{port}/hooks/***/notify?sig=***&code=***"
+                              "&X-Amz-Signature=***&key=***")
+    # The producer's explain says it is a push type, and nothing of where it goes.
+    for explanation in explained:
+        [pushed] = [r for r in explanation["reasons"] if r["code"] == "push_type"]
+        assert "127.0.0.1" not in json.dumps(explanation) and "hooks" not in pushed["message"]
+    errors = [a["error"] for job_id in ids for a in attempts_of(client, admin, job_id)]
+    assert errors[0].startswith("HTTP 500: bad request to http://127.0.0.1:")
+    assert "/hooks/***/notify?sig=***" in errors[0]
+    assert errors[1].startswith("connection failed") and "/hooks/***/notify" in errors[1]
+    everything = json.dumps([listed, explained, errors, [job_of(api, admin, j) for j in ids],
+                             [events_of(client, admin, j) for j in ids]]) + caplog.text
+    for secret in SECRETS:
+        assert secret not in everything, secret
