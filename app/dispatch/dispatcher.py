@@ -212,11 +212,13 @@ class Dispatcher:
         job, target = delivery.claimed.job, delivery.target
         body = delivery_body(delivery.claimed)
         timestamp = self.clock.now_us() // MICROS
+        attempt = job.retry_count + 1
         headers = {
             "Content-Type": "application/json",
             "Queuelog-Job-Id": str(job.id),
-            "Queuelog-Attempt": str(job.retry_count + 1),
-            SIGNATURE_HEADER: signature_header(target.push_secret or "", timestamp, body),
+            "Queuelog-Attempt": str(attempt),
+            SIGNATURE_HEADER: signature_header(target.push_secret or "", timestamp, body,
+                                               job_id=job.id, attempt=attempt),
         }
         endpoint = Endpoint.parse(target.push_url or "")
         lease_left = ((job.lease_expires_at or 0) - self.clock.now_us()) / MICROS

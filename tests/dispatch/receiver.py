@@ -76,7 +76,9 @@ class Receiver:
     def _handle(self, handler: http.server.BaseHTTPRequestHandler, raw: bytes) -> None:
         headers = {name: value for name, value in handler.headers.items()}
         verified = bool(self.secret) and verify_signature(
-            self.secret, headers.get("Queuelog-Signature"), raw)
+            self.secret, headers.get("Queuelog-Signature"), raw,
+            job_id=headers.get("Queuelog-Job-Id", ""),
+            attempt=headers.get("Queuelog-Attempt", ""))
         try:
             body = json.loads(raw)
         except ValueError:

@@ -14,6 +14,7 @@ from app.clock import Clock
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.http import PushClient
 from app.dispatch.metrics import DispatchMetrics
+from queuelog_client import verify_signature
 from tests.conftest import Api, Key
 from tests.dispatch.receiver import Receiver, Reply, Trickler
 from tests.dispatch.test_dispatcher import (
@@ -208,3 +209,25 @@ def test_a_push_urls_secrets_are_never_shown_stored_or_logged(
                              [events_of(client, admin, j) for j in ids]]) + caplog.text
     for secret in SECRETS:
         assert secret not in everything, secret
+
+
+def test_a_captured_delivery_does_not_verify_under_another_job_id(
+        client, api, admin, producer, dispatching):
+    """The signature covers the Queuelog-Job-Id and Queuelog-Attempt headers a receiver
+    dedupes on: the same bytes under another job id are a forgery to the verifier."""
+    with Receiver(answer=lambda r: Reply(200, b"{}")) as receiver:
+        receiver.secret = make_push(client, admin, receiver.url)
+        job_id = api.enqueue(producer, type="email").json["id"]
+        running = dispatching()
+        wait_until(lambda: job_of(api, admin, job_id)["status"] == "completed", "completion",
+                   timeout=20)
+        running.stop()
+    [delivery] = receiver.received
+    assert delivery.verified
+    raw = json.dumps(delivery.body, separators=(",", ":"), ensure_ascii=False).encode()
+    signature = delivery.headers["Queuelog-Signature"]
+    assert verify_signature(receiver.secret, signature, raw, job_id=str(job_id), attempt="1")
+    assert not verify_signature(receiver.secret, signature, raw, job_id=str(job_id + 1),
+                                attempt="1")
+    assert not verify_signature(receiver.secret, signature, raw, job_id=str(job_id),
+                                attempt="2")
