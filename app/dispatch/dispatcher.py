@@ -36,7 +36,7 @@ from app.jobs.schemas import represent
 from app.jobs.service import Claimed, JobService
 from app.keys.models import Caller, Role
 from app.redaction import display_url, redact_error, scrub_url
-from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings
+from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings, push_origin_refusal
 from app.types.service import TypeService
 from queuelog_client.signature import SIGNATURE_HEADER, signature_header
 
@@ -220,11 +220,18 @@ class Dispatcher:
             SIGNATURE_HEADER: signature_header(target.push_secret or "", timestamp, body,
                                                job_id=job.id, attempt=attempt),
         }
+        refused = push_origin_refusal(target.push_url or "", self.types.push_origins)
+        if refused:
+            # Set before the operator's list changed: never sent, whatever it names.
+            error = (f"not sent: the push url ({display_url(target.push_url or '')}) is "
+                     f"refused: {refused}")
+            self._report(delivery, Outcome(Kind.REFUSED, error=error), None)
+            return
         endpoint = Endpoint.parse(target.push_url or "")
         lease_left = ((job.lease_expires_at or 0) - self.clock.now_us()) / MICROS
         seconds = min(float(target.push_timeout_seconds or 1), lease_left - REPORT_SECONDS)
         if seconds <= 0:
-            self._report(delivery, Outcome(Kind.TIMEOUT, error=LEASE_SPENT_ERROR), 0.0)
+            self._report(delivery, Outcome(Kind.TIMEOUT, error=LEASE_SPENT_ERROR), None)
             return
         self.metrics.started()
         started = time.monotonic()
@@ -236,7 +243,8 @@ class Dispatcher:
             outcome = Outcome(kind, error=f"{failed} ({display_url(target.push_url or '')})")
         self._report(delivery, outcome, time.monotonic() - started)
 
-    def _report(self, delivery: Delivery, outcome: Outcome, seconds: float) -> None:
+    def _report(self, delivery: Delivery, outcome: Outcome, seconds: float | None) -> None:
+        """Record the outcome; `seconds` the delivery took, None when it was never sent."""
         claimed = delivery.claimed
         job_id = claimed.job.id
         with self._lock:
@@ -247,7 +255,10 @@ class Dispatcher:
             # is stored and logged with the url in its display form (no secret of it).
             outcome = replace(outcome, error=scrub_url(outcome.error,
                                                        delivery.target.push_url or ""))
-        self.metrics.finished(claimed.job.type, outcome.kind, seconds)
+        if seconds is None:
+            self.metrics.count(claimed.job.type, outcome.kind)
+        else:
+            self.metrics.finished(claimed.job.type, outcome.kind, seconds)
         try:
             if outcome.completed:
                 self._complete(claimed, outcome)

@@ -37,6 +37,7 @@ class Kind(enum.StrEnum):
     TIMEOUT = "timeout"
     CONNECTION_ERROR = "connection_error"
     RELEASED = "released"  # the dispatcher stopped before the answer came
+    REFUSED = "refused"  # not sent: the url's origin is not in the operator's allow list
 
 
 @dataclass(frozen=True)

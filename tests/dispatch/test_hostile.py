@@ -231,3 +231,28 @@ def test_a_captured_delivery_does_not_verify_under_another_job_id(
                                 attempt="1")
     assert not verify_signature(receiver.secret, signature, raw, job_id=str(job_id),
                                 attempt="2")
+
+
+def test_a_type_set_before_the_allow_list_changed_is_refused_delivery(
+        app, client, api, admin, producer, dispatching):
+    """The list is held again at delivery: a url set while any origin was allowed (or
+    before the list was narrowed) is never sent to; a listed one still is."""
+    with Receiver(answer=lambda r: Reply(200, b"{}")) as outside, \
+            Receiver(answer=lambda r: Reply(200, b"{}")) as listed:
+        make_push(client, admin, outside.url + "?sig=s1gn4ture", job_type="email")
+        make_push(client, admin, listed.url, job_type="pdf")
+        # The operator narrows the list (and restarts the dispatcher): this process's
+        # setting, as QUEUELOG_PUSH_ALLOWED_ORIGINS would give it.
+        app.extensions["queuelog"].types.push_origins = frozenset(
+            {listed.url.rsplit("/", 1)[0]})
+        refused = api.enqueue(producer, type="email", max_retries=0).json["id"]
+        delivered = api.enqueue(producer, type="pdf").json["id"]
+        running = dispatching()
+        wait_until(lambda: job_of(api, admin, refused)["status"] == "failed"
+                   and job_of(api, admin, delivered)["status"] == "completed", "both ends",
+                   timeout=20)
+        running.stop()
+    assert outside.received == [] and len(listed.received) == 1
+    error = job_of(api, admin, refused)["error"]
+    assert error.startswith("not sent: the push url (http://127.0.0.1:")
+    assert "QUEUELOG_PUSH_ALLOWED_ORIGINS" in error and "s1gn4ture" not in error
