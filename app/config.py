@@ -48,6 +48,24 @@ def _job_types(text: str) -> frozenset[str]:
     return frozenset(part.strip() for part in text.split(",") if part.strip())
 
 
+def _push_origins(text: str) -> frozenset[str]:
+    from app.types.models import push_origin  # the one origin rule, shared with delivery
+
+    origins = set()
+    for part in (part.strip() for part in text.split(",")):
+        if not part:
+            continue
+        origin = push_origin(part)
+        bare = part.rstrip("/")
+        if origin is None or "@" in bare or "/" in bare.split("://", 1)[-1] or "?" in bare:
+            raise ValueError(f"{part!r} is not an origin: give scheme://host[:port] (http or "
+                             "https), comma-separated")
+        origins.add(origin)
+    if not origins:
+        raise ValueError("lists no origin; unset it to allow any")
+    return frozenset(origins)
+
+
 def _sqlite_synchronous(text: str) -> str:
     value = text.strip().upper()
     if value not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
@@ -114,6 +132,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("DISPATCH", False, _flag,
             "run the push dispatcher (`queuelog dispatch`) beside gunicorn: the gunicorn "
             "master starts it, stops it with itself and restarts it if it dies"),
+    Setting("PUSH_ALLOWED_ORIGINS", None, _push_origins,
+            "comma-separated scheme://host[:port] a push url may name (PATCH /types answers "
+            "422 for another; a type set before is refused delivery); unset: any"),
     Setting("DISPATCH_CONCURRENCY", 16, _int_in(1, 256),
             "deliveries the dispatcher makes at once (its --concurrency default)"),
     Setting("DISPATCH_GRACE_SECONDS", 20.0, _float_in(0, 900),
@@ -150,6 +171,9 @@ def configuration_warnings(config: Mapping[str, Any]) -> list[str]:
 
 def normalise(config: dict[str, Any]) -> None:
     """Accept friendly forms from test configs (a list of job types, say)."""
+    origins = config.get("PUSH_ALLOWED_ORIGINS")
+    if isinstance(origins, str):
+        config["PUSH_ALLOWED_ORIGINS"] = _push_origins(origins)
     job_types = config.get("JOB_TYPES")
     if isinstance(job_types, str):
         config["JOB_TYPES"] = _job_types(job_types)

@@ -99,9 +99,12 @@ def _lone_surrogate() -> ValidationFailed:
                             errors={"_body": ["Invalid Unicode."]})
 
 
-def parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes, *, field: str | None = None) -> Any:
     """Strict JSON: UTF-8, no NaN or Infinity (nor numbers that overflow to it), no unpaired
-    surrogate escapes, nothing nested deeper than MAX_JSON_DEPTH within a field."""
+    surrogate escapes, nothing nested deeper than MAX_JSON_DEPTH within a field.
+
+    With `field`, `raw` is judged as the value of that field of a body: what a push receiver
+    answers is the `result` a worker's complete would send, under the same rules."""
     try:
         # Decoded here, strictly: json.loads would decode bytes with "surrogatepass", letting
         # a surrogate encoded straight into the UTF-8 (b"\xed\xa0\x80") through unescaped.
@@ -120,7 +123,7 @@ def parse_json(raw: bytes) -> Any:
     check_text = b"\\u" in raw
     if check_text or raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
         if isinstance(value, dict | list):
-            _check_tree(value, check_text=check_text)
+            _check_tree(value if field is None else {field: value}, check_text=check_text)
         elif check_text and isinstance(value, str) and _is_lone_surrogate_text(value):
             raise _lone_surrogate()
     return value

@@ -1,8 +1,10 @@
-"""Scrubbing secrets out of worker error text before it is stored (finding V-10)."""
+"""Scrubbing secrets out of worker error text before it is stored (finding V-10), and the
+one display form of a push url (issue 27.3)."""
 
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 MAX_STORED_ERROR_CHARS = 2000
 MASK = "***"
@@ -59,8 +61,55 @@ def redact_error(text: str) -> str:
     return text[:MAX_STORED_ERROR_CHARS]
 
 
-def redact_url(url: str) -> str:
-    """The url as it may be shown or logged: credentials (user:pass@) masked, and secret
-    query parameters (token=…, password=…) too."""
-    url = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{MASK}@", url)
-    return _PLAIN_PAIR.sub(lambda m: f"{m['key']}{MASK}", url)
+# A path segment shown as it is: one that reads as a word (hooks, notify.json, v2). Any
+# other (a token, an id, anything percent-encoded) may be a secret, and is masked.
+_WORD_SEGMENT = re.compile(r"(?:[a-z][a-z_-]{0,23}|v[0-9]{1,2})(?:\.[a-z]{1,8})?\Z")
+_PARAMETER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,31}\Z")
+
+
+def display_url(url: str) -> str:
+    """A push url as it may be shown (to admins: a producer never sees one) or written to a
+    log or an attempt's error: scheme, host and port; the path's shape, each segment that is
+    not a plain word masked; the query's parameter names, never a value; never user:pass@.
+    (The url itself is not shown again once set: it may carry a signature in its query or
+    a token in its path.)
+
+        https://bob:pw@hooks.example.com/services/T0A1/B2C3?sig=abc&code=9
+        -> https://hooks.example.com/services/***/***?sig=***&code=***
+    """
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return MASK
+    host = parts.hostname
+    if not parts.scheme or not host:
+        return MASK
+    shown = f"{parts.scheme.lower()}://{f'[{host}]' if ':' in host else host}"
+    if port is not None:
+        shown += f":{port}"
+    shown += "/".join(segment if not segment or _WORD_SEGMENT.match(segment) else MASK
+                      for segment in parts.path.split("/"))
+    if parts.query:
+        # A pair without "=" is a value alone (?s3cr3t): masked whole, like an odd name.
+        pairs = (pair.partition("=") for pair in parts.query.split("&"))
+        shown += "?" + "&".join(f"{name}={MASK}" if sep and _PARAMETER_NAME.match(name)
+                                else MASK for name, sep, _ in pairs)
+    return shown
+
+
+def scrub_url(text: str, url: str) -> str:
+    """`text` (an error, a traceback) with every form of `url` it may quote (whole, without
+    its credentials, or the request target alone) in its display form."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return text.replace(url, MASK) if url else text
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    bare = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    shown = display_url(url)
+    shown_target = shown.split("/", 3)[3] if shown.count("/") >= 3 else ""
+    for form, replacement in ((url, shown), (bare, shown), (target, "/" + shown_target)):
+        if len(form) > 1:  # "/" alone says nothing and is everywhere
+            text = text.replace(form, replacement)
+    return text

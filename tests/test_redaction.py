@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.redaction import MASK, MAX_STORED_ERROR_CHARS, redact_error
+from app.redaction import MASK, MAX_STORED_ERROR_CHARS, display_url, redact_error, scrub_url
 
 NAMES = ["password", "passwd", "pwd", "secret", "token", "api_key", "authorization"]
 
@@ -287,3 +287,27 @@ def test_a_secret_whose_value_is_a_bytes_literal_is_hidden_whole(text, expected)
 ])
 def test_numbers_and_bytes_under_other_names_are_left_as_they_were(text):
     assert redact_error(text) == text
+
+
+@pytest.mark.parametrize("url,shown", [
+    ("https://bob:pw@hooks.example.com/services/T0A1/B2C3?sig=abc&code=9",
+     "https://hooks.example.com/services/***/***?sig=***&code=***"),
+    ("http://127.0.0.1:8080/hook", "http://127.0.0.1:8080/hook"),
+    ("https://x.blob.core.windows.net/c/f.json?sv=2020&X-Amz-Signature=ab",
+     "https://x.blob.core.windows.net/c/f.json?sv=***&X-Amz-Signature=***"),
+    ("https://svc.internal/v2/", "https://svc.internal/v2/"),
+    ("https://svc.internal/api/eyJhbGciOi.J9", "https://svc.internal/api/***"),
+    ("https://svc.internal/x?s3cr3t&=v", "https://svc.internal/x?***&***"),
+    ("https://svc.internal/%74oken", "https://svc.internal/***"),
+    ("HTTPS://Svc.Internal:443/a", "https://svc.internal:443/a"),
+    ("not a url", "***"),
+])
+def test_display_url_shows_scheme_host_and_path_shape_never_a_secret(url, shown):
+    assert display_url(url) == shown
+
+
+def test_scrub_url_puts_every_quoted_form_of_the_url_in_its_display_form():
+    url = "https://bob:pw@h.io/tok3n/x?sig=abc"
+    text = f"POST {url}; POST https://h.io/tok3n/x?sig=abc; target /tok3n/x?sig=abc"
+    assert scrub_url(text, url) == ("POST https://h.io/***/x?sig=***; POST "
+                                    "https://h.io/***/x?sig=***; target /***/x?sig=***")

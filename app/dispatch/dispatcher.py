@@ -21,8 +21,9 @@ import queue
 import signal
 import threading
 import time
+import traceback
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 
 from app.clock import MICROS, Clock
@@ -34,8 +35,8 @@ from app.jobs.models import Priority
 from app.jobs.schemas import represent
 from app.jobs.service import Claimed, JobService
 from app.keys.models import Caller, Role
-from app.redaction import redact_error, redact_url
-from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings
+from app.redaction import display_url, redact_error, scrub_url
+from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings, push_origin_refusal
 from app.types.service import TypeService
 from queuelog_client.signature import SIGNATURE_HEADER, signature_header
 
@@ -48,6 +49,13 @@ DISPATCHER_NAME = "queuelog:dispatch"
 IDLE_WAIT_SECONDS = (0.02, 0.5)
 # Push settings are read again at most this often (a change applies within it).
 TARGETS_MAX_AGE_SECONDS = 1.0
+# What a delivery leaves of its lease to record the outcome: the deadline of a job that
+# waited for a thread is cut to fit, so no delivery outlives its lease.
+REPORT_SECONDS = 5.0
+LEASE_SPENT_ERROR = ("not sent: the job's lease ran out before a delivery thread was free "
+                     "(retried)")
+DISPATCHER_ERROR = ("dispatcher error: {} while delivering or recording the outcome (the "
+                    "receiver may have received the delivery); see the dispatcher's log")
 RELEASED_ERROR = ("released: the dispatcher stopped before the receiver answered (it may "
                   "have received the delivery)")
 
@@ -187,9 +195,14 @@ class Dispatcher:
             delivery = self._work.get()
             try:
                 self._deliver(delivery)
-            except Exception:
-                log.exception("dispatch: delivering job %d failed",
-                              delivery.claimed.job.id)
+            except Exception as exc:
+                # A fault of ours, not the receiver's: the attempt still ends now, as a
+                # failed one saying so, rather than holding the job until its lease lapses.
+                # (The traceback may quote the push url: logged in its display form.)
+                trace = "".join(traceback.format_exception(exc))
+                log.error("dispatch: delivering job %d failed:\n%s", delivery.claimed.job.id,
+                          scrub_url(trace, delivery.target.push_url or ""))
+                self._end_attempt(delivery, exc)
             finally:
                 with self._lock:
                     self._in_flight.pop(delivery.claimed.job.id, None)
@@ -199,32 +212,53 @@ class Dispatcher:
         job, target = delivery.claimed.job, delivery.target
         body = delivery_body(delivery.claimed)
         timestamp = self.clock.now_us() // MICROS
+        attempt = job.retry_count + 1
         headers = {
             "Content-Type": "application/json",
             "Queuelog-Job-Id": str(job.id),
-            "Queuelog-Attempt": str(job.retry_count + 1),
-            SIGNATURE_HEADER: signature_header(target.push_secret or "", timestamp, body),
+            "Queuelog-Attempt": str(attempt),
+            SIGNATURE_HEADER: signature_header(target.push_secret or "", timestamp, body,
+                                               job_id=job.id, attempt=attempt),
         }
+        refused = push_origin_refusal(target.push_url or "", self.types.push_origins)
+        if refused:
+            # Set before the operator's list changed: never sent, whatever it names.
+            error = (f"not sent: the push url ({display_url(target.push_url or '')}) is "
+                     f"refused: {refused}")
+            self._report(delivery, Outcome(Kind.REFUSED, error=error), None)
+            return
         endpoint = Endpoint.parse(target.push_url or "")
+        lease_left = ((job.lease_expires_at or 0) - self.clock.now_us()) / MICROS
+        seconds = min(float(target.push_timeout_seconds or 1), lease_left - REPORT_SECONDS)
+        if seconds <= 0:
+            self._report(delivery, Outcome(Kind.TIMEOUT, error=LEASE_SPENT_ERROR), None)
+            return
         self.metrics.started()
         started = time.monotonic()
         try:
-            answer = self.client.post(endpoint, body, headers,
-                                      float(target.push_timeout_seconds or 1),
-                                      self.max_body_bytes)
+            answer = self.client.post(endpoint, body, headers, seconds, self.max_body_bytes)
             outcome = outcome_of(answer, self.clock.now_us() / MICROS)
         except DeliveryFailed as failed:
             kind = Kind.TIMEOUT if failed.timed_out else Kind.CONNECTION_ERROR
-            outcome = Outcome(kind, error=f"{failed} ({redact_url(target.push_url or '')})")
+            outcome = Outcome(kind, error=f"{failed} ({display_url(target.push_url or '')})")
         self._report(delivery, outcome, time.monotonic() - started)
 
-    def _report(self, delivery: Delivery, outcome: Outcome, seconds: float) -> None:
+    def _report(self, delivery: Delivery, outcome: Outcome, seconds: float | None) -> None:
+        """Record the outcome; `seconds` the delivery took, None when it was never sent."""
         claimed = delivery.claimed
         job_id = claimed.job.id
         with self._lock:
             if job_id in self._released:
                 return  # released at shutdown: the job is no longer ours to report on
-        self.metrics.finished(claimed.job.type, outcome.kind, seconds)
+        if outcome.error is not None:
+            # What urllib3 or the receiver said may quote the url, query and all: the error
+            # is stored and logged with the url in its display form (no secret of it).
+            outcome = replace(outcome, error=scrub_url(outcome.error,
+                                                       delivery.target.push_url or ""))
+        if seconds is None:
+            self.metrics.count(claimed.job.type, outcome.kind)
+        else:
+            self.metrics.finished(claimed.job.type, outcome.kind, seconds)
         try:
             if outcome.completed:
                 self._complete(claimed, outcome)
@@ -241,6 +275,21 @@ class Dispatcher:
         if outcome.kind is not Kind.COMPLETED:
             log.info("dispatch: job %d (%s) attempt %d: %s", job_id, claimed.job.type,
                      claimed.job.retry_count + 1, redact_error(outcome.error or "")[:300])
+
+    def _end_attempt(self, delivery: Delivery, exc: Exception) -> None:
+        claimed = delivery.claimed
+        with self._lock:
+            if claimed.job.id in self._released:
+                return
+        try:
+            self.jobs.fail(self.caller, claimed.job.id, lease_token=claimed.lease_token,
+                           error=DISPATCHER_ERROR.format(type(exc).__name__),
+                           retry_in_seconds=None)
+        except (Conflict, NotFound):
+            pass  # its outcome was recorded before the fault, or the job is no longer ours
+        except Exception:
+            log.exception("dispatch: could not end the attempt of job %d; its lease will "
+                          "expire", claimed.job.id)
 
     def _complete(self, claimed: Claimed, outcome: Outcome) -> None:
         try:

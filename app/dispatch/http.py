@@ -3,8 +3,9 @@
 Why urllib3 (httpx was the other candidate; docs/PUSH.md, "The HTTP client"): its PoolManager keeps
 connections alive per host and is safe to share between the delivery threads, with
 `maxsize` connections per host and `block=True`, so a dispatcher never opens more than its
-concurrency to one receiver; `Timeout(connect, read, total)` bounds each phase; with
-`retries=False` it neither retries nor follows a redirect (a 3xx comes back as the answer).
+concurrency to one receiver; `Timeout(connect, read)` bounds each socket operation (the one
+deadline over all of them is ours: _Deadlines); with `retries=False` it neither retries nor
+follows a redirect (a 3xx comes back as the answer).
 It is already installed beside queuelog (requests and schemathesis build on it), where
 httpx would bring five packages of its own for the same three properties.
 """
@@ -12,13 +13,23 @@ httpx would bring five packages of its own for the same three properties.
 from __future__ import annotations
 
 import base64
+import contextlib
+import logging
+import socket
+import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
 
 import urllib3
-from urllib3.exceptions import HTTPError, NewConnectionError, ProtocolError, TimeoutError
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import HTTPError, NewConnectionError
+from urllib3.exceptions import TimeoutError as OperationTimedOut
 from urllib3.util import parse_url
+
+from app.redaction import display_url
 
 # Connecting is quick or it is not happening: at most this long (within the timeout).
 MAX_CONNECT_SECONDS = 10.0
@@ -63,69 +74,183 @@ class Endpoint:
         return cls(bare, authorization)
 
 
+class _Deadlines:
+    """One thread that cuts off connections whose delivery ran past its deadline.
+
+    urllib3's timeouts bound each socket operation, not their sum: a receiver that sends
+    its headers or body a byte at a time, each within the read timeout, holds a delivery
+    (and its thread) for as long as it likes. The watcher shuts the connection's socket
+    down at the deadline, which wakes whatever send or recv waits on it, whichever phase
+    that is; connecting is bounded by the connect timeout, set to the time left.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._watched: dict[int, _Watch] = {}
+        self._thread: threading.Thread | None = None
+
+    def watch(self, watch: _Watch) -> None:
+        with self._lock:
+            self._watched[id(watch)] = watch
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="queuelog-push-deadlines")
+                self._thread.start()
+            self._lock.notify()
+
+    def unwatch(self, watch: _Watch) -> bool:
+        """Stop watching; True when the deadline had already cut the connection."""
+        with self._lock:
+            self._watched.pop(id(watch), None)
+            return watch.expired
+
+    def _run(self) -> None:
+        with self._lock:
+            while True:
+                now = time.monotonic()
+                for key, watch in list(self._watched.items()):
+                    if watch.deadline <= now:
+                        del self._watched[key]
+                        watch.expire()
+                soonest = min((w.deadline for w in self._watched.values()), default=None)
+                self._lock.wait(None if soonest is None else max(0.0, soonest - now))
+
+
+class _Watch:
+    """One delivery under its deadline: the connection it is sending on, once known."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.expired = False
+        self.connection: HTTPConnection | None = None
+
+    def expire(self) -> None:
+        self.expired = True
+        sock = getattr(self.connection, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+# The delivery this thread is sending: how a connection taken from the pool (new or kept
+# alive) tells the watcher which socket to cut.
+_current = threading.local()
+
+
+class _WatchedHTTPConnection(HTTPConnection):
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _attach(self)
+        super().request(*args, **kwargs)
+
+
+class _WatchedHTTPSConnection(HTTPSConnection):
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _attach(self)
+        super().request(*args, **kwargs)
+
+
+def _attach(connection: HTTPConnection) -> None:
+    watch: _Watch | None = getattr(_current, "watch", None)
+    if watch is not None:
+        watch.connection = connection
+        if watch.expired:  # the deadline passed while the pool was handing it out
+            watch.expire()
+
+
+class _WatchedHTTPPool(HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
+
+
+class _WatchedHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
+
+
+class _RequestTargetMasking(logging.Filter):
+    """urllib3 logs each request's target (path and query) at DEBUG: a push url's query may
+    be a signature, so the target is logged in the display form (app/redaction.py)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                display_url(f"http://host{arg}")[len("http://host"):]
+                if isinstance(arg, str) and arg.startswith("/") else arg
+                for arg in record.args)
+        return True
+
+
+_MASKING = _RequestTargetMasking()
+
+
 class PushClient:
     """POSTs deliveries through one pool; thread-safe."""
 
     def __init__(self, max_connections_per_host: int) -> None:
+        urllib3_log = logging.getLogger("urllib3.connectionpool")
+        if _MASKING not in urllib3_log.filters:
+            urllib3_log.addFilter(_MASKING)
         self.pool = urllib3.PoolManager(
             num_pools=64, maxsize=max_connections_per_host, block=True, retries=False)
+        self.pool.pool_classes_by_scheme = {"http": _WatchedHTTPPool,
+                                            "https": _WatchedHTTPSPool}
+        self._deadlines = _Deadlines()
 
     def post(self, endpoint: Endpoint, body: bytes, headers: dict[str, str],
              timeout_seconds: float, max_body_bytes: int) -> Answer:
         """POST `body`; the answer, its body read up to `max_body_bytes` (+1 to tell it was
-        longer). Raises DeliveryFailed when no answer came within `timeout_seconds` (from
-        the start of connecting to the end of reading) or the connection failed."""
+        longer). Raises DeliveryFailed when no whole answer came within `timeout_seconds`,
+        counted once from the start of connecting to the end of reading the body (however
+        slowly the receiver sends), or the connection failed."""
         if endpoint.authorization is not None:
             headers = {**headers, "Authorization": endpoint.authorization}
-        deadline = time.monotonic() + timeout_seconds
+        watch = _Watch(time.monotonic() + timeout_seconds)
         timeout = urllib3.Timeout(connect=min(MAX_CONNECT_SECONDS, timeout_seconds),
-                                  read=timeout_seconds, total=timeout_seconds)
+                                  read=timeout_seconds)
+        timed_out = DeliveryFailed(f"timed out after {timeout_seconds:g} s waiting for the "
+                                   "receiver's whole answer", timed_out=True)
+        _current.watch = watch
+        self._deadlines.watch(watch)
+        response: urllib3.BaseHTTPResponse | None = None
         try:
-            response = self.pool.request("POST", endpoint.url, body=body, headers=headers,
-                                         timeout=timeout, preload_content=False,
-                                         redirect=False, retries=False)
-        except NewConnectionError as exc:
-            # Before TimeoutError: urllib3 makes a refused connection a ConnectTimeoutError
-            # too, for compatibility.
-            raise DeliveryFailed(f"connection failed: {_reason(exc)}") from None
-        except TimeoutError:
-            raise DeliveryFailed(f"timed out after {timeout_seconds:g} s waiting for the "
-                                 "receiver to answer", timed_out=True) from None
-        except (HTTPError, OSError) as exc:
-            raise DeliveryFailed(f"connection failed: {_reason(exc)}") from None
-        try:
-            data, truncated = self._read(response, deadline, max_body_bytes)
-        except TimeoutError:
-            response.close()
-            raise DeliveryFailed(f"timed out after {timeout_seconds:g} s reading the "
-                                 "receiver's answer", timed_out=True) from None
-        except (ProtocolError, HTTPError, OSError) as exc:
-            raise DeliveryFailed(f"connection failed while reading the answer: "
-                                 f"{_reason(exc)}") from None
+            try:
+                response = self.pool.request("POST", endpoint.url, body=body,
+                                             headers=headers, timeout=timeout,
+                                             preload_content=False, redirect=False,
+                                             retries=False)
+                data, truncated = self._read(response, watch, max_body_bytes)
+            except NewConnectionError as exc:
+                # Before TimeoutError: urllib3 makes a refused connection a
+                # ConnectTimeoutError too, for compatibility.
+                raise DeliveryFailed(f"connection failed: {_reason(exc)}") from None
+            except (HTTPError, OSError) as exc:
+                # A cut connection surfaces as whatever its phase raises (a reset, an
+                # incomplete read, a protocol error): the deadline is what happened.
+                if watch.expired or isinstance(exc, OperationTimedOut):
+                    raise timed_out from None
+                raise DeliveryFailed(f"connection failed: {_reason(exc)}") from None
         finally:
-            response.release_conn()
+            _current.watch = None
+            cut = self._deadlines.unwatch(watch)
+            if response is not None:
+                if cut:
+                    response.close()  # its socket is shut: never back into the pool
+                response.release_conn()
         return Answer(response.status, data, truncated, response.headers.get("Retry-After"))
 
     @staticmethod
-    def _read(response: urllib3.BaseHTTPResponse, deadline: float,
+    def _read(response: urllib3.BaseHTTPResponse, watch: _Watch,
               limit: int) -> tuple[bytes, bool]:
-        """Read up to limit + 1 bytes, never past the deadline: each read waits at most the
-        time left (a receiver dribbling its answer cannot stretch a delivery past its
-        timeout, and so past its lease)."""
+        """Read up to limit + 1 bytes (the watcher ends a read that runs past the
+        deadline)."""
         parts: list[bytes] = []
         size = 0
         while size <= limit:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("deadline")
-            sock = getattr(getattr(response, "connection", None), "sock", None)
-            if sock is not None:
-                sock.settimeout(left)
             chunk = response.read(min(_CHUNK, limit + 1 - size))
             if not chunk:
                 break
             parts.append(chunk)
             size += len(chunk)
+        if watch.expired:
+            raise OperationTimedOut("the deadline cut the answer short")
         data = b"".join(parts)
         if len(data) > limit:
             # The rest is not wanted: the connection cannot be reused with it unread.

@@ -28,7 +28,7 @@ class DispatchMetrics:
         self._deliveries = Counter(
             "queuelog_push_deliveries",
             "Push deliveries by type and outcome (completed, retry_after, http_error, "
-            "timeout, connection_error, released).",
+            "timeout, connection_error, released, refused).",
             ("type", "outcome"), registry=owner)
         self._latency = Histogram(
             "queuelog_push_delivery_duration_seconds",

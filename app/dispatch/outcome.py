@@ -8,18 +8,24 @@ a timeout or a connection error: a failed attempt with the queue's backoff.
 from __future__ import annotations
 
 import enum
-import json
 import math
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from marshmallow import ValidationError
+
 from app.dispatch.http import Answer
+from app.errors import ValidationFailed
+from app.http import parse_json
+from app.jobs.schemas import CompleteSchema
 
 ERROR_BODY_CHARS = 200
 # Retry-After is obeyed up to a day (a fail's own retry_in_seconds ceiling).
 MAX_RETRY_AFTER_SECONDS = 86_400
 _RETRY_AFTER_STATUSES = frozenset({429, 503})
+# The result field of a worker's complete, alone (the dispatcher holds the lease token).
+_RESULT = CompleteSchema(only=("result",))
 
 
 class Kind(enum.StrEnum):
@@ -31,6 +37,7 @@ class Kind(enum.StrEnum):
     TIMEOUT = "timeout"
     CONNECTION_ERROR = "connection_error"
     RELEASED = "released"  # the dispatcher stopped before the answer came
+    REFUSED = "refused"  # not sent: the url's origin is not in the operator's allow list
 
 
 @dataclass(frozen=True)
@@ -79,12 +86,16 @@ def outcome_of(answer: Answer, now_seconds: float) -> Outcome:
 
 
 def _json_object(answer: Answer) -> dict[str, Any] | None:
-    """The body as the job's result when it is a whole JSON object (a body past the
-    payload limit was cut short, and is no result)."""
+    """The body as the job's result when a worker's complete could have sent it as its
+    `result`: the API's strict JSON (app/http.py) and the complete schema's field; a body
+    past the payload limit was cut short, and is no result. (The size limit is the job
+    service's, as for any complete.)"""
     if answer.truncated or not answer.body.strip():
         return None
     try:
-        value = json.loads(answer.body)
-    except (ValueError, RecursionError):
+        value = parse_json(answer.body, field="result")
+        loaded = _RESULT.load({"result": value})
+    except (ValidationFailed, ValidationError):
         return None
-    return value if isinstance(value, dict) else None
+    result: dict[str, Any] | None = loaded["result"]
+    return result

@@ -24,7 +24,6 @@ from sqlalchemy import Connection
 from app.clock import MICROS, to_rfc3339
 from app.jobs.models import TERMINAL_STATUSES, Job, JobStatus
 from app.jobs.repository import JobRepository
-from app.redaction import redact_url
 from app.types.repository import TypeRepository
 
 # A type no live worker has claimed for this long is reported as without a worker.
@@ -102,8 +101,8 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
     if settings.is_push:
         reasons.append(_reason(
             PUSH_TYPE, f"Type {job.type} is a push type: the dispatcher (queuelog dispatch) "
-            f"delivers its jobs to {redact_url(settings.push_url or '')}; workers never "
-            "claim them.", type=job.type))
+            "delivers its jobs to the type's endpoint; workers never claim them.",
+            type=job.type))
     return reasons
 
 

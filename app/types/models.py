@@ -15,6 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
+
 from app.clock import MICROS
 
 MAX_LIMIT = 100_000
@@ -149,6 +152,32 @@ PUSH_URL_PATTERN = (
     rf"(?::{_PORT})?"
     r"(?:[/?][!$-~]*)?\Z"
 )
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def push_origin(url: str) -> str | None:
+    """The origin a push url sends to, parsed as the dispatcher's HTTP client parses it
+    (urllib3), so that what is checked is what is connected to: "scheme://host:port",
+    lower-cased, the default port spelled out. None when it names no http(s) host."""
+    try:
+        parsed = parse_url(url.strip())
+    except LocationParseError:
+        return None
+    scheme = (parsed.scheme or "").lower()
+    if scheme not in _DEFAULT_PORTS or not parsed.host:
+        return None
+    return f"{scheme}://{parsed.host.lower()}:{parsed.port or _DEFAULT_PORTS[scheme]}"
+
+
+def push_origin_refusal(url: str, allowed: frozenset[str] | None) -> str | None:
+    """Why a push url may not be delivered to under the operator's allow list (None: it may;
+    no list: any origin may)."""
+    if allowed is None or push_origin(url) in allowed:
+        return None
+    return ("its origin is not in QUEUELOG_PUSH_ALLOWED_ORIGINS (the operator's list of "
+            "push origins)")
 
 
 def new_push_secret() -> str:

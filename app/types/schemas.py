@@ -8,7 +8,7 @@ from marshmallow import Schema, fields, validate
 
 from app.clock import to_rfc3339
 from app.jobs.schemas import StrictInteger, StrictNumber, StrictSchema
-from app.redaction import redact_url
+from app.redaction import display_url
 from app.types.models import (
     DEFAULT_PUSH_TIMEOUT_SECONDS,
     MAX_LIMIT,
@@ -86,7 +86,10 @@ class TypeCountsSchema(Schema):
 
 
 class PushShownSchema(Schema):
-    url = fields.String(required=True, metadata={"description": "Credentials masked."})
+    url = fields.String(required=True, metadata={
+        "description": "Scheme, host, port and the path's shape only: credentials, query "
+                       "values and path segments that are not plain words are masked (***). "
+                       "The url as set is never shown again."})
     timeout_seconds = fields.Integer(required=True)
     secret = fields.String(metadata={
         "description": "Only in the answer of the PATCH that made it (push set for the "
@@ -134,7 +137,7 @@ def represent_type(view: TypeView) -> dict[str, Any]:
 def _push_shown(settings: TypeSettings, new_secret: str | None) -> dict[str, Any] | None:
     if settings.push_url is None:
         return None
-    shown: dict[str, Any] = {"url": redact_url(settings.push_url),
+    shown: dict[str, Any] = {"url": display_url(settings.push_url),
                              "timeout_seconds": settings.push_timeout_seconds}
     if new_secret is not None:
         shown["secret"] = new_secret

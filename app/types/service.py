@@ -13,7 +13,7 @@ from sqlalchemy import Connection
 
 from app.clock import MICROS, Clock
 from app.db import Database
-from app.errors import NotFound
+from app.errors import NotFound, ValidationFailed
 from app.jobs.models import Job, JobStatus
 from app.jobs.repository import JobRepository
 from app.types.models import (
@@ -23,6 +23,7 @@ from app.types.models import (
     TypeSettings,
     defaults,
     new_push_secret,
+    push_origin_refusal,
 )
 from app.types.repository import TypeRepository
 
@@ -279,10 +280,12 @@ class FinishedCounts:
 
 class TypeService:
     def __init__(self, db: Database, clock: Clock, job_types: frozenset[str],
-                 counts_max_age_seconds: float) -> None:
+                 counts_max_age_seconds: float, *,
+                 push_origins: frozenset[str] | None = None) -> None:
         self.db = db
         self.clock = clock
         self.job_types = job_types
+        self.push_origins = push_origins  # None: a push url may name any origin
         self.finished = FinishedCounts(db, counts_max_age_seconds)
 
     def list_types(self) -> list[TypeView]:
@@ -295,6 +298,11 @@ class TypeService:
     def update_type(self, job_type: str, patch: Mapping[str, Any]) -> TypeView:
         """Apply a PATCH's fields to the type's settings; from the next claim on."""
         self._known(job_type)
+        refused = patch.get("push") and push_origin_refusal(patch["push"]["url"],
+                                                            self.push_origins)
+        if refused:
+            raise ValidationFailed(f"The push url is refused: {refused}.",
+                                   errors={"push.url": [f"Refused: {refused}."]})
         settings_patch = {name: value for name, value in patch.items() if name != "push"}
 
         def change(conn: Connection) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -75,7 +76,9 @@ class Receiver:
     def _handle(self, handler: http.server.BaseHTTPRequestHandler, raw: bytes) -> None:
         headers = {name: value for name, value in handler.headers.items()}
         verified = bool(self.secret) and verify_signature(
-            self.secret, headers.get("Queuelog-Signature"), raw)
+            self.secret, headers.get("Queuelog-Signature"), raw,
+            job_id=headers.get("Queuelog-Job-Id", ""),
+            attempt=headers.get("Queuelog-Attempt", ""))
         try:
             body = json.loads(raw)
         except ValueError:
@@ -113,3 +116,82 @@ class Receiver:
     def of_job(self, job_id: int) -> list[Received]:
         with self.lock:
             return [r for r in self.received if r.job_id == job_id]
+
+
+class Trickler:
+    """A receiver that reads each request and answers 200 with its `answer` bytes (status
+    line, headers and body) sent `chunk` bytes at a time, `every` seconds apart: from the
+    first byte (`headers_too`) or after the headers (a 45-byte body trickled). Each
+    connection it served is counted in `connections`, and `finished` those whose whole
+    answer it managed to send."""
+
+    def __init__(self, *, headers_too: bool, every: float = 1.0, chunk: int = 1) -> None:
+        body = b'{"ok": true, "note": "sent one byte a second"}'[:45]
+        head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        self.quick, self.slow = (b"", head + body) if headers_too else (head, body)
+        self.every, self.chunk = every, chunk
+        self.connections = 0
+        self.finished = 0
+        self.lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
+
+    def _accept(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.connections += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                _read_request(conn)
+                conn.sendall(self.quick)
+                for at in range(0, len(self.slow), self.chunk):
+                    if self.stopping.wait(self.every):
+                        return
+                    conn.sendall(self.slow[at:at + self.chunk])
+            except OSError:
+                return  # the dispatcher gave up on it: what the tests want
+            with self.lock:
+                self.finished += 1
+
+    def __enter__(self) -> Trickler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stopping.set()
+        self.listener.close()
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    """One HTTP request: its headers, then Content-Length bytes of body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise OSError("closed before the request's end")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise OSError("closed before the request's end")
+        body += chunk
+    return head + b"\r\n\r\n" + body
