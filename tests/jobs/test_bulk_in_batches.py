@@ -5,9 +5,13 @@ are skipped, and the events written are those of one transaction taking the jobs
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from flask import Flask
+from sqlalchemy import event
 
 from tests.conftest import Api, Key
 
@@ -109,3 +113,78 @@ def test_a_bulk_cancel_of_jobs_holding_keys_frees_them_as_before(api, client, pr
     assert api.enqueue(producer, unique=unique("kept", ["pending", "cancelled"])).json["id"] == kept
     assert api.enqueue(producer, unique=unique("freed")).json["id"] > plain
 
+
+@pytest.fixture
+def pending_at_each_commit(app: Flask) -> Iterator[list[int]]:
+    yield from counted_at_each_commit(app, "SELECT count(*) FROM jobs WHERE status = 'pending'")
+
+
+@pytest.fixture
+def jobs_at_each_commit(app: Flask) -> Iterator[list[int]]:
+    yield from counted_at_each_commit(app, "SELECT count(*) FROM jobs")
+
+
+def counted_at_each_commit(app: Flask, query: str) -> Iterator[list[int]]:
+    """What `query` counts as each transaction on the service's engine commits, read inside
+    that transaction just before its COMMIT."""
+    counts: list[int] = []
+    engine = app.extensions["queuelog"].db.engine
+
+    def on_commit(conn: Any) -> None:
+        cursor = conn.connection.driver_connection.cursor()
+        cursor.execute(query)
+        counts.append(cursor.fetchone()[0])
+        cursor.close()
+
+    event.listen(engine, "commit", on_commit)
+    yield counts
+    event.remove(engine, "commit", on_commit)
+
+
+def steps_since(counts: list[int], start: int) -> list[int]:
+    """How each commit from the `start`th on changed the count (commits changing nothing left
+    out)."""
+    seen = counts[start - 1:]
+    return [after - before for before, after in itertools.pairwise(seen) if after != before]
+
+
+@pytest.mark.parametrize("app_config", [10], indirect=True, ids=["batch10"])
+def test_a_bulk_retry_commits_in_batches_of_the_configured_size(
+        api, client, producer, admin, pending_at_each_commit):
+    ids = [api.enqueue(producer, unique=unique(f"k{n}")).json["id"] for n in range(45)]
+    assert bulk(client, admin, "cancel", ids=ids).json["count"] == 45
+    # Twins hold the keys of every third job: those are skipped without a savepoint each.
+    held = ids[::3]
+    for n in range(0, 45, 3):
+        api.enqueue(producer, unique=unique(f"k{n}"))
+    commits_before = len(pending_at_each_commit)
+
+    answer = bulk(client, admin, "retry", ids=ids)
+
+    assert answer.json["ids"] == [job_id for job_id in ids if job_id not in held]
+    # 45 jobs in batches of 10: five transactions, each retrying the free jobs of its ten.
+    assert steps_since(pending_at_each_commit, commits_before) == [6, 7, 7, 6, 4]
+
+
+@pytest.mark.parametrize("app_config", [10], indirect=True, ids=["batch10"])
+def test_a_bulk_cancel_commits_in_batches_of_the_configured_size(
+        api, client, producer, admin, pending_at_each_commit):
+    ids = [api.enqueue(producer).json["id"] for _ in range(25)]
+    commits_before = len(pending_at_each_commit)
+
+    assert bulk(client, admin, "cancel", limit=25).json["ids"] == ids
+
+    assert steps_since(pending_at_each_commit, commits_before) == [-10, -10, -5]
+
+
+@pytest.mark.parametrize("app_config", [10], indirect=True, ids=["batch10"])
+def test_a_purge_deletes_in_batches_of_the_configured_size(
+        app, api, client, producer, admin, clock, jobs_at_each_commit):
+    for _ in range(25):
+        cancelled(api, producer, admin)
+    clock.advance(3 * 86_400)
+    commits_before = len(jobs_at_each_commit)
+
+    assert app.extensions["queuelog"].jobs.purge(older_than_seconds=86_400) == 25
+
+    assert steps_since(jobs_at_each_commit, commits_before) == [-10, -10, -5]
