@@ -249,6 +249,15 @@ _claim_chosen = (
     .returning(*jobs.c)
 )
 
+# The claim's own stamps moved to the moment it held its locks (JobService.claim).
+_restamp_claimed = (
+    update(jobs)
+    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.status == _RUNNING)
+    .values(claimed_at=bindparam("now"), lease_expires_at=bindparam("lease_expires_at"),
+            updated_at=bindparam("now"))
+    .returning(*jobs.c)
+)
+
 
 @functools.cache
 def _transition_update(transition: Transition, columns: frozenset[str],
@@ -598,6 +607,18 @@ class JobRepository:
         # RETURNING gives no order; hand the jobs out in claim order.
         claimed.sort(key=claim_order_key)
         return claimed
+
+    def restamp_claimed(self, claimed: list[Job], *, now_us: int,
+                        lease_expires_at: int) -> list[Job]:
+        """The jobs this transaction just claimed, claimed at `now_us` instead, with their
+        lease from then (a claim that waited for a lock before its commit), in their order."""
+        if not claimed:
+            return []
+        rows = self.conn.execute(_restamp_claimed, {
+            "ids": [job.id for job in claimed], "now": now_us,
+            "lease_expires_at": lease_expires_at}).all()
+        by_id = {row.id: _job(row) for row in rows}
+        return [by_id[job.id] for job in claimed]
 
     def _candidates_of(self, job_type: str, params: dict[str, Any],
                        gate: ClaimGate | None) -> list[Row[Any]]:

@@ -425,6 +425,10 @@ class JobService:
             # None: no limit concerns this claim, which then runs as without flow control.
             gate = None if flow is None else flow.gate(conn, wanted, now,
                                                          lock=not optimistic, push=push)
+            if not optimistic:
+                # The gate took its types' rows, waiting for them if another claim held them
+                # (PostgreSQL): the claim holds what it needs from now.
+                now = self.clock.now_us()
             types, claim_gate = wanted, None
             # Told once the claim committed; an attempt rolled back tells nothing.
             skips[:] = [] if flow is None or gate is None else flow.skips(conn, gate, now)
@@ -436,9 +440,17 @@ class JobService:
                 now_us=now, worker=caller.name, lease_expires_at=now + lease_us,
                 nonce=nonce, limit=limit, types=types, gate=claim_gate,
             )
+            if (flow is not None and gate is not None
+                    and flow.settle(conn, gate, jobs, now, check=optimistic)):
+                # Checked under its types' rows, which it may have waited for: its jobs are
+                # claimed, and leased, from the moment it holds them.
+                held_at = self.clock.now_us()
+                if held_at != now:
+                    now = held_at
+                    jobs = repo.restamp_claimed(jobs, now_us=now,
+                                                lease_expires_at=now + lease_us)
+            # Recorded once the stamps are final, so the timeline reads as they do.
             self._made(repo, Transition.CLAIM, jobs, events, actor=caller.name, now_us=now)
-            if flow is not None and gate is not None:
-                flow.settle(conn, gate, jobs, now, check=optimistic)
             self.history.seen(conn, caller.name, now, claimed=True)
             return jobs
 
