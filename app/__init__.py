@@ -139,6 +139,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         lease_seconds=config["LEASE_SECONDS"],
         max_payload_bytes=config["MAX_PAYLOAD_BYTES"],
         backoff=Backoff(config["RETRY_BACKOFF_SECONDS"], config["RETRY_BACKOFF_MAX_SECONDS"]),
+        bulk_batch_size=config["BULK_BATCH_SIZE"],
         max_waiting_claims=config["MAX_WAITING_CLAIMS"],
         max_waiting_requests=config["MAX_WAITING_REQUESTS"],
     )

@@ -283,9 +283,11 @@ def schedules_delete(name: str) -> None:
               type=click.Choice(sorted(s.value for s in TERMINAL_STATUSES)),
               help="only these statuses (repeatable); default: every finished status")
 @click.option("--force", is_flag=True, help="allow --older-than below 24 hours")
-@click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--batch-size", type=click.IntRange(1, 100_000),
+              help="jobs deleted per transaction; default: QUEUELOG_BULK_BATCH_SIZE")
 @with_appcontext
-def purge(older_than: str, statuses: tuple[str, ...], force: bool, batch_size: int) -> None:
+def purge(older_than: str, statuses: tuple[str, ...], force: bool,
+          batch_size: int | None) -> None:
     """Delete finished jobs, in batches; pending and running jobs are never touched."""
     seconds = parse_duration(older_than)
     if seconds < MIN_PURGE_AGE_SECONDS and not force:

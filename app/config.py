@@ -109,6 +109,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TYPE_COUNTS_MAX_AGE_SECONDS", 10.0, _float_in(0, 3600),
             "GET /types may show completed/failed/cancelled counts this old (counted again "
             "in the background); 0 counts on every request"),
+    Setting("BULK_BATCH_SIZE", 500, _int_in(1, 10_000),
+            "jobs that one write transaction of a bulk retry or cancel (and of `queuelog "
+            "purge`) takes at most: each batch commits on its own, so other writers wait for "
+            "one batch at most, never for the whole action"),
     Setting("MAX_WAITING_REQUESTS", 4, _int_in(0, 10_000),
             "GET /jobs/{id}?wait_seconds requests a process lets wait at once for a job to "
             "finish (a budget of their own); past it they answer at once. Keep it plus "

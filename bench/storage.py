@@ -119,7 +119,7 @@ class ServiceWay(RepositoryWay):
         super().__init__(url, synchronous)
         self.service = JobService(self.db, Clock(), QueueSettings(
             job_types=frozenset({"email"}), lease_seconds=300, max_payload_bytes=65_536,
-            backoff=Backoff(1.0, 3600.0)))
+            backoff=Backoff(1.0, 3600.0), bulk_batch_size=500))
         self.claimed: list[Any] = []
 
     def enqueue(self, n: int) -> None:

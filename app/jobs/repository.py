@@ -16,10 +16,12 @@ from sqlalchemy import (
     Connection,
     Row,
     String,
+    and_,
     bindparam,
     case,
     cast,
     delete,
+    exists,
     func,
     insert,
     literal_column,
@@ -32,15 +34,19 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
 from app.db import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
-from app.jobs.models import Job, JobStatus, Transition, claim_order_key
+from app.jobs.models import STATUS_BITS, Job, JobStatus, Transition, claim_order_key
 from app.statements import DriverStatement
 from app.types.models import ClaimGate
 
 
 def _status_is(*statuses: JobStatus) -> Any:
     """The status condition, the statuses written as literals (see the module's docstring)."""
+    return _status_is_of(jobs, statuses)
+
+
+def _status_is_of(table: Any, statuses: Collection[JobStatus]) -> Any:
     literals: list[Any] = [literal_column(f"'{status.value}'") for status in statuses]
-    return jobs.c.status == literals[0] if len(literals) == 1 else jobs.c.status.in_(literals)
+    return table.c.status == literals[0] if len(literals) == 1 else table.c.status.in_(literals)
 
 
 _CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
@@ -66,6 +72,7 @@ _select_by_idempotency_key = select(jobs).where(
 )
 # The predicate is the unique index's own text, so the look-up reads that index.
 _unique_holder = text(UNIQUE_HOLDER_PREDICATE)
+_not_unique_holder = text(f"NOT ({UNIQUE_HOLDER_PREDICATE})")
 _select_unique_holder = select(jobs).where(
     jobs.c.producer == bindparam("producer"),
     jobs.c.unique_scope == bindparam("unique_scope"),
@@ -242,6 +249,15 @@ _claim_chosen = (
     .returning(*jobs.c)
 )
 
+# The claim's own stamps moved to the moment it held its locks (JobService.claim).
+_restamp_claimed = (
+    update(jobs)
+    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.status == _RUNNING)
+    .values(claimed_at=bindparam("now"), lease_expires_at=bindparam("lease_expires_at"),
+            updated_at=bindparam("now"))
+    .returning(*jobs.c)
+)
+
 
 @functools.cache
 def _transition_update(transition: Transition, columns: frozenset[str],
@@ -320,6 +336,35 @@ _lock_keys_in_order = text(
     "SELECT pg_advisory_xact_lock(h) FROM ("
     " SELECT DISTINCT hashtextextended(:producer || ' ' || k, 0) AS h"
     " FROM unnest(CAST(:keys AS text[])) AS k ORDER BY h) AS ordered")
+
+
+def _enters_key(table: Any, status: JobStatus) -> Any:
+    """The row has a unique key that it holds in `status` (NULL-safe: false without one)."""
+    bit: Any = literal_column(str(STATUS_BITS[status]))
+    return and_(table.c.unique_scope.is_not(None),
+                func.coalesce(table.c.unique_while, 0).op("&")(bit) != 0)
+
+
+def _takes_a_held_key(transition: Transition, status: JobStatus, batch: list[int]) -> Any:
+    """A job of `batch` that moving to `status` would bring into a unique key already taken:
+    held by another job, or entered first by a job of the batch with a lower id. (A job that
+    holds its key now keeps it: no other job holds it.)"""
+    twin, others = jobs.alias("twin"), jobs.alias("batch")
+    # Unqualified, the predicate names the innermost table of its subquery, `twin`; it is the
+    # partial unique index's own text, so the look-up reads that index.
+    held_by_a_twin = exists().where(
+        twin.c.producer == jobs.c.producer, twin.c.unique_scope == jobs.c.unique_scope,
+        twin.c.id != jobs.c.id, _unique_holder)
+    # The batch's jobs that would enter a key, numbered per key in id order (read by id,
+    # once for the statement): all but the first of each key are left as they are.
+    entering = select(
+        others.c.id,
+        func.row_number().over(partition_by=[others.c.producer, others.c.unique_scope],
+                               order_by=others.c.id).label("n"),
+    ).where(others.c.id.in_(batch), _status_is_of(others, transition.from_statuses),
+            _enters_key(others, status), _not_unique_holder).subquery("entering")
+    return or_(and_(_enters_key(jobs, status), _not_unique_holder, held_by_a_twin),
+               jobs.c.id.in_(select(entering.c.id).where(entering.c.n > 1)))
 
 
 class JobRepository:
@@ -571,6 +616,18 @@ class JobRepository:
         claimed.sort(key=claim_order_key)
         return claimed
 
+    def restamp_claimed(self, claimed: list[Job], *, now_us: int,
+                        lease_expires_at: int) -> list[Job]:
+        """The jobs this transaction just claimed, claimed at `now_us` instead, with their
+        lease from then (a claim that waited for a lock before its commit), in their order."""
+        if not claimed:
+            return []
+        rows = self.conn.execute(_restamp_claimed, {
+            "ids": [job.id for job in claimed], "now": now_us,
+            "lease_expires_at": lease_expires_at}).all()
+        by_id = {row.id: _job(row) for row in rows}
+        return [by_id[job.id] for job in claimed]
+
     def _candidates_of(self, job_type: str, params: dict[str, Any],
                        gate: ClaimGate | None) -> list[Row[Any]]:
         """One type's candidates in claim order, within the gate's budget and key caps."""
@@ -608,13 +665,21 @@ class JobRepository:
         row = stmt.first(self.conn, params)
         return None if row is None else _job(row)
 
+    def highest_job_id(self) -> int:
+        """The highest id given so far (0 with no job): where a bulk action's jobs end."""
+        return int(self.conn.execute(select(func.max(jobs.c.id))).scalar() or 0)
+
     def find_ids_for_bulk(self, *, statuses: Collection[JobStatus], limit: int,
                           job_type: str | None = None, created_before: int | None = None,
                           created_after: int | None = None,
-                          ids: Collection[int] | None = None) -> list[int]:
+                          ids: Collection[int] | None = None, after_id: int = 0,
+                          up_to_id: int | None = None) -> list[int]:
         """Ids of up to `limit` jobs in `statuses` that every filter given matches, lowest
-        first (locked on PostgreSQL until the transaction ends)."""
-        stmt = select(jobs.c.id).where(_status_is(*statuses))
+        first, above `after_id` and up to `up_to_id` (locked on PostgreSQL until the
+        transaction ends)."""
+        stmt = select(jobs.c.id).where(_status_is(*statuses), jobs.c.id > after_id)
+        if up_to_id is not None:
+            stmt = stmt.where(jobs.c.id <= up_to_id)
         if job_type is not None:
             stmt = stmt.where(jobs.c.type == job_type)
         if created_before is not None:
@@ -629,13 +694,21 @@ class JobRepository:
     def apply_transition_to_many(self, transition: Transition, job_ids: Collection[int],
                                  values: Mapping[str, Any]) -> list[Job]:
         """Write `values` to each of the jobs still in one of the transition's from-statuses
-        (an admin's transition; never a worker's), returned by id."""
+        (an admin's transition; never a worker's), returned by id.
+
+        A job the change would bring into its unique key is left as it is when another job
+        holds that key, or when a job of `job_ids` below it enters the same key: what taking
+        the jobs one by one in id order would leave, decided in the one statement (whose
+        conditions read the rows as they were before it), which thus never meets the
+        unique index."""
         if transition.by_lease_holder:
             raise ValueError(f"{transition.name} is a worker's report, one job at a time")
         if not job_ids:
             return []
+        ids = sorted(job_ids)
         stmt = (update(jobs)
-                .where(jobs.c.id.in_(list(job_ids)), _status_is(*transition.from_statuses))
+                .where(jobs.c.id.in_(ids), _status_is(*transition.from_statuses),
+                       ~_takes_a_held_key(transition, JobStatus(values["status"]), ids))
                 .values(dict(values)).returning(*jobs.c))
         return sorted((_job(row) for row in self.conn.execute(stmt)), key=lambda job: job.id)
 

@@ -188,8 +188,9 @@ def complete_many_jobs() -> Response:
 
 
 @bp.post("/jobs/retry-many")
-@documented("Send every failed or cancelled job the filter names back to pending, in one "
-            "transaction; jobs in other statuses are skipped.",
+@documented("Send every failed or cancelled job the filter names back to pending, in "
+            "batches of QUEUELOG_BULK_BATCH_SIZE jobs, each its own transaction; jobs in other "
+            "statuses, and jobs whose unique key another job holds, are skipped.",
             body=BulkSchema, replies=[Reply(200, "How many jobs changed, and their ids.",
                                             BulkResultSchema)])
 @require_roles(Role.ADMIN)
@@ -198,7 +199,8 @@ def retry_many_jobs() -> Response:
 
 
 @bp.post("/jobs/cancel-many")
-@documented("Cancel every pending job the filter names, in one transaction; jobs in other "
+@documented("Cancel every pending job the filter names, in batches of "
+            "QUEUELOG_BULK_BATCH_SIZE jobs, each its own transaction; jobs in other "
             "statuses are skipped.",
             body=BulkSchema, replies=[Reply(200, "How many jobs changed, and their ids.",
                                             BulkResultSchema)])

@@ -5,6 +5,7 @@ Nothing here sees the HTTP request: handlers pass plain values and the authentic
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import secrets
@@ -70,6 +71,8 @@ class QueueSettings:
     lease_seconds: int
     max_payload_bytes: int
     backoff: Backoff
+    # Jobs one write transaction of a bulk retry or cancel, or of a purge, takes at most.
+    bulk_batch_size: int
     max_waiting_claims: int = 8
     max_waiting_requests: int = 4
 
@@ -445,6 +448,10 @@ class JobService:
             # None: no limit concerns this claim, which then runs as without flow control.
             gate = None if flow is None else flow.gate(conn, wanted, now,
                                                          lock=not optimistic, push=push)
+            if not optimistic:
+                # The gate took its types' rows, waiting for them if another claim held them
+                # (PostgreSQL): the claim holds what it needs from now.
+                now = self.clock.now_us()
             types, claim_gate = wanted, None
             # Told once the claim committed; an attempt rolled back tells nothing.
             skips[:] = [] if flow is None or gate is None else flow.skips(conn, gate, now)
@@ -456,9 +463,17 @@ class JobService:
                 now_us=now, worker=caller.name, lease_expires_at=now + lease_us,
                 nonce=nonce, limit=limit, types=types, gate=claim_gate,
             )
+            if (flow is not None and gate is not None
+                    and flow.settle(conn, gate, jobs, now, check=optimistic)):
+                # Checked under its types' rows, which it may have waited for: its jobs are
+                # claimed, and leased, from the moment it holds them.
+                held_at = self.clock.now_us()
+                if held_at != now:
+                    now = held_at
+                    jobs = repo.restamp_claimed(jobs, now_us=now,
+                                                lease_expires_at=now + lease_us)
+            # Recorded once the stamps are final, so the timeline reads as they do.
             self._made(repo, Transition.CLAIM, jobs, events, actor=caller.name, now_us=now)
-            if flow is not None and gate is not None:
-                flow.settle(conn, gate, jobs, now, check=optimistic)
             self.history.seen(conn, caller.name, now, claimed=True)
             return jobs
 
@@ -776,42 +791,72 @@ class JobService:
 
     def retry_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
         """Every failed or cancelled job the filters name (up to their limit) → pending with
-        a fresh retry budget, in one transaction; the others are skipped."""
+        a fresh retry budget, in batches (see _bulk_transition); the others are skipped."""
         return self._bulk_transition(caller, Transition.RETRY, filters)
 
     def cancel_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
-        """Every pending job the filters name (up to their limit) → cancelled, in one
-        transaction; the others are skipped."""
+        """Every pending job the filters name (up to their limit) → cancelled, in batches (see
+        _bulk_transition); the others are skipped."""
         return self._bulk_transition(caller, Transition.CANCEL, filters)
 
     def _bulk_transition(self, caller: Caller, transition: Transition,
                          filters: dict[str, Any]) -> list[Job]:
+        """The jobs the filters name, lowest id first, up to their limit, taken a batch
+        (QUEUELOG_BULK_BATCH_SIZE) at a time, each batch in a write transaction of its own:
+        the database's write lock (SQLite's) is held for one batch at most, and every other
+        writer goes on between batches. Only jobs that existed when the action began are
+        taken. Returns the jobs changed, by id."""
         statuses = list(transition.from_statuses)
         if filters.get("status") is not None:
             statuses = [status for status in statuses if status == filters["status"]]
         if not statuses:
             return []
+        batch_size = self.settings.bulk_batch_size
+        # Named ids are looked at a batch of them at a time, not all of them by every batch.
+        named = None if filters.get("ids") is None else sorted(set(filters["ids"]))
+        with self.db.read() as conn:
+            up_to_id = JobRepository(conn).highest_job_id()
 
-        def transition_in(conn: Connection, events: Events) -> list[Job]:
+        def transition_in(conn: Connection, events: Events, ids: list[int] | None,
+                          after_id: int, limit: int) -> tuple[list[int], list[Job]]:
             repo = self._repo(conn, caller)
             now = self.clock.now_us()
             chosen = repo.find_ids_for_bulk(
-                statuses=statuses, limit=filters["limit"], job_type=filters.get("type"),
+                statuses=statuses, limit=limit, job_type=filters.get("type"),
                 created_before=filters.get("created_before"),
-                created_after=filters.get("created_after"), ids=filters.get("ids"))
-            changed = self._apply_many_holding_keys(repo, transition, chosen,
-                                                    transition.values(now_us=now))
-            self._made(repo, transition, changed, events, actor=caller.name, now_us=now)
-            return changed
+                created_after=filters.get("created_after"), ids=ids, after_id=after_id,
+                up_to_id=up_to_id)
+            moved = self._apply_many_holding_keys(repo, transition, chosen,
+                                                  transition.values(now_us=now))
+            self._made(repo, transition, moved, events, actor=caller.name, now_us=now)
+            return chosen, moved
 
-        return self._write(transition_in)
+        changed: list[Job] = []
+        left, after_id, position = filters["limit"], 0, 0
+        while left > 0:
+            ids = None
+            if named is not None:
+                ids, position = named[position:position + batch_size], position + batch_size
+                if not ids:
+                    break
+            limit = min(left, batch_size)
+            chosen, moved = self._write(functools.partial(
+                transition_in, ids=ids, after_id=after_id, limit=limit))
+            changed.extend(moved)
+            left -= len(chosen)
+            if ids is None and len(chosen) < limit:
+                break  # no job left that the filters name
+            after_id = chosen[-1] if ids is None else ids[-1]
+        return changed
 
     @staticmethod
     def _apply_many_holding_keys(repo: JobRepository, transition: Transition,
                                  job_ids: list[int], values: dict[str, Any]) -> list[Job]:
         """A bulk transition; a job it would bring back into a unique key that a twin holds
-        (a retry) is skipped, as jobs in other statuses are. One statement when no key is in
-        the way; job by job, each in its own savepoint, when one is."""
+        (a retry) is skipped, as jobs in other statuses are: one statement, which leaves out
+        those jobs itself. On PostgreSQL a twin enqueued while it runs (committed after its
+        snapshot) can still meet the index: then job by job, each in its own savepoint, as
+        the batch is bounded."""
         try:
             with repo.conn.begin_nested():
                 return repo.apply_transition_to_many(transition, job_ids, values)
@@ -868,9 +913,11 @@ class JobService:
     # -- retention ------------------------------------------------------------------------
 
     def purge(self, *, older_than_seconds: float, statuses: Collection[str] | None = None,
-              batch_size: int = 1000) -> int:
+              batch_size: int | None = None) -> int:
         """Delete finished jobs last updated before the cutoff, one short transaction per
-        batch so that writers are never held up long. Returns how many were deleted."""
+        batch (of QUEUELOG_BULK_BATCH_SIZE jobs unless told) so that writers are never held
+        up long. Returns how many were deleted."""
+        batch_size = batch_size or self.settings.bulk_batch_size
         chosen = set(statuses) if statuses else {s.value for s in TERMINAL_STATUSES}
         if not chosen <= {s.value for s in TERMINAL_STATUSES}:
             raise ValueError("only completed, failed and cancelled jobs can be purged")

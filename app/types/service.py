@@ -105,7 +105,7 @@ class FlowControl:
         return gate.allowed(self.job_types if wanted is None else wanted)
 
     def settle(self, conn: Connection, gate: ClaimGate, claimed: list[Job], now_us: int, *,
-               check: bool) -> None:
+               check: bool) -> bool:
         """Take the claimed jobs' tokens from their types' buckets, in the claim's
         transaction.
 
@@ -114,15 +114,16 @@ class FlowControl:
         running counts and buckets as they are now; LimitReached when it no longer fits.
         The locks are taken this late so that concurrent claims of a type take turns only
         from here to their commit (two statements and the commit), not for their whole
-        transaction.
+        transaction. True when it locked rows, for which it may have waited: the claim holds
+        what it needs from then on.
         """
         if not (check and claimed and conn.dialect.name == "postgresql"):
             TypeRepository(conn).save_buckets(gate.buckets_after(job.type for job in claimed))
-            return
+            return False
         types = TypeRepository(conn)
         fresh = types.lock_limited_settings({job.type for job in claimed})
         if not fresh:
-            return
+            return False
         # The bucket does not depend on what runs, so its write rides on the count's
         # statement; a claim found not to fit rolls it back with the rest.
         push = gate.only is not None  # the dispatcher's claim judges push types alone
@@ -150,6 +151,7 @@ class FlowControl:
             types.save_buckets(buckets)
         if not ClaimGate.for_claim(fresh, running, now_us, push=push).admits(claimed):
             raise LimitReached
+        return True
 
     def _all_far(self, job_types: list[str]) -> bool:
         now = time.monotonic()

@@ -1,5 +1,5 @@
-"""POST /jobs/retry-many and /jobs/cancel-many: by filter or ids, one transaction, skipping
-jobs in other statuses (contract section 13)."""
+"""POST /jobs/retry-many and /jobs/cancel-many: by filter or ids, skipping jobs in other statuses
+(contract section 13); their batches: tests/jobs/test_bulk_in_batches.py."""
 
 from __future__ import annotations
 
