@@ -104,7 +104,7 @@ SETTINGS: tuple[Setting, ...] = (
             "GET /types, the dashboard and /metrics may show pending, scheduled, completed, "
             "failed and cancelled counts this old (counted again in the background; running "
             "counts are always live); 0 counts on every request"),
-    Setting("EXPLAIN_AHEAD_LIMIT", 10_000, _int_in(1, 10_000_000),
+    Setting("EXPLAIN_AHEAD_LIMIT", 1_000, _int_in(1, 10_000_000),
             "explain's jobs_ahead reads at most this many pending jobs ahead of a job; "
             "past it the count says count_capped: true (a lower bound)"),
     Setting("COUNTING_READS", DEFAULT_COUNTING_READS, _int_in(1, 200),
