@@ -12,7 +12,7 @@ builds them), it measures, printing the median over the repeats of each figure:
 4. the dashboard (a signed-in admin): /ui/ p50 and a job's page (/ui/jobs/{id}) p95.
 
     PYTHONPATH=. python bench/backlog.py [--pending N] [--repeats N] [--database FILE]
-        [--postgres URL] [--skip-sqlite]
+        [--postgres URL] [--skip-sqlite] [--root CHECKOUT]
 
 --database keeps the built SQLite file there (built when missing), so that runs before and
 after a change measure the same database. With --postgres (default: $QUEUELOG_BENCH_POSTGRES_URL)
@@ -38,6 +38,7 @@ if __package__ in (None, ""):  # run as `python bench/backlog.py`
 
 from bench.dashboard import Browser
 from bench.data import (
+    JOB_TYPES,
     POSTGRES_VARIABLE,
     create_keys,
     postgres_database,
@@ -46,7 +47,7 @@ from bench.data import (
 )
 from bench.flow import build_million
 from bench.load import LOOPBACK
-from bench.servers import queuelog_server
+from bench.servers import gunicorn_server
 from bench.stats import percentile
 
 FLOOD = 64
@@ -180,8 +181,10 @@ def run(directory: str, url: str, engine: str, options: argparse.Namespace) -> N
     job_id = options.pending - 1 if (options.pending - 1) % 5 == 0 else options.pending
     runs = []
     for _repeat in range(options.repeats):
-        with queuelog_server(directory, url, GUNICORN_WORKERS="4",
-                             QUEUELOG_METRICS_PUBLIC="1") as server:
+        with gunicorn_server("wsgi:app", directory, {
+                "QUEUELOG_DATABASE_URL": url, "QUEUELOG_JOB_TYPES": JOB_TYPES,
+                "GUNICORN_WORKERS": "4", "QUEUELOG_METRICS_PUBLIC": "1"},
+                root=options.root) as server:
             runs.append(measure_once(server.port, tokens, job_id))
         print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     print(f"backlog: {options.pending:,} pending, {engine}, 4 gunicorn workers, median of "
@@ -199,6 +202,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="a PostgreSQL server URL: measure there too (default: "
                              f"${POSTGRES_VARIABLE})")
     parser.add_argument("--skip-sqlite", action="store_true")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="serve another checkout's code (e.g. `git archive` of the commit "
+                             "before a change, for the figures before it)")
     options = parser.parse_args(argv)
     with scratch_directory("queuelog-bench-backlog-") as directory:
         if not options.skip_sqlite:
