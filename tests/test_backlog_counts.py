@@ -160,3 +160,14 @@ def test_a_stale_snapshot_is_counted_again_in_the_background(served):
     while pending(client, admin) != (3, 3.0):
         assert time.monotonic() < deadline, "the counts were never refreshed"
         time.sleep(0.02)
+
+
+def test_a_counting_budget_not_below_the_pool_is_warned_of():
+    from app.config import configuration_warnings, load_settings
+
+    settings = load_settings({"QUEUELOG_JOB_TYPES": "email"})
+    assert configuration_warnings(settings) == []  # the defaults leave connections free
+    settings = load_settings({"QUEUELOG_JOB_TYPES": "email", "QUEUELOG_COUNTING_READS": "5",
+                              "QUEUELOG_DB_POOL_SIZE": "5"})
+    [warning] = configuration_warnings(settings)
+    assert "QUEUELOG_COUNTING_READS (5) is not below QUEUELOG_DB_POOL_SIZE (5)" in warning
