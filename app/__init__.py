@@ -16,6 +16,7 @@ from app.db import Database, make_engine
 from app.errors import register_error_handlers
 from app.history.recorder import HistoryRecorder
 from app.history.service import HistoryService
+from app.jobs.counts import BacklogCounts
 from app.jobs.ids import JobIdConverter
 from app.jobs.models import Backoff
 from app.jobs.service import EventSink, JobService, QueueSettings
@@ -34,6 +35,7 @@ class Services:
     clock: Clock
     jobs: JobService
     keys: KeyService
+    counts: BacklogCounts
     types: TypeService
     history: HistoryService
     schedules: ScheduleService
@@ -132,7 +134,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         sqlite_synchronous=config["SQLITE_SYNCHRONOUS"],
         sqlite_busy_timeout_ms=config["SQLITE_BUSY_TIMEOUT_MS"],
     )
-    db = Database(engine)
+    db = Database(engine, counting_reads=config["COUNTING_READS"])
     clock = config.get("CLOCK") or Clock()
     settings = QueueSettings(
         job_types=config["JOB_TYPES"],
@@ -144,6 +146,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         max_waiting_requests=config["MAX_WAITING_REQUESTS"],
     )
     keys = KeyService(db, clock)
+    counts = BacklogCounts(db, clock, config["TYPE_COUNTS_MAX_AGE_SECONDS"])
     flow = FlowControl(db, clock, settings.job_types, on_skip=on_skip)
     jobs = JobService(db, clock, settings, on_event=on_event, confirm_caller=keys.confirm_live,
                       flow=flow, history=HistoryRecorder(events=config["JOB_EVENTS"]))
@@ -152,10 +155,10 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         clock=clock,
         jobs=jobs,
         keys=keys,
-        types=TypeService(db, clock, settings.job_types,
-                          config["TYPE_COUNTS_MAX_AGE_SECONDS"],
+        counts=counts,
+        types=TypeService(db, clock, settings.job_types, counts,
                           push_origins=config["PUSH_ALLOWED_ORIGINS"]),
-        history=HistoryService(db, jobs, keys),
+        history=HistoryService(db, jobs, keys, ahead_limit=config["EXPLAIN_AHEAD_LIMIT"]),
         schedules=ScheduleService(
             db, clock, jobs,
             ScheduleSettings(allow_seconds=config["SCHEDULE_SECONDS"],

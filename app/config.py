@@ -73,6 +73,10 @@ def _sqlite_synchronous(text: str) -> str:
     return value
 
 
+# The Database's own default too (app/db.py), for engines built outside the app factory.
+DEFAULT_COUNTING_READS = 3
+
+
 @dataclass(frozen=True)
 class Setting:
     key: str
@@ -107,8 +111,17 @@ SETTINGS: tuple[Setting, ...] = (
             "long-polling claims a process lets wait at once; keep it below GUNICORN_THREADS "
             "so that waiting claims never take every thread"),
     Setting("TYPE_COUNTS_MAX_AGE_SECONDS", 10.0, _float_in(0, 3600),
-            "GET /types may show completed/failed/cancelled counts this old (counted again "
-            "in the background); 0 counts on every request"),
+            "GET /types, the dashboard and /metrics may show pending, scheduled, completed, "
+            "failed and cancelled counts this old (counted again in the background; running "
+            "counts are always live); 0 counts on every request"),
+    Setting("EXPLAIN_AHEAD_LIMIT", 1_000, _int_in(1, 10_000_000),
+            "explain's jobs_ahead reads at most this many pending jobs ahead of a job; "
+            "past it the count says count_capped: true (a lower bound)"),
+    Setting("COUNTING_READS", DEFAULT_COUNTING_READS, _int_in(1, 200),
+            "reads that count the backlog (explain, the counts of GET /types, the dashboard, "
+            "/metrics) a process runs at once; past it they answer 503 with Retry-After "
+            "within half a second. Keep it below DB_POOL_SIZE, so that enqueues, claims and "
+            "health checks always find a pooled connection"),
     Setting("BULK_BATCH_SIZE", 500, _int_in(1, 10_000),
             "jobs that one write transaction of a bulk retry or cancel (and of `queuelog "
             "purge`) takes at most: each batch commits on its own, so other writers wait for "
@@ -167,6 +180,11 @@ def configuration_warnings(config: Mapping[str, Any]) -> list[str]:
     """What the service can run with but will not work well with: logged when the app is
     built and shown by /readyz."""
     warnings = []
+    counting, pool = config.get("COUNTING_READS"), config.get("DB_POOL_SIZE")
+    if isinstance(counting, int) and isinstance(pool, int) and counting >= pool:
+        warnings.append(f"QUEUELOG_COUNTING_READS ({counting}) is not below "
+                        f"QUEUELOG_DB_POOL_SIZE ({pool}): requests that count the backlog "
+                        "may take every pooled connection from enqueues and claims.")
     if not config.get("JOB_TYPES"):
         warnings.append("QUEUELOG_JOB_TYPES is not set: every enqueue is refused (422) and "
                         "every claim naming a type too, until the operator sets it.")

@@ -12,6 +12,7 @@ dialect's own INSERT for ON CONFLICT DO NOTHING.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -39,6 +40,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from app.config import DEFAULT_COUNTING_READS
+from app.errors import CountingReadsBusy
 from app.files import create_private
 from app.jobs.models import CLAIM_ORDER, STATUS_BITS
 from app.writer import SqliteWriter
@@ -415,11 +418,24 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
     return create_engine(url, pool_pre_ping=True, **options)
 
 
-class Database:
-    """Opens the transactions the services run in."""
+# How long a counting read waits for a slot of its budget before it answers 503: a slot
+# frees as soon as one of them ends (a bounded count takes milliseconds), so a burst is
+# served rather than refused; a flood is refused quickly, holding a thread but no connection.
+COUNTING_READ_WAIT_SECONDS = 0.5
 
-    def __init__(self, engine: Engine) -> None:
+
+class Database:
+    """Opens the transactions the services run in.
+
+    `counting_reads` is how many counting reads (`counting_read`: the reads whose cost grows
+    with what is stored, even bounded) this process runs at once. Each holds a pooled
+    connection; kept below the pool's size, they can never take every connection, so that
+    enqueues, claims, health checks and the schedule ticker always find one (issue 27).
+    """
+
+    def __init__(self, engine: Engine, counting_reads: int = DEFAULT_COUNTING_READS) -> None:
         self.engine = engine
+        self._counting_slots = threading.BoundedSemaphore(counting_reads)
         self._sqlite_writer: SqliteWriter | None = None
         if engine.dialect.name == "sqlite":
             path = engine.url.database
@@ -454,6 +470,18 @@ class Database:
             conn = conn.execution_options(queuelog_write=True)
             with conn.begin():
                 yield conn
+
+    @contextmanager
+    def counting_read(self) -> Iterator[Connection]:
+        """A read transaction within the counting-reads budget; CountingReadsBusy (503,
+        Retry-After) when every slot stays taken for COUNTING_READ_WAIT_SECONDS."""
+        if not self._counting_slots.acquire(timeout=COUNTING_READ_WAIT_SECONDS):
+            raise CountingReadsBusy
+        try:
+            with self.read() as conn:
+                yield conn
+        finally:
+            self._counting_slots.release()
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

@@ -109,6 +109,16 @@ class ServiceUnavailable(Problem):
     title, slug = PROBLEM_KINDS[status]
 
 
+class CountingReadsBusy(ServiceUnavailable):
+    """Every slot this process keeps for reads that count the backlog (explain, the type
+    counts, /metrics, the dashboard) is taken: refused at once rather than left to queue for
+    a connection that enqueues and claims need. The client may retry."""
+
+    def __init__(self) -> None:
+        super().__init__("Too many requests that count the backlog are being served; retry "
+                         "in a moment.", headers={"Retry-After": "1"})
+
+
 def body_too_large_detail(limit_bytes: int) -> str:
     """What a 413 says: the limit, in bytes."""
     return (f"The request body is larger than {limit_bytes} bytes, the most this service "

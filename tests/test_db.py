@@ -23,7 +23,7 @@ from app.jobs.repository import (
     _count_running_by_worker,
     _due_probe_one_type,
     _due_probe_one_type_by_key,
-    _pending_summary,
+    _pending_by_type,
     _select_by_idempotency_key,
 )
 from app.migrations import alembic_config, current_revision, head_revision, upgrade
@@ -166,7 +166,7 @@ def test_sqlite_claims_of_one_type_read_that_types_part_of_the_index(sqlite_temp
 
 
 @pytest.mark.parametrize("stmt,index", [
-    (_pending_summary, "ix_jobs_claim_order_by_type (type=?)"),
+    (_pending_by_type, "ix_jobs_claim_order_by_type"),
     (_count_running, "ix_jobs_running_type_key"),
     (_count_finished, "COVERING INDEX ix_jobs_finished_type_status"),
 ])

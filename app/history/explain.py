@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from app.clock import MICROS, to_rfc3339
-from app.jobs.models import TERMINAL_STATUSES, Job, JobStatus
+from app.jobs.models import TERMINAL_STATUSES, BoundedCount, Job, JobStatus
 from app.jobs.repository import JobRepository
 from app.types.repository import TypeRepository
 
@@ -110,10 +110,13 @@ def _reason(code: str, message: str, **evidence: Any) -> Reason:
     return {"code": code, "message": message, **evidence}
 
 
-def explain(job: Job, now_us: int, *, ahead: int | None, ahead_of_type: int | None,
-            workers: Sequence[WorkerFacts], flow: Sequence[Reason] = ()) -> Explanation:
+def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
+            ahead_of_type: BoundedCount | None, workers: Sequence[WorkerFacts],
+            flow: Sequence[Reason] = (), names_workers: bool = False) -> Explanation:
     """`ahead` and `ahead_of_type` count the due pending jobs before `job` in claim order
-    (all types, and its own type); None when the job is not claimable."""
+    (all types, and its own type), up to a cap; None when the job is not claimable.
+    `names_workers` (admins) lists the worker keys' names in `no_worker_for_type`; without
+    it the reason says what it says without naming other principals."""
     if job.status in TERMINAL_STATUSES:
         return Explanation(job.id, job.status, False, [_reason(
             "finished", f"The job is {job.status}; it will not run again unless an admin "
@@ -138,22 +141,31 @@ def explain(job: Job, now_us: int, *, ahead: int | None, ahead_of_type: int | No
     # push_type says who takes the job, not what holds it back.
     pushed = any(reason["code"] == PUSH_TYPE for reason in flow)
     held = [reason for reason in flow if reason["code"] != PUSH_TYPE]
-    if due and ahead:
+    if due and ahead is not None and ahead.value:
+        of_type = ahead_of_type or BoundedCount(0, False)
         reasons.append(_reason(
-            "jobs_ahead", f"{ahead} claimable job(s) come before it in claim order "
-            f"({ahead_of_type or 0} of type {job.type}).", count=ahead,
-            of_its_type=ahead_of_type or 0))
+            "jobs_ahead", f"{_at_least(ahead)} claimable job(s) come before it in claim order "
+            f"({_at_least(of_type)} of type {job.type}).", count=ahead.value,
+            count_capped=ahead.capped, of_its_type=of_type.value,
+            of_its_type_capped=of_type.capped))
     if not pushed:
-        reasons += _worker_reasons(job, now_us, workers)
+        reasons += _worker_reasons(job, now_us, workers, names_workers)
     return Explanation(job.id, job.status, due and not held, reasons)
 
 
-def _worker_reasons(job: Job, now_us: int, workers: Sequence[WorkerFacts]) -> list[Reason]:
+def _at_least(count: BoundedCount) -> str:
+    # A capped count stopped reading at the cap: the true one is at least as large.
+    return f"at least {count.value}" if count.capped else str(count.value)
+
+
+def _worker_reasons(job: Job, now_us: int, workers: Sequence[WorkerFacts],
+                    names_workers: bool) -> list[Reason]:
     able = [worker for worker in workers if worker.may_claim(job.type)]
     if not able:
         return [_reason("no_worker_for_type",
                         f"No live worker key may claim type {job.type}.",
-                        type=job.type, workers=[], last_claim_at=None)]
+                        type=job.type, **({"workers": []} if names_workers else {}),
+                        last_claim_at=None)]
     claims = [worker.last_claim_at for worker in able if worker.last_claim_at is not None]
     last_claim_at = max(claims) if claims else None
     if last_claim_at is not None and now_us - last_claim_at < IDLE_WORKER_US:
@@ -163,5 +175,7 @@ def _worker_reasons(job: Job, now_us: int, workers: Sequence[WorkerFacts]) -> li
     return [_reason("no_worker_for_type",
                     f"No worker that may claim type {job.type} has claimed in the last 5 "
                     f"minutes ({last}): is one running?",
-                    type=job.type, workers=sorted(worker.name for worker in able),
+                    type=job.type,
+                    **({"workers": sorted(worker.name for worker in able)}
+                       if names_workers else {}),
                     last_claim_at=to_rfc3339(last_claim_at))]

@@ -35,10 +35,12 @@ class Worker:
 
 
 class HistoryService:
-    def __init__(self, db: Database, jobs: JobService, keys: KeyService) -> None:
+    def __init__(self, db: Database, jobs: JobService, keys: KeyService, *,
+                 ahead_limit: int) -> None:
         self.db = db
         self.jobs = jobs
         self.keys = keys
+        self.ahead_limit = ahead_limit  # QUEUELOG_EXPLAIN_AHEAD_LIMIT
 
     def workers(self) -> list[Worker]:
         """Every live worker key, by name."""
@@ -74,7 +76,9 @@ class HistoryService:
         self.jobs.get_job(caller, job_id)
         workers = [WorkerFacts(worker.name, worker.types, worker.last_claim_at)
                    for worker in self.workers()]
-        with self.db.read() as conn:
+        # A counting read (app/db.py): the jobs ahead are read up to the limit, and the flow
+        # reasons count what runs, so it takes a slot of the budget kept for such reads.
+        with self.db.counting_read() as conn:
             job = JobRepository(conn).get_job(job_id)
             if job is None:  # purged in between
                 raise NotFound("No such job.")
@@ -82,8 +86,11 @@ class HistoryService:
             ahead = ahead_of_type = None
             if job.status == JobStatus.PENDING and job.run_at <= now:
                 repo = JobRepository(conn)
-                ahead = repo.count_claimable_ahead(job, now, same_type=False)
-                ahead_of_type = repo.count_claimable_ahead(job, now, same_type=True)
+                ahead = repo.count_claimable_ahead(job, now, same_type=False,
+                                                   cap=self.ahead_limit)
+                ahead_of_type = repo.count_claimable_ahead(job, now, same_type=True,
+                                                           cap=self.ahead_limit)
             flow = flow_reasons(conn, job, now) if job.status == JobStatus.PENDING else []
+        # Other keys' names are an admin's to see; a producer is told its own job's facts.
         return explain(job, now, ahead=ahead, ahead_of_type=ahead_of_type, workers=workers,
-                       flow=flow)
+                       flow=flow, names_workers=caller.is_admin)

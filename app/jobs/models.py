@@ -75,6 +75,25 @@ def claim_order_key(row: Any) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class BoundedCount:
+    """A count that stops at a cap, so that its cost does not grow with the backlog: exact
+    when not `capped`; when capped, `value` is a lower bound (at most the cap)."""
+
+    value: int
+    capped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSummary:
+    """One type's pending jobs: how many, how many of them are scheduled (run_at in the
+    future as of counting), and the oldest due run_at (None: none due)."""
+
+    pending: int
+    scheduled: int
+    oldest_due_run_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     """One row of the jobs table. Times are microseconds since the epoch."""
 

@@ -28,13 +28,22 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
 from app.db import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
-from app.jobs.models import STATUS_BITS, Job, JobStatus, Transition, claim_order_key
+from app.jobs.models import (
+    STATUS_BITS,
+    BoundedCount,
+    Job,
+    JobStatus,
+    PendingSummary,
+    Transition,
+    claim_order_key,
+)
 from app.statements import DriverStatement
 from app.types.models import ClaimGate
 
@@ -100,9 +109,11 @@ def _pending_due(restricted_to_one_type: bool) -> Any:
 def _count_ahead(restricted_to_one_type: bool) -> Any:
     # Before the job in claim order (priority DESC, created_at, id) is three ranges of the
     # claim-order index (of the type, when restricted): a higher priority; the same priority
-    # and older; the same priority and age and a lower id. Counted range by range, each read
-    # from the index's start to the job's place (one OR of them scans the index whole); the
-    # rows in range are read for run_at, so the cost follows the jobs ahead, not the table.
+    # and older; the same priority and age and a lower id. Read range by range, each from the
+    # index's start to the job's place (one OR of them scans the index whole), and no further
+    # than `cap_plus_one` pending rows in all: UNION ALL under a LIMIT stops reading its
+    # branches once it has that many, on both engines. So the cost is bounded by the cap, not
+    # by the backlog (issue 27): `examined` above the cap says the count stopped there.
     priority: Any = bindparam("priority")
     created_at: Any = bindparam("created_at")
     ranges = (
@@ -111,14 +122,18 @@ def _count_ahead(restricted_to_one_type: bool) -> Any:
         (jobs.c.priority == priority, jobs.c.created_at == created_at,
          jobs.c.id < bindparam("job_id")),
     )
-    counts = []
+    branches = []
     for conditions in ranges:
-        stmt = select(func.count()).select_from(jobs).where(
-            _CLAIMABLE_ROW, *conditions, jobs.c.run_at <= bindparam("now"))
+        stmt = select(jobs.c.run_at).where(_CLAIMABLE_ROW, *conditions)
         if restricted_to_one_type:
             stmt = stmt.where(jobs.c.type == bindparam("type"))
-        counts.append(stmt.scalar_subquery())
-    return select(counts[0] + counts[1] + counts[2])
+        # A LIMIT of its own per branch (SQLite accepts one only on a subquery): no branch
+        # reads past the cap even where a planner does not stop the compound early.
+        branches.append(select(stmt.limit(bindparam("cap_plus_one")).subquery().c.run_at))
+    examined = union_all(*branches).limit(bindparam("cap_plus_one")).subquery()
+    return select(func.count(),
+                  func.coalesce(func.sum(case((examined.c.run_at <= bindparam("now"), 1),
+                                              else_=0)), 0))
 
 
 _ahead_any_type = _count_ahead(restricted_to_one_type=False)
@@ -194,13 +209,15 @@ _next_lease_expiry = (
     select(func.min(jobs.c.lease_expires_at))
     .where(jobs.c.status == _RUNNING, jobs.c.type == bindparam("type"))
 )
-# One type's pending jobs, its scheduled ones and its oldest due run_at, from the per-type
-# claim-order index alone (run_at is its last column).
-_pending_summary = (
-    select(func.count(),
+# Every type's pending jobs, its scheduled ones and its oldest due run_at, from the per-type
+# claim-order index (run_at is its last column), grouped in the index's own type-first order:
+# what the backlog counts (app/jobs/counts.py) read, unconfigured types included.
+_pending_by_type = (
+    select(jobs.c.type, func.count(),
            func.coalesce(func.sum(case((jobs.c.run_at > bindparam("now"), 1), else_=0)), 0),
            func.min(case((jobs.c.run_at <= bindparam("now"), jobs.c.run_at))))
-    .where(jobs.c.status == _PENDING, jobs.c.type == bindparam("type"))
+    .where(jobs.c.status == _PENDING)
+    .group_by(jobs.c.type)
 )
 _count_finished = (
     select(jobs.c.type, jobs.c.status, func.count())
@@ -534,11 +551,12 @@ class JobRepository:
             _next_lease_expiry, {"type": job_type}).scalar()
         return value
 
-    def pending_summary(self, job_type: str, now_us: int) -> tuple[int, int, int | None]:
-        """(pending, scheduled: the part of them not due yet, the oldest due run_at or None)."""
-        pending, scheduled, oldest = self.conn.execute(
-            _pending_summary, {"type": job_type, "now": now_us}).one()
-        return int(pending), int(scheduled), oldest
+    def pending_by_type(self, now_us: int) -> dict[str, PendingSummary]:
+        """Every type's pending jobs, as pending_summary counts them, from the per-type
+        claim-order index alone: one read of every pending row's entry."""
+        return {job_type: PendingSummary(int(pending), int(scheduled), oldest)
+                for job_type, pending, scheduled, oldest
+                in self.conn.execute(_pending_by_type, {"now": now_us})}
 
     def count_finished(self) -> dict[tuple[str, str], int]:
         """Completed, failed and cancelled jobs by (type, status), from their partial index."""
@@ -550,34 +568,24 @@ class JobRepository:
         rows = _select_expired_leases.rows(self.conn, {"now": now_us, "limit": limit})
         return [_job(row) for row in rows]
 
-    def count_jobs_by_status_and_type(self) -> dict[tuple[str, str], int]:
-        """How many jobs are stored in each (status, type). One scan of the table: metrics call
-        it once per scrape, and purge keeps the table it scans bounded."""
-        stmt = select(jobs.c.status, jobs.c.type, func.count()).group_by(jobs.c.status,
-                                                                         jobs.c.type)
-        return {(status, job_type): count for status, job_type, count in self.conn.execute(stmt)}
-
-    def count_claimable_ahead(self, job: Job, now_us: int, *, same_type: bool) -> int:
+    def count_claimable_ahead(self, job: Job, now_us: int, *, same_type: bool,
+                              cap: int) -> BoundedCount:
         """How many jobs a claim would take before `job`: due pending jobs earlier in claim
-        order (of its type alone when `same_type`). Read through the claim-order index (of
-        the type, when `same_type`): the pending rows before the job's place in it."""
+        order (of its type alone when `same_type`), read through the claim-order index (of
+        the type, when `same_type`), at most `cap` + 1 of its pending rows: exact when not
+        `capped`; when capped, the due jobs among the first `cap` pending ones ahead (a lower
+        bound, at most `cap`)."""
         stmt = _ahead_of_type if same_type else _ahead_any_type
-        count: int = self.conn.execute(stmt, {
+        examined, due = self.conn.execute(stmt, {
             "now": now_us, "priority": job.priority, "created_at": job.created_at,
-            "job_id": job.id, "type": job.type}).scalar_one()
-        return count
+            "job_id": job.id, "type": job.type, "cap_plus_one": cap + 1}).one()
+        capped = int(examined) > cap
+        return BoundedCount(min(int(due), cap) if capped else int(due), capped)
 
     def count_running_by_worker(self) -> dict[str, int]:
         """How many jobs each worker holds now (running, its lease live or not yet rescued).
         Read through a partial index of the running rows (see _count_running_by_worker)."""
         return {worker: count for worker, count in self.conn.execute(_count_running_by_worker)}
-
-    def oldest_claimable_run_at(self, now_us: int) -> int | None:
-        """The earliest `run_at` among the jobs a claim could take now; None when there are
-        none. The literal status keeps the read inside the partial index of pending rows."""
-        stmt = select(func.min(jobs.c.run_at)).where(_CLAIMABLE_ROW,
-                                                     jobs.c.run_at <= bindparam("now"))
-        return self.conn.execute(stmt, {"now": now_us}).scalar()
 
     # -- changing -------------------------------------------------------------------------
 

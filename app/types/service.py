@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 from app.clock import MICROS, Clock
 from app.db import Database
 from app.errors import NotFound, ValidationFailed
+from app.jobs.counts import BacklogCounts
 from app.jobs.models import Job, JobStatus
 from app.jobs.repository import JobRepository
 from app.types.models import (
@@ -232,63 +233,15 @@ class TypeView:
     new_secret: str | None = None
 
 
-class FinishedCounts:
-    """Completed, failed and cancelled jobs by (type, status), at most `max_age` seconds old.
-
-    Counting them reads one index entry per finished job (about 0.15 s at a million on
-    SQLite), too slow for every GET /types. A stale value is answered at once while one
-    thread of the process counts again in the background; only the first request of a
-    process (or every request, with max_age 0) waits for the count.
-    """
-
-    def __init__(self, db: Database, max_age_seconds: float) -> None:
-        self.db = db
-        self.max_age = max_age_seconds
-        self._lock = threading.Lock()
-        self._value: dict[tuple[str, str], int] | None = None
-        self._counted_at = 0.0
-        self._refreshing = False
-
-    def get(self) -> Mapping[tuple[str, str], int]:
-        with self._lock:
-            value, age = self._value, time.monotonic() - self._counted_at
-            stale = value is None or age >= self.max_age
-            start_refresh = stale and value is not None and not self._refreshing
-            if start_refresh:
-                self._refreshing = True
-        if value is None or self.max_age <= 0:
-            return self._count()
-        if start_refresh:
-            threading.Thread(target=self._refresh, name="queuelog-type-counts",
-                             daemon=True).start()
-        return value
-
-    def _count(self) -> dict[tuple[str, str], int]:
-        started = time.monotonic()
-        with self.db.read() as conn:
-            value = JobRepository(conn).count_finished()
-        with self._lock:
-            if started >= self._counted_at:
-                self._value, self._counted_at = value, started
-        return value
-
-    def _refresh(self) -> None:
-        try:
-            self._count()
-        finally:
-            with self._lock:
-                self._refreshing = False
-
-
 class TypeService:
     def __init__(self, db: Database, clock: Clock, job_types: frozenset[str],
-                 counts_max_age_seconds: float, *,
+                 counts: BacklogCounts, *,
                  push_origins: frozenset[str] | None = None) -> None:
         self.db = db
         self.clock = clock
         self.job_types = job_types
         self.push_origins = push_origins  # None: a push url may name any origin
-        self.finished = FinishedCounts(db, counts_max_age_seconds)
+        self.counts = counts
 
     def list_types(self) -> list[TypeView]:
         return self._views(sorted(self.job_types))
@@ -335,22 +288,23 @@ class TypeService:
             raise NotFound("No such job type: it is not in QUEUELOG_JOB_TYPES.")
 
     def _views(self, names: list[str]) -> list[TypeView]:
-        finished = self.finished.get()
+        # Pending, scheduled and finished counts from the backlog cache (app/jobs/counts.py):
+        # they grow with what is stored. The running ones, bounded by the workers, live.
+        backlog = self.counts.get()
         with self.db.read() as conn:
             now = self.clock.now_us()
             stored = TypeRepository(conn).settings_of(names)
-            jobs = JobRepository(conn)
-            running = jobs.count_running()
-            summaries = {name: jobs.pending_summary(name, now) for name in names}
+            running = JobRepository(conn).count_running()
         views = []
         for name in names:
-            pending, scheduled, oldest = summaries[name]
+            summary = backlog.pending_of(name)
             counts = TypeCounts(
-                pending=pending, scheduled=scheduled,
+                pending=summary.pending, scheduled=summary.scheduled,
                 running=sum(n for (t, _key), n in running.items() if t == name),
-                completed=finished.get((name, JobStatus.COMPLETED.value), 0),
-                failed=finished.get((name, JobStatus.FAILED.value), 0),
-                cancelled=finished.get((name, JobStatus.CANCELLED.value), 0))
+                completed=backlog.finished.get((name, JobStatus.COMPLETED.value), 0),
+                failed=backlog.finished.get((name, JobStatus.FAILED.value), 0),
+                cancelled=backlog.finished.get((name, JobStatus.CANCELLED.value), 0))
+            oldest = summary.oldest_due_run_at
             age = None if oldest is None else max(0.0, (now - oldest) / MICROS)
             views.append(TypeView(stored.get(name, defaults(name)), counts, age))
         return views
