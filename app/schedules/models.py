@@ -1,13 +1,16 @@
 """The schedule record and the rule of a firing: which due slots enqueue a job. Pure.
 
-A slot is due once the clock reaches it. A due slot at most `grace` old is simply late (a
-tick, a busy database) and always enqueues; an older one was missed (no server process ran,
-or the database was down) and follows the schedule's catch_up:
-- latest: the newest missed slot enqueues, the others are skipped;
-- none: every missed slot is skipped;
-- all: every missed slot enqueues, oldest first, within the newest MAX_CATCH_UP due slots.
-A paused schedule skips every due slot. Either way the schedule moves on to its first slot
-after now: a resumed schedule fires at its next slot, never a backlog.
+A slot is due once the clock reaches it. Only the newest due slot can be on time: a slot
+that a newer one has overtaken, or one more than `grace` old (a tick, a busy database make
+a slot late, not that late), was missed (no server process ran, or the database was down)
+and follows the schedule's catch_up:
+- latest: one job, for the newest due slot (on time or missed), the others skipped;
+- none: the newest due slot enqueues if it is on time; every missed slot is skipped;
+- all: every due slot enqueues, oldest first, within the newest MAX_CATCH_UP.
+So an every-second schedule back from a minute's outage enqueues one job under latest and
+none, not one per second of the grace window. Either way the schedule moves on to its first
+slot after now. A paused schedule is never fired (the due query leaves it out): resumed, it
+fires at its next slot, never a backlog.
 """
 
 from __future__ import annotations
@@ -83,15 +86,13 @@ def plan_firing(schedule: Schedule, cron: Cron, now_us: int, grace_us: int) -> F
     """The firing of `schedule` at `now_us`, its next_run_at being due."""
     due = cron.slots_between(schedule.next_run_at, now_us, MAX_CATCH_UP)
     next_run_at = cron.next_after(now_us)
-    if schedule.paused:
-        return Firing([], len(due), next_run_at)
-    late = [slot for slot in due if now_us - slot <= grace_us]
-    missed = [slot for slot in due if now_us - slot > grace_us]
+    if not due:
+        return Firing([], 0, next_run_at)
+    on_time = now_us - due[-1] <= grace_us
     if schedule.catch_up == CatchUp.ALL:
-        kept = missed
-    elif schedule.catch_up == CatchUp.LATEST:
-        kept = missed[-1:]
+        slots = due
+    elif schedule.catch_up == CatchUp.LATEST or on_time:
+        slots = due[-1:]
     else:
-        kept = []
-    slots = kept + late
+        slots = []
     return Firing(slots, len(due) - len(slots), next_run_at)
