@@ -84,8 +84,13 @@ class Firing:
 
 def plan_firing(schedule: Schedule, cron: Cron, now_us: int, grace_us: int) -> Firing:
     """The firing of `schedule` at `now_us`, its next_run_at being due."""
-    due = cron.slots_between(schedule.next_run_at, now_us, MAX_CATCH_UP)
-    next_run_at = cron.next_after(now_us)
+    following = cron.next_after(schedule.next_run_at)
+    if following > now_us:
+        # The common firing: only next_run_at itself is due (one cron walk, not two).
+        due, next_run_at = [schedule.next_run_at], following
+    else:
+        due = cron.slots_between(schedule.next_run_at, now_us, MAX_CATCH_UP)
+        next_run_at = cron.next_after(now_us)
     if not due:
         return Firing([], 0, next_run_at)
     on_time = now_us - due[-1] <= grace_us

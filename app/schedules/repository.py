@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, false, insert, select, update
@@ -45,14 +45,15 @@ class ScheduleRepository:
             stmt = stmt.where(schedules.c.name > after_name)
         return [_schedule(row) for row in self.conn.execute(stmt)]
 
-    def has_due(self, now_us: int) -> bool:
+    def has_due(self, now_us: int, passing_over: Collection[str] = ()) -> bool:
         """Whether any active schedule's next slot has come: one index probe, so that a tick
         with nothing due opens no write transaction."""
-        stmt = (select(schedules.c.name).where(*_due(now_us))
+        stmt = (select(schedules.c.name).where(*_due(now_us, passing_over))
                 .order_by(schedules.c.next_run_at, schedules.c.name).limit(1))
         return self.conn.execute(stmt).first() is not None
 
-    def take_due(self, now_us: int, limit: int) -> list[Schedule]:
+    def take_due(self, now_us: int, limit: int, passing_over: Collection[str] = ()
+                 ) -> list[Schedule]:
         """Up to `limit` active schedules whose next slot has come, the most overdue first,
         held for the rest of this write transaction.
 
@@ -60,7 +61,7 @@ class ScheduleRepository:
         skipped (SKIP LOCKED): each takes a batch of its own, none waits on another, and a
         row is never fired twice (a racer that reads it after the holder's commit finds its
         next_run_at moved on). SQLite runs one writer at a time: the write lock holds them."""
-        stmt = (select(schedules).where(*_due(now_us))
+        stmt = (select(schedules).where(*_due(now_us, passing_over))
                 .order_by(schedules.c.next_run_at, schedules.c.name).limit(limit))
         if self.conn.dialect.name == "postgresql":
             stmt = stmt.with_for_update(skip_locked=True)
@@ -88,6 +89,9 @@ class ScheduleRepository:
             delete(schedules).where(schedules.c.name == name)).rowcount == 1
 
 
-def _due(now_us: int) -> tuple[Any, ...]:
+def _due(now_us: int, passing_over: Collection[str]) -> list[Any]:
     # `paused` leads ix_schedules_due: the paused schedules are never read here.
-    return (schedules.c.paused == false(), schedules.c.next_run_at <= now_us)
+    due = [schedules.c.paused == false(), schedules.c.next_run_at <= now_us]
+    if passing_over:  # the few schedules whose zone this process cannot read
+        due.append(schedules.c.name.not_in(sorted(passing_over)))
+    return due

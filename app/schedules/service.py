@@ -12,6 +12,7 @@ held, its template no longer valid) is logged and counted, never silently droppe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -27,6 +28,7 @@ from app.clock import MICROS, Clock, to_rfc3339
 from app.db import Database
 from app.errors import Conflict, NotFound, ValidationFailed
 from app.jobs.cursor import decode_name_cursor, encode_name_cursor
+from app.jobs.fastload import load_batch
 from app.jobs.intake import NewJob, new_job
 from app.jobs.models import Priority
 from app.jobs.service import Events, JobService
@@ -44,10 +46,9 @@ log = logging.getLogger(__name__)
 # small enough that SQLite's write lock is never held long (claims and enqueues go on
 # between batches) and that PostgreSQL hosts share a boundary's work batch by batch.
 FIRE_BATCH = 250
-# A schedule whose zone this host cannot read is looked at again after this long.
-UNREADABLE_RETRY_SECONDS = 60
 _NAME = re.compile(NAME_PATTERN)
 _PAGE_READ = 500  # schedules every_schedule reads per query
+_NOT_IN_TEMPLATE = frozenset(JobTemplateSchema.Meta.exclude)
 
 # Why a due slot enqueued no job (the skipped-slots metric's reason label: bounded).
 SKIP_MISSED = "missed"  # catch_up latest or none passed over a missed slot
@@ -97,7 +98,10 @@ class ScheduleService:
         self.settings = settings or ScheduleSettings()
         self.on_fired: FiringSink = on_fired or _IgnoreFirings()
         self._template = JobTemplateSchema()
-        self._unreadable: set[str] = set()  # schedules whose zone this host does not know
+        # Schedules whose zone this host's zone database does not know (saved where it did):
+        # said once, then passed over by this process's due queries (its zone database does
+        # not change while it runs). Another host that knows the zone fires them.
+        self._unreadable: set[str] = set()
 
     # -- admins ---------------------------------------------------------------------------
 
@@ -196,25 +200,28 @@ class ScheduleService:
         """Fire every active schedule whose next slot has come (at `now_us`, default the
         clock's now), FIRE_BATCH schedules per write transaction; returns how many jobs this
         process enqueued. Database errors propagate."""
-        now = self.clock.now_us() if now_us is None else now_us
+        first = self.clock.now_us() if now_us is None else now_us
         with self.db.read() as conn:
-            if not ScheduleRepository(conn).has_due(now):
+            if not ScheduleRepository(conn).has_due(first, passing_over=self._unreadable):
                 return 0  # the common tick: one index probe, no write transaction
         enqueued = 0
         while True:
-            batch = self.jobs.write(lambda conn, events: self._fire_batch(conn, events, now))
-            self._tell(batch, now)
+            # Each batch is stamped (created_at, the lateness metric) with its own time: a
+            # later batch's jobs are truly that much later.
+            batch = self.jobs.write(functools.partial(
+                self._fire_batch, now=self.clock.now_us() if now_us is None else now_us))
+            self._tell(batch)
             enqueued += len(batch.stored)
             if batch.taken < FIRE_BATCH:
                 return enqueued
 
-    def _fire_batch(self, conn: Connection, events: Events, now: int) -> _Batch:
+    def _fire_batch(self, conn: Connection, events: Events, *, now: int) -> _Batch:
         """Take up to FIRE_BATCH due schedules on `conn` (locked: no other process fires them),
         enqueue their slots' jobs set-wise and move each on, in one transaction. What to tell
         once it commits goes in the returned _Batch (the writer may run this again after a
         rollback: it keeps no state of its own)."""
         repo = ScheduleRepository(conn)
-        taken = repo.take_due(now, FIRE_BATCH)
+        taken = repo.take_due(now, FIRE_BATCH, passing_over=self._unreadable)
         batch = _Batch(taken=len(taken))
         grace = round(self.settings.grace_seconds * MICROS)
         slots: list[tuple[Schedule, int, NewJob]] = []
@@ -225,8 +232,9 @@ class ScheduleService:
             moves[schedule.name] = move
             cron = self._readable_cron(schedule, batch)
             if cron is None:
-                # Nothing can be computed; looked at again in a minute, not every tick.
-                move["next_run_at"] = now + UNREADABLE_RETRY_SECONDS * MICROS
+                # Nothing can be computed: left as it is, and out of this process's due
+                # queries from now on (see _unreadable), so it never fills a batch.
+                del moves[schedule.name]
                 continue
             firing = plan_firing(schedule, cron, now, grace)
             move["next_run_at"] = firing.next_run_at
@@ -270,7 +278,7 @@ class ScheduleService:
         repo.move_on(list(moves.values()))
         return batch
 
-    def _tell(self, batch: _Batch, now: int) -> None:
+    def _tell(self, batch: _Batch) -> None:
         """What a committed batch did, to the log and the metrics (app/writer.py: the work
         itself has no effect outside the database)."""
         for name, message in batch.said:
@@ -297,12 +305,9 @@ class ScheduleService:
 
     def _cron(self, expression: str, timezone: str) -> Cron:
         try:
-            zone = parse_zone(timezone)
-        except CronError as exc:
+            return _parsed_cron(expression, timezone, self.settings.allow_seconds)
+        except _ZoneError as exc:
             raise ValidationFailed(f"timezone: {exc}.", errors={"timezone": [f"{exc}."]}) from None
-        try:
-            return Cron(normalise_expression(expression, seconds=self.settings.allow_seconds),
-                        zone)
         except CronError as exc:
             raise ValidationFailed(f"cron: {exc}.", errors={"cron": [f"{exc}."]}) from None
 
@@ -321,7 +326,15 @@ class ScheduleService:
 
     def _loaded_template(self, schedule: Schedule, batch: _Batch) -> dict[str, Any] | None:
         try:
-            loaded: dict[str, Any] = self._template.load(json.loads(schedule.job))
+            stored = json.loads(schedule.job)
+            # A stored template passed JobTemplateSchema when saved, so it holds none of the
+            # fields the template excludes; such a body loads as POST /jobs/batch's plain
+            # jobs do (app/jobs/fastload.py, which agrees with the schema and declines to
+            # it when unsure), skipping marshmallow's per-field cost at every firing.
+            if isinstance(stored, dict) and not _NOT_IN_TEMPLATE.intersection(stored):
+                loaded: dict[str, Any] = load_batch({"jobs": [stored]})["jobs"][0]
+            else:
+                loaded = self._template.load(stored)
         except (ValueError, ValidationError):
             batch.said.append((schedule.name,
                                "its stored job template does not load; slot skipped"))
@@ -334,6 +347,21 @@ class ScheduleService:
         # holding NUL, say, with an error of its own).
         if not _NAME.match(name):
             raise NotFound("No such schedule.")
+
+
+class _ZoneError(CronError):
+    """The time zone, not the expression, is what is wrong."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_cron(expression: str, timezone: str, allow_seconds: bool) -> Cron:
+    """The Cron of a stored (expression, zone), parsed once per process rather than at every
+    firing (a Cron is immutable). Errors are not cached: they raise again each time."""
+    try:
+        zone = parse_zone(timezone)
+    except CronError as exc:
+        raise _ZoneError(str(exc)) from None
+    return Cron(normalise_expression(expression, seconds=allow_seconds), zone)
 
 
 def _caller_of(name: str) -> Caller:

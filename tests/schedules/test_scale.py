@@ -359,3 +359,50 @@ def test_a_slot_its_unique_key_rejects_is_logged_and_counted(
     assert shown["next_run_at"] == "2027-01-15T08:03:00.000000Z"
     assert shown["last_run_at"] == "2027-01-15T08:01:00.000000Z"
     assert json.dumps(shown).count(secret) == 1  # the template, shown to the admin as saved
+
+
+def test_schedules_whose_zone_this_host_cannot_read_never_hold_up_the_others(
+        schedules: Schedules, clock: ManualClock, app: Flask,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Saved where the zone database knew a zone this one does not: more of them than a batch
+    # takes, all more overdue than the readable one.
+    monkeypatch.setattr(schedule_service, "FIRE_BATCH", 2)
+    set_clock(clock, "2027-01-15T08:00:30Z")
+    schedules.create(name="readable", cron="* * * * *")
+    db = app.extensions["queuelog"].db
+    with db.write() as conn:
+        for n in range(3):
+            conn.execute(schedules_table.insert().values(
+                name=f"elsewhere-{n}", cron="* * * * *", timezone="Mars/Olympus_Mons",
+                job='{"type":"email","payload":{}}', catch_up="latest", paused=False,
+                next_run_at=micros("2027-01-15T07:00:00Z"), last_run_at=None,
+                last_job_id=None, created_at=0, updated_at=0))
+    with caplog.at_level(logging.WARNING, logger="app.schedules.service"):
+        set_clock(clock, "2027-01-15T08:01:00.100Z")
+        assert schedules.fire() == 1
+        set_clock(clock, "2027-01-15T08:02:00.100Z")
+        assert schedules.fire() == 1
+    said = [r.getMessage() for r in caplog.records if "cannot compute its slots" in
+            r.getMessage()]
+    assert sorted(said) == [f"schedule elsewhere-{n}: cannot compute its slots (cron "
+                            "'* * * * *', zone 'Mars/Olympus_Mons')" for n in range(3)]
+    assert schedules.slots() == ["2027-01-15T08:01:00Z", "2027-01-15T08:02:00Z"]
+
+
+@pytest.mark.parametrize("template", [
+    {"type": "email", "payload": {"a": [1, 2.5, None]}},
+    {"type": "email", "payload": {}, "priority": "HIGH", "max_retries": 0,
+     "concurrency_key": "customer-1"},
+    {"type": "email", "payload": {"x": 1},
+     "unique": {"key": "k", "on_conflict": "replace"}},
+])
+def test_a_stored_template_loads_at_firing_as_the_template_schema_loads_it(
+        template: dict[str, Any]) -> None:
+    from app.jobs.fastload import load_batch
+    from app.schedules.schemas import JobTemplateSchema
+
+    excluded = set(JobTemplateSchema.Meta.exclude)
+    fast = load_batch({"jobs": [template]})["jobs"][0]
+    assert all(fast.get(name) is None for name in excluded)
+    assert {k: v for k, v in fast.items() if k not in excluded} == \
+        JobTemplateSchema().load(template)
