@@ -4,12 +4,13 @@ A slot is due once the clock reaches it. Only the newest due slot can be on time
 that a newer one has overtaken, or one more than `grace` old (a tick, a busy database make
 a slot late, not that late), was missed (no server process ran, or the database was down)
 and follows the schedule's catch_up:
-- latest: one job, for the newest due slot (on time or missed), the others skipped;
-- none: the newest due slot enqueues if it is on time; every missed slot is skipped;
-- all: every due slot enqueues, oldest first, within the newest MAX_CATCH_UP.
-So an every-second schedule back from a minute's outage enqueues one job under latest and
-none, not one per second of the grace window. Either way the schedule moves on to its first
-slot after now. A paused schedule is never fired (the due query leaves it out): resumed, it
+- latest: one job for the newest missed slot, the other missed slots skipped;
+- none: every missed slot is skipped;
+- all: every missed slot enqueues, oldest first, within the newest MAX_CATCH_UP due slots;
+and the slot on time, if any, enqueues under each. So an every-second schedule back from a
+minute's outage enqueues two jobs under latest (the newest missed slot, the current one) and
+one under none, not one per second of the grace window. Either way the schedule moves on to
+its first slot after now. A paused schedule is never fired (the due query leaves it out): resumed, it
 fires at its next slot, never a backlog.
 """
 
@@ -93,11 +94,12 @@ def plan_firing(schedule: Schedule, cron: Cron, now_us: int, grace_us: int) -> F
         next_run_at = cron.next_after(now_us)
     if not due:
         return Firing([], 0, next_run_at)
-    on_time = now_us - due[-1] <= grace_us
+    on_time = due[-1:] if now_us - due[-1] <= grace_us else []
+    missed = due[:len(due) - len(on_time)]
     if schedule.catch_up == CatchUp.ALL:
         slots = due
-    elif schedule.catch_up == CatchUp.LATEST or on_time:
-        slots = due[-1:]
+    elif schedule.catch_up == CatchUp.LATEST:
+        slots = missed[-1:] + on_time
     else:
-        slots = []
+        slots = on_time
     return Firing(slots, len(due) - len(slots), next_run_at)

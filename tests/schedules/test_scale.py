@@ -279,16 +279,20 @@ def _outage(app: Flask, admin: Key, clock: ManualClock, catch_up: str) -> tuple[
     return seconds.fire(), seconds
 
 
-@pytest.mark.parametrize("catch_up", ["latest", "none"])
-def test_catch_up_after_an_outage_of_60_slots_is_one_job(
-        every_second: Flask, admin: Key, clock: ManualClock, catch_up: str) -> None:
-    # latest: one job, for the newest slot. none: the missed slots are skipped; the newest
-    # is not missed but on time (0.4 s old, the grace is 60 s), so it alone enqueues.
+@pytest.mark.parametrize(("catch_up", "caught_up"), [
+    ("latest", ["2027-01-15T08:01:00Z"]), ("none", [])])
+def test_catch_up_after_an_outage_of_60_slots_coalesces(
+        every_second: Flask, admin: Key, clock: ManualClock, catch_up: str,
+        caught_up: list[str]) -> None:
+    # 08:01:01 is on time (0.4 s old, the grace is 60 s) and enqueues under both; the 59
+    # before it were missed (overtaken by newer slots, however young): latest enqueues one
+    # job for the newest of them, none skips them all.
     fired, seconds = _outage(every_second, admin, clock, catch_up)
-    assert fired == 1
-    assert seconds.slots() == ["2027-01-15T08:00:01Z", "2027-01-15T08:01:01Z"]
+    assert fired == 1 + len(caught_up)
+    assert seconds.slots() == ["2027-01-15T08:00:01Z", *caught_up, "2027-01-15T08:01:01Z"]
     text = seconds.client.get("/metrics", headers=admin.headers).get_data(as_text=True)
-    assert 'queuelog_schedule_skipped_slots_total{reason="missed"} 59.0' in text
+    skipped = 59 - len(caught_up)
+    assert f'queuelog_schedule_skipped_slots_total{{reason="missed"}} {skipped}.0' in text
 
 
 def test_catch_up_none_skips_a_newest_slot_past_the_grace(
