@@ -10,8 +10,8 @@ and follows the schedule's catch_up:
 and the slot on time, if any, enqueues under each. So an every-second schedule back from a
 minute's outage enqueues two jobs under latest (the newest missed slot, the current one) and
 one under none, not one per second of the grace window. Either way the schedule moves on to
-its first slot after now. A paused schedule is never fired (the due query leaves it out): resumed, it
-fires at its next slot, never a backlog.
+its first slot after now. A paused schedule is never fired (the due query leaves it out):
+resumed, it fires at its next slot, never a backlog.
 """
 
 from __future__ import annotations
