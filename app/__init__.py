@@ -69,7 +69,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     metrics = QueueMetrics.from_environment()
     app.extensions["queuelog"] = _build_services(app.config, on_event=metrics.count_job_event,
                                                  on_skip=metrics.count_flow_skip,
-                                                 on_fired=metrics.count_schedule_firing)
+                                                 on_fired=metrics)
     init_ops(app, metrics)  # first: its request hooks wrap every other
 
     register_error_handlers(app)

@@ -208,7 +208,7 @@ def schedules_list() -> None:
     """Every schedule: expression, zone, catch-up, paused, next and last slot."""
     click.echo(f"{'name':<24} {'cron':<16} {'timezone':<18} {'catch_up':<7} {'paused':<7} "
                f"{'next_run_at':<27}  last_run_at")
-    for schedule in _services().schedules.list_schedules():
+    for schedule in _services().schedules.every_schedule():
         click.echo(_schedule_line(schedule))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from typing import Any
 
 from flask import Response, request
@@ -40,14 +41,16 @@ def _is_lone_surrogate_text(text: str) -> bool:
     return False
 
 
-def _check_tree(body: Any, *, check_text: bool) -> None:
+def _check_tree(body: Any, *, check_text: bool, envelopes: Collection[str] = ()) -> None:
     """Refuse JSON nested deeper than MAX_JSON_DEPTH and, with `check_text`, any text holding
     an unpaired surrogate. Iterative: no body, however deep, can exhaust the stack here.
 
     Depth is counted per field. Each member of the body object starts a field, and so does
     each member of an object in a list that is a member of the body (a batch's
-    `jobs.3.payload`, complete-many's `items.0.result`): the API's own envelope does not
-    count against the JSON a client stores, and the error names the field that is too deep.
+    `jobs.3.payload`, complete-many's `items.0.result`), and each member of an object that
+    is a member of the body named in `envelopes` (a schedule's `job.payload`): the API's own
+    envelope does not count against the JSON a client stores, so one payload is accepted or
+    refused alike wherever it is sent, and the error names the field that is too deep.
     """
     # (container, field path, its level within the field, what its members are):
     # "fields" members start fields; "items" elements are objects whose members do.
@@ -72,7 +75,9 @@ def _check_tree(body: Any, *, check_text: bool) -> None:
         for key, child in members:
             if not isinstance(child, dict | list):
                 continue
-            if role == "fields":
+            if role == "fields" and level == 0 and key in envelopes and isinstance(child, dict):
+                stack.append((child, (key,), 0, "fields"))  # its members start fields
+            elif role == "fields":
                 stack.append((child, (*field, key), 1,
                               "items" if level == 0 and isinstance(child, list) else None))
             elif isinstance(child, dict):  # an item of a list of objects: its members are fields
@@ -99,9 +104,11 @@ def _lone_surrogate() -> ValidationFailed:
                             errors={"_body": ["Invalid Unicode."]})
 
 
-def parse_json(raw: bytes, *, field: str | None = None) -> Any:
+def parse_json(raw: bytes, envelopes: Collection[str] = (), *,
+               field: str | None = None) -> Any:
     """Strict JSON: UTF-8, no NaN or Infinity (nor numbers that overflow to it), no unpaired
-    surrogate escapes, nothing nested deeper than MAX_JSON_DEPTH within a field.
+    surrogate escapes, nothing nested deeper than MAX_JSON_DEPTH within a field (the members
+    of the body's objects named in `envelopes` are fields, as the body's own are).
 
     With `field`, `raw` is judged as the value of that field of a body: what a push receiver
     answers is the `result` a worker's complete would send, under the same rules."""
@@ -123,7 +130,8 @@ def parse_json(raw: bytes, *, field: str | None = None) -> Any:
     check_text = b"\\u" in raw
     if check_text or raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
         if isinstance(value, dict | list):
-            _check_tree(value if field is None else {field: value}, check_text=check_text)
+            _check_tree(value if field is None else {field: value}, check_text=check_text,
+                        envelopes=envelopes)
         elif check_text and isinstance(value, str) and _is_lone_surrogate_text(value):
             raise _lone_surrogate()
     return value
@@ -146,8 +154,8 @@ def _read_body() -> bytes:
     return raw
 
 
-def json_body() -> dict[str, Any]:
-    """The request's JSON object; an empty body counts as {}.
+def json_body(envelopes: Collection[str] = ()) -> dict[str, Any]:
+    """The request's JSON object; an empty body counts as {}. `envelopes`: see parse_json.
 
     415 for a non-JSON content type, 413 past MAX_CONTENT_LENGTH,
     422 for malformed JSON or a body that is not an object.
@@ -157,7 +165,7 @@ def json_body() -> dict[str, Any]:
         return {}
     if not request.is_json:
         raise UnsupportedMediaType("Send the body as application/json.")
-    value = parse_json(raw)
+    value = parse_json(raw, envelopes)
     if not isinstance(value, dict):
         raise ValidationFailed("The body must be a JSON object.",
                                errors={"_body": ["Must be a JSON object."]})
@@ -171,8 +179,10 @@ def no_content() -> Response:
     return response
 
 
-def load_body(schema: Schema) -> dict[str, Any]:
-    loaded: dict[str, Any] = schema.load(json_body())
+def load_body(schema: Schema, envelopes: Collection[str] = ()) -> dict[str, Any]:
+    """The body through `schema`; `envelopes` names the members that hold a body of their
+    own (a schedule's `job`: a POST /jobs body), whose members' JSON depth counts from there."""
+    loaded: dict[str, Any] = schema.load(json_body(envelopes))
     return loaded
 
 

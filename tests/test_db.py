@@ -228,7 +228,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0013"
+        assert current_revision(conn) == head_revision() == "0014"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
@@ -244,7 +244,7 @@ def test_postgres_tables_carry_the_storage_parameters_of_0011(empty_db_url, engi
     database = Database(make_engine(empty_db_url))
     if engine_name == "sqlite":
         with database.read() as conn:
-            assert current_revision(conn) == "0013"
+            assert current_revision(conn) == "0014"
         database.engine.dispose()
         return
     with database.read() as conn:
@@ -325,3 +325,35 @@ def test_sqlite_listing_a_workers_jobs_reads_the_partial_worker_index(sqlite_tem
     database.engine.dispose()
     assert any("USING INDEX ix_jobs_worker_id_id (worker_id=? AND id>?)" in row[-1]
                for row in plan), plan
+
+
+def test_schedules_due_index_migration_keeps_the_stored_schedules(empty_db_url):
+    """0014 on a database 0013 filled: the schedules stay as they were, the due query's index
+    is the active-first one, and the way down gives back the earlier index."""
+    upgrade(empty_db_url, "0013")
+    rows = [{"name": f"s-{n}", "cron": "* * * * *", "timezone": "UTC",
+             "job": '{"type":"email","payload":{}}', "catch_up": "latest", "paused": n == 1,
+             "next_run_at": 1_000_000 * n, "last_run_at": None, "last_job_id": None,
+             "created_at": 0, "updated_at": 0} for n in range(3)]
+    engine = make_engine(empty_db_url, pooled=False)
+    schedules_before = table("schedules", *map(column, rows[0]))
+    with engine.begin() as conn:
+        conn.execute(schedules_before.insert(), rows)
+
+    def indexes() -> set[str]:
+        with engine.connect() as conn:
+            return set(conn.execute(text(
+                "SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='schedules'"
+                if engine.dialect.name == "sqlite" else
+                "SELECT indexname FROM pg_indexes WHERE tablename='schedules'")).scalars())
+
+    upgrade(empty_db_url)
+    with engine.connect() as conn:
+        kept = conn.execute(text("SELECT name, paused, next_run_at FROM schedules "
+                                 "ORDER BY name")).all()
+    assert [(name, bool(paused), at) for name, paused, at in kept] == [
+        ("s-0", False, 0), ("s-1", True, 1_000_000), ("s-2", False, 2_000_000)]
+    assert "ix_schedules_due" in indexes() and "ix_schedules_next_run_at" not in indexes()
+    command.downgrade(alembic_config(empty_db_url), "0013")
+    assert "ix_schedules_next_run_at" in indexes() and "ix_schedules_due" not in indexes()
+    engine.dispose()

@@ -68,13 +68,15 @@ class HistoryRecorder:
             repo.add_events(rows)
 
     def enqueued(self, conn: Connection, jobs: Sequence[Job], *,
-                 actor: str | None = None) -> None:
+                 actor: str | None = None, actors: Sequence[str] | None = None) -> None:
         """Record new jobs: one multi-row INSERT for a batch. The actor is the producer
-        unless told (a schedule's jobs: `schedule:<name>`)."""
+        unless told: `actor` for all, or `actors` one per job (schedules' jobs:
+        `schedule:<name>`)."""
         if self.events and jobs:
+            who = actors or [actor or job.producer for job in jobs]
             HistoryRepository(conn).add_events([
                 {"job_id": job.id, "at": job.created_at, "event": EventName.ENQUEUED.value,
-                 "actor": actor or job.producer, "detail": None} for job in jobs])
+                 "actor": name, "detail": None} for job, name in zip(jobs, who, strict=True)])
 
     def deduplicated(self, conn: Connection, jobs: Sequence[Job], *, actor: str,
                      now_us: int) -> None:

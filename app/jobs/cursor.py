@@ -1,4 +1,5 @@
-"""The opaque cursor of GET /jobs: the last id a page showed, versioned and encoded."""
+"""The opaque cursors of the listings: the last id (GET /jobs) or name (GET /schedules) a page
+showed, versioned and encoded."""
 
 from __future__ import annotations
 
@@ -26,6 +27,24 @@ def decode_cursor(cursor: str) -> int:
                 or int(last_id) > MAX_JOB_ID):
             raise ValueError(cursor)
         return int(last_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise ValidationFailed("The cursor is not one this service issued.",
+                               errors={"cursor": ["Invalid cursor."]}) from None
+
+
+def encode_name_cursor(last_name: str) -> str:
+    return base64.urlsafe_b64encode(f"n1:{last_name}".encode()).decode().rstrip("=")
+
+
+def decode_name_cursor(cursor: str, valid: re.Pattern[str]) -> str:
+    """The last name a page showed, which `valid` matches; ValidationFailed for a cursor this
+    service did not issue."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        version, _, last_name = text.partition(":")
+        if version != "n1" or not valid.match(last_name):
+            raise ValueError(cursor)
+        return last_name
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise ValidationFailed("The cursor is not one this service issued.",
                                errors={"cursor": ["Invalid cursor."]}) from None

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
@@ -34,6 +35,8 @@ MAX_BULK_JOBS = 10_000
 DEFAULT_BULK_JOBS = 1000
 # A page of GET /jobs stops short of `limit` jobs rather than pass this many bytes of JSON.
 MAX_PAGE_BYTES = 4 * 1024 * 1024
+
+T = TypeVar("T")
 
 MAX_TYPE_CHARS = 100
 MAX_KEY_CHARS = 255
@@ -244,12 +247,17 @@ class EnqueueSchema(StrictSchema):
             raise ValidationError("Give run_at or delay_seconds, not both.", "delay_seconds")
 
 
-class ListQuerySchema(StrictSchema):
+class PageQuerySchema(StrictSchema):
+    """The paging of every listing (GET /jobs, GET /schedules): one rule for limit and cursor."""
+
+    limit = QueryInteger(load_default=50, validate=validate.Range(1, 500))
+    cursor = _non_empty_text(200)
+
+
+class ListQuerySchema(PageQuerySchema):
     status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]),
                            metadata={"example": "pending"})
     type = _non_empty_text(100)
-    limit = QueryInteger(load_default=50, validate=validate.Range(1, 500))
-    cursor = _non_empty_text(200)
 
 
 class GetJobQuerySchema(StrictSchema):
@@ -437,17 +445,28 @@ def _compact(value: Any) -> bytes:
 
 def render_job_page(page: list[Job], next_cursor: str | None, *, show_error: bool,
                     max_bytes: int = MAX_PAGE_BYTES) -> bytes:
-    """GET /jobs's body (JobListSchema): the page's jobs in order while they fit in
-    `max_bytes`. A page cut short by size carries the cursor after its last job. It always
-    holds its first job, so that listing moves on even past a job larger than the budget."""
+    """GET /jobs's body (JobListSchema), cut to `max_bytes` as render_page says."""
+    return render_page("jobs", page, lambda job: represent(job, show_error=show_error),
+                       lambda job: encode_cursor(job.id), next_cursor,
+                       longest_cursor=encode_cursor(MAX_JOB_ID), max_bytes=max_bytes)
+
+
+def render_page(name: str, page: Sequence[T], shown: Callable[[T], Any],
+                cursor_after: Callable[[T], str], next_cursor: str | None, *,
+                longest_cursor: str, max_bytes: int = MAX_PAGE_BYTES) -> bytes:
+    """A listing's body, `{"<name>": [...], "next_cursor": …}`: the page's items in order
+    while they fit in `max_bytes`. A page cut short by size carries the cursor after its last
+    item. It always holds its first item, so that listing moves on even past an item larger
+    than the budget."""
     parts: list[bytes] = []
-    size = len(b'{"jobs":[],"next_cursor":}') + len(_compact(encode_cursor(MAX_JOB_ID)))
-    for position, job in enumerate(page):
-        part = _compact(represent(job, show_error=show_error))
+    envelope = b'{"' + name.encode() + b'":[],"next_cursor":}'
+    size = len(envelope) + len(_compact(longest_cursor))
+    for position, item in enumerate(page):
+        part = _compact(shown(item))
         size += len(part) + (1 if parts else 0)
         if parts and size > max_bytes:
-            next_cursor = encode_cursor(page[position - 1].id)
+            next_cursor = cursor_after(page[position - 1])
             break
         parts.append(part)
-    return b"".join([b'{"jobs":[', b",".join(parts), b'],"next_cursor":',
+    return b"".join([b'{"', name.encode(), b'":[', b",".join(parts), b'],"next_cursor":',
                      _compact(next_cursor), b"}"])

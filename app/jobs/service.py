@@ -11,7 +11,7 @@ import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
@@ -262,6 +262,8 @@ class JobService:
         job already (the unique index said so). A unique twin is met as on POST /jobs."""
         try:
             outcome = self._insert_or_meet(JobRepository(conn), new, actor=actor)
+        except UniqueConflict:
+            raise  # the template's unique twin refused the job: the caller says so
         except Conflict:
             # Nothing stood in the way but the (schedule, scheduled_for) index: the slot's job
             # exists, enqueued by another process or host.
@@ -269,6 +271,44 @@ class JobService:
         if outcome.created:
             events["enqueued"] += 1
         return outcome
+
+    def enqueue_slots_in(self, conn: Connection, events: Events,
+                         items: Sequence[tuple[NewJob, str]]
+                         ) -> list[Enqueued | UniqueConflict | None]:
+        """Store schedule slots' jobs (each built by new_job, with its actor) inside the
+        caller's write transaction, set-wise: the jobs without a unique or idempotency key in
+        one INSERT and one history INSERT. Per item, in order: what it made; None when its
+        slot has its job already; the UniqueConflict its unique twin answered (reject).
+
+        Should a slot's job exist after all (a process firing otherwise than by locking the
+        schedule rows, say during an upgrade), the one INSERT is undone and every item goes
+        through enqueue_in, where the unique index answers for each."""
+        results: list[Enqueued | UniqueConflict | None] = [None] * len(items)
+        plain = [position for position, (new, _actor) in enumerate(items)
+                 if new.unique is None and new.values["idempotency_key"] is None]
+        chosen = set(plain)
+        one_by_one = [position for position in range(len(items)) if position not in chosen]
+        if plain:
+            repo = JobRepository(conn)
+            try:
+                with conn.begin_nested():
+                    inserted = repo.insert_jobs([items[position][0].values
+                                                 for position in plain])
+            except IntegrityError:
+                one_by_one = list(range(len(items)))
+            else:
+                self.history.enqueued(conn, inserted,
+                                      actors=[items[position][1] for position in plain])
+                events["enqueued"] += len(inserted)
+                for position, job in zip(plain, inserted, strict=True):
+                    results[position] = Enqueued(job)
+        for position in one_by_one:
+            new, actor = items[position]
+            try:
+                results[position] = self.enqueue_in(conn, events, new, actor=actor)
+            except UniqueConflict as refused:
+                results[position] = refused
+        return results
 
     def write(self, work: Callable[[Connection, Events], T]) -> T:
         """Run `work` in a write transaction of the job service (see `_write`); for other

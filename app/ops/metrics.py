@@ -79,10 +79,20 @@ class QueueMetrics:
             "by its flow control, by type and reason (paused, max_running, rate, "
             "max_running_per_key).",
             ("type", "reason"), registry=owner)
+        # No per-schedule label: names come and go without bound (10,000 schedules, created
+        # and deleted by scripts), and in multiprocess mode a series, once in a worker's
+        # file, outlives its schedule until that file goes. Each schedule's own last_run_at
+        # and last_job_id are in GET /schedules.
         self._schedule_firings = Counter(
             "queuelog_schedule_firings",
-            "Jobs enqueued by schedules, by schedule (each slot once, across processes).",
-            ("schedule",), registry=owner)
+            "Jobs enqueued by schedules (each slot once, across processes).",
+            registry=owner)
+        self._schedule_skips = Counter(
+            "queuelog_schedule_skipped_slots",
+            "Due schedule slots that enqueued no job, by reason: missed (catch_up latest or "
+            "none passed over it), unique (the job's unique key was held), invalid (the "
+            "job template no longer loads or validates).",
+            ("reason",), registry=owner)
         self._schedule_lateness = Histogram(
             "queuelog_schedule_lateness_seconds",
             "Seconds from a schedule's slot to the enqueue of its job (catch-up jobs "
@@ -113,11 +123,16 @@ class QueueMetrics:
         the label values are bounded."""
         self._flow_skips.labels(job_type, reason).inc()
 
-    def count_schedule_firing(self, schedule: str, lateness_seconds: float) -> None:
-        """The schedule service's firing sink: one job enqueued for a slot, this late.
-        Schedules are created by admins: the label values are bounded."""
-        self._schedule_firings.labels(schedule).inc()
+    def count_schedule_firing(self, lateness_seconds: float) -> None:
+        """The schedule service's firing sink: one job enqueued for a slot, this late."""
+        self._schedule_firings.inc()
         self._schedule_lateness.observe(lateness_seconds)
+
+    def count_schedule_skip(self, reason: str, count: int) -> None:
+        """The schedule service's sink of skipped slots; reasons are three constants
+        (app/schedules/service.py): the label values are bounded."""
+        if count > 0:
+            self._schedule_skips.labels(reason).inc(count)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         if method not in KNOWN_METHODS:

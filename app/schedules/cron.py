@@ -12,6 +12,7 @@ minute or hour follows real time through the change.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -136,16 +137,7 @@ class Cron:
 
     def next_after(self, after_us: int) -> int:
         """The first slot strictly after `after_us`."""
-        candidates = CronSim(self.expression, _local(after_us, self.zone))
-        for steps, candidate in enumerate(candidates):
-            slot = _micros(candidate)
-            # A time that occurs twice is given at its first occurrence: searching from inside
-            # the repeated hour may hand back an instant already past, never fired again.
-            if slot > after_us:
-                return slot
-            if steps >= _MAX_STEPS:
-                break
-        raise CronError("the expression gives no slot after now")
+        return _next_after(self.expression, self.zone, after_us)
 
     def slots_between(self, since_us: int, until_us: int, limit: int) -> list[int]:
         """The newest `limit` slots in [since_us, until_us], oldest first. `since_us` is
@@ -165,3 +157,19 @@ class Cron:
         if since_us not in found and len(found) < limit:
             found.append(since_us)
         return sorted(found)
+
+
+# At a minute's boundary thousands of schedules share an expression, a zone and the slot just
+# due: their next slot is walked once, not once each (the walk is pure).
+@functools.lru_cache(maxsize=8192)
+def _next_after(expression: str, zone: ZoneInfo, after_us: int) -> int:
+    candidates = CronSim(expression, _local(after_us, zone))
+    for steps, candidate in enumerate(candidates):
+        slot = _micros(candidate)
+        # A time that occurs twice is given at its first occurrence: searching from inside
+        # the repeated hour may hand back an instant already past, never fired again.
+        if slot > after_us:
+            return slot
+        if steps >= _MAX_STEPS:
+            break
+    raise CronError("the expression gives no slot after now")

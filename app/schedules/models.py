@@ -1,13 +1,17 @@
 """The schedule record and the rule of a firing: which due slots enqueue a job. Pure.
 
-A slot is due once the clock reaches it. A due slot at most `grace` old is simply late (a
-tick, a busy database) and always enqueues; an older one was missed (no server process ran,
-or the database was down) and follows the schedule's catch_up:
-- latest: the newest missed slot enqueues, the others are skipped;
+A slot is due once the clock reaches it. Only the newest due slot can be on time: a slot
+that a newer one has overtaken, or one more than `grace` old (a tick, a busy database make
+a slot late, not that late), was missed (no server process ran, or the database was down)
+and follows the schedule's catch_up:
+- latest: one job for the newest missed slot, the other missed slots skipped;
 - none: every missed slot is skipped;
-- all: every missed slot enqueues, oldest first, within the newest MAX_CATCH_UP due slots.
-A paused schedule skips every due slot. Either way the schedule moves on to its first slot
-after now: a resumed schedule fires at its next slot, never a backlog.
+- all: every missed slot enqueues, oldest first, within the newest MAX_CATCH_UP due slots;
+and the slot on time, if any, enqueues under each. So an every-second schedule back from a
+minute's outage enqueues two jobs under latest (the newest missed slot, the current one) and
+one under none, not one per second of the grace window. Either way the schedule moves on to
+its first slot after now. A paused schedule is never fired (the due query leaves it out):
+resumed, it fires at its next slot, never a backlog.
 """
 
 from __future__ import annotations
@@ -81,17 +85,21 @@ class Firing:
 
 def plan_firing(schedule: Schedule, cron: Cron, now_us: int, grace_us: int) -> Firing:
     """The firing of `schedule` at `now_us`, its next_run_at being due."""
-    due = cron.slots_between(schedule.next_run_at, now_us, MAX_CATCH_UP)
-    next_run_at = cron.next_after(now_us)
-    if schedule.paused:
-        return Firing([], len(due), next_run_at)
-    late = [slot for slot in due if now_us - slot <= grace_us]
-    missed = [slot for slot in due if now_us - slot > grace_us]
-    if schedule.catch_up == CatchUp.ALL:
-        kept = missed
-    elif schedule.catch_up == CatchUp.LATEST:
-        kept = missed[-1:]
+    following = cron.next_after(schedule.next_run_at)
+    if following > now_us:
+        # The common firing: only next_run_at itself is due (one cron walk, not two).
+        due, next_run_at = [schedule.next_run_at], following
     else:
-        kept = []
-    slots = kept + late
+        due = cron.slots_between(schedule.next_run_at, now_us, MAX_CATCH_UP)
+        next_run_at = cron.next_after(now_us)
+    if not due:
+        return Firing([], 0, next_run_at)
+    on_time = due[-1:] if now_us - due[-1] <= grace_us else []
+    missed = due[:len(due) - len(on_time)]
+    if schedule.catch_up == CatchUp.ALL:
+        slots = due
+    elif schedule.catch_up == CatchUp.LATEST:
+        slots = missed[-1:] + on_time
+    else:
+        slots = on_time
     return Firing(slots, len(due) - len(slots), next_run_at)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, false, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.db import schedules
@@ -38,38 +38,60 @@ class ScheduleRepository:
         row = self.conn.execute(select(schedules).where(schedules.c.name == name)).first()
         return None if row is None else _schedule(row)
 
-    def list_schedules(self) -> list[Schedule]:
-        return [_schedule(row) for row in
-                self.conn.execute(select(schedules).order_by(schedules.c.name))]
-
-    def find_due(self, now_us: int, limit: int) -> list[Schedule]:
-        """Schedules whose next slot has come, the most overdue first."""
-        stmt = (select(schedules).where(schedules.c.next_run_at <= now_us)
-                .order_by(schedules.c.next_run_at, schedules.c.name).limit(limit))
+    def list_schedules(self, *, after_name: str | None, limit: int) -> list[Schedule]:
+        """Up to `limit` schedules by name, after `after_name` (a page's cursor)."""
+        stmt = select(schedules).order_by(schedules.c.name).limit(limit)
+        if after_name is not None:
+            stmt = stmt.where(schedules.c.name > after_name)
         return [_schedule(row) for row in self.conn.execute(stmt)]
+
+    def has_due(self, now_us: int, passing_over: Collection[str] = ()) -> bool:
+        """Whether any active schedule's next slot has come: one index probe, so that a tick
+        with nothing due opens no write transaction."""
+        stmt = (select(schedules.c.name).where(*_due(now_us, passing_over))
+                .order_by(schedules.c.next_run_at, schedules.c.name).limit(1))
+        return self.conn.execute(stmt).first() is not None
+
+    def take_due(self, now_us: int, limit: int, passing_over: Collection[str] = ()
+                 ) -> list[Schedule]:
+        """Up to `limit` active schedules whose next slot has come, the most overdue first,
+        held for the rest of this write transaction.
+
+        On PostgreSQL the rows are locked, and rows another process or host holds are
+        skipped (SKIP LOCKED): each takes a batch of its own, none waits on another, and a
+        row is never fired twice (a racer that reads it after the holder's commit finds its
+        next_run_at moved on). SQLite runs one writer at a time: the write lock holds them."""
+        stmt = (select(schedules).where(*_due(now_us, passing_over))
+                .order_by(schedules.c.next_run_at, schedules.c.name).limit(limit))
+        if self.conn.dialect.name == "postgresql":
+            stmt = stmt.with_for_update(skip_locked=True)
+        return [_schedule(row) for row in self.conn.execute(stmt)]
+
+    def move_on(self, moves: Sequence[Mapping[str, Any]]) -> None:
+        """Set next_run_at, last_run_at and last_job_id of the schedules taken (each move:
+        name, next_run_at, last_run_at, last_job_id): one statement for the batch."""
+        if not moves:
+            return
+        self.conn.execute(
+            update(schedules).where(schedules.c.name == bindparam("b_name"))
+            .values(next_run_at=bindparam("b_next_run_at"),
+                    last_run_at=bindparam("b_last_run_at"),
+                    last_job_id=bindparam("b_last_job_id")),
+            [{f"b_{key}": value for key, value in move.items()} for move in moves])
 
     def update_schedule(self, name: str, values: Mapping[str, Any]) -> Schedule | None:
         row = self.conn.execute(update(schedules).where(schedules.c.name == name)
                                 .values(**values).returning(*schedules.c)).first()
         return None if row is None else _schedule(row)
 
-    def take_due_slot(self, name: str, seen_next_run_at: int, next_run_at: int) -> bool:
-        """Move the schedule on from the slot this process saw due: True for the one
-        transaction that does; False when another process (or an edit) moved it first.
-
-        The conditional UPDATE is the race's referee: on PostgreSQL it takes the row's lock,
-        and a racer waiting on that lock finds, once the winner commits, that next_run_at is
-        no longer the value it saw; SQLite runs one writer at a time."""
-        result = self.conn.execute(
-            update(schedules)
-            .where(schedules.c.name == name, schedules.c.next_run_at == seen_next_run_at)
-            .values(next_run_at=next_run_at))
-        return result.rowcount == 1
-
-    def record_fired(self, name: str, last_run_at: int, last_job_id: int) -> None:
-        self.conn.execute(update(schedules).where(schedules.c.name == name)
-                          .values(last_run_at=last_run_at, last_job_id=last_job_id))
-
     def delete_schedule(self, name: str) -> bool:
         return self.conn.execute(
             delete(schedules).where(schedules.c.name == name)).rowcount == 1
+
+
+def _due(now_us: int, passing_over: Collection[str]) -> list[Any]:
+    # `paused` leads ix_schedules_due: the paused schedules are never read here.
+    due = [schedules.c.paused == false(), schedules.c.next_run_at <= now_us]
+    if passing_over:  # the few schedules whose zone this process cannot read
+        due.append(schedules.c.name.not_in(sorted(passing_over)))
+    return due

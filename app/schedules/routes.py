@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, jsonify, url_for
+from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.auth import require_roles
-from app.http import load_body, no_content, refuse_query_parameters
+from app.http import load_body, load_query, no_content, refuse_query_parameters
+from app.jobs.schemas import PageQuerySchema
 from app.keys.models import Role
 from app.openapi import Reply, documented
 from app.schedules.schemas import (
@@ -13,6 +14,7 @@ from app.schedules.schemas import (
     ScheduleListSchema,
     SchedulePatchSchema,
     ScheduleSchema,
+    render_schedule_page,
     represent_schedule,
 )
 from app.schedules.service import ScheduleService
@@ -21,8 +23,16 @@ bp = Blueprint("schedules", __name__)
 
 _create_schema = ScheduleCreateSchema()
 _patch_schema = SchedulePatchSchema()
+_page_schema = PageQuerySchema()
+# `job` is a POST /jobs body: its payload's depth is counted as POST /jobs counts it.
+TEMPLATE_ENVELOPE = ("job",)
 
-bp.before_request(refuse_query_parameters)
+
+@bp.before_request
+def _refuse_query_parameters() -> None:
+    # Only the listing pages (limit, cursor); every other route takes none.
+    if request.endpoint != "schedules.list_schedules":
+        refuse_query_parameters()
 
 
 def _service() -> ScheduleService:
@@ -37,7 +47,7 @@ def _service() -> ScheduleService:
             errors=[409])
 @require_roles(Role.ADMIN)
 def create_schedule() -> Response:
-    schedule = _service().create_schedule(load_body(_create_schema))
+    schedule = _service().create_schedule(load_body(_create_schema, TEMPLATE_ENVELOPE))
     response = jsonify(represent_schedule(schedule))
     response.status_code = 201
     response.headers["Location"] = url_for("schedules.get_schedule", name=schedule.name)
@@ -45,11 +55,16 @@ def create_schedule() -> Response:
 
 
 @bp.get("/schedules")
-@documented("Every schedule, by name.",
-            replies=[Reply(200, "The schedules.", ScheduleListSchema)])
+@documented("List the schedules, by name, a page at a time (as GET /jobs pages).",
+            query=PageQuerySchema,
+            replies=[Reply(200, "A page of schedules and the cursor of the next page.",
+                           ScheduleListSchema)])
 @require_roles(Role.ADMIN)
 def list_schedules() -> Response:
-    return jsonify({"schedules": [represent_schedule(s) for s in _service().list_schedules()]})
+    query = load_query(_page_schema)
+    page, next_cursor = _service().list_schedules(limit=query["limit"],
+                                                  cursor=query.get("cursor"))
+    return Response(render_schedule_page(page, next_cursor), mimetype="application/json")
 
 
 @bp.get("/schedules/<name>")
@@ -66,7 +81,7 @@ def get_schedule(name: str) -> Response:
             replies=[Reply(200, "The schedule as changed.", ScheduleSchema)], errors=[404])
 @require_roles(Role.ADMIN)
 def update_schedule(name: str) -> Response:
-    body = load_body(_patch_schema)
+    body = load_body(_patch_schema, TEMPLATE_ENVELOPE)
     return jsonify(represent_schedule(_service().update_schedule(name, body)))
 
 

@@ -8,8 +8,9 @@ from typing import Any, ClassVar
 from marshmallow import Schema, fields, validate
 
 from app.clock import to_rfc3339
+from app.jobs.cursor import encode_name_cursor
 from app.jobs.models import Priority
-from app.jobs.schemas import EnqueueSchema, StrictSchema
+from app.jobs.schemas import EnqueueSchema, StrictSchema, render_page
 from app.schedules.models import CatchUp, Schedule
 from app.types.schemas import StrictBoolean
 
@@ -90,6 +91,7 @@ class ScheduleSchema(Schema):
 
 class ScheduleListSchema(Schema):
     schedules = fields.List(fields.Nested(ScheduleSchema), required=True)
+    next_cursor = fields.String(required=True, allow_none=True)
 
 
 def template_json(template: dict[str, Any]) -> str:
@@ -115,3 +117,11 @@ def represent_schedule(schedule: Schedule) -> dict[str, Any]:
         "created_at": to_rfc3339(schedule.created_at),
         "updated_at": to_rfc3339(schedule.updated_at),
     }
+
+
+def render_schedule_page(page: list[Schedule], next_cursor: str | None) -> bytes:
+    """GET /schedules's body (ScheduleListSchema), cut to GET /jobs's byte budget as
+    render_page says (a template may hold a payload up to the payload limit)."""
+    return render_page("schedules", page, represent_schedule,
+                       lambda schedule: encode_name_cursor(schedule.name), next_cursor,
+                       longest_cursor=encode_name_cursor("x" * 100))

@@ -45,6 +45,7 @@ SECTIONS = (("ui.overview", "Overview"), ("ui.jobs", "Jobs"), ("ui.types", "Type
             ("ui.schedules", "Schedules"))
 JOBS_PER_PAGE = 50
 _bulk_schema = BulkSchema()
+SCHEDULES_PER_PAGE = JOBS_PER_PAGE
 _OPEN = frozenset({"ui.sign_in", "ui.static"})
 
 
@@ -149,7 +150,7 @@ def overview() -> tuple[str, int]:
     services = _services()
     return _page("overview.html",
                  types=[represent_type(view) for view in services.types.list_types()],
-                 schedules=_schedules_shown(),
+                 **_schedules_shown(),
                  workers=[represent_worker(worker) for worker in services.history.workers()])
 
 
@@ -328,11 +329,15 @@ def _act(action: Any, done: str, then: str) -> Response:
 
 @bp.get("/schedules")
 def schedules() -> tuple[str, int]:
-    return _page("schedules.html", schedules=_schedules_shown())
+    # A cursor this service did not issue is a Problem: answered by the error page (422).
+    return _page("schedules.html", **_schedules_shown(request.args.get("cursor") or None))
 
 
-def _schedules_shown() -> list[dict[str, Any]]:
-    return [represent_schedule(s) for s in _services().schedules.list_schedules()]
+def _schedules_shown(cursor: str | None = None) -> dict[str, Any]:
+    """A page of schedules (the first, or the one after `cursor`) and the next page's cursor."""
+    page, next_cursor = _services().schedules.list_schedules(limit=SCHEDULES_PER_PAGE,
+                                                             cursor=cursor)
+    return {"schedules": [represent_schedule(s) for s in page], "next_cursor": next_cursor}
 
 
 @bp.post("/schedules/<name>/pause")

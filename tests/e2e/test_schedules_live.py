@@ -131,14 +131,18 @@ def test_a_server_killed_across_slots_catches_up_as_told_and_never_twice(
     assert slots[:len(before)] == before
     counts = Counter(slot for slot, _ in slots)
     assert [slot for slot, n in counts.items() if n > 1] == []
-    missed = [slot for slot, created in slots if created - slot > grace * SECOND]
     after = [slot for slot, _ in slots[len(before):]]
+    made = [created for _, created in slots[len(before):]]
     # Slots passed while no server ran: some have no job.
     assert after[0] - before[-1][0] > SECOND
     if catch_up == "latest":
-        # One job for the newest missed slot; from it on, every slot.
-        assert len(missed) == 1
-        assert missed[0] == after[0]
+        # The first firing after the restart: one job for the newest missed slot and one for
+        # the slot on time, enqueued together; none for the slots before them.
+        assert made[0] == made[1] and after[1] == after[0] + SECOND
+        assert made[2] != made[1]
     else:
-        assert missed == []
+        # Only the slot on time: nothing enqueued for a missed one.
+        assert made[0] != made[1]
+        assert made[0] - after[0] <= grace * SECOND
+    # From the first slot after the restart on, every slot.
     assert after == list(range(after[0], after[-1] + SECOND, SECOND))
