@@ -460,7 +460,15 @@ def serve(database_url: str | None, gunicorn_args: tuple[str, ...]) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def worker(args: tuple[str, ...]) -> None:
     """Run jobs with a Python handler: queuelog worker --url URL --handler m:f (see --help)."""
-    from queuelog_client.cli import main as worker_main
+    try:
+        from queuelog_client.cli import main as worker_main
+    except ModuleNotFoundError:
+        # queuelog ships queuelog_client; it goes missing when a queuelog-client installed
+        # over it (the same files) is uninstalled again.
+        raise click.ClickException(
+            "the worker runner (the queuelog_client package, shipped with queuelog) is not "
+            "installed here: reinstall queuelog, or install the client (pip install ./client)"
+        ) from None
 
     raise SystemExit(worker_main(list(args), prog="queuelog worker"))
 
