@@ -10,6 +10,7 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import venv
 import zipfile
@@ -43,10 +44,13 @@ def test_the_server_and_the_client_share_one_version_and_the_server_needs_no_cli
 @pytest.mark.skipif(not Path(sys.executable).with_name("queuelog").exists(),
                     reason="needs queuelog installed in this venv (scripts/test.sh)")
 def test_the_installed_server_ships_the_client_package() -> None:
-    shipped = {str(f) for f in importlib.metadata.files("queuelog") or []}
+    # The installed distribution's record, not the checkout's queuelog.egg-info (the current
+    # directory is on sys.path too).
+    (installed,) = importlib.metadata.distributions(
+        name="queuelog", path=[sysconfig.get_paths()["purelib"]])
+    shipped = {str(f) for f in installed.files or []}
     assert set(CLIENT_MODULES) <= shipped
-    assert not [r for r in importlib.metadata.requires("queuelog") or []
-                if r.startswith("queuelog-client")]
+    assert not [r for r in installed.requires or [] if r.startswith("queuelog-client")]
 
 
 @pytest.fixture(scope="module")
