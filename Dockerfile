@@ -3,7 +3,7 @@
 # The image installs wheels built beforehand on the host, so its build needs no package index
 # (only the base image): with a Python of the image's version (3.11) on the same architecture,
 #
-#   pip wheel --wheel-dir wheels ./client .
+#   pip wheel --wheel-dir wheels .
 #   docker build -t queuelog .
 #   docker run -d --name queuelog -p 8000:8000 -v queuelog-data:/var/lib/queuelog \
 #       -e QUEUELOG_JOB_TYPES=email,pdf --stop-timeout 40 queuelog
@@ -23,8 +23,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # A virtual environment, so that the same steps work on the python image and on a Debian
 # base (whose python3 refuses installs into the system's site-packages). A plain install of
-# the server and its client from the wheels alone: the Alembic scripts travel in the
-# server's wheel as data files, so `queuelog db upgrade` works from any directory.
+# the server from the wheels alone: the client's package, the gunicorn settings
+# (queuelog_gunicorn/conf.py) and the Alembic scripts travel in the server's wheel, so
+# `queuelog db upgrade` and `queuelog serve` work from any directory.
 COPY wheels/ /tmp/wheels/
 RUN python3 -m venv /opt/queuelog \
     && pip install --no-index --find-links /tmp/wheels queuelog \
@@ -39,7 +40,6 @@ RUN groupadd --system --gid 10001 queuelog \
     && chown queuelog:queuelog /var/lib/queuelog
 
 WORKDIR /srv/queuelog
-COPY wsgi.py gunicorn.conf.py ./
 COPY docker/entrypoint.sh docker/healthcheck.py ./
 
 # The URL is set here, not only derived by the entry script, so that `docker exec … queuelog

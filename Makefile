@@ -21,4 +21,4 @@ bench: .venv-bench/bin/python
 
 .venv-bench/bin/python:
 	python3 -m venv .venv-bench
-	.venv-bench/bin/python -m pip install --quiet ./client ".[bench]"
+	.venv-bench/bin/python -m pip install --quiet ".[bench]"

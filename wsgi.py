@@ -1,5 +1,2 @@
-from app import create_app, start_scheduler, warn_about_configuration
-
-app = create_app()
-warn_about_configuration(app)
-start_scheduler(app)
+# `gunicorn wsgi:app` from a checkout serves the same app as `queuelog serve` (app/wsgi.py).
+from app.wsgi import app  # noqa: F401

@@ -1,15 +1,21 @@
-"""The operator's commands: `queuelog db …`, `queuelog keys …`, `queuelog types …`,
-`queuelog schedules …`, `queuelog purge`, `queuelog copy`, `queuelog backup`,
-`queuelog dispatch` (push delivery), and the worker runner
-`queuelog worker …` (from the client package).
+"""The operator's commands: `queuelog serve` (gunicorn with the shipped settings),
+`queuelog db …`, `queuelog keys …`, `queuelog types …`, `queuelog schedules …`,
+`queuelog purge`, `queuelog copy`, `queuelog backup`, `queuelog dispatch` (push delivery),
+and the worker runner `queuelog worker …` (the client's package, shipped in this
+distribution).
 
 `queuelog` is a Flask CLI group over the app factory, so `flask --app app …` works the same.
+A mistake with the database (a URL queuelog cannot use, a file that is not there, a schema
+not migrated, a server that refuses) is one line on stderr, never a traceback: the group's
+invoke below is the one place that turns them into messages (their wording: app/db.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -17,8 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from flask import Flask, current_app
-from flask.cli import AppGroup, FlaskGroup, with_appcontext
+from flask.cli import AppGroup, FlaskGroup, ScriptInfo, with_appcontext
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
+from app.db import DatabaseSetupError, explain_database_error, shown_url, sqlite_path
 from app.errors import NotFound, Problem
 from app.jobs.models import TERMINAL_STATUSES, Priority
 from app.keys.models import Role
@@ -43,8 +52,39 @@ def parse_duration(text: str) -> int:
 
 
 def _services() -> Services:
+    """The app's services, once the database is known to be there and migrated (checked once
+    per process): a command never runs its statements, or prints a table's header, against a
+    database it cannot use."""
     services: Services = current_app.extensions["queuelog"]
+    if not current_app.extensions.get("queuelog_cli_database_checked"):
+        require_migrated_database(current_app.config["DATABASE_URL"], services.db.engine)
+        current_app.extensions["queuelog_cli_database_checked"] = True
     return services
+
+
+def require_migrated_database(url: str, engine: Engine) -> None:
+    """Refuse, in one line, a SQLite file that is not there (a mistyped path would otherwise
+    be created empty by the first connection) and a database whose schema is not this
+    queuelog's. Only `db upgrade` creates and migrates."""
+    from app.migrations import current_revision, head_revision
+
+    path = sqlite_path(url)
+    if path is not None and not os.path.isfile(path):
+        raise click.ClickException(
+            f"no SQLite database at {path}: create it there with `queuelog db upgrade`, or "
+            "name the one you meant in QUEUELOG_DATABASE_URL")
+    with engine.connect() as connection:
+        current = current_revision(connection)
+    head = head_revision()
+    if current == head:
+        return
+    if current is None:
+        raise click.ClickException(
+            f"the database {shown_url(url)} has no queuelog tables: run `queuelog db upgrade` "
+            "first")
+    raise click.ClickException(
+        f"the database {shown_url(url)} is at schema revision {current}, this queuelog's is "
+        f"{head}: run `queuelog db upgrade` (or use the release that migrated it)")
 
 
 # AppGroup (and with_appcontext on purge): the commands use current_app, and only the
@@ -57,9 +97,22 @@ db_group = AppGroup("db", help="Manage the database schema.")
 @click.argument("revision", default="head")
 def db_upgrade(revision: str) -> None:
     """Apply Alembic migrations to QUEUELOG_DATABASE_URL (default: to the newest)."""
+    from alembic.util import CommandError
+
     from app.migrations import upgrade
 
-    upgrade(current_app.config["DATABASE_URL"], revision)
+    url = current_app.config["DATABASE_URL"]
+    path = sqlite_path(url)
+    if path is not None and not os.path.isdir(os.path.dirname(path)):
+        raise click.ClickException(
+            f"cannot create the SQLite database {path}: its directory does not exist; create "
+            "it, or name another file in QUEUELOG_DATABASE_URL")
+    try:
+        upgrade(url, revision)
+    except CommandError as exc:  # an unknown revision, chiefly
+        raise click.ClickException(
+            f"cannot upgrade to {revision!r}: {exc}; give `head` (the default) or a revision "
+            "id from alembic/versions") from None
     click.echo(f"database at {revision}")
 
 
@@ -90,11 +143,14 @@ def keys_create(name: str, role: str, max_priority: str | None, types: str | Non
 
 @keys_group.command("list")
 def keys_list() -> None:
-    """List keys (never their tokens)."""
+    """List keys (never their tokens). max_priority is a producer's ceiling: "-" for others."""
+    keys = _services().keys.list_keys()
     click.echo(f"{'name':<24} {'role':<9} {'max_priority':<13} {'types':<24} status")
-    for key in _services().keys.list_keys():
+    for key in keys:
         status = "revoked" if key.revoked_at is not None else "live"
-        click.echo(f"{key.name:<24} {key.role:<9} {Priority(key.max_priority).label:<13} "
+        ceiling = (Priority(key.max_priority).label if key.role == Role.PRODUCER.value
+                   else "-")
+        click.echo(f"{key.name:<24} {key.role:<9} {ceiling:<13} "
                    f"{key.job_types or '*':<24} {status}")
 
 
@@ -116,22 +172,31 @@ def _limit_text(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+def _burst_text(settings: Any) -> str:
+    # The bucket exists only with a rate: without one, a burst would be a number that limits
+    # nothing.
+    return "-" if settings.rate_per_second is None else str(settings.effective_burst)
+
+
 @types_group.command("list")
 def types_list() -> None:
-    """Each configured type: paused, limits, counts, oldest claimable age, last claim."""
+    """Each configured type: paused, limits, counts (pending, running and the finished ones),
+    oldest claimable age, last claim."""
     from app.clock import to_rfc3339
 
+    views = _services().types.list_types()
     click.echo(f"{'type':<20} {'paused':<7} {'max_run':<8} {'per_key':<8} {'rate/s':<9} "
-               f"{'burst':<6} {'pending':>8} {'running':>8} {'oldest_s':>9}  last_claim_at")
-    for view in _services().types.list_types():
+               f"{'burst':<6} {'pending':>8} {'running':>8} {'completed':>10} {'failed':>8} "
+               f"{'cancelled':>10} {'oldest_s':>9}  last_claim_at")
+    for view in views:
         s, c = view.settings, view.counts
         oldest = ("-" if view.oldest_claimable_age_seconds is None
                   else f"{view.oldest_claimable_age_seconds:.1f}")
         click.echo(f"{s.type:<20} {'yes' if s.paused else 'no':<7} "
                    f"{_limit_text(s.max_running):<8} {_limit_text(s.max_running_per_key):<8} "
-                   f"{_limit_text(s.rate_per_second):<9} {s.effective_burst:<6} "
-                   f"{c.pending:>8} {c.running:>8} {oldest:>9}  "
-                   f"{to_rfc3339(s.last_claim_at) or '-'}")
+                   f"{_limit_text(s.rate_per_second):<9} {_burst_text(s):<6} "
+                   f"{c.pending:>8} {c.running:>8} {c.completed:>10} {c.failed:>8} "
+                   f"{c.cancelled:>10} {oldest:>9}  {to_rfc3339(s.last_claim_at) or '-'}")
 
 
 _LIMIT = click.IntRange(1, MAX_LIMIT)
@@ -178,19 +243,24 @@ def types_set(job_type: str, paused: bool | None, max_running: int | None,
     click.echo(f"{s.type}: paused={'yes' if s.paused else 'no'} "
                f"max_running={_limit_text(s.max_running)} "
                f"max_running_per_key={_limit_text(s.max_running_per_key)} "
-               f"rate_per_second={_limit_text(s.rate_per_second)} burst={s.effective_burst}")
+               f"rate_per_second={_limit_text(s.rate_per_second)} burst={_burst_text(s)}")
 
 
 schedules_group = AppGroup("schedules", help="List, create, pause, resume and delete "
                                              "schedules.")
 
 
-def _schedule_line(schedule: Any) -> str:
+def _echo_schedules(schedules: Any) -> None:
+    """The schedules as a table, its header first (one row or many)."""
     from app.clock import to_rfc3339
 
-    return (f"{schedule.name:<24} {schedule.cron:<16} {schedule.timezone:<18} "
-            f"{schedule.catch_up:<7} {'yes' if schedule.paused else 'no':<7} "
-            f"{to_rfc3339(schedule.next_run_at)}  {to_rfc3339(schedule.last_run_at) or '-'}")
+    click.echo(f"{'name':<24} {'cron':<16} {'timezone':<18} {'catch_up':<7} {'paused':<7} "
+               f"{'next_run_at':<27}  last_run_at")
+    for schedule in schedules:
+        click.echo(f"{schedule.name:<24} {schedule.cron:<16} {schedule.timezone:<18} "
+                   f"{schedule.catch_up:<7} {'yes' if schedule.paused else 'no':<7} "
+                   f"{to_rfc3339(schedule.next_run_at)}  "
+                   f"{to_rfc3339(schedule.last_run_at) or '-'}")
 
 
 def _schedule_call(call: Callable[[], Any]) -> Any:
@@ -206,10 +276,7 @@ def _schedule_call(call: Callable[[], Any]) -> Any:
 @schedules_group.command("list")
 def schedules_list() -> None:
     """Every schedule: expression, zone, catch-up, paused, next and last slot."""
-    click.echo(f"{'name':<24} {'cron':<16} {'timezone':<18} {'catch_up':<7} {'paused':<7} "
-               f"{'next_run_at':<27}  last_run_at")
-    for schedule in _services().schedules.every_schedule():
-        click.echo(_schedule_line(schedule))
+    _echo_schedules(_services().schedules.every_schedule())
 
 
 @schedules_group.command("create")
@@ -245,13 +312,13 @@ def schedules_create(name: str, cron: str, job_type: str | None, payload: str | 
     except ValidationError as exc:
         raise click.ClickException(f"invalid: {exc.messages}") from None
     schedule = _schedule_call(lambda: _services().schedules.create_schedule(loaded))
-    click.echo(_schedule_line(schedule))
+    _echo_schedules([schedule])
 
 
 def _set_paused(name: str, paused: bool) -> None:
     schedule = _schedule_call(
         lambda: _services().schedules.update_schedule(name, {"paused": paused}))
-    click.echo(_schedule_line(schedule))
+    _echo_schedules([schedule])
 
 
 @schedules_group.command("pause")
@@ -330,6 +397,63 @@ def backup(path: Path, force: bool) -> None:
     click.echo(f"backed up {jobs} jobs to {path}")
 
 
+# gunicorn's options are passed on as they are (`queuelog serve --workers 2`); -b/--bind
+# among them replaces QUEUELOG_BIND.
+_BIND_FLAGS = ("-b", "--bind")
+
+
+def _bind_arguments(args: tuple[str, ...]) -> list[str]:
+    """The addresses named by -b/--bind among gunicorn's arguments (empty when none is)."""
+    addresses = []
+    for index, arg in enumerate(args):
+        if arg in _BIND_FLAGS and index + 1 < len(args):
+            addresses.append(args[index + 1])
+        elif arg.startswith("--bind="):
+            addresses.append(arg.removeprefix("--bind="))
+        elif arg.startswith("-b") and len(arg) > 2:
+            addresses.append(arg[2:])
+    return addresses
+
+
+@click.command("serve", context_settings={"ignore_unknown_options": True,
+                                          "allow_extra_args": True})
+@click.option("--database", "database_url", metavar="URL",
+              help="the database to serve (sets QUEUELOG_DATABASE_URL); default: "
+                   "QUEUELOG_DATABASE_URL, else queuelog.sqlite3 in the instance folder")
+@click.argument("gunicorn_args", nargs=-1, type=click.UNPROCESSED)
+def serve(database_url: str | None, gunicorn_args: tuple[str, ...]) -> None:
+    """Serve the API and dashboard with gunicorn and the shipped production settings.
+
+    Listens where QUEUELOG_BIND says (default 127.0.0.1:8000). Any other option goes to
+    gunicorn (`queuelog serve --workers 2`; see gunicorn --help). The database must exist
+    and be migrated: `queuelog db upgrade` first.
+    """
+    from queuelog_gunicorn import binding
+
+    app = current_app
+    if database_url is not None:
+        os.environ["QUEUELOG_DATABASE_URL"] = database_url  # the workers inherit it
+        app = _create_app()
+    url = app.config["DATABASE_URL"]
+    try:
+        require_migrated_database(url, app.extensions["queuelog"].db.engine)
+    except DBAPIError as exc:
+        raise click.ClickException(explain_database_error(exc, url) or str(exc)) from None
+    addresses = _bind_arguments(gunicorn_args) or binding.configured_binds()
+    unbindable = binding.first_unbindable(addresses)
+    if unbindable is not None:
+        address, reason = unbindable
+        raise click.ClickException(
+            f"cannot listen on {address}: {reason}; choose another address with "
+            f"QUEUELOG_BIND=host:port (several comma-separated)")
+    click.echo(f"queuelog: serving {shown_url(url)} on {', '.join(addresses)}", err=True)
+    # exec, not gunicorn in this process: the master must not hold the app's modules (see
+    # queuelog_gunicorn/conf.py), and a container's stop signal must reach gunicorn itself.
+    conf = Path(binding.__file__).with_name("conf.py")
+    os.execv(sys.executable, [sys.executable, "-m", "gunicorn", "-c", str(conf),  # noqa: S606
+                              *gunicorn_args, "app.wsgi:app"])
+
+
 # The worker runner talks to a server over HTTP and needs neither the app nor a database:
 # its options are parsed by queuelog_client's own (standard-library) command line.
 @click.command("worker", add_help_option=False,
@@ -337,7 +461,15 @@ def backup(path: Path, force: bool) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def worker(args: tuple[str, ...]) -> None:
     """Run jobs with a Python handler: queuelog worker --url URL --handler m:f (see --help)."""
-    from queuelog_client.cli import main as worker_main
+    try:
+        from queuelog_client.cli import main as worker_main
+    except ModuleNotFoundError:
+        # queuelog ships queuelog_client; it goes missing when a queuelog-client installed
+        # over it (the same files) is uninstalled again.
+        raise click.ClickException(
+            "the worker runner (the queuelog_client package, shipped with queuelog) is not "
+            "installed here: reinstall queuelog, or install the client (pip install ./client)"
+        ) from None
 
     raise SystemExit(worker_main(list(args), prog="queuelog worker"))
 
@@ -375,6 +507,7 @@ def dispatch(concurrency: int | None, metrics_port: int | None, only_if_enabled:
 
 
 def register_commands(app: Flask) -> None:
+    app.cli.add_command(serve)
     app.cli.add_command(db_group)
     app.cli.add_command(keys_group)
     app.cli.add_command(types_group)
@@ -405,11 +538,26 @@ def queuelog_version() -> str:
 _FLASK_OPTIONS = frozenset({"app", "debug", "env_file"})
 
 
+class _QueuelogGroup(FlaskGroup):
+    """FlaskGroup whose commands' database mistakes are one line (click's "Error: …" on
+    stderr, exit 1), not a traceback. The app is built inside invoke (when a command is
+    looked up), so a URL it cannot use is caught here too."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DatabaseSetupError as exc:
+            raise click.ClickException(str(exc)) from None
+        except DBAPIError as exc:
+            url = ctx.ensure_object(ScriptInfo).load_app().config["DATABASE_URL"]
+            raise click.ClickException(explain_database_error(exc, url) or str(exc)) from None
+
+
 def build_cli() -> click.Group:
     """The `queuelog` command: queuelog's commands and version, none of Flask's own."""
-    cli = FlaskGroup(create_app=_create_app, add_default_commands=False,
+    cli = _QueuelogGroup(create_app=_create_app, add_default_commands=False,
                      add_version_option=False, load_dotenv=False, set_debug_flag=False,
-                     help="queuelog: operate the job queue (serve it with gunicorn wsgi:app).")
+                     help="queuelog: operate the job queue (serve it with `queuelog serve`).")
     cli.params = [param for param in cli.params if param.name not in _FLASK_OPTIONS]
     click.version_option(queuelog_version(), "--version", prog_name="queuelog",
                          message="%(prog)s %(version)s")(cli)

@@ -36,14 +36,15 @@ from sqlalchemy import (
     event,
     text,
 )
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.pool import NullPool
 
 from app.config import DEFAULT_COUNTING_READS
 from app.errors import CountingReadsBusy
 from app.files import create_private
 from app.jobs.models import CLAIM_ORDER, STATUS_BITS
+from app.redaction import redact_error
 from app.writer import SqliteWriter
 
 NAMING_CONVENTION = {
@@ -386,6 +387,73 @@ def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int
                                       dialect=conn.dialect) from error
 
 
+class DatabaseSetupError(ValueError):
+    """The database named cannot be used as it is. The message says what is wrong and what
+    to do, in one line: the command line prints it as it is."""
+
+
+_ENGINES = ("queuelog runs on SQLite (sqlite:////path/to/queuelog.sqlite3) or PostgreSQL "
+            "(postgresql+psycopg://user@host/database)")
+
+
+def parse_database_url(url: str) -> URL:
+    """The URL parsed, if queuelog can run on it; DatabaseSetupError says why not. (SQLAlchemy
+    would fail later and deeper: a dialect it cannot load, a driver not installed.)"""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise DatabaseSetupError(
+            f"{redact_error(url)!r} is not a database URL; {_ENGINES}") from None
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend == "postgres" or (backend == "postgresql" and driver != "psycopg"):
+        raise DatabaseSetupError(
+            f"{parsed.drivername}:// names a driver queuelog does not install: write "
+            "postgresql+psycopg://user@host/database")
+    if backend not in ("sqlite", "postgresql"):
+        raise DatabaseSetupError(f"{parsed.drivername}:// is not supported: {_ENGINES}")
+    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise DatabaseSetupError("queuelog needs a SQLite file, not an in-memory database")
+    return parsed
+
+
+def shown_url(url: str) -> str:
+    """The URL as it may be printed: its password hidden."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def sqlite_path(url: str) -> str | None:
+    """The SQLite file a URL names (absolute), or None for another engine."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    return os.path.abspath(parsed.database or "")
+
+
+def explain_database_error(error: BaseException, url: str) -> str | None:
+    """One line for an operator: what went wrong talking to the database at `url`, and what to
+    do. None for an error that is not the database's (a bug, which keeps its traceback).
+
+    The driver's own first line is kept: it names the cause exactly (a refused connection, a
+    missing database or role), and a connection failure carries no SQLSTATE to go by."""
+    if not isinstance(error, DBAPIError):
+        return None
+    orig = str(error.orig).strip()
+    cause = orig.splitlines()[0] if orig else type(error.orig).__name__
+    path = sqlite_path(url)
+    if path is not None:
+        return (f"the SQLite database {path} cannot be used: {cause}; check the file, its "
+                "directory and their permissions, or choose another (QUEUELOG_DATABASE_URL)")
+    parsed = make_url(url)
+    where = f"{parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database or ''}"
+    if getattr(error.orig, "sqlstate", None) == "42P01":  # undefined_table
+        return (f"the PostgreSQL database {where} has no queuelog tables: run "
+                "`queuelog db upgrade` first")
+    if isinstance(error, OperationalError):
+        return (f"cannot use PostgreSQL at {where}: {cause}; check that it is running, that "
+                "the database and user exist, and QUEUELOG_DATABASE_URL")
+    return f"PostgreSQL at {where} refused a statement: {cause}"
+
+
 def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeout: int = 10,
                 sqlite_synchronous: str = "FULL", sqlite_busy_timeout_ms: int = 30_000,
                 read_only: bool = False) -> Engine:
@@ -396,10 +464,8 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
     create a missing file; it is for reading a database another service owns (a copy's
     source), and changes nothing on other engines.
     """
-    parsed = make_url(url)
+    parsed = parse_database_url(url)
     is_sqlite = parsed.get_backend_name() == "sqlite"
-    if is_sqlite and parsed.database in (None, "", ":memory:"):
-        raise ValueError("queuelog needs a SQLite file, not an in-memory database")
     if is_sqlite and read_only:
         path = os.path.abspath(parsed.database or "")
         url = parsed.set(database=f"file:{quote(path)}",

@@ -28,8 +28,11 @@ PROBLEM_KINDS: dict[int, tuple[str, str]] = {
     405: ("Method not allowed", "method-not-allowed"),
     409: ("Conflict", "conflict"),
     413: ("Request body too large", "payload-too-large"),
+    # 414 and 431 are gunicorn's (queuelog_gunicorn/worker.py answers them as problems).
+    414: ("Request line too long", "request-line-too-long"),
     415: ("Unsupported media type", "unsupported-media-type"),
     422: ("Validation failed", "validation-failed"),
+    431: ("Request header fields too large", "request-header-fields-too-large"),
     500: ("Internal server error", "internal-error"),
     503: ("Service unavailable", "service-unavailable"),
 }

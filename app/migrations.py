@@ -9,6 +9,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.script.revision import RevisionError
+from alembic.util import CommandError
 from sqlalchemy import Connection
 
 
@@ -33,7 +35,14 @@ def alembic_config(database_url: str, connection: Connection | None = None) -> C
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(database_url), revision)
+    """Migrate to `revision`. A revision the scripts do not know raises CommandError before
+    the database is opened (on SQLite, opening creates the file)."""
+    config = alembic_config(database_url)
+    try:
+        ScriptDirectory.from_config(config).get_revisions(revision)
+    except RevisionError as exc:
+        raise CommandError(str(exc)) from None
+    command.upgrade(config, revision)
 
 
 def head_revision() -> str | None:

@@ -26,15 +26,20 @@ _JSON_PAIR = re.compile(
     r"|-?[0-9][0-9.eE+\-]*|(?:true|false|null|none)\b)",
     re.IGNORECASE,
 )
+# An unquoted value's characters, and the closing brackets that may end the text around it.
+_CLOSERS = r"[)\]}>]"
+_BARE = r"[^\s,;&'\")\]}>]"
 # password=value, password: value, Authorization: Basic abc (up to the end of the value)
 _PLAIN_PAIR = re.compile(
     # (no `\b[A-Za-z0-9_\-]*` prefix: it matched the same keys, db_password included, since
     # the prefix stays in the text either way, but cost quadratic time on "a-a-a-…")
     rf"(?P<key>{_SECRET_NAMES}\b\s*[=:]\s*)"
     # a quoted value (password="a b", password='x', password=b'x') whole; else up to a
-    # delimiter
+    # delimiter. A closing bracket belongs to the value only when more of the value follows
+    # it: the `)` of "(password=hunter2)", the `]` of "[token=x]" close the text around the
+    # value and stay. (The two classes are disjoint, so this runs in linear time.)
     rf"(?P<value>b?\"(?:[^\"\\]|\\.)*\"|b?'(?:[^'\\]|\\.)*'"
-    rf"|[\"']?(?:(?:Bearer|Basic|Token)\s+)?[^\s,;&'\"}}]+)",
+    rf"|[\"']?(?:(?:Bearer|Basic|Token)\s+)?{_BARE}+(?:{_CLOSERS}+{_BARE}+)*)",
     re.IGNORECASE,
 )
 _BEARER = re.compile(r"\bBearer\s+[A-Za-z0-9\-._~+/]+=*", re.IGNORECASE)

@@ -253,7 +253,7 @@ def measure(options: Any) -> Report:
                   durability.get(key, "?"), by_key[key].ack)
     for key in missing:
         table.add(by_key[key].name, "not installed", "", "", "", "",
-                  "pip install ./client '.[bench]' to include it")
+                  "pip install '.[bench]' to include it")
     report.tables.append(table)
     if "huey" in dict(available):
         # Ahead on enqueue; on dequeue, at least half of a queue that deletes in one commit

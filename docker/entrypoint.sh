@@ -1,14 +1,15 @@
 #!/bin/sh
 # The container's entry point: bring the database to the newest migration, then become
-# gunicorn. `exec` makes gunicorn this very process (PID 1 in the container), so the stop
-# signal reaches it directly and starts its graceful shutdown.
+# gunicorn through `queuelog serve` (the shipped settings). `exec` here and queuelog serve's
+# own exec make gunicorn this very process (PID 1 in the container), so the stop signal
+# reaches it directly and starts its graceful shutdown.
 #
 # Without QUEUELOG_DATABASE_URL the SQLite file goes in QUEUELOG_DATA_DIR (the volume).
 # Arguments are passed on to gunicorn (e.g. --workers 2).
 #
 # QUEUELOG_DISPATCH=1 runs the push dispatcher too: not from here (a process started beside
 # an exec'd gunicorn would never get the stop signal, which goes to PID 1 alone) but as the
-# gunicorn master's child (gunicorn.conf.py, queuelog_gunicorn/dispatch.py), which stops it.
+# gunicorn master's child (queuelog_gunicorn/conf.py and dispatch.py), which stops it.
 set -eu
 
 if [ -z "${QUEUELOG_DATABASE_URL:-}" ]; then
@@ -33,4 +34,4 @@ esac
 # Its progress goes to stderr: stdout carries only the JSON request lines.
 queuelog db upgrade >&2
 
-exec gunicorn "$@" wsgi:app
+exec queuelog serve "$@"

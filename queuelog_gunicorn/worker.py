@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import selectors
 import socket
@@ -77,6 +78,49 @@ class ArrivedBytes:
         self.data[:0] = data
 
 
+class ProblemAnswer:
+    """The client's socket as gunicorn's handle_error writes to it: the HTML page gunicorn
+    answers with when it refuses a request itself (a request line or headers too long, a
+    malformed request, an error it caught) becomes an RFC 9457 problem with the same status,
+    as every other answer of the API. Everything but the write goes to the socket itself."""
+
+    def __init__(self, sock: socket.socket, cfg: Any) -> None:
+        self._sock = sock
+        self._cfg = cfg
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.sendall(problem_in_place_of(data, self._cfg))
+
+
+def problem_in_place_of(page: bytes, cfg: Any) -> bytes:
+    """The whole answer (status line, headers, problem body) for gunicorn's error page."""
+    # Imported here, in a worker, which has loaded the app anyway: the master, which loads
+    # this module, must not (see queuelog_gunicorn/__init__.py). The problems' titles and
+    # types are app/errors.py's.
+    from app.errors import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_BASE, problem_kind
+
+    status_line = page.split(b"\r\n", 1)[0].decode("latin-1")
+    _, code, reason = [*status_line.split(" ", 2), "", ""][:3]
+    status = int(code) if code.isdigit() else 400
+    title, slug = problem_kind(status, reason or "Error")
+    details = {
+        414: f"The request line is longer than {cfg.limit_request_line} bytes.",
+        431: (f"The request has more than {cfg.limit_request_fields} header fields, or one "
+              f"longer than {cfg.limit_request_field_size} bytes."),
+        500: "The server failed to answer this request.",
+    }
+    # gunicorn's own message may quote the request back: it is logged, not answered.
+    detail = details.get(status, "The request is not HTTP/1.1 this server accepts.")
+    body = json.dumps({"type": PROBLEM_TYPE_BASE + slug, "title": title, "status": status,
+                       "detail": detail}).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
+            f"Content-Type: {PROBLEM_CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n\r\n")
+    return head.encode("latin-1") + body
+
+
 class BufferedConn(TConn):  # type: ignore[misc]
     """A gthread connection whose parser reads what the event loop buffered."""
 
@@ -109,6 +153,11 @@ class BufferingThreadWorker(ThreadWorker):  # type: ignore[misc]
         if cfg.is_ssl or cfg.http2_cleartext != "off" or cfg.protocol != "http":
             raise ConfigError(f"{cls.__name__} serves plain HTTP/1.x only: no certfile, "
                               "http2_cleartext or protocol settings")
+
+    def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
+        # gunicorn's own mapping of errors to statuses, and its log lines; the answer a
+        # problem (ProblemAnswer).
+        super().handle_error(req, ProblemAnswer(client, self.cfg), addr, exc)
 
     # -- the event loop: read until a request is whole ----------------------------------------
 

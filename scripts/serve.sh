@@ -1,9 +1,10 @@
 #!/bin/sh
 # Install queuelog into ./.venv, migrate its database and serve it on 127.0.0.1:8000.
 # Job types default to "email,report" here; set QUEUELOG_JOB_TYPES to choose your own.
-# The install is editable, so gunicorn (which imports wsgi.py from here) and the
-# .venv/bin/queuelog command run the same code and use the same instance/ folder.
-# gunicorn.conf.py alone decides the address (QUEUELOG_BIND, several comma-separated).
+# The install is editable, so the checkout's code is what runs, and its instance/ folder
+# holds the SQLite file. `queuelog serve` runs gunicorn with the shipped settings
+# (queuelog_gunicorn/conf.py), which alone decide the address (QUEUELOG_BIND, several
+# comma-separated); arguments to this script go to gunicorn.
 set -eu
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -11,13 +12,13 @@ PYTHON=${PYTHON:-python3}
 # Install when the venv is new or the project's metadata changed, not on every start: a
 # later start then needs no package index.
 STAMP=.venv/queuelog-installed
-METADATA=$(cat setup.cfg pyproject.toml client/pyproject.toml | cksum)
+METADATA=$(cat setup.cfg setup.py pyproject.toml | cksum)
 if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$METADATA" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ./client -e .
+    .venv/bin/python -m pip install --quiet -e .
     echo "$METADATA" > "$STAMP"
 fi
 export QUEUELOG_JOB_TYPES="${QUEUELOG_JOB_TYPES:-email,report}"
 .venv/bin/queuelog db upgrade
 echo "queuelog: create keys with .venv/bin/queuelog keys create NAME --role producer|worker|admin"
-exec .venv/bin/gunicorn wsgi:app
+exec .venv/bin/queuelog serve "$@"

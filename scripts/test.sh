@@ -1,6 +1,6 @@
 #!/bin/sh
-# Install queuelog with its test extra, and the client (client/, the server's dependency),
-# into ./.venv-test (a plain, non-editable install, as users get) and run the whole suite.
+# Install queuelog with its test extra (the client's package comes inside it) into
+# ./.venv-test (a plain, non-editable install, as users get) and run the whole suite.
 # Arguments go to pytest (e.g. -m "not slow" for the fast tests alone). The PostgreSQL half
 # runs when QUEUELOG_TEST_POSTGRES_URL names a server; otherwise the summary says it skipped.
 set -eu
@@ -10,7 +10,7 @@ PYTHON=${PYTHON:-python3}
 .venv-test/bin/python -m pip install --quiet --upgrade pip
 # setuptools packs whatever an earlier build left in build/lib into the wheel it makes.
 rm -rf build client/build
-.venv-test/bin/python -m pip install --quiet ./client ".[test,bench]"
+.venv-test/bin/python -m pip install --quiet ".[test,bench]"
 # Two processes (pytest-xdist), a file at a time each: much of the suite waits on real
 # servers, leases and schedule slots, which overlap well even on two cores; a file's fixtures
 # (the built image, the browser) are made once. `-n 0` after the script runs one process.

@@ -311,3 +311,28 @@ def test_scrub_url_puts_every_quoted_form_of_the_url_in_its_display_form():
     text = f"POST {url}; POST https://h.io/tok3n/x?sig=abc; target /tok3n/x?sig=abc"
     assert scrub_url(text, url) == ("POST https://h.io/***/x?sig=***; POST "
                                     "https://h.io/***/x?sig=***; target /***/x?sig=***")
+
+
+# The closing bracket or quote after a redacted value is the text's, not the secret's.
+@pytest.mark.parametrize("text,expected", [
+    ("connect failed (password=hunter2)", "connect failed (password=***)"),
+    ("[token=abc]", "[token=***]"),
+    ("{secret=abc}", "{secret=***}"),
+    ("<pwd=abc>", "<pwd=***>"),
+    ("f(password=hunter2), g(x)", "f(password=***), g(x)"),
+    ("((token=abc))", "((token=***))"),
+    ("\"password=hunter2\"", "\"password=***\""),
+    ("'token=abc'", "'token=***'"),
+    ("dsn='host=db password=hunter2')", "dsn='host=db password=***')"),
+    ("(Authorization: Bearer abc.def)", "(Authorization: ***)"),
+])
+def test_a_closing_bracket_or_quote_after_a_redacted_value_is_kept(text, expected):
+    assert redact_error(text) == expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("password=hun)ter2", "password=***"),
+    ("token=a]b}c>d)", "token=***)"),
+])
+def test_a_bracket_inside_a_value_does_not_let_the_rest_of_it_through(text, expected):
+    assert redact_error(text) == expected

@@ -233,3 +233,13 @@ def test_types_are_checked_against_the_configured_types_in_the_commands_shell(
     assert _stored_keys(db_url) == []
     # A key without types needs no configured types.
     assert _create(runner, "ops", "--role", "admin").exit_code == 0
+
+
+def test_list_shows_a_priority_ceiling_for_producer_keys_only(runner):
+    _create(runner, "maker", "--role", "producer", "--max-priority", "high")
+    _create(runner, "runner-1", "--role", "worker")
+    _create(runner, "boss", "--role", "admin")
+    rows = {line.split()[0]: line.split() for line in
+            runner.invoke(args=["keys", "list"]).output.splitlines()[1:]}
+    assert rows["maker"][2] == "high"
+    assert rows["runner-1"][2] == "-" and rows["boss"][2] == "-"

@@ -112,12 +112,12 @@ def copy_checkout(directory: Path) -> None:
 
 
 def build_context(directory: Path) -> Path:
-    """A copy of the checkout (copy_checkout) and, in wheels/, the wheels of the server, the
-    client and their dependencies, built by this Python (as README says:
-    `pip wheel --wheel-dir wheels ./client .`)."""
+    """A copy of the checkout (copy_checkout) and, in wheels/, the wheels of the server (which
+    carries the client's package) and its dependencies, built by this Python (as the
+    Dockerfile says: `pip wheel --wheel-dir wheels .`)."""
     copy_checkout(directory)
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", "wheels", "./client",
-         "."], cwd=directory)
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", "wheels", "."],
+        cwd=directory)
     return directory
 
 

@@ -1,4 +1,6 @@
-"""gunicorn.conf.py, loaded the way gunicorn loads it: its settings, their environment
+"""The shipped gunicorn settings (queuelog_gunicorn/conf.py, what `queuelog serve` passes to
+gunicorn's -c; the checkout's gunicorn.conf.py is a one-line import of it), loaded the way
+gunicorn loads a file: its settings, their environment
 overrides, its metrics directory; and the folding of dead workers' metrics files
 (queuelog_gunicorn/multiprocess.py)."""
 
@@ -28,7 +30,7 @@ from tests.servers import REPO_ROOT
 ISOLATED = ("PROMETHEUS_MULTIPROC_DIR", "QUEUELOG_METRICS_DIR_OWNER", "QUEUELOG_BIND", "PORT",
             "GUNICORN_WORKERS", "GUNICORN_THREADS", "GUNICORN_MAX_REQUESTS")
 # Names in the file that are not gunicorn settings.
-HELPERS = {"annotations", "Any"}
+HELPERS = {"annotations", "Any", "configured_binds"}
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ def load_conf(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., 
     def load(**env: str) -> dict[str, Any]:
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        return runpy.run_path(str(REPO_ROOT / "gunicorn.conf.py"))
+        return runpy.run_path(str(REPO_ROOT / "queuelog_gunicorn" / "conf.py"))
 
     return load
 

@@ -19,7 +19,8 @@ def test_every_queuelog_setting_is_documented() -> None:
 
 
 def test_every_gunicorn_override_is_documented() -> None:
-    variables = set(re.findall(r"GUNICORN_[A-Z_]+", (REPO_ROOT / "gunicorn.conf.py").read_text()))
+    conf = (REPO_ROOT / "queuelog_gunicorn" / "conf.py").read_text()
+    variables = set(re.findall(r"GUNICORN_[A-Z_]+", conf))
     assert variables
     assert not [v for v in sorted(variables) if f"`{v}`" not in CONFIGURATION]
 

@@ -1,4 +1,5 @@
-"""scripts/serve.sh, run as the README says: gunicorn.conf.py alone decides the addresses it
+"""scripts/serve.sh, run as the README says: `queuelog serve` and the shipped gunicorn settings
+(queuelog_gunicorn/conf.py) alone decide the addresses it
 listens on, and the project is installed only when the venv is new or its metadata changed
 (so a later start needs no package index)."""
 
@@ -29,8 +30,7 @@ SHIMS = {
 
 def checkout_with_venv(directory: Path) -> Path:
     """The files serve.sh reads, beside a .venv whose commands run this checkout's code."""
-    for name in ("scripts/serve.sh", "setup.cfg", "pyproject.toml", "gunicorn.conf.py",
-                 "wsgi.py"):
+    for name in ("scripts/serve.sh", "setup.cfg", "setup.py", "pyproject.toml"):
         (directory / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO_ROOT / name, directory / name)
     bin_dir = directory / ".venv" / "bin"

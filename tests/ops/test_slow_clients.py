@@ -159,3 +159,30 @@ def test_pipelined_requests_are_answered_in_order_however_they_arrive(
     time.sleep(0.5)
     connection.send(first[40:])
     assert connection.read_response().status == 201
+
+
+@pytest.mark.parametrize(("request_head", "status", "title"), [
+    (b"GET /jobs?" + b"q" * 3000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 414,
+     "Request line too long"),
+    (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: " + b"h" * 5000 + b"\r\n\r\n", 431,
+     "Request header fields too large"),
+    (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+     + b"".join(b"X-Field-%d: 1\r\n" % n for n in range(60)) + b"\r\n", 431,
+     "Request header fields too large"),
+    (b"GET /healthz HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n", 400, "Bad request"),
+], ids=["request line too long", "header too long", "too many headers", "bad version"])
+def test_what_gunicorn_refuses_itself_is_answered_as_a_problem(
+        served: tuple[GunicornServer, str], connections: list[RawConnection],
+        request_head: bytes, status: int, title: str) -> None:
+    server, _ = served
+    connection = RawConnection(server.port)
+    connections.append(connection)
+    connection.send(request_head)
+    response = connection.read_response()
+    assert response.status == status
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert (problem["status"], problem["title"]) == (status, title)
+    assert problem["type"].startswith("https://queuelog.dev/problems/")
+    assert b"q" * 100 not in response.body and b"h" * 100 not in response.body
+    assert connection.closed_by_server(within=PATIENCE_SECONDS)

@@ -38,3 +38,14 @@ def test_errors_name_the_field(runner: Any) -> None:
     assert taken.exit_code != 0 and "exists" in taken.output
     missing = runner.invoke(args=["schedules", "pause", "nobody"])
     assert missing.exit_code != 0 and "No such schedule" in missing.output
+
+
+def test_create_pause_and_resume_print_the_row_under_the_list_header(runner: Any) -> None:
+    header = runner.invoke(args=["schedules", "list"]).output.splitlines()[0]
+    created = runner.invoke(args=["schedules", "create", "hourly-report", "@hourly", "--type",
+                                  "email"])
+    assert created.exit_code == 0, created.output
+    lines = created.output.splitlines()
+    assert lines[0] == header and lines[1].startswith("hourly-report ")
+    paused = runner.invoke(args=["schedules", "pause", "hourly-report"]).output.splitlines()
+    assert paused[0] == header and len(paused) == 2

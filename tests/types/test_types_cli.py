@@ -52,3 +52,19 @@ def test_bad_invocations_change_nothing_and_say_why(runner, client, admin, args:
     assert result.exit_code != 0
     assert message in result.output
     assert client.get("/types/email", headers=admin.headers).json["max_running"] is None
+
+
+def test_list_shows_the_finished_counts_and_no_burst_without_a_rate(runner, client, admin,
+                                                                     api):
+    listed = runner.invoke(args=["types", "list"]).output.splitlines()
+    header = listed[0].split()
+    assert {"completed", "failed", "cancelled"} <= set(header)
+    email = dict(zip(header, next(line for line in listed if line.startswith("email ")).split(),
+                     strict=False))
+    assert email["rate/s"] == "-" and email["burst"] == "-"
+    assert email["completed"] == email["failed"] == email["cancelled"] == "0"
+    result = runner.invoke(args=["types", "set", "email", "--max-running", "2"])
+    assert result.exit_code == 0, result.output
+    assert "burst=-" in result.output
+    result = runner.invoke(args=["types", "set", "email", "--rate", "2.5"])
+    assert "burst=3" in result.output

@@ -1,7 +1,9 @@
 """The dashboard in a real browser: Debian's chromium, headless, driven through its
 chromedriver by selenium, against a real gunicorn server (two processes, so that a page may be
 served by another process than the sign-in was) over a real database. Each page's screenshot
-is written to docs/screenshots/ (committed; the README shows them).
+is written to a temporary folder, or to QUEUELOG_SCREENSHOTS_DIR when set (to refresh the
+committed ones the README shows: QUEUELOG_SCREENSHOTS_DIR=docs/screenshots), so that a test
+run leaves the checkout as it was.
 
 In CI (CI=true) these run, never skip: .ci/run installs chromium and chromium-driver.
 Elsewhere they skip only when the browser is not installed."""
@@ -27,7 +29,8 @@ from tests.servers import REPO_ROOT, LiveServer, bearer, create_api_key
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
+# Where the README's screenshots are kept; written only when asked (QUEUELOG_SCREENSHOTS_DIR).
+SCREENSHOTS_VARIABLE = "QUEUELOG_SCREENSHOTS_DIR"
 HOSTILE = "<script>alert('payload')</script>"
 
 _browser_missing = not (CHROMIUM.exists() and CHROMEDRIVER.exists())
@@ -158,18 +161,29 @@ def _click_button(browser: Any, label: str) -> None:
     _follow(browser, browser.find_element(By.XPATH, f"//button[normalize-space()='{label}']"))
 
 
-def _shot(browser: Any, name: str, engine: str) -> None:
+def screenshots_directory(default: Path) -> Path:
+    """QUEUELOG_SCREENSHOTS_DIR (relative to the checkout) when set, else `default`."""
+    chosen = os.environ.get(SCREENSHOTS_VARIABLE)
+    return REPO_ROOT / chosen if chosen else default
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return screenshots_directory(tmp_path_factory.mktemp("screenshots"))
+
+
+def _shot(browser: Any, name: str, engine: str, directory: Path) -> None:
     # One set of screenshots, from the SQLite run (the pages look the same on both).
     if engine == "sqlite":
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
         height = browser.execute_script("return document.documentElement.scrollHeight")
         browser.set_window_size(1440, max(700, min(int(height) + 40, 2400)))
-        assert browser.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+        assert browser.save_screenshot(str(directory / f"{name}.png"))
         browser.set_window_size(1440, 1000)
 
 
 def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_and_signs_out(
-        browser: Any, server: LiveServer, database_url: str) -> None:
+        browser: Any, server: LiveServer, database_url: str, screenshots: Path) -> None:
     from selenium.webdriver.common.by import By
 
     engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
@@ -185,7 +199,7 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     browser.delete_all_cookies()
     browser.get(server.url_of("/ui/jobs"))
     assert browser.current_url == server.url_of("/ui/sign-in")
-    _shot(browser, "sign-in", engine)
+    _shot(browser, "sign-in", engine, screenshots)
 
     # A producer's token is refused, saying why.
     _sign_in(browser, server, producer)
@@ -208,12 +222,12 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     assert browser.find_element(By.CSS_SELECTOR, f"#schedules a[href='/ui/jobs/{scheduled_job}']")
     assert "paused" in browser.find_element(
         By.XPATH, "//th[normalize-space()='hourly-sync']/..").text
-    _shot(browser, "overview", engine)
+    _shot(browser, "overview", engine, screenshots)
 
     _follow(browser, failed_link)
     rows = browser.find_elements(By.CSS_SELECTOR, "table tbody tr")
     assert len(rows) == 1 and "SMTP 550" in rows[0].text
-    _shot(browser, "jobs", engine)
+    _shot(browser, "jobs", engine, screenshots)
 
     # The job's page: why it failed at the top, its attempts, the payload shown as text.
     _follow(browser, browser.find_element(By.LINK_TEXT, str(job_id)))
@@ -222,7 +236,7 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     attempts = browser.find_element(By.ID, "attempts").text
     assert "mailer" in attempts and "failed" in attempts
     assert HOSTILE in browser.find_element(By.CSS_SELECTOR, "#payload-heading + pre").text
-    _shot(browser, "job", engine)
+    _shot(browser, "job", engine, screenshots)
 
     _click_button(browser, "Retry")
     assert "Sent back to pending." in browser.find_element(By.CSS_SELECTOR, ".messages").text
@@ -245,7 +259,7 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
             browser.find_element(By.XPATH, f"{pdf_row}//button[normalize-space()='Save limits']"))
     pdf = requests.get(server.url_of("/types/pdf"), headers=bearer(admin), timeout=10).json()
     assert (pdf["max_running"], pdf["rate_per_second"], pdf["burst"]) == (3, 2.5, 3)
-    _shot(browser, "types", engine)
+    _shot(browser, "types", engine, screenshots)
     _follow(browser,
             browser.find_element(By.XPATH, f"{email_row}//button[normalize-space()='Resume']"))
     assert requests.get(server.url_of("/types/email"), headers=bearer(admin),
@@ -263,7 +277,7 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
             browser.find_element(By.XPATH, f"{nightly_row}//button[normalize-space()='Resume']"))
     assert "nightly-report: resumed." in browser.find_element(By.CSS_SELECTOR, ".messages").text
     assert _schedule(server, admin, "nightly-report").json()["paused"] is False
-    _shot(browser, "schedules", engine)
+    _shot(browser, "schedules", engine, screenshots)
     sync_row = "//th[normalize-space()='hourly-sync']/.."
     _follow(browser,
             browser.find_element(By.XPATH, f"{sync_row}//button[normalize-space()='Delete']"))
@@ -325,3 +339,11 @@ def test_bulk_retry_of_the_filtered_jobs_asks_first_and_a_wrong_path_is_the_dash
     browser.get(server.url_of("/ui/jobs/abc"))
     assert browser.find_element(By.TAG_NAME, "h1").text == "Not Found"
     assert browser.find_element(By.LINK_TEXT, "Jobs")  # the dashboard's page, signed in
+
+
+def test_screenshots_go_to_the_checkout_only_when_asked(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(SCREENSHOTS_VARIABLE, raising=False)
+    assert screenshots_directory(tmp_path) == tmp_path
+    monkeypatch.setenv(SCREENSHOTS_VARIABLE, "docs/screenshots")
+    assert screenshots_directory(tmp_path) == REPO_ROOT / "docs" / "screenshots"

@@ -1,0 +1,8 @@
+"""The WSGI application gunicorn serves (`queuelog serve` names `app.wsgi:app`): one per
+gunicorn worker, with its configuration warnings logged and its schedule ticker started."""
+
+from app import create_app, start_scheduler, warn_about_configuration
+
+app = create_app()
+warn_about_configuration(app)
+start_scheduler(app)

@@ -1,0 +1,176 @@
+"""An operator's mistakes with the database or the address, through the installed `queuelog`
+console script: each is one line on stderr saying what is wrong and what to do, a non-zero
+exit, nothing on stdout (no table header before it), and no SQLite file made by a typo."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.servers import free_port
+
+QUEUELOG = Path(sys.executable).with_name("queuelog")
+POSTGRES = os.environ.get("QUEUELOG_TEST_POSTGRES_URL")
+
+pytestmark = pytest.mark.skipif(not QUEUELOG.exists(),
+                                reason="needs queuelog installed in this venv (scripts/test.sh)")
+
+
+def run(args: list[str], cwd: Path, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("QUEUELOG_", "GUNICORN_")) and k != "PYTHONPATH"}
+    env.update(env_extra)
+    return subprocess.run([str(QUEUELOG), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def assert_one_line_mistake(result: subprocess.CompletedProcess[str], *phrases: str) -> None:
+    assert result.returncode != 0
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+
+
+def _postgres_with(**parts: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    assert POSTGRES is not None
+    return make_url(POSTGRES).set(**parts).render_as_string(hide_password=False)  # type: ignore[arg-type]
+
+
+MISTAKES = [
+    ("sqlite-missing-directory", lambda d: f"sqlite:///{d / 'nowhere' / 'q.sqlite3'}",
+     ["no SQLite database at", "queuelog db upgrade"]),
+    ("sqlite-mistyped-file", lambda d: f"sqlite:///{d / 'typo.sqlite3'}",
+     ["no SQLite database at", "typo.sqlite3"]),
+    ("not-a-url", lambda d: "notaurl", ["is not a database URL", "postgresql+psycopg://"]),
+    ("mysql", lambda d: "mysql://user@host/db", ["mysql:// is not supported", "SQLite"]),
+    ("postgres-scheme", lambda d: "postgres://user@host/db",
+     ["postgres://", "postgresql+psycopg://"]),
+    ("postgresql-without-driver", lambda d: "postgresql://user@host/db",
+     ["postgresql+psycopg://"]),
+]
+
+
+@pytest.mark.parametrize("command", [["keys", "list"], ["types", "list"],
+                                     ["schedules", "list"]])
+@pytest.mark.parametrize(("name", "url", "phrases"), MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_a_database_url_mistake_is_one_line(tmp_path, command, name, url, phrases) -> None:
+    result = run(command, tmp_path, QUEUELOG_DATABASE_URL=url(tmp_path), QUEUELOG_JOB_TYPES="e")
+    assert_one_line_mistake(result, *phrases)
+    assert list(tmp_path.iterdir()) == []  # no file created by the mistake
+
+
+def test_a_database_never_migrated_is_one_line(tmp_path) -> None:
+    database = tmp_path / "other.sqlite3"
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE unrelated (id INTEGER)")
+    result = run(["keys", "list"], tmp_path, QUEUELOG_DATABASE_URL=f"sqlite:///{database}")
+    assert_one_line_mistake(result, "has no queuelog tables", "queuelog db upgrade")
+
+
+def test_db_upgrade_into_a_missing_directory_is_one_line_and_creates_nothing(tmp_path) -> None:
+    database = tmp_path / "nowhere" / "q.sqlite3"
+    result = run(["db", "upgrade"], tmp_path, QUEUELOG_DATABASE_URL=f"sqlite:///{database}")
+    assert_one_line_mistake(result, "directory does not exist")
+    assert not database.parent.exists()
+
+
+def test_db_upgrade_to_an_unknown_revision_is_one_line_and_creates_nothing(tmp_path) -> None:
+    database = tmp_path / "q.sqlite3"
+    result = run(["db", "upgrade", "9999"], tmp_path,
+                 QUEUELOG_DATABASE_URL=f"sqlite:///{database}")
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "Error: cannot upgrade to '9999': Can't locate revision identified by '9999'; give "
+        "`head` (the default) or a revision id from alembic/versions"]
+    assert not database.exists()
+
+
+@pytest.mark.skipif(POSTGRES is None, reason="QUEUELOG_TEST_POSTGRES_URL names no server")
+def test_postgresql_refusing_the_connection_is_one_line(tmp_path) -> None:
+    closed = free_port()  # nobody listens there
+    result = run(["keys", "list"], tmp_path,
+                 QUEUELOG_DATABASE_URL=_postgres_with(host="127.0.0.1", port=str(closed)))
+    assert_one_line_mistake(result, f"cannot use PostgreSQL at 127.0.0.1:{closed}",
+                            "Connection refused", "QUEUELOG_DATABASE_URL")
+
+
+@pytest.mark.skipif(POSTGRES is None, reason="QUEUELOG_TEST_POSTGRES_URL names no server")
+def test_a_missing_postgresql_database_is_one_line(tmp_path) -> None:
+    result = run(["types", "list"], tmp_path,
+                 QUEUELOG_DATABASE_URL=_postgres_with(database="queuelog_no_such_database"))
+    assert_one_line_mistake(result, 'database "queuelog_no_such_database" does not exist')
+
+
+def test_serve_refuses_a_database_not_there(tmp_path) -> None:
+    result = run(["serve"], tmp_path, QUEUELOG_DATABASE_URL=f"sqlite:///{tmp_path / 'q.sqlite3'}",
+                 QUEUELOG_BIND=f"127.0.0.1:{free_port()}")
+    assert_one_line_mistake(result, "no SQLite database at", "queuelog db upgrade")
+    assert not (tmp_path / "q.sqlite3").exists()
+
+
+def _migrated(tmp_path: Path) -> dict[str, str]:
+    env = {"QUEUELOG_DATABASE_URL": f"sqlite:///{tmp_path / 'q.sqlite3'}",
+           "QUEUELOG_JOB_TYPES": "email"}
+    assert run(["db", "upgrade"], tmp_path, **env).returncode == 0
+    return env
+
+
+def test_serve_on_a_port_in_use_names_the_address_and_queuelog_bind(tmp_path) -> None:
+    env = _migrated(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run(["serve"], tmp_path, QUEUELOG_BIND=f"127.0.0.1:{port}", **env)
+    assert_one_line_mistake(result, f"cannot listen on 127.0.0.1:{port}",
+                            "Address already in use", "QUEUELOG_BIND")
+
+
+@pytest.mark.slow
+def test_serve_runs_the_installed_app_under_the_shipped_settings_from_any_directory(
+        tmp_path) -> None:
+    env = _migrated(tmp_path)
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith(("QUEUELOG_", "GUNICORN_")) and k != "PYTHONPATH"}
+    environ.update(env, QUEUELOG_BIND=f"127.0.0.1:{port}", GUNICORN_WORKERS="1",
+                   TMPDIR=str(tmp_path))
+    server = subprocess.Popen([str(QUEUELOG), "serve", "--threads", "2"], cwd=tmp_path,
+                              env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                answer = requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+                break
+            except requests.RequestException:  # not listening, or no worker booted yet
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert answer.json() == {"status": "ok"}
+        # The listening process is gunicorn itself (queuelog serve exec'd it), under the
+        # settings inside the installed package.
+        command_line = Path(f"/proc/{server.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"gunicorn" in command_line
+        conf = command_line[command_line.index(b"-c") + 1].decode()
+        assert conf.endswith("queuelog_gunicorn/conf.py") and "site-packages" in conf
+    finally:
+        server.terminate()
+        _, stderr = server.communicate(timeout=60)
+    assert stderr.splitlines()[0] == (f"queuelog: serving sqlite:///{tmp_path / 'q.sqlite3'} "
+                                      f"on 127.0.0.1:{port}")
+    assert server.returncode == 0
