@@ -432,9 +432,13 @@ def serve(database_url: str | None, gunicorn_args: tuple[str, ...]) -> None:
 
     app = current_app
     if database_url is not None:
-        os.environ["QUEUELOG_DATABASE_URL"] = database_url  # the workers inherit it
+        os.environ["QUEUELOG_DATABASE_URL"] = database_url
         app = _create_app()
     url = app.config["DATABASE_URL"]
+    # The workers inherit the database checked and shown here, never a default of their own
+    # (from a checkout, gunicorn's working directory puts the checkout's app first, whose
+    # default instance folder is not the installed one's).
+    os.environ["QUEUELOG_DATABASE_URL"] = url
     try:
         require_migrated_database(url, app.extensions["queuelog"].db.engine)
     except DBAPIError as exc:

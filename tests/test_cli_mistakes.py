@@ -174,3 +174,50 @@ def test_serve_runs_the_installed_app_under_the_shipped_settings_from_any_direct
     assert stderr.splitlines()[0] == (f"queuelog: serving sqlite:///{tmp_path / 'q.sqlite3'} "
                                       f"on 127.0.0.1:{port}")
     assert server.returncode == 0
+
+
+@pytest.mark.slow
+def test_serve_from_a_checkout_serves_the_default_database_it_names(tmp_path) -> None:
+    """With no QUEUELOG_DATABASE_URL, `queuelog serve` run inside a checkout (where gunicorn's
+    working directory puts the checkout's `app` first, whose default instance folder differs)
+    serves the installed default database it names: the key made there signs in."""
+    from tests.servers import REPO_ROOT
+
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith(("QUEUELOG_", "GUNICORN_")) and k != "PYTHONPATH"}
+    environ.update(QUEUELOG_JOB_TYPES="email", TMPDIR=str(tmp_path))
+    default = Path(sys.prefix) / "var" / "app-instance" / "queuelog.sqlite3"
+    existed = default.exists()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(QUEUELOG), *args], cwd=REPO_ROOT, env=environ,
+                              capture_output=True, text=True, timeout=120, check=True)
+
+    cli("db", "upgrade")
+    token = cli("keys", "create", f"serve-check-{os.getpid()}", "--role", "admin"
+                ).stdout.splitlines()[-1]
+    port = free_port()
+    environ.update(QUEUELOG_BIND=f"127.0.0.1:{port}", GUNICORN_WORKERS="1")
+    server = subprocess.Popen([str(QUEUELOG), "serve", "--threads", "2"], cwd=REPO_ROOT,
+                              env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                answer = requests.get(f"http://127.0.0.1:{port}/types", timeout=5,
+                                      headers={"Authorization": f"Bearer {token}"})
+                break
+            except requests.RequestException:
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert answer.status_code == 200, answer.text
+        assert [t["type"] for t in answer.json()["types"]] == ["email"]
+    finally:
+        server.terminate()
+        _, stderr = server.communicate(timeout=60)
+        if not existed:
+            for leftover in default.parent.glob("queuelog.sqlite3*"):
+                leftover.unlink()
+    assert stderr.splitlines()[0].startswith(f"queuelog: serving sqlite:///{default} ")
