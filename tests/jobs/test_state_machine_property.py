@@ -57,7 +57,10 @@ class ModelJob:
     lease_token: str | None = None
     error: str | None = None
     past_tokens: list[str] = field(default_factory=list)
-    # The complete or fail that left the job as it is: (action, worker, token, body, delay).
+    # The complete or fail that left the job as it is: (action, worker, token, body, delay),
+    # the token being the lease's it landed under, whether or not the report carried it: the
+    # service keeps that lease's token on the row and takes a report repeated with it (and
+    # the same body) as a repeat, even when the one that landed came without a token.
     last_report: tuple[str, str, str, dict[str, Any], int] | None = None
 
     def held_by(self, worker: str, now: int, token: str | None) -> bool:
@@ -111,7 +114,16 @@ class Env:
 
 
 # The second worker's key is limited to these types.
-WORKER_TYPES = {"worker-1": None, "worker-2": frozenset({"email", "pdf"})}
+WORKER_2_TYPES = frozenset({"email", "pdf"})
+WORKER_TYPES: dict[str, frozenset[str] | None] = {"worker-1": None, "worker-2": WORKER_2_TYPES}
+
+
+def make_keys(make_key: Any) -> dict[str, Any]:
+    return {
+        "admin": make_key("admin-1", "admin"),
+        "worker-1": make_key("worker-1", "worker"),
+        "worker-2": make_key("worker-2", "worker", types=sorted(WORKER_2_TYPES)),
+    }
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -237,8 +249,9 @@ class QueueMachine(RuleBasedStateMachine):
             assert response.status_code == 422, response.get_json()
             return
         wanted = None if types is None else frozenset(types)
-        if WORKER_TYPES[worker] is not None:
-            wanted = WORKER_TYPES[worker] if wanted is None else wanted & WORKER_TYPES[worker]
+        limit = WORKER_TYPES[worker]
+        if limit is not None:
+            wanted = limit if wanted is None else wanted & limit
         # An empty set of types finds nothing without touching the queue (no rescue either).
         if wanted is not None and not wanted:
             assert response.status_code == 204
@@ -285,12 +298,12 @@ class QueueMachine(RuleBasedStateMachine):
         if job is None:
             return
         assert response.get_json()["result"] == {"ok": job_id}
+        held_token = job.lease_token
         job.status, job.lease_expires_at = "completed", None
-        if job.lease_token is not None:
-            job.past_tokens.append(job.lease_token)
+        if held_token is not None:
+            job.past_tokens.append(held_token)
+            job.last_report = ("complete", worker, held_token, {"result": {"ok": job_id}}, 0)
         job.lease_token = None
-        if lease_token is not None:
-            job.last_report = ("complete", worker, lease_token, {"result": {"ok": job_id}}, 0)
 
     @rule(job_id=st.one_of(jobs, st.just(UNKNOWN_ID)),
           worker=st.sampled_from(sorted(WORKER_TYPES)),
@@ -314,9 +327,10 @@ class QueueMachine(RuleBasedStateMachine):
             delay_us = parse_rfc3339(shown["run_at"]) - self.now
             if job.retry_count < job.max_retries:
                 assert ceiling / 2 - 1 <= delay_us <= ceiling + 1, (delay_us, ceiling)
+        held_token = job.lease_token
         job.attempt_failed(self.now, error, delay_us)
-        if lease_token is not None:
-            job.last_report = ("fail", worker, lease_token, body, delay_us)
+        if held_token is not None:
+            job.last_report = ("fail", worker, held_token, body, delay_us)
 
     @rule(seconds=st.sampled_from([0.5, 1, 5, 30, 299, 300, 301, 3600]))
     def time_passes(self, seconds: float) -> None:
@@ -348,14 +362,9 @@ class QueueMachine(RuleBasedStateMachine):
 @pytest.mark.slow
 def test_every_answer_and_every_job_follow_the_contracts_state_machine(
         app: Flask, client: FlaskClient, clock: ManualClock, make_key: Any) -> None:
-    keys = {
-        "admin": make_key("admin-1", "admin"),
-        "worker-1": make_key("worker-1", "worker"),
-        "worker-2": make_key("worker-2", "worker", types=sorted(WORKER_TYPES["worker-2"])),
-    }
-    env = Env(app, client, clock, keys)
+    env = Env(app, client, clock, make_keys(make_key))
     run_state_machine_as_test(
-        lambda: QueueMachine(env),
+        lambda: QueueMachine(env),  # type: ignore[arg-type]  # a factory, as documented
         settings=settings(max_examples=60, stateful_step_count=40, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow]),
     )
@@ -371,3 +380,81 @@ def test_one_claim_takes_one_job_however_many_are_claimable(
 
     assert [c.status_code for c in claimed] == [200, 200, 200, 204]
     assert [c.get_json()["id"] for c in claimed[:3]] == ids
+
+
+def _machine(app: Flask, client: FlaskClient, clock: ManualClock, make_key: Any
+             ) -> QueueMachine:
+    return QueueMachine(Env(app, client, clock, make_keys(make_key)))
+
+
+def test_the_model_takes_a_tokened_repeat_of_a_tokenless_complete_as_a_repeat(
+        app: Flask, client: FlaskClient, clock: ManualClock, make_key: Any) -> None:
+    """Found by the property above (saved examples, both engines): a complete sent without a
+    token landed under the lease it held; the same complete sent again with that lease's
+    token answers 200, a repeat, where the model wanted 409 for a "stale" token. No lease
+    was rescued and nobody claimed the job again, so nothing is fenced: the model, which
+    only remembered reports that carried a token, was wrong."""
+    machine = _machine(app, client, clock, make_key)
+    job_id = machine.enqueue(job_type="email", priority="low", max_retries=0, delay=None)
+    machine.cancel(job_id)
+    machine.retry(job_id)
+    machine.claim(worker="worker-1", types=None, lease_seconds=None)
+    machine.every_job_is_as_the_model_says()
+    machine.complete(job_id, worker="worker-1", token=None)
+    machine.every_job_is_as_the_model_says()
+    machine.complete(job_id, worker="worker-1", token="stale")  # was: 200 == 409
+    machine.every_job_is_as_the_model_says()
+    # The other worker, or no token at all, is still refused.
+    machine.complete(job_id, worker="worker-2", token="stale")
+    machine.complete(job_id, worker="worker-1", token=None)
+    machine.every_job_is_as_the_model_says()
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_the_model_takes_a_tokened_repeat_of_a_tokenless_fail_as_a_repeat(
+        app: Flask, client: FlaskClient, clock: ManualClock, make_key: Any,
+        retries: int) -> None:
+    """The same for fail, whether the job ended failed or went back to pending."""
+    machine = _machine(app, client, clock, make_key)
+    job_id = machine.enqueue(job_type="email", priority="low", max_retries=retries,
+                             delay=None)
+    machine.claim(worker="worker-1", types=None, lease_seconds=None)
+    machine.fail(job_id, worker="worker-1", token=None, retry_in_seconds=5)
+    machine.every_job_is_as_the_model_says()
+    machine.fail(job_id, worker="worker-1", token="stale", retry_in_seconds=5)
+    machine.fail(job_id, worker="worker-1", token="stale", retry_in_seconds=None)
+    machine.fail(job_id, worker="worker-1", token="stale", retry_in_seconds=100)
+    machine.every_job_is_as_the_model_says()
+
+
+def test_a_token_whose_lease_was_rescued_and_the_job_claimed_again_stays_fenced(
+        api: Any, client: FlaskClient, admin: Any, worker: Any, make_key: Any,
+        clock: ManualClock) -> None:
+    """The service side of the sequence above: a complete repeated with the token of the
+    lease it landed under is a repeat (200, nothing changed); a token whose lease was rescued
+    and whose job another worker claimed is refused with 409 and a report_refused event."""
+    job_id = api.enqueue(admin).get_json()["id"]
+    token = api.claim(worker).get_json()["lease_token"]
+    landed = api.complete(worker, job_id, result={"ok": 1})
+    assert landed.status_code == 200
+    repeated = api.complete(worker, job_id, lease_token=token, result={"ok": 1})
+    assert repeated.status_code == 200
+    assert repeated.get_json() == landed.get_json()
+    assert api.complete(worker, job_id, lease_token=token,
+                        result={"ok": 2}).status_code == 409
+
+    other = make_key("worker-2", "worker")
+    job_id = api.enqueue(admin, max_retries=1).get_json()["id"]
+    stale = api.claim(worker, lease_seconds=1).get_json()["lease_token"]
+    clock.advance(2)
+    fresh = api.claim(other).get_json()["lease_token"]  # rescues the lease, then claims
+    assert fresh != stale
+    answers = [api.complete(worker, job_id, lease_token=stale),
+               api.fail(worker, job_id, lease_token=stale, error="late"),
+               api.heartbeat(worker, job_id, lease_token=stale)]
+    assert [answer.status_code for answer in answers] == [409, 409, 409]
+    shown = client.get(f"/jobs/{job_id}/events", headers=admin.headers).get_json()["events"]
+    refused = [event["detail"]["report"] for event in shown
+               if event["event"] == "report_refused"]
+    assert refused == ["complete", "fail", "heartbeat"]
+    assert api.complete(other, job_id, lease_token=fresh).status_code == 200
