@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.origins import push_origin
+
 
 class ConfigError(ValueError):
     """A QUEUELOG_ variable holds a value the service cannot run with."""
@@ -49,8 +51,6 @@ def _job_types(text: str) -> frozenset[str]:
 
 
 def _push_origins(text: str) -> frozenset[str]:
-    from app.types.models import push_origin  # the one origin rule, shared with delivery
-
     origins = set()
     for part in (part.strip() for part in text.split(",")):
         if not part:

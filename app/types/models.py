@@ -15,10 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from urllib3.exceptions import LocationParseError
-from urllib3.util import parse_url
-
 from app.clock import MICROS
+from app.origins import push_origin
 
 MAX_LIMIT = 100_000
 MIN_RATE = 0.001
@@ -152,23 +150,6 @@ PUSH_URL_PATTERN = (
     rf"(?::{_PORT})?"
     r"(?:[/?][!$-~]*)?\Z"
 )
-
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def push_origin(url: str) -> str | None:
-    """The origin a push url sends to, parsed as the dispatcher's HTTP client parses it
-    (urllib3), so that what is checked is what is connected to: "scheme://host:port",
-    lower-cased, the default port spelled out. None when it names no http(s) host."""
-    try:
-        parsed = parse_url(url.strip())
-    except LocationParseError:
-        return None
-    scheme = (parsed.scheme or "").lower()
-    if scheme not in _DEFAULT_PORTS or not parsed.host:
-        return None
-    return f"{scheme}://{parsed.host.lower()}:{parsed.port or _DEFAULT_PORTS[scheme]}"
 
 
 def push_origin_refusal(url: str, allowed: frozenset[str] | None) -> str | None:
