@@ -234,10 +234,11 @@ def test_the_readme_links_every_document_in_docs() -> None:
 
 def test_scaling_counts_postgresql_connections_with_the_shipped_worker_count() -> None:
     """docs/SCALING.md once counted 2 workers a host: the test machine's cores, not what
-    gunicorn.conf.py ships (one worker per core, at most 4)."""
-    conf = (ROOT / "gunicorn.conf.py").read_text()
+    the shipped gunicorn settings give (one worker per core, at most 4). They live in
+    queuelog_gunicorn/conf.py; the checkout's gunicorn.conf.py only imports them."""
+    conf = (ROOT / "queuelog_gunicorn" / "conf.py").read_text()
     cap = re.search(r'"GUNICORN_WORKERS", min\(os\.cpu_count\(\) or 1, (\d+)\)', conf)
-    assert cap is not None, "gunicorn.conf.py's default worker count is no longer min(cores, N)"
+    assert cap is not None, "queuelog_gunicorn/conf.py's default worker count is no longer min(cores, N)"
     workers = int(cap[1])
     pool = next(s.default for s in SETTINGS if s.variable == "QUEUELOG_DB_POOL_SIZE")
     scaling = (ROOT / "docs" / "SCALING.md").read_text()
