@@ -139,6 +139,24 @@ def test_serve_on_a_port_in_use_names_the_address_and_queuelog_bind(tmp_path) ->
                             "Address already in use", "QUEUELOG_BIND")
 
 
+def _serve(cwd: Path, environ: dict[str, str]) -> subprocess.Popen[str]:
+    """`queuelog serve` started as a user would, one worker of two threads."""
+    return subprocess.Popen([str(QUEUELOG), "serve", "--threads", "2"], cwd=cwd, env=environ,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _first_answer(server: subprocess.Popen[str], url: str, **headers: str) -> requests.Response:
+    """The first answer of a server still booting (not listening, or no worker yet)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return requests.get(url, timeout=5, headers=headers)
+        except requests.RequestException:
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_serve_runs_the_installed_app_under_the_shipped_settings_from_any_directory(
         tmp_path) -> None:
@@ -148,19 +166,9 @@ def test_serve_runs_the_installed_app_under_the_shipped_settings_from_any_direct
                if not k.startswith(("QUEUELOG_", "GUNICORN_")) and k != "PYTHONPATH"}
     environ.update(env, QUEUELOG_BIND=f"127.0.0.1:{port}", GUNICORN_WORKERS="1",
                    TMPDIR=str(tmp_path))
-    server = subprocess.Popen([str(QUEUELOG), "serve", "--threads", "2"], cwd=tmp_path,
-                              env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
+    server = _serve(tmp_path, environ)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                answer = requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
-                break
-            except requests.RequestException:  # not listening, or no worker booted yet
-                assert server.poll() is None, server.stderr.read() if server.stderr else ""
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+        answer = _first_answer(server, f"http://127.0.0.1:{port}/healthz")
         assert answer.json() == {"status": "ok"}
         # The listening process is gunicorn itself (queuelog serve exec'd it), under the
         # settings inside the installed package.
@@ -198,20 +206,10 @@ def test_serve_from_a_checkout_serves_the_default_database_it_names(tmp_path) ->
                 ).stdout.splitlines()[-1]
     port = free_port()
     environ.update(QUEUELOG_BIND=f"127.0.0.1:{port}", GUNICORN_WORKERS="1")
-    server = subprocess.Popen([str(QUEUELOG), "serve", "--threads", "2"], cwd=REPO_ROOT,
-                              env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
+    server = _serve(REPO_ROOT, environ)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                answer = requests.get(f"http://127.0.0.1:{port}/types", timeout=5,
-                                      headers={"Authorization": f"Bearer {token}"})
-                break
-            except requests.RequestException:
-                assert server.poll() is None, server.stderr.read() if server.stderr else ""
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+        answer = _first_answer(server, f"http://127.0.0.1:{port}/types",
+                               Authorization=f"Bearer {token}")
         assert answer.status_code == 200, answer.text
         assert [t["type"] for t in answer.json()["types"]] == ["email"]
     finally:
