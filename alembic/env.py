@@ -7,7 +7,8 @@ from logging.config import fileConfig
 
 from alembic import context
 
-from app.db import make_engine, metadata
+from app.storage.engine import make_engine
+from app.storage.schema import metadata
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -9,11 +9,8 @@ from typing import Any
 
 from flask import Flask
 
-from app.auth import init_auth
-from app.clock import Clock
 from app.config import configuration_warnings, load_settings, normalise
-from app.db import Database, make_engine
-from app.errors import register_error_handlers
+from app.core.clock import Clock
 from app.history.recorder import HistoryRecorder
 from app.history.service import HistoryService
 from app.jobs.counts import BacklogCounts
@@ -24,7 +21,10 @@ from app.keys.service import KeyService
 from app.ops import init_ops
 from app.ops.metrics import QueueMetrics
 from app.schedules.service import FiringSink, ScheduleService, ScheduleSettings
+from app.storage.engine import Database, make_engine
 from app.types.service import FlowControl, SkipSink, TypeService
+from app.web.auth import init_auth
+from app.web.problems import register_error_handlers
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.ui import init_ui
 
     init_ui(app)
-    from app.openapi import bp as openapi_bp
+    from app.web.openapi import bp as openapi_bp
 
     app.register_blueprint(openapi_bp)
     from app.cli import register_commands

@@ -7,7 +7,7 @@ distribution).
 `queuelog` is a Flask CLI group over the app factory, so `flask --app app …` works the same.
 A mistake with the database (a URL queuelog cannot use, a file that is not there, a schema
 not migrated, a server that refuses) is one line on stderr, never a traceback: the group's
-invoke below is the one place that turns them into messages (their wording: app/db.py).
+invoke below is the one place that turns them into messages (their wording: app/storage/engine.py).
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from flask.cli import AppGroup, FlaskGroup, ScriptInfo, with_appcontext
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from app.db import DatabaseSetupError, explain_database_error, shown_url, sqlite_path
-from app.errors import NotFound, Problem
-from app.jobs.models import TERMINAL_STATUSES, Priority
-from app.keys.models import Role
+from app.core.callers import Role
+from app.core.priorities import Priority
+from app.core.statuses import TERMINAL_STATUSES
 from app.keys.service import KeyCommandError
+from app.storage.engine import DatabaseSetupError, explain_database_error, shown_url, sqlite_path
 from app.types.models import MAX_LIMIT, MAX_RATE, MIN_RATE
+from app.web.problems import NotFound, Problem
 
 if TYPE_CHECKING:  # app imports this module while it is being built
     from app import Services
@@ -66,7 +67,7 @@ def require_migrated_database(url: str, engine: Engine) -> None:
     """Refuse, in one line, a SQLite file that is not there (a mistyped path would otherwise
     be created empty by the first connection) and a database whose schema is not this
     queuelog's. Only `db upgrade` creates and migrates."""
-    from app.migrations import current_revision, head_revision
+    from app.storage.migrations import current_revision, head_revision
 
     path = sqlite_path(url)
     if path is not None and not os.path.isfile(path):
@@ -99,7 +100,7 @@ def db_upgrade(revision: str) -> None:
     """Apply Alembic migrations to QUEUELOG_DATABASE_URL (default: to the newest)."""
     from alembic.util import CommandError
 
-    from app.migrations import upgrade
+    from app.storage.migrations import upgrade
 
     url = current_app.config["DATABASE_URL"]
     path = sqlite_path(url)
@@ -182,7 +183,7 @@ def _burst_text(settings: Any) -> str:
 def types_list() -> None:
     """Each configured type: paused, limits, counts (pending, running and the finished ones),
     oldest claimable age, last claim."""
-    from app.clock import to_rfc3339
+    from app.core.clock import to_rfc3339
 
     views = _services().types.list_types()
     click.echo(f"{'type':<20} {'paused':<7} {'max_run':<8} {'per_key':<8} {'rate/s':<9} "
@@ -252,7 +253,7 @@ schedules_group = AppGroup("schedules", help="List, create, pause, resume and de
 
 def _echo_schedules(schedules: Any) -> None:
     """The schedules as a table, its header first (one row or many)."""
-    from app.clock import to_rfc3339
+    from app.core.clock import to_rfc3339
 
     click.echo(f"{'name':<24} {'cron':<16} {'timezone':<18} {'catch_up':<7} {'paused':<7} "
                f"{'next_run_at':<27}  last_run_at")
@@ -373,7 +374,7 @@ def purge(older_than: str, statuses: tuple[str, ...], force: bool,
 @click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
 def copy(source_url: str, target_url: str, batch_size: int) -> None:
     """Copy every job and key to another database, ids kept (stop the service first)."""
-    from app.transfer import TransferError, copy_database
+    from app.storage.transfer import TransferError, copy_database
 
     try:
         copied = copy_database(source_url, target_url, batch_size=batch_size)

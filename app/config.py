@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.origins import push_origin
+from app.core.origins import push_origin
 
 
 class ConfigError(ValueError):
@@ -73,7 +73,7 @@ def _sqlite_synchronous(text: str) -> str:
     return value
 
 
-# The Database's own default too (app/db.py), for engines built outside the app factory.
+# The Database's own default too (app/storage/engine.py), for engines built outside the app factory.
 DEFAULT_COUNTING_READS = 3
 
 

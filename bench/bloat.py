@@ -65,7 +65,7 @@ class Side:
 
     def __init__(self, url: str) -> None:
         from app import create_app
-        from app.keys.models import Role
+        from app.core.callers import Role
 
         self.url = url
         app = create_app({"DATABASE_URL": url, "JOB_TYPES": JOB_TYPES})

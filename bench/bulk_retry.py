@@ -24,8 +24,8 @@ if __package__ in (None, ""):  # run as `python bench/bulk_retry.py`
 from sqlalchemy import event
 
 from app import create_app
+from app.core.callers import Role
 from app.jobs.schemas import EnqueueSchema
-from app.keys.models import Role
 from bench.data import migrated_database, scratch_directory
 
 ENQUEUE_BATCH = 1000

@@ -28,7 +28,7 @@ def sqlite_url(path: str | Path) -> str:
 
 def migrated_database(directory: str | Path, name: str = "queuelog.sqlite3") -> str:
     """A fresh SQLite file at the newest migration; returns its URL."""
-    from app.migrations import upgrade
+    from app.storage.migrations import upgrade
 
     url = sqlite_url(Path(directory) / name)
     upgrade(url)
@@ -38,7 +38,7 @@ def migrated_database(directory: str | Path, name: str = "queuelog.sqlite3") -> 
 def create_keys(url: str, keys: Mapping[str, str]) -> dict[str, str]:
     """Create keys {name: role} in the database and return {name: token}."""
     from app import create_app
-    from app.keys.models import Role
+    from app.core.callers import Role
 
     app = create_app({"DATABASE_URL": url, "JOB_TYPES": JOB_TYPES})
     services = app.extensions["queuelog"]
@@ -169,7 +169,7 @@ def postgres_database(server_url: str) -> Iterator[str]:
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
-    from app.migrations import upgrade
+    from app.storage.migrations import upgrade
 
     name = f"queuelog_bench_{uuid.uuid4().hex[:12]}"
     admin = create_engine(server_url, isolation_level="AUTOCOMMIT")

@@ -22,8 +22,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/depth.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.db import Database, jobs, make_engine
 from app.jobs.repository import JobRepository
+from app.storage.engine import Database, make_engine
+from app.storage.schema import jobs
 from bench.data import migrated_database, scratch_directory
 from bench.report import Report, Table, Target, run_script
 from bench.stats import Spread, percentile

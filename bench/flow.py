@@ -30,8 +30,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/flow.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.db import jobs
-from app.keys.models import Role
+from app.core.callers import Role
+from app.storage.schema import jobs
 
 # The worker's cycle (POST /jobs/claim, then complete) as http_single.py measures it; the
 # import registers the scenario under its name for the load generator.

@@ -17,15 +17,15 @@ from collections import defaultdict
 from pathlib import Path
 
 from app import create_app
-from app.keys.models import Role
-from app.migrations import upgrade
+from app.core.callers import Role
+from app.storage.migrations import upgrade
 
 LAYERS = [
     ("the test client (absent under gunicorn)", ("/werkzeug/test.py", "/flask/testing.py",
                                                   "/werkzeug/wsgi.py")),
     ("queuelog: request log and metrics", ("/app/ops/",)),
-    ("queuelog: auth and keys", ("/app/auth.py", "/app/keys/")),
-    ("queuelog: group commit", ("/app/db.py",)),
+    ("queuelog: auth and keys", ("/app/web/auth.py", "/app/keys/")),
+    ("queuelog: group commit", ("/app/storage/engine.py", "/app/storage/group_commit.py")),
     ("queuelog: jobs (routes, service, repository, schemas)", ("/app/",)),
     ("marshmallow", ("/marshmallow/",)),
     ("sqlalchemy", ("/sqlalchemy/",)),

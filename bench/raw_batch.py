@@ -21,10 +21,10 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.dialects import sqlite
 
-from app.db import jobs
+from app.core.callers import Caller, Role
+from app.core.priorities import Priority
 from app.jobs.intake import IntakeRules, new_job
-from app.jobs.models import Priority
-from app.keys.models import Caller, Role
+from app.storage.schema import jobs
 from bench.data import JOB_TYPES, job_body, migrated_database
 from bench.storage import (
     BUSY_TIMEOUT_MS,

@@ -55,7 +55,7 @@ def create_schedules(url: str, active: int, paused: int) -> None:
 
 def lateness_by_slot(url: str) -> dict[int, list[float]]:
     """{slot: [seconds from the slot to its job's created_at, …]} of the schedule jobs."""
-    from app.db import jobs
+    from app.storage.schema import jobs
 
     engine = create_engine(url)
     try:

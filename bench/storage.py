@@ -20,12 +20,15 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/storage.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.clock import Clock
-from app.db import Database, jobs, make_engine
-from app.jobs.models import Backoff, JobStatus, Priority, Transition
+from app.core.callers import Caller, Role
+from app.core.clock import Clock
+from app.core.priorities import Priority
+from app.core.statuses import JobStatus
+from app.jobs.models import Backoff, Transition
 from app.jobs.repository import JobRepository
 from app.jobs.service import JobService, QueueSettings
-from app.keys.models import Caller, Role
+from app.storage.engine import Database, make_engine
+from app.storage.schema import jobs
 from bench.data import migrated_database, scratch_directory
 from bench.report import Report, Table, Target, run_script
 from bench.stats import Spread, percentile

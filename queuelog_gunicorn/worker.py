@@ -99,8 +99,8 @@ def problem_in_place_of(page: bytes, cfg: Any) -> bytes:
     """The whole answer (status line, headers, problem body) for gunicorn's error page."""
     # Imported here, in a worker, which has loaded the app anyway: the master, which loads
     # this module, must not (see queuelog_gunicorn/__init__.py). The problems' titles and
-    # types are app/errors.py's.
-    from app.errors import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_BASE, problem_kind
+    # types are app/web/problems.py's.
+    from app.web.problems import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_BASE, problem_kind
 
     status_line = page.split(b"\r\n", 1)[0].decode("latin-1")
     _, code, reason = [*status_line.split(" ", 2), "", ""][:3]

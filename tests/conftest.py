@@ -22,9 +22,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from app import create_app
-from app.clock import ManualClock
-from app.keys.models import Role
-from app.migrations import upgrade
+from app.core.callers import Role
+from app.core.clock import ManualClock
+from app.storage.migrations import upgrade
 
 POSTGRES_URL_VARIABLE = "QUEUELOG_TEST_POSTGRES_URL"
 JOB_TYPES = frozenset({"email", "pdf", "sync"})

@@ -23,11 +23,11 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from app.clock import Clock
-from app.db import Database, make_engine
-from app.jobs.models import Priority
-from app.keys.models import Role
+from app.core.callers import Role
+from app.core.clock import Clock
+from app.core.priorities import Priority
 from app.keys.service import KeyService
+from app.storage.engine import Database, make_engine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"

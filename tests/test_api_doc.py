@@ -1,6 +1,6 @@
 """docs/API.md stays complete: every route of the app has its section there, with a curl
 example and the response it gives. The dashboard's HTML pages under /ui/ are deliberately left
-out (app.openapi.api_rules): they are no JSON API route; docs/DASHBOARD.md and docs/API.md's
+out (app.web.openapi.api_rules): they are no JSON API route; docs/DASHBOARD.md and docs/API.md's
 opening say so."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from flask import Flask
 
 from app import create_app
-from app.openapi import api_rules
+from app.web.openapi import api_rules
 
 API_DOC = Path(__file__).resolve().parent.parent / "docs" / "API.md"
 _IMPLICIT_METHODS = {"HEAD", "OPTIONS"}

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import select
 
 from app.cli import parse_duration
-from app.db import job_attempts, job_events
-from app.migrations import head_revision
+from app.storage.migrations import head_revision
+from app.storage.schema import job_attempts, job_events
 
 QUEUELOG = Path(sys.executable).with_name("queuelog")
 

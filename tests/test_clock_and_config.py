@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.clock import parse_rfc3339, to_rfc3339
 from app.config import ConfigError, load_settings
+from app.core.clock import parse_rfc3339, to_rfc3339
 
 
 @pytest.mark.parametrize("text,expected", [

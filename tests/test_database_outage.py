@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from app import create_app
-from app.keys.models import Role
+from app.core.callers import Role
 from tests.conftest import JOB_TYPES, Api, Key
 from tests.tcp_proxy import TcpProxy
 

@@ -12,7 +12,6 @@ from alembic import command
 from sqlalchemy import column, event, table, text
 from sqlalchemy.exc import IntegrityError
 
-from app.db import Database, make_engine
 from app.jobs.repository import (
     JobRepository,
     _candidates_one_type,
@@ -26,7 +25,8 @@ from app.jobs.repository import (
     _pending_by_type,
     _select_by_idempotency_key,
 )
-from app.migrations import alembic_config, current_revision, head_revision, upgrade
+from app.storage.engine import Database, make_engine
+from app.storage.migrations import alembic_config, current_revision, head_revision, upgrade
 
 
 @pytest.fixture

@@ -27,11 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app import create_app
-from app.http import MAX_JSON_DEPTH
-from app.jobs.ids import MAX_JOB_ID
-from app.jobs.schemas import MAX_PAGE_BYTES
-from app.keys.models import Role
-from app.migrations import upgrade
+from app.core.callers import Role
+from app.core.limits import MAX_JOB_ID, MAX_PAGE_BYTES
+from app.storage.migrations import upgrade
+from app.web.http import MAX_JSON_DEPTH
 from tests.conftest import JOB_TYPES, Key
 from tests.servers import LiveServer, create_api_key
 

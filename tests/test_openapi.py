@@ -9,7 +9,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.openapi import api_rules
+from app.web.openapi import api_rules
 from tests.conftest import JOB_TYPES
 
 PROBLEM_TYPE = "application/problem+json"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.redaction import MASK, MAX_STORED_ERROR_CHARS, display_url, redact_error, scrub_url
+from app.core.redaction import MASK, MAX_STORED_ERROR_CHARS, display_url, redact_error, scrub_url
 
 NAMES = ["password", "passwd", "pwd", "secret", "token", "api_key", "authorization"]
 

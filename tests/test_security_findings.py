@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import create_engine, inspect, select
 
 from app import create_app
-from app.db import jobs as jobs_table
-from app.jobs.models import Priority
-from app.keys.models import Role
+from app.core.callers import Role
+from app.core.priorities import Priority
+from app.storage.schema import jobs as jobs_table
 from tests.conftest import JOB_TYPES, Api, Key
 
 PROBLEM = "application/problem+json"

@@ -1,4 +1,4 @@
-"""Hot statements run on SQLite's driver cursor (app/statements.py): the same rows and the
+"""Hot statements run on SQLite's driver cursor (app/storage/statements.py): the same rows and the
 same errors as through Core, and nothing silently left on the slow path."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from app.db import Database, make_engine
 from app.history import repository as history_repository
 from app.jobs import repository as job_repository
 from app.keys import repository as key_repository
-from app.statements import DriverStatement
+from app.storage.engine import Database, make_engine
+from app.storage.statements import DriverStatement
 
 _metadata = MetaData()
 _things = Table("things", _metadata, Column("id", Integer, primary_key=True),

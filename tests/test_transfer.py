@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import select
 
 from app import create_app
-from app.db import Database, make_engine
-from app.keys.models import Role
-from app.migrations import current_revision
+from app.core.callers import Role
 from app.schedules.schemas import ScheduleCreateSchema
-from app.transfer import TABLES, TransferError, copy_database
+from app.storage.engine import Database, make_engine
+from app.storage.migrations import current_revision
+from app.storage.transfer import TABLES, TransferError, copy_database
 from tests.conftest import JOB_TYPES, Api, Key
 
 

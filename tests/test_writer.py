@@ -1,4 +1,5 @@
-"""The SQLite group-commit writer (app/writer.py), driven directly on a real SQLite file."""
+"""The SQLite group-commit writer (app/storage/group_commit.py), driven directly on a real
+SQLite file."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
-from app.db import make_engine
-from app.writer import SqliteWriter
+from app.storage.engine import make_engine
+from app.storage.group_commit import SqliteWriter
 
 # Long enough for any thread here; a thread still alive after it means a hung group.
 JOIN_SECONDS = 30

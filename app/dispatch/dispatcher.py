@@ -26,18 +26,18 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from types import FrameType
 
-from app.clock import MICROS, Clock
+from app.core.callers import Caller, Role
+from app.core.clock import MICROS, Clock
+from app.core.priorities import Priority
+from app.core.redaction import display_url, redact_error, scrub_url
 from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
 from app.dispatch.metrics import DispatchMetrics
 from app.dispatch.outcome import Kind, Outcome, outcome_of
-from app.errors import Conflict, NotFound, ValidationFailed
-from app.jobs.models import Priority
 from app.jobs.schemas import represent
 from app.jobs.service import Claimed, JobService
-from app.keys.models import Caller, Role
-from app.redaction import display_url, redact_error, scrub_url
 from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings, push_origin_refusal
 from app.types.service import TypeService
+from app.web.problems import Conflict, NotFound, ValidationFailed
 from queuelog_client.signature import SIGNATURE_HEADER, signature_header
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from urllib3.exceptions import HTTPError, NewConnectionError
 from urllib3.exceptions import TimeoutError as OperationTimedOut
 from urllib3.util import parse_url
 
-from app.redaction import display_url
+from app.core.redaction import display_url
 
 # Connecting is quick or it is not happening: at most this long (within the timeout).
 MAX_CONNECT_SECONDS = 10.0
@@ -167,7 +167,7 @@ class _WatchedHTTPSPool(HTTPSConnectionPool):
 
 class _RequestTargetMasking(logging.Filter):
     """urllib3 logs each request's target (path and query) at DEBUG: a push url's query may
-    be a signature, so the target is logged in the display form (app/redaction.py)."""
+    be a signature, so the target is logged in the display form (app/core/redaction.py)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):

@@ -16,9 +16,9 @@ from typing import Any
 from marshmallow import ValidationError
 
 from app.dispatch.http import Answer
-from app.errors import ValidationFailed
-from app.http import parse_json
 from app.jobs.schemas import CompleteSchema
+from app.web.http import parse_json
+from app.web.problems import ValidationFailed
 
 ERROR_BODY_CHARS = 200
 # Retry-After is obeyed up to a day (a fail's own retry_in_seconds ceiling).
@@ -87,7 +87,7 @@ def outcome_of(answer: Answer, now_seconds: float) -> Outcome:
 
 def _json_object(answer: Answer) -> dict[str, Any] | None:
     """The body as the job's result when a worker's complete could have sent it as its
-    `result`: the API's strict JSON (app/http.py) and the complete schema's field; a body
+    `result`: the API's strict JSON (app/web/http.py) and the complete schema's field; a body
     past the payload limit was cut short, and is no result. (The size limit is the job
     service's, as for any complete.)"""
     if answer.truncated or not answer.body.strip():

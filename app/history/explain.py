@@ -21,8 +21,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app.clock import MICROS, to_rfc3339
-from app.jobs.models import TERMINAL_STATUSES, BoundedCount, Job, JobStatus
+from app.core.clock import MICROS, to_rfc3339
+from app.core.statuses import TERMINAL_STATUSES, JobStatus
+from app.jobs.models import BoundedCount, Job
 from app.jobs.repository import JobRepository
 from app.types.repository import TypeRepository
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from app.jobs.models import Job, JobStatus, Transition
+from app.core.statuses import JobStatus
+from app.jobs.models import Job, Transition
 
 
 class Outcome(enum.StrEnum):

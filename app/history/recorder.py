@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app.clock import MICROS, to_rfc3339
+from app.core.clock import MICROS, to_rfc3339
 from app.history.models import (
     ATTEMPT_ENDED_BY,
     SERVICE_ACTOR,

@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, delete, func, insert, literal_column, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from app.db import job_attempts, job_events, key_activity
 from app.history.models import Attempt, EventName, JobEvent, KeyActivity, Outcome
-from app.statements import DriverStatement
+from app.storage.schema import job_attempts, job_events, key_activity
+from app.storage.statements import DriverStatement
 
 # The attempt a claim opens: numbered after the job's earlier ones. The claim holds the job
 # (BEGIN IMMEDIATE on SQLite, the row lock on PostgreSQL), so no other attempt of the same
@@ -88,7 +88,7 @@ class HistoryRepository:
 
     def add_events(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Store events (`job_id`, `at`, `event`, `actor`, `detail`), several in one
-        executemany (on SQLite the driver's: see app/statements.py)."""
+        executemany (on SQLite the driver's: see app/storage/statements.py)."""
         if len(rows) == 1:
             _insert_event.rows(self.conn, rows[0])
         else:

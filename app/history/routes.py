@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, jsonify
 
-from app.auth import current_caller, require_roles
+from app.core.callers import Role
 from app.history.schemas import (
     AttemptListSchema,
     EventListSchema,
@@ -16,9 +16,9 @@ from app.history.schemas import (
     represent_worker,
 )
 from app.history.service import HistoryService
-from app.http import refuse_query_parameters
-from app.keys.models import Role
-from app.openapi import Reply, documented
+from app.web.auth import current_caller, require_roles
+from app.web.http import refuse_query_parameters
+from app.web.openapi import Reply, documented
 
 bp = Blueprint("history", __name__)
 

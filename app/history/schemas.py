@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from marshmallow import Schema, fields, validate
 
-from app.clock import to_rfc3339
+from app.core.clock import to_rfc3339
 from app.history.explain import Explanation
 from app.history.models import Attempt, EventName, JobEvent, Outcome
 from app.history.service import Worker

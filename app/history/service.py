@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.db import Database
-from app.errors import NotFound
+from app.core.callers import Caller, Role
+from app.core.statuses import JobStatus
 from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons
 from app.history.models import Attempt, JobEvent
 from app.history.repository import HistoryRepository
-from app.jobs.models import JobStatus
 from app.jobs.repository import JobRepository
 from app.jobs.service import JobService
-from app.keys.models import Caller, Role
 from app.keys.service import KeyService
+from app.storage.engine import Database
+from app.web.problems import NotFound
 
 # A timeline holds one event per change of the job and at most MAX_REFUSALS_KEPT refusals;
 # an answer shows the newest this many all the same, so that none grows without bound (a job
@@ -76,8 +76,9 @@ class HistoryService:
         self.jobs.get_job(caller, job_id)
         workers = [WorkerFacts(worker.name, worker.types, worker.last_claim_at)
                    for worker in self.workers()]
-        # A counting read (app/db.py): the jobs ahead are read up to the limit, and the flow
-        # reasons count what runs, so it takes a slot of the budget kept for such reads.
+        # A counting read (app/storage/engine.py): the jobs ahead are read up to the limit,
+        # and the flow reasons count what runs, so it takes a slot of the budget kept for such
+        # reads.
         with self.db.counting_read() as conn:
             job = JobRepository(conn).get_job(job_id)
             if job is None:  # purged in between

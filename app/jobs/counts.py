@@ -19,11 +19,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.clock import Clock
-from app.db import Database
-from app.errors import ServiceUnavailable
+from app.core.clock import Clock
 from app.jobs.models import PendingSummary
 from app.jobs.repository import JobRepository
+from app.storage.engine import Database
+from app.web.problems import ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class BacklogCounts:
                 if self._value is not None and self._counted_at >= begun_since:
                     return self._value
             started = time.monotonic()
-            # A counting read: it takes a slot of the counting-reads budget (app/db.py).
+            # A counting read: it takes a slot of the counting-reads budget (app/storage/engine.py).
             with self.db.counting_read() as conn:
                 now = self.clock.now_us()
                 repo = JobRepository(conn)

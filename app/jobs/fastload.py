@@ -15,16 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.jobs.models import Priority
-from app.jobs.schemas import (
-    MAX_BATCH_JOBS,
-    MAX_DELAY_SECONDS,
-    MAX_KEY_CHARS,
-    MAX_RETRIES,
-    MAX_TYPE_CHARS,
-    PRINTABLE_ASCII,
-    BatchEnqueueSchema,
-)
+from app.core.limits import MAX_KEY_CHARS, MAX_TYPE_CHARS
+from app.core.priorities import Priority
+from app.jobs.schemas import MAX_BATCH_JOBS, MAX_DELAY_SECONDS, MAX_RETRIES, BatchEnqueueSchema
+from app.web.fields import PRINTABLE_ASCII
 
 # The fields a plain job may hold, and the defaults EnqueueSchema loads for those missing.
 _PLAIN_FIELDS = frozenset({"type", "payload", "priority", "max_retries", "delay_seconds",

@@ -6,9 +6,7 @@ from typing import Any
 
 from werkzeug.routing import BaseConverter, ValidationError
 
-# Ids are 64-bit on both engines (SQLite's rowid, PostgreSQL's bigint); past this no job is
-# stored, and PostgreSQL could not even bind the number.
-MAX_JOB_ID = 2**63 - 1
+from app.core.limits import MAX_JOB_ID
 
 
 class JobIdConverter(BaseConverter):

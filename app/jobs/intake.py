@@ -12,9 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from app.clock import MICROS
-from app.errors import Forbidden, UniqueConflict, ValidationFailed
-from app.jobs.models import Job, JobStatus, Priority
+from app.core.callers import Caller
+from app.core.clock import MICROS
+from app.core.priorities import Priority
+from app.core.statuses import JobStatus
+from app.jobs.models import Job
 from app.jobs.uniqueness import (
     NOT_UNIQUE_COLUMNS,
     Deduplicated,
@@ -22,7 +24,7 @@ from app.jobs.uniqueness import (
     UniqueRequest,
     resolve_unique,
 )
-from app.keys.models import Caller
+from app.web.problems import Forbidden, UniqueConflict, ValidationFailed
 
 ONE_YEAR_US = 365 * 24 * 3600 * MICROS
 

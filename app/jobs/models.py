@@ -14,65 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.clock import MICROS
-
-
-class JobStatus(enum.StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
-
-# Each status's bit in a job's `unique_while` mask (the statuses in which it holds its unique
-# key). Stored, and spelled into the unique index's predicate: never renumber.
-STATUS_BITS: dict[JobStatus, int] = {
-    JobStatus.PENDING: 1,
-    JobStatus.RUNNING: 2,
-    JobStatus.COMPLETED: 4,
-    JobStatus.FAILED: 8,
-    JobStatus.CANCELLED: 16,
-}
-
-
-class Priority(enum.IntEnum):
-    """Stored as integers with gaps, so a level can be added without renumbering."""
-
-    LOW = 0
-    MEDIUM = 10
-    HIGH = 20
-    CRITICAL = 30
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-    @classmethod
-    def from_label(cls, label: str) -> Priority:
-        try:
-            return cls[label.strip().upper()]
-        except KeyError:
-            raise ValueError(f"unknown priority {label!r}") from None
-
-
-PRIORITY_LABELS = tuple(p.label for p in Priority)
+from app.core.clock import MICROS
+from app.core.statuses import JobStatus
 
 LEASE_EXPIRED_ERROR = "lease expired"
-
-# The claim order: the highest priority first, then the oldest, then the lowest id. The
-# claim's ORDER BY, its indexes (app/db.py) and the sorts in Python are all made from this.
-CLAIM_ORDER: tuple[tuple[str, bool], ...] = (("priority", True), ("created_at", False),
-                                             ("id", False))
-
-
-def claim_order_key(row: Any) -> tuple[int, ...]:
-    """The sort key of a job (or row) in claim order; its columns are all integers."""
-    return tuple(-getattr(row, name) if descending else getattr(row, name)
-                 for name, descending in CLAIM_ORDER)
-
 
 @dataclass(frozen=True, slots=True)
 class BoundedCount:

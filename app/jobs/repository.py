@@ -34,17 +34,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
-from app.db import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
-from app.jobs.models import (
-    STATUS_BITS,
-    BoundedCount,
-    Job,
-    JobStatus,
-    PendingSummary,
-    Transition,
-    claim_order_key,
-)
-from app.statements import DriverStatement
+from app.core.statuses import STATUS_BITS, JobStatus, claim_order_key
+from app.jobs.models import BoundedCount, Job, PendingSummary, Transition
+from app.storage.schema import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
+from app.storage.statements import DriverStatement
 from app.types.models import ClaimGate
 
 

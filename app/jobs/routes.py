@@ -6,9 +6,7 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
-from app.auth import current_caller, require_roles
-from app.errors import Forbidden, Problem, ValidationFailed, problem_body
-from app.http import json_body, load_body, load_query, no_content
+from app.core.callers import Role
 from app.jobs.fastload import load_batch
 from app.jobs.schemas import (
     BatchEnqueueSchema,
@@ -21,12 +19,10 @@ from app.jobs.schemas import (
     CompleteManyResultSchema,
     CompleteManySchema,
     CompleteSchema,
-    EmptySchema,
     EnqueueSchema,
     FailSchema,
     GetJobQuerySchema,
     HeartbeatSchema,
-    IdempotencyKeyHeaderSchema,
     JobListSchema,
     JobSchema,
     ListQuerySchema,
@@ -36,8 +32,11 @@ from app.jobs.schemas import (
 from app.jobs.service import Claimed, Enqueued, JobService
 from app.jobs.uniqueness import Deduplicated
 from app.jobs.waiting import NOT_WAITED_RETRY_AFTER_SECONDS, WaitAnswer
-from app.keys.models import Role
-from app.openapi import Reply, documented
+from app.web.auth import current_caller, require_roles
+from app.web.fields import EmptySchema, IdempotencyKeyHeaderSchema
+from app.web.http import json_body, load_body, load_query, no_content
+from app.web.openapi import Reply, documented
+from app.web.problems import Forbidden, Problem, ValidationFailed, problem_body
 
 bp = Blueprint("jobs", __name__)
 

@@ -8,17 +8,30 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from app.clock import parse_rfc3339, to_rfc3339
-from app.errors import ProblemSchema
+from app.core.clock import to_rfc3339
+from app.core.limits import MAX_JOB_ID, MAX_KEY_CHARS, MAX_PAGE_BYTES, MAX_TYPE_CHARS
+from app.core.priorities import PRIORITY_LABELS, Priority
+from app.core.statuses import JobStatus
 from app.jobs.cursor import encode_cursor
-from app.jobs.ids import MAX_JOB_ID
-from app.jobs.models import PRIORITY_LABELS, Job, JobStatus, Priority
+from app.jobs.models import Job
 from app.jobs.uniqueness import DEFAULT_WHILE, OnConflict, while_set_problem
+from app.web.fields import (
+    PRINTABLE_ASCII_TEXT,
+    PageQuerySchema,
+    PriorityLabel,
+    StrictInteger,
+    StrictNumber,
+    StrictSchema,
+    Timestamp,
+    idempotency_key_field,
+    non_empty_text,
+    render_page,
+)
+from app.web.problems import ProblemSchema
 
 MAX_LEASE_SECONDS = 3600
 MAX_DELAY_SECONDS = 31_536_000
@@ -33,127 +46,8 @@ MAX_CLAIM_JOBS = 100
 MAX_COMPLETE_ITEMS = 100
 MAX_BULK_JOBS = 10_000
 DEFAULT_BULK_JOBS = 1000
-# A page of GET /jobs stops short of `limit` jobs rather than pass this many bytes of JSON.
-MAX_PAGE_BYTES = 4 * 1024 * 1024
 
 T = TypeVar("T")
-
-MAX_TYPE_CHARS = 100
-MAX_KEY_CHARS = 255
-
-_ASCII_DIGITS = re.compile(r"[0-9]{1,18}")
-_ASCII_DECIMAL = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
-PRINTABLE_ASCII = re.compile(r"^[\x20-\x7e]+\Z")
-_PRINTABLE_ASCII = validate.Regexp(PRINTABLE_ASCII, error="Must be printable ASCII.")
-
-
-def idempotency_key_field(**options: Any) -> fields.String:
-    """An idempotency key, in the `Idempotency-Key` header or in a body alike: 1..255
-    printable ASCII. (HTTP drops spaces at the ends of a header value before it gets here.)"""
-    return fields.String(validate=[validate.Length(min=1, max=MAX_KEY_CHARS), _PRINTABLE_ASCII],
-                         **options)
-
-
-class StrictInteger(fields.Integer):
-    """An integer that is a JSON number: no strings, no floats, and booleans are not integers."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(strict=True, **kwargs)
-
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
-        if isinstance(value, bool):
-            raise self.make_error("invalid")
-        return super()._deserialize(value, attr, data, **kwargs)
-
-
-class QueryInteger(fields.Integer):
-    """An integer in a query string: ASCII digits only. int() would also take other
-    scripts' digits, surrounding spaces, a sign or underscores ("5_0" is 50)."""
-
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
-        if not isinstance(value, str) or not _ASCII_DIGITS.fullmatch(value):
-            raise self.make_error("invalid")
-        return int(value)
-
-
-class QueryNumber(fields.Float):
-    """A number in a query string or a form: ASCII digits with an optional fraction, for the
-    reason QueryInteger gives (float() also takes "1_0", "nan", "1e9", spaces and other
-    scripts' digits)."""
-
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> float:
-        if not isinstance(value, str) or not _ASCII_DECIMAL.fullmatch(value):
-            raise self.make_error("invalid")
-        return float(value)
-
-
-class StrictNumber(fields.Float):
-    """A JSON number (integer or fraction): no strings, no booleans, no NaN or infinity."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(allow_nan=False, **kwargs)
-
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.make_error("invalid")
-        return super()._deserialize(value, attr, data, **kwargs)
-
-
-class PriorityLabel(fields.String):
-    """A priority label on the wire (case-insensitive), a Priority in the code."""
-
-    # A string on the wire (so /openapi.json says "string"), a Priority once loaded.
-    def _deserialize(  # type: ignore[override]
-            self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Priority:
-        text = super()._deserialize(value, attr, data, **kwargs)
-        try:
-            return Priority.from_label(text)
-        except ValueError:
-            raise ValidationError(f"Must be one of: {', '.join(PRIORITY_LABELS)}.") from None
-
-    def _serialize(self, value: Any, attr: Any, obj: Any, **kwargs: Any) -> str | None:
-        return None if value is None else Priority(value).label
-
-
-class Timestamp(fields.String):
-    """An RFC 3339 date-time with an offset on the wire, microseconds since the epoch inside."""
-
-    # A string on the wire (so /openapi.json says "string"), microseconds once loaded.
-    def _deserialize(  # type: ignore[override]
-            self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
-        text = super()._deserialize(value, attr, data, **kwargs)
-        try:
-            return parse_rfc3339(text)
-        except (ValueError, OverflowError):
-            raise ValidationError("Must be an RFC 3339 date-time with an offset.") from None
-
-    def _serialize(self, value: Any, attr: Any, obj: Any, **kwargs: Any) -> str | None:
-        return to_rfc3339(value)
-
-
-# PostgreSQL can neither store nor compare text holding NUL; no type, cursor, worker name or
-# lease token has one, so it is refused here (422) instead of failing in the database (500).
-_NO_NUL = validate.Regexp(r"^[^\x00]*\Z", error="Must not contain NUL characters.")
-
-
-def _non_empty_text(max_length: int) -> fields.String:
-    return fields.String(validate=[validate.Length(min=1, max=max_length), _NO_NUL])
-
-
-class StrictSchema(Schema):
-    class Meta:
-        unknown = RAISE
-
-
-class IdempotencyKeyHeaderSchema(Schema):
-    """The `Idempotency-Key` request header, checked as a body's idempotency_key is."""
-
-    idempotency_key = idempotency_key_field(data_key="Idempotency-Key", required=True)
-
-
-class EmptySchema(StrictSchema):
-    """For routes that take no fields: an empty body or {} only."""
-
 
 class ResultWaitSeconds(fields.Float):
     """GET /jobs/{id}'s wait_seconds: 0 to 60 seconds, in ASCII digits with an optional
@@ -183,7 +77,7 @@ _STATUS_NAMES = [s.value for s in JobStatus]
 class UniqueSchema(StrictSchema):
     """`unique` on an enqueue: which jobs count as the same work (contract §10)."""
 
-    key = fields.String(validate=[validate.Length(min=1, max=255), _PRINTABLE_ASCII],
+    key = fields.String(validate=[validate.Length(min=1, max=255), PRINTABLE_ASCII_TEXT],
                         metadata={"description": "Default: a digest of type and payload."})
     period_seconds = StrictInteger(
         validate=validate.Range(1, MAX_UNIQUE_PERIOD_SECONDS),
@@ -224,7 +118,7 @@ class EnqueueSchema(StrictSchema):
     idempotency_key = idempotency_key_field(load_default=None)
     concurrency_key = fields.String(
         load_default=None, validate=[validate.Length(min=1, max=MAX_KEY_CHARS),
-                                     _PRINTABLE_ASCII],
+                                     PRINTABLE_ASCII_TEXT],
         metadata={"description": "With the type's max_running_per_key set, at most that many "
                                  "jobs of one (type, concurrency_key) run at once."})
     unique = fields.Nested(UniqueSchema, load_default=None, allow_none=True, metadata={
@@ -247,17 +141,10 @@ class EnqueueSchema(StrictSchema):
             raise ValidationError("Give run_at or delay_seconds, not both.", "delay_seconds")
 
 
-class PageQuerySchema(StrictSchema):
-    """The paging of every listing (GET /jobs, GET /schedules): one rule for limit and cursor."""
-
-    limit = QueryInteger(load_default=50, validate=validate.Range(1, 500))
-    cursor = _non_empty_text(200)
-
-
 class ListQuerySchema(PageQuerySchema):
     status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]),
                            metadata={"example": "pending"})
-    type = _non_empty_text(100)
+    type = non_empty_text(100)
 
 
 class GetJobQuerySchema(StrictSchema):
@@ -274,7 +161,7 @@ class BulkSchema(StrictSchema):
     openapi_extra: ClassVar[dict[str, Any]] = {
         "example": {"type": "email", "status": "failed", "limit": 500}}
 
-    type = _non_empty_text(100)
+    type = non_empty_text(100)
     status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]))
     created_before = Timestamp(metadata={"format": "date-time"})
     created_after = Timestamp(metadata={"format": "date-time"})
@@ -301,9 +188,9 @@ class ClaimSchema(StrictSchema):
     openapi_extra: ClassVar[dict[str, Any]] = {
         "example": {"types": ["email"], "lease_seconds": 60}}
 
-    types = fields.List(_non_empty_text(100), validate=validate.Length(max=100))
+    types = fields.List(non_empty_text(100), validate=validate.Length(max=100))
     lease_seconds = StrictInteger(validate=validate.Range(1, MAX_LEASE_SECONDS))
-    worker_id = _non_empty_text(100)
+    worker_id = non_empty_text(100)
     wait_seconds = StrictNumber(
         load_default=0, validate=validate.Range(0, MAX_WAIT_SECONDS),
         metadata={"description": "Wait up to this long for a job when none is claimable."})
@@ -314,7 +201,7 @@ class ClaimManySchema(ClaimSchema):
 
 
 class LeaseFencedSchema(StrictSchema):
-    lease_token = _non_empty_text(64)
+    lease_token = non_empty_text(64)
 
 
 class HeartbeatSchema(LeaseFencedSchema):
@@ -438,35 +325,9 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None) -> 
     return shown
 
 
-def _compact(value: Any) -> bytes:
-    # As Flask renders JSON here: compact, UTF-8 as it is (app.json.ensure_ascii is off).
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
 def render_job_page(page: list[Job], next_cursor: str | None, *, show_error: bool,
                     max_bytes: int = MAX_PAGE_BYTES) -> bytes:
     """GET /jobs's body (JobListSchema), cut to `max_bytes` as render_page says."""
     return render_page("jobs", page, lambda job: represent(job, show_error=show_error),
                        lambda job: encode_cursor(job.id), next_cursor,
                        longest_cursor=encode_cursor(MAX_JOB_ID), max_bytes=max_bytes)
-
-
-def render_page(name: str, page: Sequence[T], shown: Callable[[T], Any],
-                cursor_after: Callable[[T], str], next_cursor: str | None, *,
-                longest_cursor: str, max_bytes: int = MAX_PAGE_BYTES) -> bytes:
-    """A listing's body, `{"<name>": [...], "next_cursor": …}`: the page's items in order
-    while they fit in `max_bytes`. A page cut short by size carries the cursor after its last
-    item. It always holds its first item, so that listing moves on even past an item larger
-    than the budget."""
-    parts: list[bytes] = []
-    envelope = b'{"' + name.encode() + b'":[],"next_cursor":}'
-    size = len(envelope) + len(_compact(longest_cursor))
-    for position, item in enumerate(page):
-        part = _compact(shown(item))
-        size += len(part) + (1 if parts else 0)
-        if parts and size > max_bytes:
-            next_cursor = cursor_after(page[position - 1])
-            break
-        parts.append(part)
-    return b"".join([b'{"', name.encode(), b'":[', b",".join(parts), b'],"next_cursor":',
-                     _compact(next_cursor), b"}"])

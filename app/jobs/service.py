@@ -18,16 +18,10 @@ from typing import Any, NoReturn, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from app.clock import MICROS, Clock
-from app.db import Database
-from app.errors import (
-    Conflict,
-    Forbidden,
-    NotFound,
-    Problem,
-    UniqueConflict,
-    ValidationFailed,
-)
+from app.core.callers import Caller, Role
+from app.core.clock import MICROS, Clock
+from app.core.redaction import redact_error
+from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.history.models import SERVICE_ACTOR
 from app.history.recorder import HistoryRecorder
 from app.history.repository import HistoryRepository
@@ -42,13 +36,20 @@ from app.jobs.intake import (
     require_configured_types,
     sized_json,
 )
-from app.jobs.models import TERMINAL_STATUSES, Backoff, Job, JobStatus, Transition
+from app.jobs.models import Backoff, Job, Transition
 from app.jobs.repository import JobRepository, WriteConflict
 from app.jobs.uniqueness import Deduplicated, holds_key_in
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
-from app.keys.models import Caller, Role
-from app.redaction import redact_error
+from app.storage.engine import Database
 from app.types.service import FlowControl, LimitReached
+from app.web.problems import (
+    Conflict,
+    Forbidden,
+    NotFound,
+    Problem,
+    UniqueConflict,
+    ValidationFailed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -807,8 +808,8 @@ class JobService:
         """Run `work` in a write transaction, then tell on_event what it counted.
 
         `work` may run on another request's thread, in a transaction shared with other
-        requests' work (app/writer.py), so it only counts events: they are told here, once
-        the transaction holding them has committed, and never for work rolled back.
+        requests' work (app/storage/group_commit.py), so it only counts events: they are told
+        here, once the transaction holding them has committed, and never for work rolled back.
         """
         events: Events = Counter()
         result = self.db.run_write(lambda conn: work(conn, events))

@@ -2,7 +2,7 @@
 stores, and the rule on which `while` sets the database can enforce. No SQL, no HTTP.
 
 Enforcement is the partial unique index on (producer, unique_scope) over the jobs whose
-status is in their own while set (app/db.py). Two consequences shape the rules here:
+status is in their own while set (app/storage/schema.py). Two consequences shape the rules here:
 - a new job is pending, so a while set without pending would never meet the index at
   enqueue and could deduplicate nothing;
 - a job must never *enter* its while set by a claim or a worker's report while a twin holds
@@ -21,8 +21,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from app.clock import MICROS
-from app.jobs.models import STATUS_BITS, JobStatus
+from app.core.clock import MICROS
+from app.core.statuses import STATUS_BITS, JobStatus
 
 DEFAULT_WHILE = (JobStatus.PENDING.value, JobStatus.RUNNING.value)
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, select, update
 
-from app.db import api_keys
 from app.keys.models import ApiKey
-from app.statements import DriverStatement
+from app.storage.schema import api_keys
+from app.storage.statements import DriverStatement
 
 _select_by_digest = select(api_keys).where(api_keys.c.token_digest == bindparam("digest"))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from app.files import create_private
+from app.storage.files import create_private
 
 
 class BackupError(RuntimeError):

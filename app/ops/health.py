@@ -11,9 +11,9 @@ from flask import Blueprint, Response, current_app, jsonify
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.config import configuration_warnings
-from app.errors import ServiceUnavailable
-from app.migrations import current_revision, head_revision
-from app.openapi import Reply, documented
+from app.storage.migrations import current_revision, head_revision
+from app.web.openapi import Reply, documented
+from app.web.problems import ServiceUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -25,15 +25,15 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.auth import authenticate
-from app.clock import MICROS, Clock
-from app.db import Database
-from app.errors import Forbidden
+from app.core.callers import Role
+from app.core.clock import MICROS, Clock
+from app.core.statuses import JobStatus
 from app.jobs.counts import BacklogCounts
-from app.jobs.models import JobStatus
 from app.jobs.repository import JobRepository
-from app.keys.models import Role
-from app.openapi import Reply, documented
+from app.storage.engine import Database
+from app.web.auth import authenticate
+from app.web.openapi import Reply, documented
+from app.web.problems import Forbidden
 from queuelog_gunicorn.multiprocess import COMPACTION_LOCK
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from app.clock import EPOCH, MICROS
+from app.core.clock import EPOCH, MICROS
 
 MACROS = {
     "@yearly": "0 0 1 1 *",

@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, delete, false, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from app.db import schedules
 from app.schedules.models import Schedule
+from app.storage.schema import schedules
 
 
 def _schedule(row: Any) -> Schedule:

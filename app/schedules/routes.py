@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
-from app.auth import require_roles
-from app.http import load_body, load_query, no_content, refuse_query_parameters
-from app.jobs.schemas import PageQuerySchema
-from app.keys.models import Role
-from app.openapi import Reply, documented
+from app.core.callers import Role
 from app.schedules.schemas import (
     ScheduleCreateSchema,
     ScheduleListSchema,
@@ -18,6 +14,10 @@ from app.schedules.schemas import (
     represent_schedule,
 )
 from app.schedules.service import ScheduleService
+from app.web.auth import require_roles
+from app.web.fields import PageQuerySchema
+from app.web.http import load_body, load_query, no_content, refuse_query_parameters
+from app.web.openapi import Reply, documented
 
 bp = Blueprint("schedules", __name__)
 

@@ -7,12 +7,12 @@ from typing import Any, ClassVar
 
 from marshmallow import Schema, fields, validate
 
-from app.clock import to_rfc3339
+from app.core.clock import to_rfc3339
+from app.core.priorities import Priority
 from app.jobs.cursor import encode_name_cursor
-from app.jobs.models import Priority
-from app.jobs.schemas import EnqueueSchema, StrictSchema, render_page
+from app.jobs.schemas import EnqueueSchema
 from app.schedules.models import CatchUp, Schedule
-from app.types.schemas import StrictBoolean
+from app.web.fields import StrictBoolean, StrictSchema, render_page
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}\Z"
 _NO_NUL = validate.Regexp(r"^[^\x00]*\Z", error="Must not contain NUL characters.")

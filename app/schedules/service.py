@@ -24,20 +24,20 @@ from typing import Any, Protocol
 from marshmallow import ValidationError
 from sqlalchemy import Connection
 
-from app.clock import MICROS, Clock, to_rfc3339
-from app.db import Database
-from app.errors import Conflict, NotFound, ValidationFailed
+from app.core.callers import Caller, Role
+from app.core.clock import MICROS, Clock, to_rfc3339
+from app.core.priorities import Priority
 from app.jobs.cursor import decode_name_cursor, encode_name_cursor
 from app.jobs.fastload import load_batch
 from app.jobs.intake import NewJob, new_job
-from app.jobs.models import Priority
 from app.jobs.service import Events, JobService
 from app.jobs.uniqueness import Deduplicated
-from app.keys.models import Caller, Role
 from app.schedules.cron import Cron, CronError, normalise_expression, parse_zone
 from app.schedules.models import Schedule, plan_firing, producer_of
 from app.schedules.repository import ScheduleRepository
 from app.schedules.schemas import NAME_PATTERN, JobTemplateSchema, template_json
+from app.storage.engine import Database
+from app.web.problems import Conflict, NotFound, ValidationFailed
 
 log = logging.getLogger(__name__)
 
@@ -279,8 +279,8 @@ class ScheduleService:
         return batch
 
     def _tell(self, batch: _Batch) -> None:
-        """What a committed batch did, to the log and the metrics (app/writer.py: the work
-        itself has no effect outside the database)."""
+        """What a committed batch did, to the log and the metrics (app/storage/group_commit.py:
+        the work itself has no effect outside the database)."""
         for name, message in batch.said:
             log.warning("schedule %s: %s", name, message)
         for lateness in batch.stored:

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.clock import MICROS
-from app.origins import push_origin
+from app.core.clock import MICROS
+from app.core.origins import push_origin
 
 MAX_LIMIT = 100_000
 MIN_RATE = 0.001

@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, or_, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from app.db import job_types
-from app.statements import DriverStatement
+from app.storage.schema import job_types
+from app.storage.statements import DriverStatement
 from app.types.models import TypeSettings
 
 _counts_running = or_(
@@ -21,8 +21,8 @@ _counts_running = or_(
 _paused_or_pushed = or_(job_types.c.paused.is_(True), job_types.c.push_url.is_not(None))
 _select_limited = select(job_types).where(or_(_paused_or_pushed, _counts_running))
 # Every claim asks; on most servers no type is limited. The names alone need no conversion,
-# so they are read on SQLite's driver cursor (app/statements.py), and the whole rows, through
-# Core, only when there are some.
+# so they are read on SQLite's driver cursor (app/storage/statements.py), and the whole rows,
+# through Core, only when there are some.
 _select_limited_names = DriverStatement(
     select(job_types.c.type).where(or_(_paused_or_pushed, _counts_running)))
 _select_pushed = select(job_types).where(job_types.c.push_url.is_not(None)).order_by(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, jsonify
 
-from app.auth import require_roles
-from app.http import load_body, refuse_query_parameters
-from app.keys.models import Role
-from app.openapi import Reply, documented
+from app.core.callers import Role
 from app.types.schemas import TypeListSchema, TypePatchSchema, TypeSchema, represent_type
 from app.types.service import TypeService
+from app.web.auth import require_roles
+from app.web.http import load_body, refuse_query_parameters
+from app.web.openapi import Reply, documented
 
 bp = Blueprint("types", __name__)
 

@@ -6,9 +6,8 @@ from typing import Any, ClassVar
 
 from marshmallow import Schema, fields, validate
 
-from app.clock import to_rfc3339
-from app.jobs.schemas import StrictInteger, StrictNumber, StrictSchema
-from app.redaction import display_url
+from app.core.clock import to_rfc3339
+from app.core.redaction import display_url
 from app.types.models import (
     DEFAULT_PUSH_TIMEOUT_SECONDS,
     MAX_LIMIT,
@@ -20,15 +19,7 @@ from app.types.models import (
     TypeSettings,
 )
 from app.types.service import TypeView
-
-
-class StrictBoolean(fields.Boolean):
-    """true or false as JSON: no 1, no "yes"."""
-
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> bool:
-        if not isinstance(value, bool):
-            raise self.make_error("invalid")
-        return value
+from app.web.fields import StrictBoolean, StrictInteger, StrictNumber, StrictSchema
 
 
 class PushSchema(StrictSchema):

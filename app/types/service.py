@@ -11,12 +11,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app.clock import MICROS, Clock
-from app.db import Database
-from app.errors import NotFound, ValidationFailed
+from app.core.clock import MICROS, Clock
+from app.core.statuses import JobStatus
 from app.jobs.counts import BacklogCounts
-from app.jobs.models import Job, JobStatus
+from app.jobs.models import Job
 from app.jobs.repository import JobRepository
+from app.storage.engine import Database
 from app.types.models import (
     ClaimGate,
     RunningCounts,
@@ -27,6 +27,7 @@ from app.types.models import (
     push_origin_refusal,
 )
 from app.types.repository import TypeRepository
+from app.web.problems import NotFound, ValidationFailed
 
 # Told of each claim that passed over due work of a type (or of a key) held back by its
 # limit: (type, reason). Metrics count them.

@@ -9,10 +9,10 @@ from typing import Any
 
 from marshmallow import ValidationError, fields, validate
 
-from app.errors import flatten_errors
-from app.jobs.models import JobStatus
-from app.jobs.schemas import QueryInteger, QueryNumber, StrictSchema
+from app.core.statuses import JobStatus
 from app.types.schemas import TypePatchSchema
+from app.web.fields import QueryInteger, QueryNumber, StrictSchema
+from app.web.problems import flatten_errors
 
 LIMIT_FIELDS = ("max_running", "max_running_per_key", "rate_per_second", "burst")
 _patch_schema = TypePatchSchema()

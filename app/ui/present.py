@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 from flask import Flask, current_app
 
-from app.clock import MICROS, parse_rfc3339
+from app.core.clock import MICROS, parse_rfc3339
 from app.types.models import MAX_LIMIT, MAX_RATE, MIN_RATE
 
 _UNITS = ((86_400, "d"), (3600, "h"), (60, "min"), (1, "s"))

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, case, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from app.db import ui_sessions, ui_sign_in_failures
+from app.storage.schema import ui_sessions, ui_sign_in_failures
 
 _select_session = (select(ui_sessions)
                    .where(ui_sessions.c.id_digest == bindparam("digest"),

@@ -10,8 +10,9 @@ from marshmallow import ValidationError
 from werkzeug.exceptions import BadRequest, HTTPException, MethodNotAllowed, NotFound
 from werkzeug.wrappers import Response
 
-from app.clock import to_rfc3339
-from app.errors import Problem, flatten_errors
+from app.core.callers import Caller, Role
+from app.core.clock import to_rfc3339
+from app.core.statuses import TERMINAL_STATUSES
 from app.history.schemas import (
     represent_attempt,
     represent_event,
@@ -19,9 +20,8 @@ from app.history.schemas import (
     represent_worker,
 )
 from app.jobs.cursor import encode_cursor
-from app.jobs.models import TERMINAL_STATUSES, Job, Transition
+from app.jobs.models import Job, Transition
 from app.jobs.schemas import BulkSchema, represent
-from app.keys.models import Caller, Role
 from app.schedules.schemas import represent_schedule
 from app.types.schemas import represent_type
 from app.ui import session as ui_session
@@ -35,6 +35,7 @@ from app.ui.forms import (
     limits_patch,
 )
 from app.ui.security import CSRFRefused, check_csrf
+from app.web.problems import Problem, flatten_errors
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static")

@@ -22,7 +22,7 @@ from flask import Flask, Request, Response, current_app, request, session
 from flask.sessions import SessionInterface, SessionMixin
 from werkzeug.datastructures import CallbackDict
 
-from app.keys.models import Caller, Role
+from app.core.callers import Caller, Role
 from app.ui.repository import SessionRepository
 
 SESSION_LIFETIME = timedelta(hours=8)

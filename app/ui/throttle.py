@@ -16,7 +16,7 @@ from typing import Any
 
 from flask import current_app
 
-from app.clock import MICROS
+from app.core.clock import MICROS
 from app.ui.repository import SignInFailureRepository
 
 WINDOW_SECONDS = 60

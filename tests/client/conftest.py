@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 
 from app import create_app
-from app.keys.models import Role
+from app.core.callers import Role
 from queuelog_client import Client
 from tests.servers import (
     UNCONFIGURED,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from app.clock import Clock
+from app.core.clock import Clock
 from app.dispatch.dispatcher import DISPATCHER_NAME, Dispatcher
 from app.dispatch.metrics import DispatchMetrics
 from tests.conftest import Api, Key

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.clock import Clock
+from app.core.clock import Clock
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.http import PushClient
 from app.dispatch.metrics import DispatchMetrics

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app.db import Database, job_attempts, job_events, make_engine
+from app.storage.engine import Database, make_engine
+from app.storage.schema import job_attempts, job_events
 from tests.e2e.client import QueueClient, server_errors
 from tests.servers import LiveServer, create_api_key
 

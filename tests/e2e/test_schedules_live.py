@@ -16,7 +16,7 @@ import pytest
 import requests
 from sqlalchemy import create_engine, select
 
-from app.db import jobs
+from app.storage.schema import jobs
 from tests.e2e.conftest import StartServer
 from tests.servers import LiveServer, create_api_key
 

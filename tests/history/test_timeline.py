@@ -10,8 +10,8 @@ from flask import Flask
 from sqlalchemy.exc import OperationalError
 
 from app import create_app
+from app.core.callers import Role
 from app.history.recorder import HistoryRecorder
-from app.keys.models import Role
 from tests.conftest import Api, Key
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.clock import to_rfc3339
+from app.core.clock import to_rfc3339
 
 
 def workers(client, key):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from app.clock import to_rfc3339
+from app.core.clock import to_rfc3339
 
 
 def bulk(client, key, action, **body):

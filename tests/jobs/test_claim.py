@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from app.clock import to_rfc3339
+from app.core.clock import to_rfc3339
 from tests.conftest import Api
 
 

@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import text
 
 from app import create_app
-from app.clock import to_rfc3339
-from app.keys.models import Role
+from app.core.callers import Role
+from app.core.clock import to_rfc3339
 from tests.conftest import Api, Key
 
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")

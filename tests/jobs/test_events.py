@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.db import jobs as jobs_table
+from app.storage.schema import jobs as jobs_table
 
 
 def test_events_are_told_after_their_transaction_commits_and_once(app, api, producer, worker,

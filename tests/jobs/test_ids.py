@@ -8,9 +8,10 @@ from alembic import command
 from sqlalchemy import insert, inspect, select
 
 from app import create_app
-from app.db import Database, jobs, make_engine
-from app.keys.models import Role
-from app.migrations import alembic_config
+from app.core.callers import Role
+from app.storage.engine import Database, make_engine
+from app.storage.migrations import alembic_config
+from app.storage.schema import jobs
 from tests.conftest import JOB_TYPES, Api, Key
 
 

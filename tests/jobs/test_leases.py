@@ -8,8 +8,8 @@ import time
 import pytest
 
 from app import create_app
-from app.clock import to_rfc3339
-from app.keys.models import Role
+from app.core.callers import Role
+from app.core.clock import to_rfc3339
 from tests.conftest import Api, Key
 
 

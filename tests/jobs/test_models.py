@@ -6,16 +6,10 @@ import random
 
 import pytest
 
-from app.db import jobs as jobs_table
-from app.jobs.models import (
-    Backoff,
-    Job,
-    JobStatus,
-    Priority,
-    Transition,
-    after_failure,
-    claim_order_key,
-)
+from app.core.priorities import Priority
+from app.core.statuses import JobStatus, claim_order_key
+from app.jobs.models import Backoff, Job, Transition, after_failure
+from app.storage.schema import jobs as jobs_table
 
 
 def make_job(**changes) -> Job:

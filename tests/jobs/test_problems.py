@@ -7,8 +7,8 @@ import json
 import pytest
 
 from app import create_app
-from app.errors import PROBLEM_KINDS
-from app.keys.models import Role
+from app.core.callers import Role
+from app.web.problems import PROBLEM_KINDS
 
 PROBLEM_FIELDS = {"type", "title", "status", "detail"}
 

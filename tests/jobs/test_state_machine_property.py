@@ -31,9 +31,9 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import delete
 
-from app.clock import MICROS, ManualClock, parse_rfc3339, to_rfc3339
-from app.db import jobs as jobs_table
-from app.jobs.models import Priority
+from app.core.clock import MICROS, ManualClock, parse_rfc3339, to_rfc3339
+from app.core.priorities import Priority
+from app.storage.schema import jobs as jobs_table
 
 LEASE_SECONDS = 300  # QUEUELOG_LEASE_SECONDS's default, which the test app keeps
 BACKOFF_SECONDS, BACKOFF_MAX_SECONDS = 1.0, 3600.0  # the backoff defaults

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.jobs.models import JobStatus
+from app.core.statuses import JobStatus
 
 
 @pytest.fixture

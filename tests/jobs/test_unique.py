@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.clock import MICROS, to_rfc3339
+from app.core.clock import MICROS, to_rfc3339
 from tests.conftest import Api, Key
 
 

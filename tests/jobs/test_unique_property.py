@@ -23,8 +23,8 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import delete, select
 
-from app.db import jobs as jobs_table
 from app.jobs.uniqueness import holds_key_in
+from app.storage.schema import jobs as jobs_table
 
 PRODUCERS = ("shop", "billing")
 KEYS = ("a", "b")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app import create_app
-from app.keys.models import Role
+from app.core.callers import Role
 from tests.conftest import Api, Key
 
 

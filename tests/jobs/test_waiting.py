@@ -8,7 +8,7 @@ import time
 import pytest
 
 from app import create_app
-from app.keys.models import Role
+from app.core.callers import Role
 from tests.conftest import Api, Key
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, select
 
-from app.db import api_keys
+from app.storage.schema import api_keys
 from tests.conftest import Api, Key
 
 TOKEN = re.compile(r"ql_[A-Za-z0-9_-]{43,}")

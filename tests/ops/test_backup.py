@@ -16,7 +16,7 @@ import pytest
 from flask import Flask
 
 from app import create_app
-from app.keys.models import Role
+from app.core.callers import Role
 from tests.conftest import JOB_TYPES
 
 

@@ -14,8 +14,8 @@ import pytest
 from flask import Flask
 
 from app import create_app
-from app.errors import PROBLEM_CONTENT_TYPE
-from app.migrations import head_revision, upgrade
+from app.storage.migrations import head_revision, upgrade
+from app.web.problems import PROBLEM_CONTENT_TYPE
 from tests.conftest import JOB_TYPES
 
 

@@ -9,7 +9,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.clock import EPOCH, ManualClock, parse_rfc3339
+from app.core.clock import EPOCH, ManualClock, parse_rfc3339
 from tests.conftest import Key
 
 

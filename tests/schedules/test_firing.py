@@ -10,11 +10,11 @@ from typing import Any
 from flask import Flask
 
 from app import create_app
-from app.clock import ManualClock
+from app.core.callers import Caller, Role
+from app.core.clock import ManualClock
+from app.core.priorities import Priority
 from app.jobs.intake import new_job
-from app.jobs.models import Priority
 from app.jobs.repository import JobRepository
-from app.keys.models import Caller, Role
 from tests.schedules.conftest import Schedules, micros, set_clock, utc
 
 

@@ -18,10 +18,10 @@ from flask import Flask
 from sqlalchemy import event, select
 
 from app import create_app
-from app.clock import ManualClock
-from app.db import schedules as schedules_table
-from app.http import MAX_JSON_DEPTH
+from app.core.clock import ManualClock
 from app.schedules import service as schedule_service
+from app.storage.schema import schedules as schedules_table
+from app.web.http import MAX_JSON_DEPTH
 from tests.conftest import Key
 from tests.schedules.conftest import Schedules, micros, set_clock, utc
 from tests.ui.conftest import sign_in

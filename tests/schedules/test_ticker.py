@@ -13,7 +13,7 @@ import pytest
 from flask import Flask
 
 from app import create_app, start_scheduler, stop_scheduler
-from app.clock import ManualClock
+from app.core.clock import ManualClock
 from app.schedules.ticker import Ticker
 from tests.schedules.conftest import Schedules, set_clock
 

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from sqlalchemy import delete
 
-from app.clock import MICROS, ManualClock
-from app.db import job_types as job_types_table
-from app.db import jobs as jobs_table
-from app.jobs.models import Priority
+from app.core.clock import MICROS, ManualClock
+from app.core.priorities import Priority
+from app.storage.schema import job_types as job_types_table
+from app.storage.schema import jobs as jobs_table
 
 TYPES = ("email", "pdf", "sync")
 KEYS = (None, "a", "a", "b")  # "a" twice: keys that collide are the point

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from app.clock import MICROS
+from app.core.clock import MICROS
 from app.types.models import ClaimGate, SkipReason, TypeSettings
 
 T0 = 1_800_000_000 * MICROS

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import requests
 
-from app.clock import Clock
-from app.db import Database, make_engine
+from app.core.clock import Clock
 from app.keys.service import KeyService
+from app.storage.engine import Database, make_engine
 from tests.conftest import ENGINES
 from tests.servers import REPO_ROOT, LiveServer, bearer, create_api_key
 

@@ -9,7 +9,7 @@ from typing import Any
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.clock import ManualClock
+from app.core.clock import ManualClock
 from app.types.models import MAX_LIMIT, MAX_RATE, MIN_RATE
 from tests.conftest import Api, Key
 from tests.ui.conftest import csrf_of, post_form, sign_in

@@ -12,7 +12,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from markupsafe import escape
 
-from app.clock import ManualClock
+from app.core.clock import ManualClock
 from tests.conftest import Api, Key
 from tests.ui.conftest import post_form
 

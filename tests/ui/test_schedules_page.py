@@ -10,7 +10,7 @@ from typing import Any
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.clock import ManualClock
+from app.core.clock import ManualClock
 from tests.conftest import Key
 from tests.ui.conftest import csrf_of, post_form, sign_in
 

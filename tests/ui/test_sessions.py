@@ -14,10 +14,11 @@ from flask.sessions import SecureCookieSessionInterface
 from flask.testing import FlaskClient
 from sqlalchemy import column, select, table, text
 
-from app.clock import ManualClock
-from app.db import make_engine, metadata
-from app.keys.models import Role
-from app.migrations import upgrade
+from app.core.callers import Role
+from app.core.clock import ManualClock
+from app.storage.engine import make_engine
+from app.storage.migrations import upgrade
+from app.storage.schema import metadata
 from app.ui.throttle import FAILURES_OVERALL, FAILURES_PER_ADDRESS, WINDOW_SECONDS
 from tests.conftest import Key
 from tests.ui.conftest import csrf_of, post_form, sign_in

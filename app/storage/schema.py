@@ -1,29 +1,14 @@
-"""The schema (one MetaData for the code and Alembic), the engine, and its engine-specific hooks.
-
-SQLite and PostgreSQL differ in exactly these places, all in this module:
-- SQLite connections get WAL, a busy timeout and `synchronous`, and Python's sqlite3
-  module is kept from issuing its own BEGIN so that writes can open with BEGIN IMMEDIATE
-  (SQLAlchemy's documented pysqlite recipe);
-Two more differences live in the repository's statements (app/jobs/repository.py): the
-claim's `FOR UPDATE SKIP LOCKED`, rendered by PostgreSQL and left out by SQLite, and the
-dialect's own INSERT for ON CONFLICT DO NOTHING.
-"""
+"""The schema: one MetaData for the code and Alembic, its tables and the indexes the
+claim and the reads are planned on."""
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
-    Connection,
-    Engine,
     Float,
     Index,
     Integer,
@@ -32,20 +17,10 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    create_engine,
-    event,
     text,
 )
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
-from sqlalchemy.pool import NullPool
 
-from app.config import DEFAULT_COUNTING_READS
-from app.errors import CountingReadsBusy
-from app.files import create_private
-from app.jobs.models import CLAIM_ORDER, STATUS_BITS
-from app.redaction import redact_error
-from app.writer import SqliteWriter
+from app.core.statuses import CLAIM_ORDER, STATUS_BITS
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -61,7 +36,7 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid; PostgreSQL gets a bigint.
 Id = BigInteger().with_variant(Integer(), "sqlite")
-Micros = BigInteger  # microseconds since the epoch, see app.clock
+Micros = BigInteger  # microseconds since the epoch, see app.core.clock
 
 jobs = Table(
     "jobs",
@@ -345,214 +320,3 @@ ui_sign_in_failures = Table(
     Column("window_start", Micros, nullable=False),
     Column("failures", Integer, nullable=False),
 )
-
-def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int,
-                          read_only: bool) -> None:
-    path = engine.url.database
-    if path and not engine.url.query:  # a plain file path, not a URI with a mode of its own
-
-        @event.listens_for(engine, "do_connect")
-        def create_database_file(*_args: Any) -> None:
-            # Created here rather than by SQLite, which would give it (and so its -wal and
-            # -shm files) whatever the umask allows.
-            create_private(path)
-
-    @event.listens_for(engine, "connect")
-    def on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Keep pysqlite from emitting BEGIN itself; the "begin" hook below does it.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        if not read_only:  # the journal mode is written into the file; a reader leaves it
-            cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        cursor.execute(f"PRAGMA synchronous={synchronous}")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def on_begin(conn: Connection) -> None:
-        # A write that starts as a reader can fail with SQLITE_BUSY without waiting when it
-        # later needs the lock; BEGIN IMMEDIATE takes the write lock up front and waits.
-        sql = "BEGIN IMMEDIATE" if conn.get_execution_options().get("queuelog_write") else "BEGIN"
-        if conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute:
-            conn.exec_driver_sql(sql)  # whoever listens sees it, as every other statement
-            return
-        # Straight to the driver otherwise: through Core this costs several times the
-        # statement, and on SQLite it opens every write, inside the serial section.
-        error_class = conn.dialect.loaded_dbapi.Error
-        try:
-            conn.connection.driver_connection.execute(sql)  # type: ignore[union-attr]
-        except error_class as error:
-            raise DBAPIError.instance(sql, (), error, error_class,
-                                      dialect=conn.dialect) from error
-
-
-class DatabaseSetupError(ValueError):
-    """The database named cannot be used as it is. The message says what is wrong and what
-    to do, in one line: the command line prints it as it is."""
-
-
-_ENGINES = ("queuelog runs on SQLite (sqlite:////path/to/queuelog.sqlite3) or PostgreSQL "
-            "(postgresql+psycopg://user@host/database)")
-
-
-def parse_database_url(url: str) -> URL:
-    """The URL parsed, if queuelog can run on it; DatabaseSetupError says why not. (SQLAlchemy
-    would fail later and deeper: a dialect it cannot load, a driver not installed.)"""
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise DatabaseSetupError(
-            f"{redact_error(url)!r} is not a database URL; {_ENGINES}") from None
-    backend, _, driver = parsed.drivername.partition("+")
-    if backend == "postgres" or (backend == "postgresql" and driver != "psycopg"):
-        raise DatabaseSetupError(
-            f"{parsed.drivername}:// names a driver queuelog does not install: write "
-            "postgresql+psycopg://user@host/database")
-    if backend not in ("sqlite", "postgresql"):
-        raise DatabaseSetupError(f"{parsed.drivername}:// is not supported: {_ENGINES}")
-    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
-        raise DatabaseSetupError("queuelog needs a SQLite file, not an in-memory database")
-    return parsed
-
-
-def shown_url(url: str) -> str:
-    """The URL as it may be printed: its password hidden."""
-    return make_url(url).render_as_string(hide_password=True)
-
-
-def sqlite_path(url: str) -> str | None:
-    """The SQLite file a URL names (absolute), or None for another engine."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
-        return None
-    return os.path.abspath(parsed.database or "")
-
-
-def explain_database_error(error: BaseException, url: str) -> str | None:
-    """One line for an operator: what went wrong talking to the database at `url`, and what to
-    do. None for an error that is not the database's (a bug, which keeps its traceback).
-
-    The driver's own first line is kept: it names the cause exactly (a refused connection, a
-    missing database or role), and a connection failure carries no SQLSTATE to go by."""
-    if not isinstance(error, DBAPIError):
-        return None
-    orig = str(error.orig).strip()
-    cause = orig.splitlines()[0] if orig else type(error.orig).__name__
-    path = sqlite_path(url)
-    if path is not None:
-        return (f"the SQLite database {path} cannot be used: {cause}; check the file, its "
-                "directory and their permissions, or choose another (QUEUELOG_DATABASE_URL)")
-    parsed = make_url(url)
-    where = f"{parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database or ''}"
-    if getattr(error.orig, "sqlstate", None) == "42P01":  # undefined_table
-        return (f"the PostgreSQL database {where} has no queuelog tables: run "
-                "`queuelog db upgrade` first")
-    if isinstance(error, OperationalError):
-        return (f"cannot use PostgreSQL at {where}: {cause}; check that it is running, that "
-                "the database and user exist, and QUEUELOG_DATABASE_URL")
-    return f"PostgreSQL at {where} refused a statement: {cause}"
-
-
-def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeout: int = 10,
-                sqlite_synchronous: str = "FULL", sqlite_busy_timeout_ms: int = 30_000,
-                read_only: bool = False) -> Engine:
-    """An engine for `url`, with the hooks its dialect needs. Connects lazily.
-
-    `pooled=False` is for one-off commands (migrations, key management): nothing stays open.
-    `read_only=True` opens a SQLite file read-only (a `mode=ro` URI), which also refuses to
-    create a missing file; it is for reading a database another service owns (a copy's
-    source), and changes nothing on other engines.
-    """
-    parsed = parse_database_url(url)
-    is_sqlite = parsed.get_backend_name() == "sqlite"
-    if is_sqlite and read_only:
-        path = os.path.abspath(parsed.database or "")
-        url = parsed.set(database=f"file:{quote(path)}",
-                         query={"mode": "ro", "uri": "true"}).render_as_string()
-    options: dict[str, Any] = {}
-    if pooled:
-        options.update(pool_size=pool_size, max_overflow=pool_size, pool_timeout=pool_timeout)
-    else:
-        options["poolclass"] = NullPool
-    if is_sqlite:
-        # Connections move between gunicorn's threads; the pool hands each to one at a time.
-        # Every transaction here ends in COMMIT or ROLLBACK through SQLAlchemy, so the
-        # pool's own ROLLBACK on each check-in would only cost time on every request.
-        engine = create_engine(url, connect_args={"check_same_thread": False},
-                               pool_reset_on_return=None, **options)
-        _install_sqlite_hooks(engine, sqlite_synchronous, sqlite_busy_timeout_ms, read_only)
-        return engine
-    return create_engine(url, pool_pre_ping=True, **options)
-
-
-# How long a counting read waits for a slot of its budget before it answers 503: a slot
-# frees as soon as one of them ends (a bounded count takes milliseconds), so a burst is
-# served rather than refused; a flood is refused quickly, holding a thread but no connection.
-COUNTING_READ_WAIT_SECONDS = 0.5
-
-
-class Database:
-    """Opens the transactions the services run in.
-
-    `counting_reads` is how many counting reads (`counting_read`: the reads whose cost grows
-    with what is stored, even bounded) this process runs at once. Each holds a pooled
-    connection; kept below the pool's size, they can never take every connection, so that
-    enqueues, claims, health checks and the schedule ticker always find one (issue 27).
-    """
-
-    def __init__(self, engine: Engine, counting_reads: int = DEFAULT_COUNTING_READS) -> None:
-        self.engine = engine
-        self._counting_slots = threading.BoundedSemaphore(counting_reads)
-        self._sqlite_writer: SqliteWriter | None = None
-        if engine.dialect.name == "sqlite":
-            path = engine.url.database
-            self._sqlite_writer = SqliteWriter(engine, f"{path}-writelock")
-
-    @property
-    def dialect(self) -> str:
-        return self.engine.dialect.name
-
-    def run_write(self, fn: Callable[[Connection], T]) -> T:
-        """Run `fn` in a write transaction and return its result once committed.
-
-        On SQLite `fn` may run on another request's thread, in a transaction shared with
-        other callers' work: it must follow the contract in app/writer.py (the connection it
-        is given for all its work, no effects outside the database: those come after this
-        returns). Its exception rolls back its own work and is raised here.
-        """
-        if self._sqlite_writer is not None:
-            return self._sqlite_writer.run(fn)
-        with self.write() as conn:
-            return fn(conn)
-
-    @contextmanager
-    def write(self) -> Iterator[Connection]:
-        """A write transaction of its own (BEGIN IMMEDIATE on SQLite); commits unless an
-        error escapes."""
-        if self._sqlite_writer is not None:
-            with self._sqlite_writer.exclusive() as conn:
-                yield conn
-            return
-        with self.engine.connect() as conn:
-            conn = conn.execution_options(queuelog_write=True)
-            with conn.begin():
-                yield conn
-
-    @contextmanager
-    def counting_read(self) -> Iterator[Connection]:
-        """A read transaction within the counting-reads budget; CountingReadsBusy (503,
-        Retry-After) when every slot stays taken for COUNTING_READ_WAIT_SECONDS."""
-        if not self._counting_slots.acquire(timeout=COUNTING_READ_WAIT_SECONDS):
-            raise CountingReadsBusy
-        try:
-            with self.read() as conn:
-                yield conn
-        finally:
-            self._counting_slots.release()
-
-    @contextmanager
-    def read(self) -> Iterator[Connection]:
-        """A read-only transaction (deferred BEGIN on SQLite: readers never block writers)."""
-        with self.engine.connect() as conn, conn.begin():
-            yield conn

@@ -17,17 +17,9 @@ from sqlalchemy.dialects.postgresql import REGCLASS
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from app.db import (
-    Database,
-    api_keys,
-    job_attempts,
-    job_events,
-    job_types,
-    jobs,
-    make_engine,
-    schedules,
-)
-from app.migrations import current_revision, head_revision, upgrade
+from app.storage.engine import Database, make_engine
+from app.storage.migrations import current_revision, head_revision, upgrade
+from app.storage.schema import api_keys, job_attempts, job_events, job_types, jobs, schedules
 
 # A job's history goes with it. key_activity (when each key was last seen, to a minute) is
 # left behind: the workers write it again within a minute of their first claim.

@@ -1,5 +1,5 @@
 """Bearer-key authentication and role checks. Raises problems; never builds responses (the
-error handlers in app/errors.py render every one)."""
+error handlers in app/web/problems.py render every one)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from flask import Flask, Response, current_app, g, request
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from app.errors import Forbidden, Unauthorized
-from app.keys.models import Caller, Role
+from app.core.callers import Caller, Role
+from app.web.problems import Forbidden, Unauthorized
 
 F = TypeVar("F", bound=Callable[..., Any])
 

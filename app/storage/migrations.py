@@ -16,7 +16,7 @@ from sqlalchemy import Connection
 
 def _ini_path() -> Path:
     """alembic.ini of the checkout when running from one, else the installed copy."""
-    checkout = Path(__file__).resolve().parent.parent / "alembic.ini"
+    checkout = Path(__file__).resolve().parents[2] / "alembic.ini"
     if checkout.is_file():
         return checkout
     for scheme_path in {sysconfig.get_path("data"), sysconfig.get_path("data", "posix_user")}:

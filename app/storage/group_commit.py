@@ -40,7 +40,7 @@ from typing import IO, Any, Generic, TypeVar, cast
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from app.files import open_private
+from app.storage.files import open_private
 
 T = TypeVar("T")
 # Each caller's work in the group runs in its own SAVEPOINT of this name (one at a time).

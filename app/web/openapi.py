@@ -24,9 +24,9 @@ from flask import Blueprint, Flask, Response, current_app, json
 from marshmallow import Schema
 from werkzeug.routing import Rule
 
-from app.errors import PROBLEM_CONTENT_TYPE, ProblemSchema
-from app.jobs.ids import MAX_JOB_ID
-from app.jobs.schemas import IdempotencyKeyHeaderSchema
+from app.core.limits import MAX_JOB_ID
+from app.web.fields import IdempotencyKeyHeaderSchema
+from app.web.problems import PROBLEM_CONTENT_TYPE, ProblemSchema
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -1,0 +1,40 @@
+"""A job's statuses, the bits a unique job's while set stores them as, and the claim order."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class JobStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+# Each status's bit in a job's `unique_while` mask (the statuses in which it holds its unique
+# key). Stored, and spelled into the unique index's predicate: never renumber.
+STATUS_BITS: dict[JobStatus, int] = {
+    JobStatus.PENDING: 1,
+    JobStatus.RUNNING: 2,
+    JobStatus.COMPLETED: 4,
+    JobStatus.FAILED: 8,
+    JobStatus.CANCELLED: 16,
+}
+
+
+# The claim order: the highest priority first, then the oldest, then the lowest id. The
+# claim's ORDER BY, its indexes (app/storage/schema.py) and the sorts in Python are all made
+# from this.
+CLAIM_ORDER: tuple[tuple[str, bool], ...] = (("priority", True), ("created_at", False),
+                                             ("id", False))
+
+
+def claim_order_key(row: Any) -> tuple[int, ...]:
+    """The sort key of a job (or row) in claim order; its columns are all integers."""
+    return tuple(-getattr(row, name) if descending else getattr(row, name)
+                 for name, descending in CLAIM_ORDER)
