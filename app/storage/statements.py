@@ -2,11 +2,12 @@
 
 On SQLite every write of the server runs one after another (one writer,
 app/storage/group_commit.py), so what each statement costs in Python is the serial section
-of the whole server. SQLAlchemy Core spends 65-100 µs per execution around a statement
-that sqlite3 runs in 30-45 µs (the execution context, parameter processing, the result's metadata). A repository wraps its
-hottest statements in `DriverStatement`: the statement stays defined once, in its repository,
-as Core; this module only compiles it once per shape of parameters, the way Core itself
-would (same dialect, same column keys), and hands the SQL and the values to the driver.
+of the whole server. SQLAlchemy Core spends 65-100 µs per execution around a statement that
+sqlite3 runs in 30-45 µs (the execution context, parameter processing, the result's
+metadata). A repository wraps its hottest statements in `DriverStatement`: the statement
+stays defined once, in its repository, as Core; this module only compiles it once per shape
+of parameters, the way Core itself would (same dialect, same column keys), and hands the SQL
+and the values to the driver.
 
 It takes the driver path only where that gives the very same result as Core:
 - on SQLite, inside a transaction already begun through SQLAlchemy (so SQLAlchemy still owns
