@@ -7,9 +7,9 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, literal_column, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from app.history.models import Attempt, EventName, JobEvent, KeyActivity, Outcome
+from app.storage.dialects import conflict_insert_for
 from app.storage.schema import job_attempts, job_events, key_activity
 from app.storage.statements import DriverStatement
 
@@ -50,8 +50,7 @@ _insert_event = DriverStatement(insert(job_events))
 
 @functools.cache
 def _upsert_activity(dialect: str, claimed: bool) -> Any:
-    stmt = (postgresql.insert(key_activity) if dialect == "postgresql"
-            else sqlite.insert(key_activity))
+    stmt = conflict_insert_for(dialect, key_activity)
     seen = {"last_seen_at": stmt.excluded.last_seen_at}
     if claimed:
         seen["last_claim_at"] = stmt.excluded.last_claim_at

@@ -31,11 +31,11 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
 from app.core.statuses import STATUS_BITS, JobStatus, claim_order_key
 from app.jobs.models import BoundedCount, Job, PendingSummary, Transition
+from app.storage.dialects import conflict_insert_for, writers_serialised
 from app.storage.schema import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
 from app.storage.statements import DriverStatement
 from app.types.models import ClaimGate
@@ -292,7 +292,7 @@ def _transition_update(transition: Transition, columns: frozenset[str],
 
 @functools.cache
 def _insert_statement(dialect: str, skip_conflicts: bool) -> DriverStatement:
-    stmt = (postgresql.insert(jobs) if dialect == "postgresql" else sqlite.insert(jobs))
+    stmt = conflict_insert_for(dialect, jobs)
     if skip_conflicts:
         stmt = stmt.on_conflict_do_nothing()
     return DriverStatement(stmt.returning(*jobs.c))
@@ -427,7 +427,7 @@ class JobRepository:
         the later batch waits for the earlier one whole, then finds its jobs and replays
         them. Rows still go in in request order, so ids and claim order follow it.
         """
-        if keys and self.conn.dialect.name == "postgresql":
+        if keys and not writers_serialised(self.conn):
             self.conn.execute(_lock_keys_in_order, {"producer": producer, "keys": list(keys)})
 
     # -- reading --------------------------------------------------------------------------

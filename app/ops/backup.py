@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from app.storage.dialects import is_sqlite
 from app.storage.files import create_private
 
 
@@ -47,7 +48,7 @@ def _check_copy(path: Path) -> int:
 def backup_sqlite(engine: Engine, target: Path, *, overwrite: bool = False) -> int:
     """Write a consistent copy of the engine's SQLite database to `target`; returns how many
     jobs the copy holds. The copy appears at `target` whole or not at all."""
-    if engine.dialect.name != "sqlite":
+    if not is_sqlite(engine):
         raise BackupError("backup copies a SQLite database; back PostgreSQL up with pg_dump "
                           "or the server's own backups")
     source = Path(engine.url.database or "").resolve()

@@ -9,6 +9,7 @@ from sqlalchemy import Connection, bindparam, delete, false, insert, select, upd
 from sqlalchemy.exc import IntegrityError
 
 from app.schedules.models import Schedule
+from app.storage.dialects import writers_serialised
 from app.storage.schema import schedules
 
 
@@ -63,7 +64,7 @@ class ScheduleRepository:
         next_run_at moved on). SQLite runs one writer at a time: the write lock holds them."""
         stmt = (select(schedules).where(*_due(now_us, passing_over))
                 .order_by(schedules.c.next_run_at, schedules.c.name).limit(limit))
-        if self.conn.dialect.name == "postgresql":
+        if not writers_serialised(self.conn):
             stmt = stmt.with_for_update(skip_locked=True)
         return [_schedule(row) for row in self.conn.execute(stmt)]
 

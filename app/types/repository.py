@@ -7,8 +7,8 @@ from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, or_, select, union_all, update
-from sqlalchemy.dialects import postgresql, sqlite
 
+from app.storage.dialects import conflict_insert
 from app.storage.schema import job_types
 from app.storage.statements import DriverStatement
 from app.types.models import TypeSettings
@@ -66,10 +66,6 @@ _spend_tokens_cte = (
 )
 
 
-def _insert(dialect: str) -> Any:
-    return postgresql.insert(job_types) if dialect == "postgresql" else sqlite.insert(job_types)
-
-
 class TypeRepository:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -105,7 +101,7 @@ class TypeRepository:
 
     def ensure_row(self, settings: TypeSettings) -> None:
         """Store the type's row unless there is one (a type never changed has none)."""
-        stmt = _insert(self.conn.dialect.name).values(settings.values())
+        stmt = conflict_insert(self.conn, job_types).values(settings.values())
         self.conn.execute(stmt.on_conflict_do_nothing(index_elements=["type"]))
 
     def save(self, settings: TypeSettings) -> None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import Connection, bindparam, case, delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
+from app.storage.dialects import conflict_insert
 from app.storage.schema import ui_sessions, ui_sign_in_failures
 
 _select_session = (select(ui_sessions)
@@ -24,10 +23,6 @@ _select_failures = (select(ui_sign_in_failures.c.scope, ui_sign_in_failures.c.fa
                            ui_sign_in_failures.c.window_start == bindparam("window_start")))
 _delete_old_windows = (delete(ui_sign_in_failures)
                        .where(ui_sign_in_failures.c.window_start < bindparam("window_start")))
-
-
-def _insert(dialect: str, table: Any) -> Any:
-    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
 
 
 @dataclass(frozen=True)
@@ -82,7 +77,7 @@ class SignInFailureRepository:
         self.conn.execute(_delete_old_windows, {"window_start": window_start})
         table = ui_sign_in_failures
         for scope in scopes:
-            stmt = _insert(self.conn.dialect.name, table).values(
+            stmt = conflict_insert(self.conn, table).values(
                 scope=scope, window_start=window_start, failures=1)
             self.conn.execute(stmt.on_conflict_do_update(
                 index_elements=["scope"],
