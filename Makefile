@@ -12,6 +12,7 @@ test-fast:
 
 lint:
 	.venv-test/bin/ruff check .
+	.venv-test/bin/lint-imports
 	.venv-test/bin/mypy
 
 # The benchmarks (docs/BENCHMARKS.md): about 30 minutes on 2 cores; writes

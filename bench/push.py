@@ -127,7 +127,7 @@ def dispatched(directory: str, url: str, database: str, port: int, tokens: dict[
         env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{ROOT / 'client'}"
         with open(Path(directory) / "dispatch.log", "ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "app.dispatch", "--concurrency", str(CONCURRENCY)],
+                [sys.executable, "-m", "app", "dispatch", "--concurrency", str(CONCURRENCY)],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
         try:

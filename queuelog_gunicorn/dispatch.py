@@ -8,7 +8,7 @@ both at once rather than one after the other. It inherits the master's environme
 metrics directory included, so GET /metrics shows its series. A dispatcher that dies is
 started again after a pause (doubling up to a minute); one that exits 0 was told to stop.
 
-This module imports nothing of the app: the child runs `python -m app.dispatch`, which
+This module imports nothing of the app: the child runs `python -m app dispatch`, which
 reads and checks QUEUELOG_DISPATCH itself (and exits at once when it is off).
 """
 
@@ -49,7 +49,7 @@ class Supervisor:
                 if self.stopping.is_set():
                     return
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "app.dispatch", "--only-if-enabled"])
+                    [sys.executable, "-m", "app", "dispatch", "--only-if-enabled"])
             self.log.info("queuelog dispatch started (pid %s)", self.process.pid)
             status = self.process.wait()
             if status == 0 or self.stopping.is_set():

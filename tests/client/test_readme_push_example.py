@@ -49,7 +49,7 @@ def test_the_readme_receiver_takes_signed_deliveries_and_refuses_others(
     dispatch_log = tmp_path / "dispatch.log"
     with open(dispatch_log, "wb") as log:
         dispatcher = subprocess.Popen(
-            [sys.executable, "-m", "app.dispatch", "--concurrency", "2"], cwd=ROOT,
+            [sys.executable, "-m", "app", "dispatch", "--concurrency", "2"], cwd=ROOT,
             env=_child_env(QUEUELOG_DATABASE_URL=live_server.db_url,
                            QUEUELOG_JOB_TYPES="email,pdf,sync"),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -30,7 +30,7 @@ SETTINGS = {"RETRY_BACKOFF_SECONDS": "0.2", "RETRY_BACKOFF_MAX_SECONDS": "0.5"}
 
 
 class DispatchProcess:
-    """`python -m app.dispatch` in a session of its own, as the operator would run it."""
+    """`python -m app dispatch` in a session of its own, as the operator would run it."""
 
     def __init__(self, database_url: str, logs: Path, concurrency: int = 16,
                  **settings: str) -> None:
@@ -40,7 +40,7 @@ class DispatchProcess:
                                          {**SETTINGS, **settings}.items()})
         # This checkout's client too (the dispatcher signs with it).
         self.env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'client'}"
-        self.argv = [sys.executable, "-m", "app.dispatch", "--concurrency", str(concurrency)]
+        self.argv = [sys.executable, "-m", "app", "dispatch", "--concurrency", str(concurrency)]
         self.log = logs / "dispatch.log"
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -65,7 +65,7 @@ def test_the_master_runs_the_dispatcher_and_stops_it(
     assert 'queuelog_push_deliveries_total{outcome="completed",type="email"} 1.0' in metrics
     assert "queuelog_push_delivery_duration_seconds_bucket" in metrics
 
-    dispatchers = [pid for pid in _children(server.pid) if "app.dispatch" in _command(pid)]
+    dispatchers = [pid for pid in _children(server.pid) if "-m app dispatch" in _command(pid)]
     assert len(dispatchers) == 1
     server.send_signal(signal.SIGTERM)
     assert server.process is not None and server.process.wait(timeout=60) == 0
