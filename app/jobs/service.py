@@ -22,9 +22,6 @@ from app.core.callers import Caller, Role
 from app.core.clock import MICROS, Clock
 from app.core.redaction import redact_error
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
-from app.history.models import SERVICE_ACTOR
-from app.history.recorder import HistoryRecorder
-from app.history.repository import HistoryRepository
 from app.jobs.cursor import decode_cursor, encode_cursor
 from app.jobs.intake import (
     IntakeRules,
@@ -38,6 +35,9 @@ from app.jobs.intake import (
 )
 from app.jobs.models import Backoff, Job, Transition
 from app.jobs.repository import JobRepository, WriteConflict
+from app.jobs.timeline.models import SERVICE_ACTOR
+from app.jobs.timeline.recorder import HistoryRecorder
+from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.uniqueness import Deduplicated, holds_key_in
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
 from app.storage.engine import Database

@@ -15,15 +15,15 @@ from typing import Any
 from sqlalchemy import Connection
 
 from app.core.clock import MICROS, to_rfc3339
-from app.history.models import (
+from app.jobs.models import LEASE_EXPIRED_ERROR, Job, Transition
+from app.jobs.timeline.models import (
     ATTEMPT_ENDED_BY,
     SERVICE_ACTOR,
     EventName,
     Outcome,
     event_of,
 )
-from app.history.repository import HistoryRepository
-from app.jobs.models import LEASE_EXPIRED_ERROR, Job, Transition
+from app.jobs.timeline.repository import HistoryRepository
 
 # A stale worker retrying a refused report forever must not grow a job's timeline without
 # bound: past this many report_refused events on one job, further refusals are only counted
