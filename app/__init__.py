@@ -11,12 +11,12 @@ from flask import Flask
 
 from app.config import configuration_warnings, load_settings, normalise
 from app.core.clock import Clock
-from app.history.recorder import HistoryRecorder
 from app.history.service import HistoryService
 from app.jobs.counts import BacklogCounts
 from app.jobs.ids import JobIdConverter
 from app.jobs.models import Backoff
 from app.jobs.service import EventSink, JobService, QueueSettings
+from app.jobs.timeline.recorder import HistoryRecorder
 from app.keys.service import KeyService
 from app.ops import init_ops
 from app.ops.metrics import QueueMetrics

@@ -24,9 +24,10 @@ from app.core.callers import Caller, Role
 from app.core.clock import Clock
 from app.core.priorities import Priority
 from app.core.statuses import JobStatus
-from app.jobs.models import Backoff, Transition
+from app.jobs.models import Backoff
 from app.jobs.repository import JobRepository
 from app.jobs.service import JobService, QueueSettings
+from app.jobs.transitions import Transition
 from app.storage.engine import Database, make_engine
 from app.storage.schema import jobs
 from bench.data import migrated_database, scratch_directory

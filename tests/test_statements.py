@@ -7,8 +7,8 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from app.history import repository as history_repository
 from app.jobs import repository as job_repository
+from app.jobs.timeline import repository as history_repository
 from app.keys import repository as key_repository
 from app.storage.engine import Database, make_engine
 from app.storage.statements import DriverStatement

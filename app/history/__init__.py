@@ -1,5 +1,6 @@
-"""A job's history: one record per attempt and a timeline of events (contract section 13).
+"""A job's history as it is read: its attempts, its timeline of events and the explanation of
+why it waits (contract section 13).
 
-The job service writes both in the transactions of the changes they record; this package
-owns their tables, their SQL and how they are shown.
+The job service writes attempts and events in the transactions of the changes they record
+(app/jobs/timeline/); this package only reads and shows them.
 """

@@ -10,8 +10,8 @@ from marshmallow import Schema, fields, validate
 
 from app.core.clock import to_rfc3339
 from app.history.explain import Explanation
-from app.history.models import Attempt, EventName, JobEvent, Outcome
 from app.history.service import Worker
+from app.jobs.timeline.models import Attempt, EventName, JobEvent, Outcome
 
 _DATE_TIME = {"format": "date-time"}
 REASON_CODES = ("finished", "running", "scheduled", "type_paused", "type_at_max_running",

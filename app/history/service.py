@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from app.core.callers import Caller, Role
 from app.core.statuses import JobStatus
 from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons
-from app.history.models import Attempt, JobEvent
-from app.history.repository import HistoryRepository
 from app.jobs.repository import JobRepository
 from app.jobs.service import JobService
+from app.jobs.timeline.models import Attempt, JobEvent
+from app.jobs.timeline.repository import HistoryRepository
 from app.keys.service import KeyService
 from app.storage.engine import Database
 from app.web.problems import NotFound

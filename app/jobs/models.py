@@ -1,18 +1,10 @@
-"""The job record and the rules of its state machine, free of HTTP and SQL.
-
-    pending --claim--> running --complete--> completed
-       ^                  |--fail / lease expired, retries left--> pending (retry_count + 1)
-       |                  '--fail / lease expired, none left-----> failed
-       '--retry (admin)-- failed | cancelled <--cancel (admin)-- pending
-"""
+"""The job record and the values its rules work with, free of HTTP and SQL. The state machine
+itself, its edges and what each writes and records, is app/jobs/transitions.py."""
 
 from __future__ import annotations
 
-import enum
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from app.core.clock import MICROS
 from app.core.statuses import JobStatus
@@ -116,114 +108,3 @@ class Backoff:
         ceiling = min(self.base_seconds * 2.0 ** min(retry_count, 64), self.max_seconds)
         draw = (rng or random).uniform(ceiling / 2, ceiling)
         return round(draw * MICROS)
-
-
-# -- the transitions: where each may start and the columns it writes ------------------------
-# Each function below returns the columns one transition sets; the repository applies them
-# with a conditional UPDATE on the transition's from-statuses. The values may be plain
-# values or SQL expressions (the claim writes its lease token in SQL).
-
-
-def claimed(*, now_us: Any, worker: Any, lease_expires_at: Any,
-            lease_token: Any) -> dict[str, Any]:
-    return {"status": JobStatus.RUNNING.value, "claimed_at": now_us, "worker_id": worker,
-            "lease_expires_at": lease_expires_at, "lease_token": lease_token,
-            "updated_at": now_us}
-
-
-def lease_extended(*, now_us: int, lease_expires_at: int) -> dict[str, Any]:
-    return {"lease_expires_at": lease_expires_at, "updated_at": now_us}
-
-
-def completed(*, now_us: int, result: str | None) -> dict[str, Any]:
-    # The worker and the lease token stay: a repeat of this report is recognised by them.
-    return {"status": JobStatus.COMPLETED.value, "result": result, "lease_expires_at": None,
-            "updated_at": now_us}
-
-
-def after_failure(job: Job, now_us: int, error: str, retry_delay_us: int) -> dict[str, Any]:
-    """The columns a failed attempt sets: back to pending while retries are left, else failed.
-
-    The lease token stays, so that a repeat of the fail report is recognised.
-    """
-    if job.has_retries_left:
-        return {
-            "status": JobStatus.PENDING.value,
-            "retry_count": job.retry_count + 1,
-            "run_at": now_us + retry_delay_us,
-            "claimed_at": None,
-            "worker_id": None,
-            "lease_expires_at": None,
-            "error": error,
-            "updated_at": now_us,
-        }
-    return {
-        "status": JobStatus.FAILED.value,
-        "lease_expires_at": None,
-        "error": error,
-        "updated_at": now_us,
-    }
-
-
-def lease_expired(job: Job, now_us: int) -> dict[str, Any]:
-    # A failed attempt whose worker is presumed dead: pending again at once (no backoff).
-    # No report made it, so no lease token is kept for one to be repeated under.
-    return after_failure(job, now_us, LEASE_EXPIRED_ERROR, retry_delay_us=0) | {
-        "lease_token": None}
-
-
-def cancelled(*, now_us: int) -> dict[str, Any]:
-    return {"status": JobStatus.CANCELLED.value, "lease_token": None, "updated_at": now_us}
-
-
-def requeued(*, now_us: int) -> dict[str, Any]:
-    """An admin's retry: pending with a fresh retry budget, claimable at once."""
-    return {"status": JobStatus.PENDING.value, "retry_count": 0, "run_at": now_us,
-            "claimed_at": None, "worker_id": None, "lease_expires_at": None,
-            "lease_token": None, "updated_at": now_us}
-
-
-def replaced(changes: dict[str, Any]) -> dict[str, Any]:
-    return changes
-
-
-@dataclass(frozen=True, slots=True)
-class Edge:
-    """One edge of the state machine: the statuses it may start from, whether only the
-    worker holding a live lease on the job may take it, and what it writes."""
-
-    from_statuses: tuple[JobStatus, ...]
-    by_lease_holder: bool
-    writes: Callable[..., dict[str, Any]]
-
-
-class Transition(enum.Enum):
-    """Every change of a job's status (or lease), each with its own Edge.
-
-    The repository applies a transition only from its statuses (and, for a worker's report,
-    under the worker's live lease); the service takes every transition through it. Work that
-    must happen with a transition, in its transaction, belongs beside that call.
-    """
-
-    CLAIM = Edge((JobStatus.PENDING,), False, claimed)
-    HEARTBEAT = Edge((JobStatus.RUNNING,), True, lease_extended)
-    COMPLETE = Edge((JobStatus.RUNNING,), True, completed)
-    FAIL = Edge((JobStatus.RUNNING,), True, after_failure)
-    RESCUE = Edge((JobStatus.RUNNING,), False, lease_expired)
-    CANCEL = Edge((JobStatus.PENDING,), False, cancelled)
-    RETRY = Edge((JobStatus.FAILED, JobStatus.CANCELLED), False, requeued)
-    # A unique job's debounce: a pending twin takes a new request's payload, priority,
-    # max_retries and schedule (app/jobs/uniqueness.py works out the columns).
-    REPLACE = Edge((JobStatus.PENDING,), False, replaced)
-
-    @property
-    def from_statuses(self) -> tuple[JobStatus, ...]:
-        return self.value.from_statuses
-
-    @property
-    def by_lease_holder(self) -> bool:
-        return self.value.by_lease_holder
-
-    def values(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """The columns this transition writes (the arguments of its Edge's function)."""
-        return self.value.writes(*args, **kwargs)

@@ -34,7 +34,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 
 from app.core.statuses import STATUS_BITS, JobStatus, claim_order_key
-from app.jobs.models import BoundedCount, Job, PendingSummary, Transition
+from app.jobs.models import BoundedCount, Job, PendingSummary
+from app.jobs.transitions import Transition
 from app.storage.dialects import conflict_insert_for, writers_serialised
 from app.storage.schema import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
 from app.storage.statements import DriverStatement

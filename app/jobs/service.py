@@ -22,9 +22,6 @@ from app.core.callers import Caller, Role
 from app.core.clock import MICROS, Clock
 from app.core.redaction import redact_error
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
-from app.history.models import SERVICE_ACTOR
-from app.history.recorder import HistoryRecorder
-from app.history.repository import HistoryRepository
 from app.jobs.cursor import decode_cursor, encode_cursor
 from app.jobs.intake import (
     IntakeRules,
@@ -36,8 +33,12 @@ from app.jobs.intake import (
     require_configured_types,
     sized_json,
 )
-from app.jobs.models import Backoff, Job, Transition
+from app.jobs.models import Backoff, Job
 from app.jobs.repository import JobRepository, WriteConflict
+from app.jobs.timeline.models import SERVICE_ACTOR
+from app.jobs.timeline.recorder import HistoryRecorder
+from app.jobs.timeline.repository import HistoryRepository
+from app.jobs.transitions import Transition, refusal
 from app.jobs.uniqueness import Deduplicated, holds_key_in
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
 from app.storage.engine import Database
@@ -741,17 +742,8 @@ class JobService:
         """Raise the problem that says why the caller does not hold the job."""
         if job is None:
             raise NotFound("No such job.")
-        if job.status != JobStatus.RUNNING:
-            reason = f"The job is {job.status}, not running."
-        elif job.worker_id != caller.name:
-            reason = "The job is held by another worker."
-        elif job.lease_expires_at is None or job.lease_expires_at <= now:
-            reason = "The lease on this job has expired."
-        elif lease_token is not None and lease_token != job.lease_token:
-            reason = "The lease token names an earlier attempt."
-        else:
-            reason = "The job changed while this request ran."
-        raise ReportRefused(reason, job_id=job.id, worker=caller.name)
+        raise ReportRefused(refusal(job, caller.name, now, lease_token), job_id=job.id,
+                            worker=caller.name)
 
     def _made(self, repo: JobRepository, transition: Transition, jobs: list[Job],
               events: Events, *, actor: str, now_us: int, held_by: str | None = None) -> None:
@@ -764,15 +756,7 @@ class JobService:
                                 held_by=held_by)
         # Not a metric: wakes the reads waiting for a job to finish (GET ?wait_seconds).
         events[FINISHED] += sum(1 for job in jobs if job.status in TERMINAL_STATUSES)
-        if transition is Transition.CLAIM:
-            events["claimed"] += len(jobs)
-        elif transition is Transition.COMPLETE:
-            events["completed"] += len(jobs)
-        elif transition in (Transition.FAIL, Transition.RESCUE):
-            if transition is Transition.RESCUE:
-                events["rescued"] += len(jobs)
-            for job in jobs:
-                events["retried" if job.status == JobStatus.PENDING else "failed"] += 1
+        events.update(transition.metrics_of(jobs))
 
     def _report(self, report: str, caller: Caller, job_id: int,
                 work: Callable[[Connection, Events], T]) -> T:

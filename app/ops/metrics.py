@@ -1,4 +1,5 @@
-"""Prometheus metrics: counters of what happened to jobs (fed by the job service's event sink),
+"""Prometheus metrics: counters of what happened to jobs (fed by the job service's event sink;
+named, with their help, in app/jobs/transitions.py's JobMetric),
 a request-latency histogram, and gauges read from the database when /metrics is scraped.
 
 Under gunicorn, several worker processes each count their own share. gunicorn.conf.py sets
@@ -30,6 +31,7 @@ from app.core.clock import MICROS, Clock
 from app.core.statuses import JobStatus
 from app.jobs.counts import BacklogCounts
 from app.jobs.repository import JobRepository
+from app.jobs.transitions import JOB_METRICS
 from app.storage.engine import Database
 from app.web.auth import authenticate
 from app.web.openapi import Reply, documented
@@ -38,16 +40,6 @@ from queuelog_gunicorn.multiprocess import COMPACTION_LOCK
 
 log = logging.getLogger(__name__)
 
-JOB_EVENTS: Mapping[str, str] = {
-    "enqueued": "Jobs stored by POST /jobs (idempotent replays not counted).",
-    "claimed": "Jobs handed to a worker by a claim.",
-    "completed": "Jobs a worker reported complete.",
-    "failed": "Attempts that left a job failed for good (no retries left).",
-    "retried": "Failed attempts that sent a job back to pending (lease expiries included).",
-    "rescued": "Running jobs whose lease expired and that a claim took back.",
-    "report_refused": "Heartbeats, completes and fails refused with 409 (the worker did not "
-                      "hold the job).",
-}
 # Up to the 20 s a long-polling claim may wait, and a little beyond.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0)
 # A slot is enqueued within about a tick (0.5 s) while a server runs; catch-up jobs after
@@ -70,8 +62,8 @@ class QueueMetrics:
         # the objects as well would count everything twice.
         owner = None if multiprocess_dir else self._registry
         self._job_events = {
-            event: Counter(f"queuelog_jobs_{event}", help_text, registry=owner)
-            for event, help_text in JOB_EVENTS.items()
+            metric.value: Counter(f"queuelog_jobs_{metric.value}", help_text, registry=owner)
+            for metric, help_text in JOB_METRICS.items()
         }
         self._flow_skips = Counter(
             "queuelog_flow_skipped_claims",

@@ -227,7 +227,7 @@ api_keys = Table(
 )
 
 
-# -- history (app/history): attempts and events, written in the job's own transactions ------
+# -- history (app/jobs/timeline): attempts and events, written in the job's own transactions
 # No foreign keys to jobs: `queuelog purge` deletes a job's history with it, in the same
 # transaction, and a rebuild of the jobs table (SQLite batch migrations) stays free of them.
 
@@ -284,7 +284,7 @@ schedules = Table(
 Index("ix_schedules_due", schedules.c.paused, schedules.c.next_run_at, schedules.c.name)
 
 # When each key last claimed or reported, to a minute: written at most once a minute per key
-# and process (app/history/service.py), never once per heartbeat.
+# and process (app/jobs/timeline/recorder.py), never once per heartbeat.
 key_activity = Table(
     "key_activity",
     metadata,

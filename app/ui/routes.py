@@ -20,8 +20,9 @@ from app.history.schemas import (
     represent_worker,
 )
 from app.jobs.cursor import encode_cursor
-from app.jobs.models import Job, Transition
+from app.jobs.models import Job
 from app.jobs.schemas import BulkSchema, represent
+from app.jobs.transitions import Transition
 from app.schedules.schemas import represent_schedule
 from app.types.schemas import represent_type
 from app.ui import session as ui_session

@@ -11,7 +11,7 @@ from sqlalchemy.exc import OperationalError
 
 from app import create_app
 from app.core.callers import Role
-from app.history.recorder import HistoryRecorder
+from app.jobs.timeline.recorder import HistoryRecorder
 from tests.conftest import Api, Key
 
 
@@ -151,7 +151,7 @@ def test_an_idempotent_replay_is_no_new_event(api, client, producer, admin):
 
 def test_refusals_kept_per_job_are_bounded(api, client, producer, worker, make_key, admin,
                                            monkeypatch):
-    monkeypatch.setattr("app.history.recorder.MAX_REFUSALS_KEPT", 3)
+    monkeypatch.setattr("app.jobs.timeline.recorder.MAX_REFUSALS_KEPT", 3)
     other = make_key("worker-2", "worker")
     job_id = api.enqueue(producer).json["id"]
     api.claim(other)

@@ -43,3 +43,25 @@ def test_events_are_told_after_their_transaction_commits_and_once(app, api, prod
     told.clear()
     assert api.complete(worker, first, **body).status_code == 200  # a repeat: nothing new
     assert told == []
+
+
+def test_an_admins_retry_and_cancel_are_counted_single_and_bulk(app, api, client, producer,
+                                                               admin):
+    service = app.extensions["queuelog"].jobs
+    first, second = (api.enqueue(producer).json["id"] for _ in range(2))
+    told: list[tuple[str, int]] = []
+    service.on_event = lambda name, count: told.append((name, count))
+
+    assert api.cancel(admin, first).status_code == 200
+    assert told == [("cancelled", 1)]
+    told.clear()
+    assert api.retry(admin, first).status_code == 200
+    assert told == [("requeued", 1)]
+
+    told.clear()
+    bulk = {"json": {"ids": [first, second]}, "headers": admin.headers}
+    assert client.post("/jobs/cancel-many", **bulk).json["count"] == 2
+    assert told == [("cancelled", 2)]
+    told.clear()
+    assert client.post("/jobs/retry-many", **bulk).json["count"] == 2
+    assert told == [("requeued", 2)]

@@ -1,4 +1,4 @@
-"""The state machine's rules without a database."""
+"""The job record's rules without a database (the state machine's: test_transition_table.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 import pytest
 
 from app.core.priorities import Priority
-from app.core.statuses import JobStatus, claim_order_key
-from app.jobs.models import Backoff, Job, Transition, after_failure
+from app.core.statuses import claim_order_key
+from app.jobs.models import Backoff, Job
 from app.storage.schema import jobs as jobs_table
 
 
@@ -38,19 +38,6 @@ def test_backoff_doubles_per_retry_within_half_to_full_and_stops_at_the_ceiling(
     assert max(draws) - min(draws) > (expected[1] - expected[0]) / 4  # jitter spreads them
 
 
-def test_after_failure_requeues_while_retries_are_left():
-    change = after_failure(make_job(retry_count=2), now_us=1000, error="e", retry_delay_us=50)
-    assert change["status"] == JobStatus.PENDING
-    assert change["retry_count"] == 3 and change["run_at"] == 1050
-    assert change["worker_id"] is None and change["claimed_at"] is None
-
-
-def test_after_failure_ends_failed_when_the_budget_is_spent():
-    change = after_failure(make_job(retry_count=3), now_us=1000, error="e", retry_delay_us=50)
-    assert change["status"] == JobStatus.FAILED
-    assert "retry_count" not in change and "worker_id" not in change  # last holder kept
-
-
 def test_is_held_by_needs_the_worker_a_live_lease_and_the_right_token():
     job = make_job()
     assert job.is_held_by("w", now_us=99, lease_token=None)
@@ -70,46 +57,6 @@ def test_priority_labels_map_to_spaced_integers(label, value):
 def test_unknown_priority_label_is_refused():
     with pytest.raises(ValueError):
         Priority.from_label("urgent")
-
-
-def test_every_transition_is_a_member_of_its_own():
-    # Enum members with equal values are aliases of one another: each needs its own value.
-    assert [t.name for t in Transition] == [
-        "CLAIM", "HEARTBEAT", "COMPLETE", "FAIL", "RESCUE", "CANCEL", "RETRY", "REPLACE"]
-    assert len({t.value for t in Transition}) == len(list(Transition))
-    assert Transition.FAIL is not Transition.HEARTBEAT
-
-
-def test_only_a_workers_reports_need_the_lease_holder():
-    assert {t for t in Transition if t.by_lease_holder} == {
-        Transition.HEARTBEAT, Transition.COMPLETE, Transition.FAIL}
-
-
-def test_a_report_keeps_its_lease_token_so_that_a_repeat_is_recognised():
-    done = Transition.COMPLETE.values(now_us=5, result='{"ok":true}')
-    assert done["status"] == JobStatus.COMPLETED and "lease_token" not in done
-    completed = make_job(status="completed", result='{"ok":true}', lease_token="t")
-    assert completed.shows_complete("w", "t", '{"ok":true}')
-    assert not completed.shows_complete("w", "t", None)  # another body
-    assert not completed.shows_complete("w", "older", '{"ok":true}')
-    assert not completed.shows_complete("x", "t", '{"ok":true}')
-
-
-def test_a_repeated_fail_matches_the_error_and_the_delay_it_asked_for():
-    requeued = make_job(**Transition.FAIL.values(make_job(), 1000, "boom", 5_000_000))
-    assert requeued.shows_fail("w", "t", "boom", None)
-    assert requeued.shows_fail("w", "t", "boom", 5_000_000)
-    assert not requeued.shows_fail("w", "t", "boom", 6_000_000)
-    assert not requeued.shows_fail("w", "t", "bang", None)
-    reclaimed = make_job(**(Transition.FAIL.values(make_job(), 1000, "boom", 0)
-                            | {"lease_token": "next"}))
-    assert not reclaimed.shows_fail("w", "t", "boom", None)
-
-
-def test_a_rescue_cancel_or_retry_forgets_the_lease_token():
-    assert Transition.RESCUE.values(make_job(), 1000)["lease_token"] is None
-    assert Transition.CANCEL.values(now_us=1)["lease_token"] is None
-    assert Transition.RETRY.values(now_us=1)["lease_token"] is None
 
 
 def test_claim_order_is_priority_then_age_then_id():

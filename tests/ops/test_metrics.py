@@ -8,7 +8,8 @@ import pytest
 from flask import Flask
 
 from app import create_app
-from app.ops.metrics import JOB_EVENTS, QueueMetrics
+from app.jobs.transitions import JOB_METRICS
+from app.ops.metrics import QueueMetrics
 from tests.ops.scrape import Scrape
 
 STATUSES = ("pending", "running", "completed", "failed", "cancelled")
@@ -161,7 +162,7 @@ def test_each_app_counts_on_its_own(app: Flask, app_config: dict[str, Any]) -> N
         other.extensions["queuelog"].db.engine.dispose()
 
 
-@pytest.mark.parametrize("event", sorted(JOB_EVENTS))
+@pytest.mark.parametrize("event", sorted(metric.value for metric in JOB_METRICS))
 def test_every_job_event_of_the_service_has_a_counter(event: str) -> None:
     metrics = QueueMetrics()
     metrics.count_job_event(event, 3)

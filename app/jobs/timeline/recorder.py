@@ -14,16 +14,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app.core.clock import MICROS, to_rfc3339
-from app.history.models import (
-    ATTEMPT_ENDED_BY,
-    SERVICE_ACTOR,
-    EventName,
-    Outcome,
-    event_of,
-)
-from app.history.repository import HistoryRepository
-from app.jobs.models import LEASE_EXPIRED_ERROR, Job, Transition
+from app.core.clock import MICROS
+from app.jobs.models import LEASE_EXPIRED_ERROR, Job
+from app.jobs.timeline.models import EventName, Outcome
+from app.jobs.timeline.repository import HistoryRepository
+from app.jobs.transitions import Transition
 
 # A stale worker retrying a refused report forever must not grow a job's timeline without
 # bound: past this many report_refused events on one job, further refusals are only counted
@@ -55,10 +50,11 @@ class HistoryRecorder:
         if not jobs:
             return
         repo = HistoryRepository(conn)
-        if transition is Transition.CLAIM:
+        edge = transition.value
+        if edge.opens_attempt:
             repo.open_attempts([{"job_id": job.id, "worker_id": job.worker_id,
                                  "claimed_at": job.claimed_at} for job in jobs])
-        outcome = ATTEMPT_ENDED_BY.get(transition)
+        outcome = edge.closes_attempt
         if outcome is not None:
             repo.close_attempts([{"closed_job_id": job.id, "new_error": self._error(outcome, job)}
                                  for job in jobs], outcome, now_us)
@@ -136,20 +132,8 @@ class HistoryRecorder:
     @staticmethod
     def _event_row(transition: Transition, job: Job, actor: str, now_us: int,
                    held_by: str | None) -> dict[str, Any] | None:
-        event = event_of(transition, job)
-        if event is None:
+        marks = transition.marks_of(job)
+        if marks.event is None:
             return None
-        if event is EventName.CLAIMED:
-            detail = _detail(lease_expires_at=to_rfc3339(job.lease_expires_at))
-        elif event is EventName.RETRY_SCHEDULED:
-            detail = _detail(error=job.error, run_at=to_rfc3339(job.run_at))
-        elif event is EventName.FAILED:
-            detail = _detail(error=job.error)
-        elif event is EventName.LEASE_EXPIRED:
-            detail = _detail(worker=held_by, status=job.status,
-                             run_at=to_rfc3339(job.run_at) if job.status == "pending" else None)
-            actor = SERVICE_ACTOR
-        else:
-            detail = None
-        return {"job_id": job.id, "at": now_us, "event": event.value, "actor": actor,
-                "detail": detail}
+        return {"job_id": job.id, "at": now_us, "event": marks.event.value, "actor": actor,
+                "detail": _detail(**marks.detail(job, held_by))}

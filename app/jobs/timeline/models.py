@@ -1,12 +1,10 @@
-"""Attempts and events as records, and which of them each job transition writes."""
+"""Attempts and events as records, and the names of their outcomes and events. Which of them
+each transition of a job writes is app/jobs/transitions.py's table."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-
-from app.core.statuses import JobStatus
-from app.jobs.models import Job, Transition
 
 
 class Outcome(enum.StrEnum):
@@ -33,33 +31,6 @@ class EventName(enum.StrEnum):
 
 # The actor of the service's own acts (a lease rescue).
 SERVICE_ACTOR = "queuelog"
-
-# The transitions that end an attempt, and how it ended. A claim opens one; the others
-# (heartbeat, cancel, retry) leave attempts alone.
-ATTEMPT_ENDED_BY: dict[Transition, Outcome] = {
-    Transition.COMPLETE: Outcome.COMPLETED,
-    Transition.FAIL: Outcome.FAILED,
-    Transition.RESCUE: Outcome.LEASE_EXPIRED,
-}
-
-_EVENT_OF: dict[Transition, EventName] = {
-    Transition.CLAIM: EventName.CLAIMED,
-    Transition.COMPLETE: EventName.COMPLETED,
-    Transition.RESCUE: EventName.LEASE_EXPIRED,
-    Transition.CANCEL: EventName.CANCELLED,
-    Transition.RETRY: EventName.RETRIED,
-    Transition.REPLACE: EventName.REPLACED,
-}
-
-
-def event_of(transition: Transition, job: Job) -> EventName | None:
-    """The event a transition that left `job` as it is makes; None for a heartbeat, which is
-    no event. A failed attempt makes one event: retry_scheduled, or failed when none are left."""
-    if transition is Transition.FAIL:
-        return (EventName.RETRY_SCHEDULED if job.status == JobStatus.PENDING
-                else EventName.FAILED)
-    return _EVENT_OF.get(transition)
-
 
 @dataclass(frozen=True, slots=True)
 class Attempt:

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, literal_column, select, update
 
-from app.history.models import Attempt, EventName, JobEvent, KeyActivity, Outcome
+from app.jobs.timeline.models import Attempt, EventName, JobEvent, KeyActivity, Outcome
 from app.storage.dialects import conflict_insert_for
 from app.storage.schema import job_attempts, job_events, key_activity
 from app.storage.statements import DriverStatement
