@@ -28,12 +28,12 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from app.core.callers import Role
+from app.core.errors import NotFound, QueueError
 from app.core.priorities import Priority
 from app.core.statuses import TERMINAL_STATUSES
 from app.keys.service import KeyCommandError
 from app.storage.engine import DatabaseSetupError, explain_database_error, shown_url, sqlite_path
 from app.types.models import MAX_LIMIT, MAX_RATE, MIN_RATE
-from app.web.problems import NotFound, Problem
 
 if TYPE_CHECKING:  # app imports this module while it is being built
     from app import Services
@@ -268,7 +268,7 @@ def _schedule_call(call: Callable[[], Any]) -> Any:
     """Run a schedule use case; its problem (422 naming the field, 404, 409) as a message."""
     try:
         return call()
-    except Problem as problem:
+    except QueueError as problem:
         fields = "; ".join(f"{field}: {' '.join(map(str, messages))}"
                            for field, messages in (problem.errors or {}).items())
         raise click.ClickException(fields or problem.detail) from None

@@ -100,12 +100,12 @@ def problem_in_place_of(page: bytes, cfg: Any) -> bytes:
     # Imported here, in a worker, which has loaded the app anyway: the master, which loads
     # this module, must not (see queuelog_gunicorn/__init__.py). The problems' titles and
     # types are app/web/problems.py's.
-    from app.web.problems import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_BASE, problem_kind
+    from app.web.problems import PROBLEM_CONTENT_TYPE, problem_type_for_status
 
     status_line = page.split(b"\r\n", 1)[0].decode("latin-1")
     _, code, reason = [*status_line.split(" ", 2), "", ""][:3]
     status = int(code) if code.isdigit() else 400
-    title, slug = problem_kind(status, reason or "Error")
+    kind = problem_type_for_status(status, reason or "Error")
     details = {
         414: f"The request line is longer than {cfg.limit_request_line} bytes.",
         431: (f"The request has more than {cfg.limit_request_fields} header fields, or one "
@@ -114,7 +114,7 @@ def problem_in_place_of(page: bytes, cfg: Any) -> bytes:
     }
     # gunicorn's own message may quote the request back: it is logged, not answered.
     detail = details.get(status, "The request is not HTTP/1.1 this server accepts.")
-    body = json.dumps({"type": PROBLEM_TYPE_BASE + slug, "title": title, "status": status,
+    body = json.dumps({"type": kind.uri, "title": kind.title, "status": status,
                        "detail": detail}).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
             f"Content-Type: {PROBLEM_CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n\r\n")

@@ -28,6 +28,7 @@ from types import FrameType
 
 from app.core.callers import Caller, Role
 from app.core.clock import MICROS, Clock
+from app.core.errors import Conflict, NotFound, ValidationFailed
 from app.core.priorities import Priority
 from app.core.redaction import display_url, redact_error, scrub_url
 from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
@@ -37,7 +38,6 @@ from app.jobs.schemas import represent
 from app.jobs.service import Claimed, JobService
 from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings, push_origin_refusal
 from app.types.service import TypeService
-from app.web.problems import Conflict, NotFound, ValidationFailed
 from queuelog_client.signature import SIGNATURE_HEADER, signature_header
 
 log = logging.getLogger(__name__)

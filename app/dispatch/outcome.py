@@ -15,10 +15,10 @@ from typing import Any
 
 from marshmallow import ValidationError
 
+from app.core.errors import ValidationFailed
 from app.dispatch.http import Answer
 from app.jobs.schemas import CompleteSchema
 from app.web.http import parse_json
-from app.web.problems import ValidationFailed
 
 ERROR_BODY_CHARS = 200
 # Retry-After is obeyed up to a day (a fail's own retry_in_seconds ceiling).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.core.callers import Caller, Role
+from app.core.errors import NotFound
 from app.core.statuses import JobStatus
 from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons
 from app.jobs.repository import JobRepository
@@ -13,7 +14,6 @@ from app.jobs.timeline.models import Attempt, JobEvent
 from app.jobs.timeline.repository import HistoryRepository
 from app.keys.service import KeyService
 from app.storage.engine import Database
-from app.web.problems import NotFound
 
 # A timeline holds one event per change of the job and at most MAX_REFUSALS_KEPT refusals;
 # an answer shows the newest this many all the same, so that none grows without bound (a job

@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from app.core.clock import Clock
+from app.core.errors import ServiceUnavailable
 from app.jobs.models import PendingSummary
 from app.jobs.repository import JobRepository
 from app.storage.engine import Database
-from app.web.problems import ServiceUnavailable
 
 log = logging.getLogger(__name__)
 

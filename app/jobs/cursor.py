@@ -7,8 +7,8 @@ import base64
 import binascii
 import re
 
+from app.core.errors import ValidationFailed
 from app.core.limits import MAX_JOB_ID
-from app.web.problems import ValidationFailed
 
 _ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from app.core.callers import Caller
 from app.core.clock import MICROS
+from app.core.errors import Forbidden, UniqueConflict, ValidationFailed
 from app.core.priorities import Priority
 from app.core.statuses import JobStatus
 from app.jobs.models import Job
@@ -24,7 +25,6 @@ from app.jobs.uniqueness import (
     UniqueRequest,
     resolve_unique,
 )
-from app.web.problems import Forbidden, UniqueConflict, ValidationFailed
 
 ONE_YEAR_US = 365 * 24 * 3600 * MICROS
 

@@ -7,6 +7,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.core.callers import Role
+from app.core.errors import Forbidden, QueueError, ValidationFailed
 from app.jobs.fastload import load_batch
 from app.jobs.schemas import (
     BatchEnqueueSchema,
@@ -36,7 +37,7 @@ from app.web.auth import current_caller, require_roles
 from app.web.fields import EmptySchema, IdempotencyKeyHeaderSchema
 from app.web.http import json_body, load_body, load_query, no_content
 from app.web.openapi import Reply, documented
-from app.web.problems import Forbidden, Problem, ValidationFailed, problem_body
+from app.web.problems import problem_body, problem_type_of
 
 bp = Blueprint("jobs", __name__)
 
@@ -177,8 +178,8 @@ def complete_many_jobs() -> Response:
     answers = _service().complete_many(current_caller(), body["items"])
     results = []
     for job_id, answer in answers:
-        if isinstance(answer, Problem):
-            results.append({"id": job_id, "status": answer.status,
+        if isinstance(answer, QueueError):
+            results.append({"id": job_id, "status": problem_type_of(answer).status,
                             "problem": problem_body(answer)})
         else:
             results.append({"id": job_id, "status": 200,

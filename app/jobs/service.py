@@ -20,6 +20,14 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from app.core.callers import Caller, Role
 from app.core.clock import MICROS, Clock
+from app.core.errors import (
+    Conflict,
+    Forbidden,
+    NotFound,
+    QueueError,
+    UniqueConflict,
+    ValidationFailed,
+)
 from app.core.redaction import redact_error
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.jobs.cursor import decode_cursor, encode_cursor
@@ -43,14 +51,6 @@ from app.jobs.uniqueness import Deduplicated, holds_key_in
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
 from app.storage.engine import Database
 from app.types.service import FlowControl, LimitReached
-from app.web.problems import (
-    Conflict,
-    Forbidden,
-    NotFound,
-    Problem,
-    UniqueConflict,
-    ValidationFailed,
-)
 
 log = logging.getLogger(__name__)
 
@@ -606,14 +606,14 @@ class JobService:
             delivered))
 
     def complete_many(self, caller: Caller,
-                      items: list[dict[str, Any]]) -> list[tuple[int, Job | Problem]]:
+                      items: list[dict[str, Any]]) -> list[tuple[int, Job | QueueError]]:
         """Complete several held jobs in one transaction; each succeeds or fails on its own
         and is answered with the job or the problem a single complete would give."""
         results = [self._stored_result(item.get("result")) for item in items]
 
-        def complete_each(conn: Connection, events: Events) -> list[tuple[int, Job | Problem]]:
+        def complete_each(conn: Connection, events: Events) -> list[tuple[int, Job | QueueError]]:
             repo = self._repo(conn, caller)
-            answers: list[tuple[int, Job | Problem]] = []
+            answers: list[tuple[int, Job | QueueError]] = []
             # The items are judged at one moment, and the jobs they complete recorded
             # together (one executemany per history table rather than two statements a job).
             now = self.clock.now_us()

@@ -13,11 +13,11 @@ from sqlalchemy import Connection
 
 from app.core.callers import Caller, Role
 from app.core.clock import Clock
+from app.core.errors import Unauthorized
 from app.core.priorities import Priority
 from app.keys.models import ApiKey
 from app.keys.repository import KeyRepository
 from app.storage.engine import Database
-from app.web.problems import Unauthorized
 
 TOKEN_PREFIX = "ql_"  # noqa: S105 (a marker, not a secret)
 TOKEN_BYTES = 32  # 256 bits of entropy

@@ -11,9 +11,9 @@ from flask import Blueprint, Response, current_app, jsonify
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.config import configuration_warnings
+from app.core.errors import ServiceUnavailable
 from app.storage.migrations import current_revision, head_revision
 from app.web.openapi import Reply, documented
-from app.web.problems import ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,11 @@ def readyz() -> Response:
         # The class name only: a driver's message can carry the host, the user or the SQL.
         log.warning("readiness: the database did not answer: %s", type(exc).__name__)
         raise ServiceUnavailable("The database is not answering.",
-                                 headers={"Retry-After": "5"}) from None
+                                 retry_after_seconds=5) from None
     if current != newest:
         raise ServiceUnavailable(
             f"The database schema is at revision {current or 'none'}, this release needs "
-            f"{newest}; run 'queuelog db upgrade'.", headers={"Retry-After": "5"})
+            f"{newest}; run 'queuelog db upgrade'.", retry_after_seconds=5)
     ready: dict[str, Any] = {"status": "ready", "revision": current}
     # Ready still: reads, claims and reports work, and a misconfigured release should be
     # told, not taken out of service. The warning says what does not work.

@@ -28,6 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.callers import Role
 from app.core.clock import MICROS, Clock
+from app.core.errors import Forbidden
 from app.core.statuses import JobStatus
 from app.jobs.counts import BacklogCounts
 from app.jobs.repository import JobRepository
@@ -35,7 +36,6 @@ from app.jobs.transitions import JOB_METRICS
 from app.storage.engine import Database
 from app.web.auth import authenticate
 from app.web.openapi import Reply, documented
-from app.web.problems import Forbidden
 from queuelog_gunicorn.multiprocess import COMPACTION_LOCK
 
 log = logging.getLogger(__name__)

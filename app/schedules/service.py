@@ -26,6 +26,7 @@ from sqlalchemy import Connection
 
 from app.core.callers import Caller, Role
 from app.core.clock import MICROS, Clock, to_rfc3339
+from app.core.errors import Conflict, NotFound, ValidationFailed
 from app.core.priorities import Priority
 from app.jobs.cursor import decode_name_cursor, encode_name_cursor
 from app.jobs.fastload import load_batch
@@ -37,7 +38,6 @@ from app.schedules.models import Schedule, plan_firing, producer_of
 from app.schedules.repository import ScheduleRepository
 from app.schedules.schemas import NAME_PATTERN, JobTemplateSchema, template_json
 from app.storage.engine import Database
-from app.web.problems import Conflict, NotFound, ValidationFailed
 
 log = logging.getLogger(__name__)
 

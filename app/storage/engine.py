@@ -28,10 +28,10 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.pool import NullPool
 
 from app.config import DEFAULT_COUNTING_READS
+from app.core.errors import CountingReadsBusy
 from app.core.redaction import redact_error
 from app.storage.files import create_private
 from app.storage.group_commit import SqliteWriter
-from app.web.problems import CountingReadsBusy
 
 T = TypeVar("T")
 

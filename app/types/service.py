@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from app.core.clock import MICROS, Clock
+from app.core.errors import NotFound, ValidationFailed
 from app.core.statuses import JobStatus
 from app.jobs.counts import BacklogCounts
 from app.jobs.models import Job
@@ -27,7 +28,6 @@ from app.types.models import (
     push_origin_refusal,
 )
 from app.types.repository import TypeRepository
-from app.web.problems import NotFound, ValidationFailed
 
 # Told of each claim that passed over due work of a type (or of a key) held back by its
 # limit: (type, reason). Metrics count them.

@@ -12,6 +12,7 @@ from werkzeug.wrappers import Response
 
 from app.core.callers import Caller, Role
 from app.core.clock import to_rfc3339
+from app.core.errors import QueueError
 from app.core.statuses import TERMINAL_STATUSES
 from app.history.schemas import (
     represent_attempt,
@@ -36,7 +37,7 @@ from app.ui.forms import (
     limits_patch,
 )
 from app.ui.security import CSRFRefused, check_csrf
-from app.web.problems import Problem, flatten_errors
+from app.web.problems import flatten_errors, problem_type_of
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static")
@@ -88,9 +89,10 @@ def _csrf_refused(error: CSRFRefused) -> tuple[str, int]:
                         "Reload the page and send it again.")
 
 
-@bp.errorhandler(Problem)
-def _problem(error: Problem) -> tuple[str, int]:
-    return _page("error.html", error.status, title=error.title, detail=error.detail)
+@bp.errorhandler(QueueError)
+def _problem(error: QueueError) -> tuple[str, int]:
+    kind = problem_type_of(error)
+    return _page("error.html", kind.status, title=kind.title, detail=error.detail)
 
 
 @bp.errorhandler(HTTPException)
@@ -219,7 +221,7 @@ def bulk(action: str) -> Response:
     shown = {name: value for name, value in filters.items() if name != "limit"}
     try:
         changed = run(caller, filters)
-    except Problem as refused:
+    except QueueError as refused:
         flash(refused.detail, "error")
     else:
         done = "sent back to pending" if action == "retry" else "cancelled"
@@ -322,7 +324,7 @@ def _act(action: Any, done: str, then: str) -> Response:
     """Run a form's action; its refusal (a 404, a 409) becomes a message on the next page."""
     try:
         action()
-    except Problem as refused:
+    except QueueError as refused:
         flash(refused.detail, "error")
     else:
         flash(done, "ok")
@@ -331,7 +333,7 @@ def _act(action: Any, done: str, then: str) -> Response:
 
 @bp.get("/schedules")
 def schedules() -> tuple[str, int]:
-    # A cursor this service did not issue is a Problem: answered by the error page (422).
+    # A cursor this service did not issue is a QueueError: answered by the error page (422).
     return _page("schedules.html", **_schedules_shown(request.args.get("cursor") or None))
 
 

@@ -12,7 +12,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from app.core.callers import Caller, Role
-from app.web.problems import Forbidden, Unauthorized
+from app.core.errors import Forbidden, Unauthorized
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -11,7 +11,8 @@ from flask import Response, request
 from marshmallow import Schema
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from app.web.problems import UnsupportedMediaType, ValidationFailed
+from app.core.errors import ValidationFailed
+from app.web.problems import UnsupportedMediaType
 
 # How deeply JSON may nest, counted from the field that holds it: a payload or result
 # object is level 1, so `{"a": {}}` is 2 levels deep. Far below what any recursive JSON

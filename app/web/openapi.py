@@ -26,7 +26,7 @@ from werkzeug.routing import Rule
 
 from app.core.limits import MAX_JOB_ID
 from app.web.fields import IdempotencyKeyHeaderSchema
-from app.web.problems import PROBLEM_CONTENT_TYPE, ProblemSchema
+from app.web.problems import PROBLEM_CONTENT_TYPE, ProblemSchema, problem_catalogue
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -175,6 +175,9 @@ def build_openapi(app: Flask) -> dict[str, Any]:
         plugins=[plugin],
         info={"description": "A persistent background-job queue served over HTTP. Every "
                              "error is an RFC 9457 problem (application/problem+json)."},
+        # Every problem `type` a client can meet, with its title and status: generated from
+        # app/web/problems.py's PROBLEM_TYPES, the table that renders them.
+        **{"x-problem-types": problem_catalogue()},
     )
     spec.components.security_scheme(SECURITY_SCHEME, {
         "type": "http", "scheme": "bearer",

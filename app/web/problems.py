@@ -1,15 +1,39 @@
-"""One exception hierarchy, and the one place that renders every error as an RFC 9457 problem."""
+"""The one place that renders every error as an RFC 9457 problem: PROBLEM_TYPES maps each
+error the service answers with (the domain's, app/core/errors.py, and HTTP's own) to its
+problem, and the OpenAPI catalogue of problem types is generated from it."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Flask, Response, current_app, json
 from marshmallow import Schema, ValidationError, fields
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import (
+    BadRequest,
+    HTTPException,
+    MethodNotAllowed,
+    RequestEntityTooLarge,
+    RequestHeaderFieldsTooLarge,
+    RequestURITooLarge,
+)
+
+from app.core.errors import (
+    Conflict,
+    CountingReadsBusy,
+    DatabaseUnavailable,
+    Forbidden,
+    NotFound,
+    QueueError,
+    ServiceUnavailable,
+    Unauthorized,
+    UniqueConflict,
+    ValidationFailed,
+)
 
 PROBLEM_TYPE_BASE = "https://queuelog.dev/problems/"
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -17,124 +41,93 @@ PROBLEM_CONTENT_TYPE = "application/problem+json"
 log = logging.getLogger(__name__)
 
 
-# Every status a problem can carry: its title (sentence case, the one place titles are
-# written) and the last segment of its `type` URI. Werkzeug's own errors (404 for an unknown
-# path, 405, 413, …) are rendered with these too, not with Werkzeug's Title Case names.
-PROBLEM_KINDS: dict[int, tuple[str, str]] = {
-    400: ("Bad request", "bad-request"),
-    401: ("Unauthorized", "unauthorized"),
-    403: ("Forbidden", "forbidden"),
-    404: ("Not found", "not-found"),
-    405: ("Method not allowed", "method-not-allowed"),
-    409: ("Conflict", "conflict"),
-    413: ("Request body too large", "payload-too-large"),
-    # 414 and 431 are gunicorn's (queuelog_gunicorn/worker.py answers them as problems).
-    414: ("Request line too long", "request-line-too-long"),
-    415: ("Unsupported media type", "unsupported-media-type"),
-    422: ("Validation failed", "validation-failed"),
-    431: ("Request header fields too large", "request-header-fields-too-large"),
-    500: ("Internal server error", "internal-error"),
-    503: ("Service unavailable", "service-unavailable"),
+class UnsupportedMediaType(QueueError):
+    """The body is not JSON (415): HTTP's own refusal, raised by app/web/http.py, not the
+    domain's."""
+
+
+@dataclass(frozen=True)
+class ProblemType:
+    """What a client is shown for one kind of error: its status, its title (sentence case),
+    the last segment of its `type` URI, the headers it always carries, and the attributes of
+    the error it copies into the body as members of its own."""
+
+    status: int
+    title: str
+    slug: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    members: tuple[str, ...] = ()
+
+    @property
+    def uri(self) -> str:
+        return PROBLEM_TYPE_BASE + self.slug
+
+
+_INTERNAL = ProblemType(500, "Internal server error", "internal-error")
+_SERVICE_UNAVAILABLE = ProblemType(503, "Service unavailable", "service-unavailable")
+
+# The one table: every error the service answers with and its problem, the one place titles
+# and types are written. A raised error is looked up along its class's MRO (so a subclass
+# raised by a service, e.g. the report refusal, is its base's problem); Werkzeug's errors and
+# gunicorn's (414, 431: queuelog_gunicorn/worker.py) by their status, the first entry with
+# it, so base entries come before their subclasses. A test checks that every class of
+# app/core/errors.py has its own entry, and /openapi.json lists each type (x-problem-types).
+PROBLEM_TYPES: dict[type[Exception], ProblemType] = {
+    BadRequest: ProblemType(400, "Bad request", "bad-request"),
+    Unauthorized: ProblemType(401, "Unauthorized", "unauthorized",
+                              headers={"WWW-Authenticate": 'Bearer realm="queuelog"'}),
+    Forbidden: ProblemType(403, "Forbidden", "forbidden"),
+    NotFound: ProblemType(404, "Not found", "not-found"),
+    MethodNotAllowed: ProblemType(405, "Method not allowed", "method-not-allowed"),
+    Conflict: ProblemType(409, "Conflict", "conflict"),
+    UniqueConflict: ProblemType(409, "Conflict", "unique-conflict",
+                                members=("existing_job_id",)),
+    RequestEntityTooLarge: ProblemType(413, "Request body too large", "payload-too-large"),
+    RequestURITooLarge: ProblemType(414, "Request line too long", "request-line-too-long"),
+    UnsupportedMediaType: ProblemType(415, "Unsupported media type", "unsupported-media-type"),
+    ValidationFailed: ProblemType(422, "Validation failed", "validation-failed"),
+    RequestHeaderFieldsTooLarge: ProblemType(431, "Request header fields too large",
+                                             "request-header-fields-too-large"),
+    # A domain error no entry names more closely is a bug of ours, as any other exception.
+    Exception: _INTERNAL,
+    QueueError: _INTERNAL,
+    ServiceUnavailable: _SERVICE_UNAVAILABLE,
+    CountingReadsBusy: _SERVICE_UNAVAILABLE,
+    DatabaseUnavailable: _SERVICE_UNAVAILABLE,
 }
 
 
-def problem_kind(status: int, fallback_name: str = "Error") -> tuple[str, str]:
-    """(title, slug) of a status; a status not in PROBLEM_KINDS gets its name in sentence
-    case."""
-    kind = PROBLEM_KINDS.get(status)
-    if kind is not None:
-        return kind
-    return fallback_name[:1].upper() + fallback_name[1:].lower(), "http-error"
+def problem_type_of(error: Exception) -> ProblemType:
+    """The problem of a raised error: the entry of the nearest class in its MRO."""
+    for cls in type(error).__mro__:
+        kind = PROBLEM_TYPES.get(cls)
+        if kind is not None:
+            return kind
+    return _INTERNAL
 
 
-class Problem(Exception):
-    """An error the client is told about. Subclasses fix the status, the title and the type."""
-
-    status = 500
-    title, slug = PROBLEM_KINDS[500]
-
-    def __init__(self, detail: str | None = None, *, errors: dict[str, Any] | None = None,
-                 headers: dict[str, str] | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
-        super().__init__(detail or self.title)
-        self.detail = detail or self.title
-        self.errors = errors
-        self.headers = headers or {}
-        self.extra = extra or {}  # members of this problem type beyond the standard ones
+def problem_type_for_status(status: int, fallback_name: str = "Error") -> ProblemType:
+    """The problem of a status (for Werkzeug's errors and gunicorn's): the first entry with
+    it; a status no entry has gets its name in sentence case and the generic type."""
+    for kind in PROBLEM_TYPES.values():
+        if kind.status == status:
+            return kind
+    return ProblemType(status, fallback_name[:1].upper() + fallback_name[1:].lower(),
+                       "http-error")
 
 
-class Unauthorized(Problem):
-    status = 401
-    title, slug = PROBLEM_KINDS[status]
-
-    def __init__(self, detail: str | None = None) -> None:
-        super().__init__(detail, headers={"WWW-Authenticate": 'Bearer realm="queuelog"'})
-
-
-class Forbidden(Problem):
-    status = 403
-    title, slug = PROBLEM_KINDS[status]
-
-
-class NotFound(Problem):
-    status = 404
-    title, slug = PROBLEM_KINDS[status]
-
-
-class Conflict(Problem):
-    status = 409
-    title, slug = PROBLEM_KINDS[status]
-
-
-class UniqueConflict(Conflict):
-    """A job of the same unique scope stands in the way (`reject`, or `replace` of a job that
-    is no longer pending); the problem names it."""
-
-    slug = "unique-conflict"
-
-    def __init__(self, detail: str, existing_job_id: int | None) -> None:
-        super().__init__(detail, extra=None if existing_job_id is None
-                         else {"existing_job_id": existing_job_id})
-
-
-class UnsupportedMediaType(Problem):
-    status = 415
-    title, slug = PROBLEM_KINDS[status]
-
-
-class ValidationFailed(Problem):
-    status = 422
-    title, slug = PROBLEM_KINDS[status]
-
-
-class ServiceUnavailable(Problem):
-    status = 503
-    title, slug = PROBLEM_KINDS[status]
-
-
-class CountingReadsBusy(ServiceUnavailable):
-    """Every slot this process keeps for reads that count the backlog (explain, the type
-    counts, /metrics, the dashboard) is taken: refused at once rather than left to queue for
-    a connection that enqueues and claims need. The client may retry."""
-
-    def __init__(self) -> None:
-        super().__init__("Too many requests that count the backlog are being served; retry "
-                         "in a moment.", headers={"Retry-After": "1"})
+def problem_catalogue() -> list[dict[str, Any]]:
+    """Every problem type the service answers with, once each, by status: the type URI, its
+    title and its status (the OpenAPI document's x-problem-types)."""
+    kinds = {kind.slug: kind for kind in PROBLEM_TYPES.values()}
+    return [{"type": kind.uri, "title": kind.title, "status": kind.status}
+            for kind in sorted(kinds.values(), key=lambda kind: (kind.status, kind.slug))]
 
 
 def body_too_large_detail(limit_bytes: int) -> str:
     """What a 413 says: the limit, in bytes."""
     return (f"The request body is larger than {limit_bytes} bytes, the most this service "
             "accepts (QUEUELOG_MAX_CONTENT_LENGTH).")
-
-
-class DatabaseUnavailable(ServiceUnavailable):
-    """The database did not answer (unreachable, locked up, no pooled connection free): the
-    service's state, not a bug. The client may retry."""
-
-    def __init__(self) -> None:
-        super().__init__("The database is not answering; retry later.",
-                         headers={"Retry-After": "1"})
 
 
 class ProblemSchema(Schema):
@@ -170,53 +163,66 @@ def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:
     return {prefix or "_body": [str(messages)]}
 
 
-def _body(status: int, title: str, slug: str, detail: str,
-          errors: dict[str, Any] | None, extra: dict[str, Any] | None = None
-          ) -> dict[str, Any]:
+def _body(kind: ProblemType, detail: str, errors: Mapping[str, Any] | None,
+          members: Mapping[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "type": PROBLEM_TYPE_BASE + slug,
-        "title": title,
-        "status": status,
+        "type": kind.uri,
+        "title": kind.title,
+        "status": kind.status,
         "detail": detail,
     }
     if errors is not None:
         body["errors"] = errors
-    body.update(extra or {})
+    body.update(members or {})
     return body
 
 
-def problem_body(problem: Problem) -> dict[str, Any]:
-    """The problem as a JSON object, for answers that carry several (complete-many)."""
-    return _body(problem.status, problem.title, problem.slug, problem.detail, problem.errors,
-                 problem.extra)
+def _members(kind: ProblemType, error: QueueError) -> dict[str, Any]:
+    """The members of this problem type beyond the standard ones, from the error's attributes;
+    one the error does not know (None) is left out."""
+    found = {name: getattr(error, name, None) for name in kind.members}
+    return {name: value for name, value in found.items() if value is not None}
 
 
-def problem_response(status: int, title: str, slug: str, detail: str,
-                     errors: dict[str, Any] | None = None,
-                     headers: dict[str, str] | None = None,
-                     extra: dict[str, Any] | None = None) -> Response:
-    body = _body(status, title, slug, detail, errors, extra)
-    response = Response(json.dumps(body), status=status, mimetype=PROBLEM_CONTENT_TYPE)
+def _headers(kind: ProblemType, error: QueueError) -> dict[str, str]:
+    headers = dict(kind.headers)
+    if error.retry_after_seconds is not None:
+        headers["Retry-After"] = str(error.retry_after_seconds)
+    return headers
+
+
+def problem_body(error: QueueError) -> dict[str, Any]:
+    """The error's problem as a JSON object, for answers that carry several (complete-many)."""
+    kind = problem_type_of(error)
+    return _body(kind, error.detail, error.errors, _members(kind, error))
+
+
+def problem_response(kind: ProblemType, detail: str,
+                     errors: Mapping[str, Any] | None = None,
+                     headers: Mapping[str, str] | None = None,
+                     members: Mapping[str, Any] | None = None) -> Response:
+    body = _body(kind, detail, errors, members)
+    response = Response(json.dumps(body), status=kind.status, mimetype=PROBLEM_CONTENT_TYPE)
     for name, value in (headers or {}).items():
         response.headers[name] = value
     return response
 
 
-def render_problem(problem: Problem) -> Response:
-    return problem_response(problem.status, problem.title, problem.slug, problem.detail,
-                            problem.errors, problem.headers, problem.extra)
+def render_problem(error: QueueError) -> Response:
+    kind = problem_type_of(error)
+    return problem_response(kind, error.detail, error.errors, _headers(kind, error),
+                            _members(kind, error))
 
 
 def register_error_handlers(app: Flask) -> None:
-    @app.errorhandler(Problem)
-    def on_problem(error: Problem) -> Response:
+    @app.errorhandler(QueueError)
+    def on_queue_error(error: QueueError) -> Response:
         return render_problem(error)
 
     @app.errorhandler(ValidationError)
     def on_validation_error(error: ValidationError) -> Response:
-        return problem_response(422, ValidationFailed.title, ValidationFailed.slug,
-                                "The request did not validate; see errors.",
-                                flatten_errors(error.messages))
+        return render_problem(ValidationFailed("The request did not validate; see errors.",
+                                               errors=flatten_errors(error.messages)))
 
     @app.errorhandler(HTTPException)
     def on_http_exception(error: HTTPException) -> Response:
@@ -231,8 +237,8 @@ def register_error_handlers(app: Flask) -> None:
                 404: "No such resource.",
                 405: "This method is not allowed on this resource.",
             }.get(status, error.description or error.name)
-        title, slug = problem_kind(status, error.name)
-        return problem_response(status, title, slug, detail, headers=headers)
+        return problem_response(problem_type_for_status(status, error.name), detail,
+                                headers=headers)
 
     @app.errorhandler(PoolTimeoutError)
     @app.errorhandler(OperationalError)
@@ -248,5 +254,5 @@ def register_error_handlers(app: Flask) -> None:
             log.error("database error: %s", type(error.orig).__name__)
         else:
             log.exception("unhandled error")
-        return problem_response(500, Problem.title, Problem.slug,
+        return problem_response(PROBLEM_TYPES[Exception],
                                 "The service failed to handle this request.")

@@ -8,7 +8,7 @@ import pytest
 
 from app import create_app
 from app.core.callers import Role
-from app.web.problems import PROBLEM_KINDS
+from app.web.problems import PROBLEM_TYPES
 
 PROBLEM_FIELDS = {"type", "title", "status", "detail"}
 
@@ -167,7 +167,7 @@ def test_problem_titles_are_in_sentence_case_whoever_raised_them(client, api, pr
     titles = {answer.status_code: answer.get_json()["title"] for answer in answers}
     assert titles[404] == "Not found" and titles[405] == "Method not allowed"
     assert all(_sentence_case(title) for title in titles.values()), titles
-    assert all(_sentence_case(title) for title, _ in PROBLEM_KINDS.values())
+    assert all(_sentence_case(kind.title) for kind in PROBLEM_TYPES.values())
 
 
 def test_a_204_carries_no_content_type(api, worker):
