@@ -104,6 +104,9 @@ NOT_A_FIELD = {
     "PAGE_BYTES",
     # How many slots one firing enqueues (tests/schedules).
     "CATCH_UP",
+    # Not a refusal but a cut of what is stored (tests/test_redaction.py; the client's
+    # worker sends no more: tests/client/test_wire_constants.py).
+    "STORED_ERROR_CHARS",
 }
 
 

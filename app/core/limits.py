@@ -48,6 +48,9 @@ TOKEN_CHARS = Limit[int]("TOKEN_CHARS", 1, 200, "characters",
                          "an API key's token, as a bearer token or the dashboard's sign-in")
 ERROR_CHARS = Limit[int]("ERROR_CHARS", 1, 100_000, "characters",
                          "the error a worker reports when a job fails")
+# Not a refusal: a longer error is stored and shown cut to this (after its secrets are masked).
+STORED_ERROR_CHARS = Limit[int]("STORED_ERROR_CHARS", 0, 2000, "characters",
+                                "a job's error as stored and shown")
 CRON_CHARS = Limit[int]("CRON_CHARS", 1, 200, "characters", "a schedule's cron expression")
 TIMEZONE_CHARS = Limit[int]("TIMEZONE_CHARS", 1, 64, "characters",
                             "a schedule's IANA time zone name")
@@ -102,7 +105,7 @@ PUSH_TIMEOUT_SECONDS = Limit[int]("PUSH_TIMEOUT_SECONDS", 1, 900, "seconds",
 
 LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     JOB_ID, TYPE_CHARS, NAME_CHARS, KEY_CHARS, LEASE_TOKEN_CHARS, CURSOR_CHARS, TOKEN_CHARS,
-    ERROR_CHARS, CRON_CHARS, TIMEZONE_CHARS, PUSH_URL_CHARS,
+    ERROR_CHARS, STORED_ERROR_CHARS, CRON_CHARS, TIMEZONE_CHARS, PUSH_URL_CHARS,
     RETRIES, BATCH_JOBS, CLAIM_JOBS, CLAIM_TYPES, COMPLETE_ITEMS, BULK_JOBS, PAGE_ITEMS,
     PAGE_BYTES, CATCH_UP, BATCH_ROWS, TYPE_LIMIT, RATE,
     LEASE_SECONDS, DELAY_SECONDS, UNIQUE_PERIOD_SECONDS, RETRY_IN_SECONDS, CLAIM_WAIT_SECONDS,
