@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from app.core import limits
 from app.core.limits import LIMITS, Limit
 
 Body = dict[str, Any]
@@ -108,6 +109,15 @@ NOT_A_FIELD = {
     # worker sends no more: tests/client/test_wire_constants.py).
     "STORED_ERROR_CHARS",
 }
+
+
+def test_the_table_lists_each_limit_of_the_module_once_under_its_own_name():
+    records = {name: value for name, value in vars(limits).items() if isinstance(value, Limit)}
+    assert {limit.name: limit for limit in LIMITS} == records
+    for limit in LIMITS:
+        assert limit.min < limit.max, limit.name
+        if limit.default is not None:
+            assert limit.min <= limit.default <= limit.max, limit.name
 
 
 def test_every_limit_has_a_probe_or_is_said_to_bound_no_field():
