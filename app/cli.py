@@ -29,11 +29,11 @@ from sqlalchemy.exc import DBAPIError
 
 from app.core.callers import Role
 from app.core.errors import NotFound, QueueError
+from app.core.limits import BATCH_ROWS, RATE, TYPE_LIMIT
 from app.core.priorities import Priority
 from app.core.statuses import TERMINAL_STATUSES
 from app.keys.service import KeyCommandError
 from app.storage.engine import DatabaseSetupError, explain_database_error, shown_url, sqlite_path
-from app.types.models import MAX_LIMIT, MAX_RATE, MIN_RATE
 
 if TYPE_CHECKING:  # app imports this module while it is being built
     from app import Services
@@ -200,7 +200,8 @@ def types_list() -> None:
                    f"{c.cancelled:>10} {oldest:>9}  {to_rfc3339(s.last_claim_at) or '-'}")
 
 
-_LIMIT = click.IntRange(1, MAX_LIMIT)
+# The API's bounds (TypePatchSchema's), so the CLI and PATCH /types refuse the same values.
+_LIMIT = click.IntRange(TYPE_LIMIT.min, TYPE_LIMIT.max)
 
 
 @types_group.command("set")
@@ -209,7 +210,7 @@ _LIMIT = click.IntRange(1, MAX_LIMIT)
 @click.option("--max-running", type=_LIMIT, help="running jobs of the type at most")
 @click.option("--max-running-per-key", type=_LIMIT,
               help="running jobs per concurrency_key at most")
-@click.option("--rate", type=click.FloatRange(MIN_RATE, MAX_RATE),
+@click.option("--rate", type=click.FloatRange(RATE.min, RATE.max),
               help="claims per second (token bucket)")
 @click.option("--burst", type=_LIMIT, help="tokens the bucket holds at most")
 @click.option("--clear-max-running", is_flag=True, help="remove the running cap")
@@ -351,7 +352,7 @@ def schedules_delete(name: str) -> None:
               type=click.Choice(sorted(s.value for s in TERMINAL_STATUSES)),
               help="only these statuses (repeatable); default: every finished status")
 @click.option("--force", is_flag=True, help="allow --older-than below 24 hours")
-@click.option("--batch-size", type=click.IntRange(1, 100_000),
+@click.option("--batch-size", type=click.IntRange(BATCH_ROWS.min, BATCH_ROWS.max),
               help="jobs deleted per transaction; default: QUEUELOG_BULK_BATCH_SIZE")
 @with_appcontext
 def purge(older_than: str, statuses: tuple[str, ...], force: bool,
@@ -371,7 +372,8 @@ def purge(older_than: str, statuses: tuple[str, ...], force: bool,
 @click.option("--from", "source_url", required=True, help="SQLAlchemy URL to copy from")
 @click.option("--to", "target_url", required=True,
               help="SQLAlchemy URL to copy into (migrated here; must hold no jobs or keys)")
-@click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--batch-size", default=BATCH_ROWS.default, show_default=True,
+              type=click.IntRange(BATCH_ROWS.min, BATCH_ROWS.max))
 def copy(source_url: str, target_url: str, batch_size: int) -> None:
     """Copy every job and key to another database, ids kept (stop the service first)."""
     from app.storage.transfer import TransferError, copy_database

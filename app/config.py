@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.limits import DELAY_SECONDS, LEASE_SECONDS, RETRY_IN_SECONDS
 from app.core.origins import push_origin
 
 
@@ -94,14 +95,17 @@ SETTINGS: tuple[Setting, ...] = (
             "SQLAlchemy URL; default: a SQLite file queuelog.sqlite3 in the instance folder"),
     Setting("JOB_TYPES", frozenset(), _job_types,
             "comma-separated job types producers may enqueue; none until set"),
-    Setting("LEASE_SECONDS", 300, _int_in(1, 3600), "default lease of a claim"),
+    Setting("LEASE_SECONDS", LEASE_SECONDS.default, _int_in(LEASE_SECONDS.min, LEASE_SECONDS.max),
+            "default lease of a claim"),
     Setting("MAX_PAYLOAD_BYTES", 65_536, _int_in(2, 16 * 1024 * 1024),
             "largest payload or result, as compact UTF-8 JSON"),
     Setting("MAX_CONTENT_LENGTH", 1024 * 1024, _int_in(1024, 256 * 1024 * 1024),
             "largest request body (413 above)"),
-    Setting("RETRY_BACKOFF_SECONDS", 1.0, _float_in(0, 86_400),
+    # At most what a worker may ask for in retry_in_seconds.
+    Setting("RETRY_BACKOFF_SECONDS", 1.0, _float_in(0, RETRY_IN_SECONDS.max),
             "base of the exponential retry backoff"),
-    Setting("RETRY_BACKOFF_MAX_SECONDS", 3600.0, _float_in(0, 31_536_000),
+    # No further ahead than a job may be scheduled.
+    Setting("RETRY_BACKOFF_MAX_SECONDS", 3600.0, _float_in(0, DELAY_SECONDS.max),
             "ceiling of the retry backoff"),
     Setting("METRICS_PUBLIC", False, _flag, "serve /metrics without an admin key"),
     Setting("JOB_EVENTS", True, _flag,

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from app import create_app
 from app.core.callers import Role
-from app.core.limits import MAX_JOB_ID, MAX_PAGE_BYTES
+from app.core.limits import JOB_ID, PAGE_BYTES
 from app.storage.migrations import upgrade
 from app.web.http import MAX_JSON_DEPTH
 from tests.conftest import JOB_TYPES, Key
@@ -233,7 +233,7 @@ def test_finding_06_a_listing_of_large_non_ascii_payloads_stays_within_4_mib_and
         query = {"limit": 500} | ({"cursor": cursor} if cursor else {})
         response = client.get("/jobs", query_string=query, headers=admin.headers)
         assert response.status_code == 200
-        assert len(response.data) <= MAX_PAGE_BYTES
+        assert len(response.data) <= PAGE_BYTES.max
         assert "\U0001f600".encode() in response.data and b"\\ud83d" not in response.data
         body = response.get_json()
         assert all(job["payload"] == {"t": text} for job in body["jobs"])
@@ -377,11 +377,11 @@ def test_finding_11_ids_limits_and_cursors_take_ascii_digits_only(
     assert job_id == 1
     unicode_ones = ["\u0661", "\uff11", "\u0967", "\U0001d7d9"]  # Arabic, fullwidth, Devanagari…
     for path in ([f"/jobs/{one}" for one in unicode_ones]
-                 + [f"/jobs/{MAX_JOB_ID + 1}", f"/jobs/{10**30}", "/jobs/0", "/jobs/+1"]):
+                 + [f"/jobs/{JOB_ID.max + 1}", f"/jobs/{10**30}", "/jobs/0", "/jobs/+1"]):
         _problem(client.get(path, headers=admin.headers), 404)
         _problem(client.post(f"{path}/cancel", headers=admin.headers), 404)
     assert api.get(admin, job_id).status_code == 200
-    assert client.get(f"/jobs/{MAX_JOB_ID}", headers=admin.headers).status_code == 404
+    assert client.get(f"/jobs/{JOB_ID.max}", headers=admin.headers).status_code == 404
 
     for limit in ["\u0665", "\uff15", "5_0", " 5", "+5", "5.0"]:
         response = client.get("/jobs", query_string={"limit": limit}, headers=admin.headers)
@@ -393,7 +393,7 @@ def test_finding_11_ids_limits_and_cursors_take_ascii_digits_only(
 
     api.claim(worker)
     beyond = client.post("/jobs/complete-many", headers=worker.headers,
-                         json={"items": [{"id": MAX_JOB_ID + 1}]})
+                         json={"items": [{"id": JOB_ID.max + 1}]})
     assert set(_problem(beyond, 422)["errors"]) == {"items.0.id"}
 
 

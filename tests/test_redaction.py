@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.redaction import MASK, MAX_STORED_ERROR_CHARS, display_url, redact_error, scrub_url
+from app.core.limits import STORED_ERROR_CHARS
+from app.core.redaction import MASK, display_url, redact_error, scrub_url
 
 NAMES = ["password", "passwd", "pwd", "secret", "token", "api_key", "authorization"]
 
 
 def test_the_mask_and_the_cut_are_the_contracts():
     assert MASK == "***"
-    assert MAX_STORED_ERROR_CHARS == 2000
+    assert STORED_ERROR_CHARS.max == 2000
 
 
 # -- URL credentials ---------------------------------------------------------------------------

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-MAX_STORED_ERROR_CHARS = 2000
+from app.core.limits import STORED_ERROR_CHARS
+
 MASK = "***"
 
 _SECRET_NAMES = r"(?:password|passwd|pwd|secret|token|api_key|authorization)"  # noqa: S105
@@ -55,7 +56,7 @@ def _masked_json_value(match: re.Match[str]) -> str:
 
 
 def redact_error(text: str) -> str:
-    """The error with credentials masked, then cut to MAX_STORED_ERROR_CHARS characters.
+    """The error with credentials masked, then cut to STORED_ERROR_CHARS.max characters.
 
     Redaction runs on the whole text first, so a secret straddling the cut is masked too.
     """
@@ -63,7 +64,7 @@ def redact_error(text: str) -> str:
     text = _JSON_PAIR.sub(_masked_json_value, text)
     text = _PLAIN_PAIR.sub(lambda m: f"{m['key']}{MASK}", text)
     text = _BEARER.sub(f"Bearer {MASK}", text)
-    return text[:MAX_STORED_ERROR_CHARS]
+    return text[:STORED_ERROR_CHARS.max]
 
 
 # A path segment shown as it is: one that reads as a word (hooks, notify.json, v2). Any

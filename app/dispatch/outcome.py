@@ -16,13 +16,14 @@ from typing import Any
 from marshmallow import ValidationError
 
 from app.core.errors import ValidationFailed
+from app.core.limits import RETRY_IN_SECONDS
 from app.dispatch.http import Answer
 from app.jobs.schemas import CompleteSchema
 from app.web.http import parse_json
 
 ERROR_BODY_CHARS = 200
-# Retry-After is obeyed up to a day (a fail's own retry_in_seconds ceiling).
-MAX_RETRY_AFTER_SECONDS = 86_400
+# Retry-After is obeyed up to a fail's own retry_in_seconds ceiling.
+MAX_RETRY_AFTER_SECONDS = RETRY_IN_SECONDS.max
 _RETRY_AFTER_STATUSES = frozenset({429, 503})
 # The result field of a worker's complete, alone (the dispatcher holds the lease token).
 _RESULT = CompleteSchema(only=("result",))

@@ -8,7 +8,7 @@ import binascii
 import re
 
 from app.core.errors import ValidationFailed
-from app.core.limits import MAX_JOB_ID
+from app.core.limits import JOB_ID
 
 _ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
 
@@ -24,7 +24,7 @@ def decode_cursor(cursor: str) -> int:
         version, _, last_id = text.partition(":")
         # ASCII digits only: str.isdigit and int() would also take other scripts' digits.
         if (version != "v1" or not _ASCII_DIGITS.fullmatch(last_id)
-                or int(last_id) > MAX_JOB_ID):
+                or int(last_id) > JOB_ID.max):
             raise ValueError(cursor)
         return int(last_id)
     except (ValueError, binascii.Error, UnicodeDecodeError):

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.core.limits import MAX_KEY_CHARS, MAX_TYPE_CHARS
+from app.core.limits import BATCH_JOBS, DELAY_SECONDS, KEY_CHARS, RETRIES, TYPE_CHARS, Limit
 from app.core.priorities import Priority
-from app.jobs.schemas import MAX_BATCH_JOBS, MAX_DELAY_SECONDS, MAX_RETRIES, BatchEnqueueSchema
+from app.jobs.schemas import BatchEnqueueSchema
 from app.web.fields import PRINTABLE_ASCII
 
 # The fields a plain job may hold, and the defaults EnqueueSchema loads for those missing.
 _PLAIN_FIELDS = frozenset({"type", "payload", "priority", "max_retries", "delay_seconds",
                            "idempotency_key", "concurrency_key", "run_at", "unique"})
-_DEFAULT_RETRIES = 3
 _batch_schema = BatchEnqueueSchema()
 
 
@@ -35,7 +34,7 @@ def load_batch(body: dict[str, Any]) -> dict[str, Any]:
     """What BatchEnqueueSchema().load(body) returns; raises its ValidationError when the
     body does not load."""
     jobs = body.get("jobs")
-    if len(body) == 1 and type(jobs) is list and 1 <= len(jobs) <= MAX_BATCH_JOBS:
+    if len(body) == 1 and type(jobs) is list and BATCH_JOBS.min <= len(jobs) <= BATCH_JOBS.max:
         try:
             return {"jobs": [_plain_job(job) for job in jobs]}
         except _Decline:
@@ -48,7 +47,7 @@ def _plain_job(job: Any) -> dict[str, Any]:
     if type(job) is not dict or not _PLAIN_FIELDS.issuperset(job):
         raise _Decline()
     job_type = job.get("type")
-    if type(job_type) is not str or not 1 <= len(job_type) <= MAX_TYPE_CHARS:
+    if type(job_type) is not str or not TYPE_CHARS.min <= len(job_type) <= TYPE_CHARS.max:
         raise _Decline()
     payload = job.get("payload", _MISSING)
     if payload is _MISSING:
@@ -61,11 +60,11 @@ def _plain_job(job: Any) -> dict[str, Any]:
         "type": job_type,
         "payload": payload,
         "priority": _priority(job.get("priority")),
-        "max_retries": _integer(job.get("max_retries", _DEFAULT_RETRIES), MAX_RETRIES),
+        "max_retries": _integer(job.get("max_retries", RETRIES.default), RETRIES),
         # Loaded by the schema (a date-time to parse, a nested schema) whenever given.
         "run_at": _none(job.get("run_at")),
         "unique": _none(job.get("unique")),
-        "delay_seconds": _optional_integer(job.get("delay_seconds"), MAX_DELAY_SECONDS),
+        "delay_seconds": _optional_integer(job.get("delay_seconds"), DELAY_SECONDS),
         "idempotency_key": _key(job.get("idempotency_key")),
         "concurrency_key": _key(job.get("concurrency_key")),
     }
@@ -91,20 +90,20 @@ def _priority(label: Any) -> Priority | None:
         raise _Decline() from None
 
 
-def _integer(value: Any, maximum: int) -> int:
-    if type(value) is not int or not 0 <= value <= maximum:
+def _integer(value: Any, limit: Limit[int]) -> int:
+    if type(value) is not int or not limit.min <= value <= limit.max:
         raise _Decline()
     return value
 
 
-def _optional_integer(value: Any, maximum: int) -> int | None:
-    return None if value is None else _integer(value, maximum)
+def _optional_integer(value: Any, limit: Limit[int]) -> int | None:
+    return None if value is None else _integer(value, limit)
 
 
 def _key(value: Any) -> str | None:
     if value is None:
         return None
-    if (type(value) is not str or not 1 <= len(value) <= MAX_KEY_CHARS
+    if (type(value) is not str or not KEY_CHARS.min <= len(value) <= KEY_CHARS.max
             or not PRINTABLE_ASCII.match(value)):
         raise _Decline()
     return value

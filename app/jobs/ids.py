@@ -6,7 +6,7 @@ from typing import Any
 
 from werkzeug.routing import BaseConverter, ValidationError
 
-from app.core.limits import MAX_JOB_ID
+from app.core.limits import JOB_ID
 
 
 class JobIdConverter(BaseConverter):
@@ -19,7 +19,7 @@ class JobIdConverter(BaseConverter):
 
     def to_python(self, value: str) -> int:
         job_id = int(value)
-        if not 1 <= job_id <= MAX_JOB_ID:
+        if not JOB_ID.min <= job_id <= JOB_ID.max:
             raise ValidationError()
         return job_id
 

@@ -15,6 +15,7 @@ from typing import Any
 from app.core.callers import Caller
 from app.core.clock import MICROS
 from app.core.errors import Forbidden, UniqueConflict, ValidationFailed
+from app.core.limits import DELAY_SECONDS
 from app.core.priorities import Priority
 from app.core.statuses import JobStatus
 from app.jobs.models import Job
@@ -26,7 +27,8 @@ from app.jobs.uniqueness import (
     resolve_unique,
 )
 
-ONE_YEAR_US = 365 * 24 * 3600 * MICROS
+# run_at may be as far ahead as delay_seconds may say.
+_RUN_AT_AHEAD_US = DELAY_SECONDS.max * MICROS
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
     run_at, schedule = now, None
     if request.get("run_at") is not None:
         run_at = request["run_at"]
-        if not 0 <= run_at <= now + ONE_YEAR_US:
+        if not 0 <= run_at <= now + _RUN_AT_AHEAD_US:
             raise ValidationFailed(
                 "run_at is out of range.",
                 errors={"run_at": ["Must be between 1970-01-01 and one year from now."]})

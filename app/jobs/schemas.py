@@ -13,7 +13,27 @@ from typing import Any, ClassVar, TypeVar
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.core.clock import to_rfc3339
-from app.core.limits import MAX_JOB_ID, MAX_KEY_CHARS, MAX_PAGE_BYTES, MAX_TYPE_CHARS
+from app.core.limits import (
+    BATCH_JOBS,
+    BULK_JOBS,
+    CLAIM_JOBS,
+    CLAIM_TYPES,
+    CLAIM_WAIT_SECONDS,
+    COMPLETE_ITEMS,
+    DELAY_SECONDS,
+    ERROR_CHARS,
+    JOB_ID,
+    KEY_CHARS,
+    LEASE_SECONDS,
+    LEASE_TOKEN_CHARS,
+    NAME_CHARS,
+    PAGE_BYTES,
+    RESULT_WAIT_SECONDS,
+    RETRIES,
+    RETRY_IN_SECONDS,
+    TYPE_CHARS,
+    UNIQUE_PERIOD_SECONDS,
+)
 from app.core.priorities import PRIORITY_LABELS, Priority
 from app.core.statuses import JobStatus
 from app.jobs.cursor import encode_cursor
@@ -28,24 +48,12 @@ from app.web.fields import (
     StrictSchema,
     Timestamp,
     idempotency_key_field,
+    length_within,
     non_empty_text,
     render_page,
+    within,
 )
 from app.web.problems import ProblemSchema
-
-MAX_LEASE_SECONDS = 3600
-MAX_DELAY_SECONDS = 31_536_000
-MAX_RETRY_IN_SECONDS = 86_400
-MAX_RETRIES = 25
-MAX_ERROR_CHARS = 100_000
-MAX_WAIT_SECONDS = 20
-MAX_RESULT_WAIT_SECONDS = 60
-MAX_UNIQUE_PERIOD_SECONDS = 31_536_000
-MAX_BATCH_JOBS = 1000
-MAX_CLAIM_JOBS = 100
-MAX_COMPLETE_ITEMS = 100
-MAX_BULK_JOBS = 10_000
-DEFAULT_BULK_JOBS = 1000
 
 T = TypeVar("T")
 
@@ -55,19 +63,23 @@ class ResultWaitSeconds(fields.Float):
     numbers), the range spelled into its pattern."""
 
     _FORM = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
+    # RESULT_WAIT_SECONDS.max (60) spelled as a pattern: tests/test_limits.py checks the two
+    # agree (it sends the maximum and one more).
     PATTERN = r"^([0-9]|[1-5][0-9])(\.[0-9]{1,6})?$|^60(\.0{1,6})?$"
 
     def __init__(self, **kwargs: Any) -> None:
         metadata = {"type": "string", "pattern": self.PATTERN, "default": "0",
                     **kwargs.pop("metadata", {})}
-        super().__init__(load_default=0.0, metadata=metadata, **kwargs)
+        super().__init__(load_default=RESULT_WAIT_SECONDS.default, metadata=metadata,
+                         **kwargs)
 
     def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> float:
         if not isinstance(value, str) or not self._FORM.fullmatch(value):
             raise ValidationError("Must be a number of seconds in ASCII digits, like 5 or 2.5.")
         seconds = float(value)
-        if seconds > MAX_RESULT_WAIT_SECONDS:
-            raise ValidationError(f"Must be from 0 to {MAX_RESULT_WAIT_SECONDS}.")
+        if not RESULT_WAIT_SECONDS.min <= seconds <= RESULT_WAIT_SECONDS.max:
+            raise ValidationError(
+                f"Must be from {RESULT_WAIT_SECONDS.min} to {RESULT_WAIT_SECONDS.max}.")
         return seconds
 
 
@@ -77,10 +89,10 @@ _STATUS_NAMES = [s.value for s in JobStatus]
 class UniqueSchema(StrictSchema):
     """`unique` on an enqueue: which jobs count as the same work (contract §10)."""
 
-    key = fields.String(validate=[validate.Length(min=1, max=255), PRINTABLE_ASCII_TEXT],
+    key = fields.String(validate=[length_within(KEY_CHARS), PRINTABLE_ASCII_TEXT],
                         metadata={"description": "Default: a digest of type and payload."})
     period_seconds = StrictInteger(
-        validate=validate.Range(1, MAX_UNIQUE_PERIOD_SECONDS),
+        validate=within(UNIQUE_PERIOD_SECONDS),
         metadata={"description": "Twins collide only when their run_at falls in the same "
                                  "period, aligned to the Unix epoch."})
     while_ = fields.List(
@@ -104,21 +116,19 @@ class UniqueSchema(StrictSchema):
 
 
 class EnqueueSchema(StrictSchema):
-    type = fields.String(required=True, validate=validate.Length(min=1, max=MAX_TYPE_CHARS))
+    type = fields.String(required=True, validate=length_within(TYPE_CHARS))
     payload = fields.Dict(load_default=dict)
     priority = PriorityLabel(load_default=None, metadata={
         "enum": [*PRIORITY_LABELS, None],
         "description": "Case-insensitive. Default: medium, or the key's ceiling if lower."})
-    max_retries = StrictInteger(load_default=3, validate=validate.Range(0, MAX_RETRIES))
+    max_retries = StrictInteger(load_default=RETRIES.default, validate=within(RETRIES))
     run_at = Timestamp(load_default=None, metadata={
         "format": "date-time",
         "description": "RFC 3339 with an offset; from 1970-01-01 to one year from now."})
-    delay_seconds = StrictInteger(load_default=None,
-                                  validate=validate.Range(0, MAX_DELAY_SECONDS))
+    delay_seconds = StrictInteger(load_default=None, validate=within(DELAY_SECONDS))
     idempotency_key = idempotency_key_field(load_default=None)
     concurrency_key = fields.String(
-        load_default=None, validate=[validate.Length(min=1, max=MAX_KEY_CHARS),
-                                     PRINTABLE_ASCII_TEXT],
+        load_default=None, validate=[length_within(KEY_CHARS), PRINTABLE_ASCII_TEXT],
         metadata={"description": "With the type's max_running_per_key set, at most that many "
                                  "jobs of one (type, concurrency_key) run at once."})
     unique = fields.Nested(UniqueSchema, load_default=None, allow_none=True, metadata={
@@ -144,13 +154,15 @@ class EnqueueSchema(StrictSchema):
 class ListQuerySchema(PageQuerySchema):
     status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]),
                            metadata={"example": "pending"})
-    type = non_empty_text(100)
+    type = non_empty_text(TYPE_CHARS)
 
 
 class GetJobQuerySchema(StrictSchema):
     wait_seconds = ResultWaitSeconds(
-        metadata={"description": "Seconds (0..60) to wait for the job to be completed, "
-                                 "failed or cancelled; then answer with the job as it is.",
+        metadata={"description": f"Seconds ({RESULT_WAIT_SECONDS.min}.."
+                                 f"{RESULT_WAIT_SECONDS.max}) to wait for the job to be "
+                                 "completed, failed or cancelled; then answer with the job as "
+                                 "it is.",
                   "example": "0.5"})
 
 
@@ -161,14 +173,12 @@ class BulkSchema(StrictSchema):
     openapi_extra: ClassVar[dict[str, Any]] = {
         "example": {"type": "email", "status": "failed", "limit": 500}}
 
-    type = non_empty_text(100)
+    type = non_empty_text(TYPE_CHARS)
     status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]))
     created_before = Timestamp(metadata={"format": "date-time"})
     created_after = Timestamp(metadata={"format": "date-time"})
-    ids = fields.List(StrictInteger(validate=validate.Range(1, MAX_JOB_ID)),
-                      validate=validate.Length(min=1, max=MAX_BULK_JOBS))
-    limit = StrictInteger(load_default=DEFAULT_BULK_JOBS,
-                          validate=validate.Range(1, MAX_BULK_JOBS))
+    ids = fields.List(StrictInteger(validate=within(JOB_ID)), validate=length_within(BULK_JOBS))
+    limit = StrictInteger(load_default=BULK_JOBS.default, validate=within(BULK_JOBS))
 
 
 class BulkResultSchema(Schema):
@@ -181,33 +191,33 @@ class BatchEnqueueSchema(StrictSchema):
     what this schema would for plainly valid jobs: a rule changed here changes there too."""
 
     jobs = fields.List(fields.Nested(EnqueueSchema), required=True,
-                       validate=validate.Length(min=1, max=MAX_BATCH_JOBS))
+                       validate=length_within(BATCH_JOBS))
 
 
 class ClaimSchema(StrictSchema):
     openapi_extra: ClassVar[dict[str, Any]] = {
         "example": {"types": ["email"], "lease_seconds": 60}}
 
-    types = fields.List(non_empty_text(100), validate=validate.Length(max=100))
-    lease_seconds = StrictInteger(validate=validate.Range(1, MAX_LEASE_SECONDS))
-    worker_id = non_empty_text(100)
+    types = fields.List(non_empty_text(TYPE_CHARS), validate=validate.Length(max=CLAIM_TYPES.max))
+    lease_seconds = StrictInteger(validate=within(LEASE_SECONDS))
+    worker_id = non_empty_text(NAME_CHARS)
     wait_seconds = StrictNumber(
-        load_default=0, validate=validate.Range(0, MAX_WAIT_SECONDS),
+        load_default=CLAIM_WAIT_SECONDS.default, validate=within(CLAIM_WAIT_SECONDS),
         metadata={"description": "Wait up to this long for a job when none is claimable."})
 
 
 class ClaimManySchema(ClaimSchema):
-    max_jobs = StrictInteger(load_default=10, validate=validate.Range(1, MAX_CLAIM_JOBS))
+    max_jobs = StrictInteger(load_default=CLAIM_JOBS.default, validate=within(CLAIM_JOBS))
 
 
 class LeaseFencedSchema(StrictSchema):
-    lease_token = non_empty_text(64)
+    lease_token = non_empty_text(LEASE_TOKEN_CHARS)
 
 
 class HeartbeatSchema(LeaseFencedSchema):
     openapi_extra: ClassVar[dict[str, Any]] = {"example": {"lease_seconds": 120}}
 
-    lease_seconds = StrictInteger(validate=validate.Range(1, MAX_LEASE_SECONDS))
+    lease_seconds = StrictInteger(validate=within(LEASE_SECONDS))
 
 
 class CompleteSchema(LeaseFencedSchema):
@@ -217,20 +227,20 @@ class CompleteSchema(LeaseFencedSchema):
 
 
 class CompleteItemSchema(CompleteSchema):
-    id = StrictInteger(required=True, validate=validate.Range(1, MAX_JOB_ID))
+    id = StrictInteger(required=True, validate=within(JOB_ID))
 
 
 class CompleteManySchema(StrictSchema):
     items = fields.List(fields.Nested(CompleteItemSchema), required=True,
-                        validate=validate.Length(min=1, max=MAX_COMPLETE_ITEMS))
+                        validate=length_within(COMPLETE_ITEMS))
 
 
 class FailSchema(LeaseFencedSchema):
     openapi_extra: ClassVar[dict[str, Any]] = {
         "example": {"error": "SMTP server timed out", "retry_in_seconds": 30}}
 
-    error = fields.String(required=True, validate=validate.Length(min=1, max=MAX_ERROR_CHARS))
-    retry_in_seconds = StrictInteger(validate=validate.Range(0, MAX_RETRY_IN_SECONDS))
+    error = fields.String(required=True, validate=length_within(ERROR_CHARS))
+    retry_in_seconds = StrictInteger(validate=within(RETRY_IN_SECONDS))
 
 
 class JobSchema(Schema):
@@ -326,8 +336,8 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None) -> 
 
 
 def render_job_page(page: list[Job], next_cursor: str | None, *, show_error: bool,
-                    max_bytes: int = MAX_PAGE_BYTES) -> bytes:
+                    max_bytes: int = PAGE_BYTES.max) -> bytes:
     """GET /jobs's body (JobListSchema), cut to `max_bytes` as render_page says."""
     return render_page("jobs", page, lambda job: represent(job, show_error=show_error),
                        lambda job: encode_cursor(job.id), next_cursor,
-                       longest_cursor=encode_cursor(MAX_JOB_ID), max_bytes=max_bytes)
+                       longest_cursor=encode_cursor(JOB_ID.max), max_bytes=max_bytes)

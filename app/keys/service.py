@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 from app.core.callers import Caller, Role
 from app.core.clock import Clock
 from app.core.errors import Unauthorized
+from app.core.limits import NAME_CHARS
 from app.core.priorities import Priority
 from app.keys.models import ApiKey
 from app.keys.repository import KeyRepository
@@ -22,7 +23,7 @@ from app.storage.engine import Database
 TOKEN_PREFIX = "ql_"  # noqa: S105 (a marker, not a secret)
 TOKEN_BYTES = 32  # 256 bits of entropy
 CACHED_KEYS = 10_000
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,99}\Z")
+_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._\-]{{0,{NAME_CHARS.max - 1}}}\Z")
 
 
 class KeyCommandError(ValueError):
@@ -54,7 +55,8 @@ class KeyService:
         tests) checks nothing.
         """
         if not _NAME.match(name):
-            raise KeyCommandError("a key name is 1-100 letters, digits, '.', '_' or '-'")
+            raise KeyCommandError(f"a key name is {NAME_CHARS.min}-{NAME_CHARS.max} letters, "
+                                  "digits, '.', '_' or '-'")
         if max_priority is not None and role is not Role.PRODUCER:
             raise KeyCommandError("--max-priority is a producer's ceiling; admins enqueue at "
                                   "any priority and workers do not enqueue")

@@ -6,7 +6,7 @@ a slot late, not that late), was missed (no server process ran, or the database 
 and follows the schedule's catch_up:
 - latest: one job for the newest missed slot, the other missed slots skipped;
 - none: every missed slot is skipped;
-- all: every missed slot enqueues, oldest first, within the newest MAX_CATCH_UP due slots;
+- all: every missed slot enqueues, oldest first, within the newest CATCH_UP.max due slots;
 and the slot on time, if any, enqueues under each. So an every-second schedule back from a
 minute's outage enqueues two jobs under latest (the newest missed slot, the current one) and
 one under none, not one per second of the grace window. Either way the schedule moves on to
@@ -20,14 +20,13 @@ import enum
 import hashlib
 from dataclasses import dataclass
 
+from app.core.limits import CATCH_UP, NAME_CHARS
 from app.schedules.cron import Cron
 
-# Jobs one firing enqueues at most (catch_up all after a long downtime): the newest slots.
-MAX_CATCH_UP = 100
 # The history's actor, and the producer of a schedule's jobs, is `schedule:<name>`. No key
 # name holds a colon, so no producer ever sees (or collides with) a schedule's jobs.
 ACTOR_PREFIX = "schedule:"
-_PRODUCER_LENGTH = 100  # the jobs.producer column
+_PRODUCER_LENGTH = NAME_CHARS.max  # the jobs.producer column holds a key's name
 
 
 class CatchUp(enum.StrEnum):
@@ -90,7 +89,7 @@ def plan_firing(schedule: Schedule, cron: Cron, now_us: int, grace_us: int) -> F
         # The common firing: only next_run_at itself is due (one cron walk, not two).
         due, next_run_at = [schedule.next_run_at], following
     else:
-        due = cron.slots_between(schedule.next_run_at, now_us, MAX_CATCH_UP)
+        due = cron.slots_between(schedule.next_run_at, now_us, CATCH_UP.max)
         next_run_at = cron.next_after(now_us)
     if not due:
         return Firing([], 0, next_run_at)

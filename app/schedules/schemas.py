@@ -8,13 +8,14 @@ from typing import Any, ClassVar
 from marshmallow import Schema, fields, validate
 
 from app.core.clock import to_rfc3339
+from app.core.limits import CRON_CHARS, NAME_CHARS, TIMEZONE_CHARS
 from app.core.priorities import Priority
 from app.jobs.cursor import encode_name_cursor
 from app.jobs.schemas import EnqueueSchema
 from app.schedules.models import CatchUp, Schedule
-from app.web.fields import StrictBoolean, StrictSchema, render_page
+from app.web.fields import StrictBoolean, StrictSchema, length_within, render_page
 
-NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}\Z"
+NAME_PATTERN = rf"^[A-Za-z0-9._-]{{{NAME_CHARS.min},{NAME_CHARS.max}}}\Z"
 _NO_NUL = validate.Regexp(r"^[^\x00]*\Z", error="Must not contain NUL characters.")
 _CATCH_UP = [policy.value for policy in CatchUp]
 _EXAMPLE_JOB = {"type": "email", "payload": {"report": "daily"}, "priority": "low",
@@ -33,14 +34,14 @@ class JobTemplateSchema(EnqueueSchema):
 
 
 def _cron_field(**options: Any) -> fields.String:
-    return fields.String(validate=[validate.Length(min=1, max=200), _NO_NUL], metadata={
+    return fields.String(validate=[length_within(CRON_CHARS), _NO_NUL], metadata={
         "description": "Five fields (minute hour day-of-month month day-of-week) or @hourly, "
                        "@daily, @weekly, @monthly, @yearly.", "example": "0 3 * * *"},
         **options)
 
 
 def _timezone_field(**options: Any) -> fields.String:
-    return fields.String(validate=[validate.Length(min=1, max=64), _NO_NUL], metadata={
+    return fields.String(validate=[length_within(TIMEZONE_CHARS), _NO_NUL], metadata={
         "description": "An IANA time zone name.", "example": "Europe/Berlin"}, **options)
 
 
@@ -50,7 +51,8 @@ class ScheduleCreateSchema(StrictSchema):
         "job": _EXAMPLE_JOB, "catch_up": "latest"}}
 
     name = fields.String(required=True, validate=validate.Regexp(
-        NAME_PATTERN, error="1 to 100 letters, digits, '.', '_' or '-'."))
+        NAME_PATTERN, error=f"{NAME_CHARS.min} to {NAME_CHARS.max} letters, digits, '.', '_' "
+                            "or '-'."))
     cron = _cron_field(required=True)
     timezone = _timezone_field(load_default="UTC")
     job = fields.Nested(JobTemplateSchema, required=True)
@@ -124,4 +126,4 @@ def render_schedule_page(page: list[Schedule], next_cursor: str | None) -> bytes
     render_page says (a template may hold a payload up to the payload limit)."""
     return render_page("schedules", page, represent_schedule,
                        lambda schedule: encode_name_cursor(schedule.name), next_cursor,
-                       longest_cursor=encode_name_cursor("x" * 100))
+                       longest_cursor=encode_name_cursor("x" * NAME_CHARS.max))

@@ -18,12 +18,6 @@ from typing import Any
 from app.core.clock import MICROS
 from app.core.origins import push_origin
 
-MAX_LIMIT = 100_000
-MIN_RATE = 0.001
-MAX_RATE = 100_000.0
-DEFAULT_PUSH_TIMEOUT_SECONDS = 30
-MAX_PUSH_TIMEOUT_SECONDS = 900
-MAX_PUSH_URL_CHARS = 2000
 # A delivery's lease outlasts its timeout by this much: time to record the outcome.
 PUSH_LEASE_MARGIN_SECONDS = 30
 # A hair of slack: a bucket refilled to 0.9999999 by float arithmetic holds a whole token.

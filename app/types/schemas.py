@@ -7,41 +7,32 @@ from typing import Any, ClassVar
 from marshmallow import Schema, fields, validate
 
 from app.core.clock import to_rfc3339
+from app.core.limits import PUSH_TIMEOUT_SECONDS, PUSH_URL_CHARS, RATE, TYPE_LIMIT
 from app.core.redaction import display_url
-from app.types.models import (
-    DEFAULT_PUSH_TIMEOUT_SECONDS,
-    MAX_LIMIT,
-    MAX_PUSH_TIMEOUT_SECONDS,
-    MAX_PUSH_URL_CHARS,
-    MAX_RATE,
-    MIN_RATE,
-    PUSH_URL_PATTERN,
-    TypeSettings,
-)
+from app.types.models import PUSH_URL_PATTERN, TypeSettings
 from app.types.service import TypeView
-from app.web.fields import StrictBoolean, StrictInteger, StrictNumber, StrictSchema
+from app.web.fields import StrictBoolean, StrictInteger, StrictNumber, StrictSchema, within
 
 
 class PushSchema(StrictSchema):
     """A push type's endpoint (contract section 12)."""
 
     url = fields.String(required=True, validate=[
-        validate.Length(max=MAX_PUSH_URL_CHARS),
+        validate.Length(max=PUSH_URL_CHARS.max),
         validate.Regexp(PUSH_URL_PATTERN, error="An http or https URL: a host name or IPv4 "
                         "address, an optional port 1-65535, then printable ASCII and no "
                         "fragment (percent-encode the rest).")],
         metadata={"description": "http or https; credentials (user:pass@) are sent as Basic "
                                  "auth and never shown."})
     timeout_seconds = StrictInteger(
-        load_default=DEFAULT_PUSH_TIMEOUT_SECONDS,
-        validate=validate.Range(1, MAX_PUSH_TIMEOUT_SECONDS),
+        load_default=PUSH_TIMEOUT_SECONDS.default, validate=within(PUSH_TIMEOUT_SECONDS),
         metadata={"description": "A delivery's time limit; its lease is this plus 30 s."})
     rotate_secret = StrictBoolean(load_default=False, metadata={
         "description": "Make a new signing secret (shown once, in this answer)."})
 
 
 def _limit(description: str) -> StrictInteger:
-    return StrictInteger(allow_none=True, validate=validate.Range(1, MAX_LIMIT),
+    return StrictInteger(allow_none=True, validate=within(TYPE_LIMIT),
                          metadata={"description": description})
 
 
@@ -55,10 +46,10 @@ class TypePatchSchema(StrictSchema):
                                                     "paused; enqueues are still accepted."})
     max_running = _limit("Running jobs of the type, across every process and host.")
     max_running_per_key = _limit("Running jobs per concurrency_key of the type.")
-    rate_per_second = StrictNumber(allow_none=True, validate=validate.Range(MIN_RATE, MAX_RATE),
+    rate_per_second = StrictNumber(allow_none=True, validate=within(RATE),
                                    metadata={"description": "Claims per second (token "
                                                             "bucket)."})
-    burst = StrictInteger(allow_none=True, validate=validate.Range(1, MAX_LIMIT),
+    burst = StrictInteger(allow_none=True, validate=within(TYPE_LIMIT),
                           metadata={"description": "Tokens the bucket holds at most; null: "
                                                    "ceil(rate_per_second), at least 1."})
     push = fields.Nested(PushSchema, allow_none=True, metadata={

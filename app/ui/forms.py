@@ -9,6 +9,7 @@ from typing import Any
 
 from marshmallow import ValidationError, fields, validate
 
+from app.core.limits import CURSOR_CHARS, NAME_CHARS, TYPE_CHARS, Limit
 from app.core.statuses import JobStatus
 from app.types.schemas import TypePatchSchema
 from app.web.fields import QueryInteger, QueryNumber, StrictSchema
@@ -52,8 +53,8 @@ def limits_patch(form: Mapping[str, str]) -> dict[str, Any]:
     return loaded
 
 
-def _optional_text(length: int) -> fields.String:
-    return fields.String(validate=validate.Length(1, length))
+def _optional_text(limit: Limit[int]) -> fields.String:
+    return fields.String(validate=validate.Length(limit.min, limit.max))
 
 
 # The jobs page's status filter: a status, or `scheduled` (pending, its run_at still ahead:
@@ -67,12 +68,12 @@ class JobFilterSchema(StrictSchema):
     """The jobs page's query string (empty fields are left out before loading): the
     filters, the order, and where the page starts (after `cursor`, or before `before`)."""
 
-    type = _optional_text(100)
+    type = _optional_text(TYPE_CHARS)
     status = fields.String(validate=validate.OneOf(JOB_FILTER_STATUSES))
-    producer = _optional_text(100)
+    producer = _optional_text(NAME_CHARS)
     order = fields.String(validate=validate.OneOf([NEWEST_FIRST, OLDEST_FIRST]))
-    cursor = _optional_text(200)
-    before = _optional_text(200)
+    cursor = _optional_text(CURSOR_CHARS)
+    before = _optional_text(CURSOR_CHARS)
 
 
 _filter_schema = JobFilterSchema()

@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 from flask import Flask, current_app
 
 from app.core.clock import MICROS, parse_rfc3339
-from app.types.models import MAX_LIMIT, MAX_RATE, MIN_RATE
+from app.core.limits import LIMITS
 
 _UNITS = ((86_400, "d"), (3600, "h"), (60, "min"), (1, "s"))
 
@@ -88,5 +88,6 @@ def register_filters(app: Flask) -> None:
                      ("json_text", json_text), ("limits", limits),
                      ("last_line", last_line), ("in_zone", in_zone)):
         app.add_template_filter(fn, name)
-    # The limits' bounds, from their one home, for the forms' inputs to offer.
-    app.jinja_env.globals.update(MAX_LIMIT=MAX_LIMIT, MIN_RATE=MIN_RATE, MAX_RATE=MAX_RATE)
+    # The limits' bounds, from their one home, for the forms' inputs to offer:
+    # `{{ bounds.TYPE_LIMIT.max }}` (the `limits` filter shows a type's settings).
+    app.jinja_env.globals.update(bounds={limit.name: limit for limit in LIMITS})

@@ -13,12 +13,11 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from app.core.callers import Caller, Role
 from app.core.errors import Forbidden, Unauthorized
+from app.core.limits import TOKEN_CHARS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _REVOKED = "The API key is unknown or revoked."
-# A token is printable ASCII without spaces; anything longer than this is no token of ours.
-_MAX_TOKEN_LENGTH = 200
 
 
 def bearer_token() -> str:
@@ -27,7 +26,8 @@ def bearer_token() -> str:
         raise Unauthorized("Send an API key as 'Authorization: Bearer <token>'.")
     scheme, _, token = header.partition(" ")
     token = token.strip()
-    if (scheme.lower() != "bearer" or not token or len(token) > _MAX_TOKEN_LENGTH
+    # A token is printable ASCII without spaces; anything longer is no token of ours.
+    if (scheme.lower() != "bearer" or not token or len(token) > TOKEN_CHARS.max
             or not token.isascii() or not token.isprintable() or " " in token):
         raise Unauthorized("The Authorization header is not 'Bearer <token>'.")
     return token

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from app.core.clock import parse_rfc3339, to_rfc3339
-from app.core.limits import MAX_KEY_CHARS, MAX_PAGE_BYTES
+from app.core.limits import CURSOR_CHARS, KEY_CHARS, PAGE_BYTES, PAGE_ITEMS, Limit
 from app.core.priorities import PRIORITY_LABELS, Priority
 
 T = TypeVar("T")
@@ -22,13 +22,20 @@ PRINTABLE_ASCII = re.compile(r"^[\x20-\x7e]+\Z")
 PRINTABLE_ASCII_TEXT = validate.Regexp(PRINTABLE_ASCII, error="Must be printable ASCII.")
 
 
+def within(limit: Limit[int] | Limit[float]) -> validate.Range:
+    """A number's bounds, from the table of limits (and so into /openapi.json)."""
+    return validate.Range(limit.min, limit.max)
+
+
+def length_within(limit: Limit[int]) -> validate.Length:
+    """A text's or a list's length bounds, from the table of limits."""
+    return validate.Length(min=limit.min, max=limit.max)
 
 
 def idempotency_key_field(**options: Any) -> fields.String:
-    """An idempotency key, in the `Idempotency-Key` header or in a body alike: 1..255
+    """An idempotency key, in the `Idempotency-Key` header or in a body alike: KEY_CHARS of
     printable ASCII. (HTTP drops spaces at the ends of a header value before it gets here.)"""
-    return fields.String(validate=[validate.Length(min=1, max=MAX_KEY_CHARS), PRINTABLE_ASCII_TEXT],
-                         **options)
+    return fields.String(validate=[length_within(KEY_CHARS), PRINTABLE_ASCII_TEXT], **options)
 
 
 class StrictInteger(fields.Integer):
@@ -113,8 +120,8 @@ class Timestamp(fields.String):
 _NO_NUL = validate.Regexp(r"^[^\x00]*\Z", error="Must not contain NUL characters.")
 
 
-def non_empty_text(max_length: int) -> fields.String:
-    return fields.String(validate=[validate.Length(min=1, max=max_length), _NO_NUL])
+def non_empty_text(limit: Limit[int]) -> fields.String:
+    return fields.String(validate=[length_within(limit), _NO_NUL])
 
 
 class StrictSchema(Schema):
@@ -135,8 +142,8 @@ class EmptySchema(StrictSchema):
 class PageQuerySchema(StrictSchema):
     """The paging of every listing (GET /jobs, GET /schedules): one rule for limit and cursor."""
 
-    limit = QueryInteger(load_default=50, validate=validate.Range(1, 500))
-    cursor = non_empty_text(200)
+    limit = QueryInteger(load_default=PAGE_ITEMS.default, validate=within(PAGE_ITEMS))
+    cursor = non_empty_text(CURSOR_CHARS)
 
 
 class StrictBoolean(fields.Boolean):
@@ -155,7 +162,7 @@ def _compact(value: Any) -> bytes:
 
 def render_page(name: str, page: Sequence[T], shown: Callable[[T], Any],
                 cursor_after: Callable[[T], str], next_cursor: str | None, *,
-                longest_cursor: str, max_bytes: int = MAX_PAGE_BYTES) -> bytes:
+                longest_cursor: str, max_bytes: int = PAGE_BYTES.max) -> bytes:
     """A listing's body, `{"<name>": [...], "next_cursor": …}`: the page's items in order
     while they fit in `max_bytes`. A page cut short by size carries the cursor after its last
     item. It always holds its first item, so that listing moves on even past an item larger

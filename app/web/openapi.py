@@ -24,7 +24,7 @@ from flask import Blueprint, Flask, Response, current_app, json
 from marshmallow import Schema
 from werkzeug.routing import Rule
 
-from app.core.limits import MAX_JOB_ID
+from app.core.limits import JOB_ID
 from app.web.fields import IdempotencyKeyHeaderSchema
 from app.web.problems import PROBLEM_CONTENT_TYPE, ProblemSchema, problem_catalogue
 
@@ -233,8 +233,8 @@ def _openapi_path(rule: Rule) -> tuple[str, list[dict[str, Any]]]:
     for converter, name in _RULE_ARGUMENT.findall(rule.rule):
         schema: dict[str, Any] = {"type": "string"}
         if converter == "id":
-            schema = {"type": "integer", "format": "int64", "minimum": 1,
-                      "maximum": MAX_JOB_ID}
+            schema = {"type": "integer", "format": "int64", "minimum": JOB_ID.min,
+                      "maximum": JOB_ID.max}
         parameters.append({"name": name, "in": "path", "required": True, "schema": schema})
     return _RULE_ARGUMENT.sub(r"{\2}", rule.rule), parameters
 

@@ -48,10 +48,13 @@ USER_AGENT = f"queuelog-client/{__version__}"
 MAX_IDLE_CONNECTIONS = 16
 # A Retry-After beyond this is not waited out in one sleep: the caller should hear back.
 MAX_RETRY_AFTER_SECONDS = 60.0
-# The server waits at most this long in one GET /jobs/{id}?wait_seconds=N, and in one claim
-# (wait_seconds); tests/client/test_wire_constants.py checks both against /openapi.json.
+# The server's bounds the client keeps to (this distribution cannot import the server's
+# table, app/core/limits.py): tests/client/test_wire_constants.py checks each against
+# /openapi.json. The server waits at most this long in one GET /jobs/{id}?wait_seconds=N,
+# and in one claim (wait_seconds); one claim-many takes at most MAX_CLAIM_JOBS jobs.
 MAX_WAIT_PER_REQUEST_SECONDS = 60.0
 MAX_CLAIM_WAIT_SECONDS = 20.0
+MAX_CLAIM_JOBS = 100
 FINISHED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 Job = dict[str, Any]
@@ -254,8 +257,8 @@ class Client:
         return it (its `result`, or its status, says how it went). Raises WaitTimeout, with
         the job as it was last seen, when it has not finished in time.
 
-        The server holds each request up to a minute and answers within about 100 ms of the
-        job finishing; longer timeouts are covered by asking again."""
+        The server holds each request up to MAX_WAIT_PER_REQUEST_SECONDS and answers within
+        about 100 ms of the job finishing; longer timeouts are covered by asking again."""
         def ask(wait: float) -> tuple[Job, bool, float | None]:
             wait_seconds = round(min(wait, MAX_WAIT_PER_REQUEST_SECONDS), 3)
             _, headers, job = self._request(

@@ -30,7 +30,7 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
-from queuelog_client.client import MAX_CLAIM_WAIT_SECONDS, Client, Job
+from queuelog_client.client import MAX_CLAIM_JOBS, MAX_CLAIM_WAIT_SECONDS, Client, Job
 from queuelog_client.errors import (
     Conflict,
     NotFound,
@@ -46,7 +46,8 @@ log = logging.getLogger("queuelog_client.worker")
 
 Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
 
-# The server stores at most 2,000 characters of an error; sending more is wasted bytes.
+# The server stores at most 2,000 characters of an error (it takes more, and cuts them);
+# sending more is wasted bytes. Both are checked against /openapi.json, as the client's are.
 MAX_ERROR_CHARS = 2000
 MAX_RETRY_IN_SECONDS = 86_400
 # Backoff between attempts to reach a server that does not answer, and between the empty
@@ -258,7 +259,9 @@ class Worker:
             job = self.client.claim(types=self.types, lease_seconds=self.lease_seconds,
                                     wait_seconds=self.wait_seconds)
             return [] if job is None else [job]
-        return self.client.claim_many(free, types=self.types, lease_seconds=self.lease_seconds,
+        # A worker may run more jobs at once than one claim-many may take.
+        return self.client.claim_many(min(free, MAX_CLAIM_JOBS), types=self.types,
+                                      lease_seconds=self.lease_seconds,
                                       wait_seconds=self.wait_seconds)
 
     def _start(self, job: Job) -> None:

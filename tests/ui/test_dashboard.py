@@ -10,7 +10,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app.core.clock import ManualClock
-from app.types.models import MAX_LIMIT, MAX_RATE, MIN_RATE
+from app.core.limits import RATE, TYPE_LIMIT
 from tests.conftest import Api, Key
 from tests.ui.conftest import csrf_of, post_form, sign_in
 
@@ -238,9 +238,9 @@ def test_types_are_paused_resumed_and_their_limits_changed(
 
 def test_the_limits_form_offers_the_bounds_the_api_enforces(signed_in: FlaskClient) -> None:
     page = signed_in.get("/ui/types").text
-    assert f'name="max_running" min="1" max="{MAX_LIMIT}"' in page
-    assert f'name="burst" min="1" max="{MAX_LIMIT}"' in page
-    assert f'name="rate_per_second" min="{MIN_RATE}" max="{MAX_RATE}"' in page
+    assert f'name="max_running" min="{TYPE_LIMIT.min}" max="{TYPE_LIMIT.max}"' in page
+    assert f'name="burst" min="{TYPE_LIMIT.min}" max="{TYPE_LIMIT.max}"' in page
+    assert f'name="rate_per_second" min="{RATE.min}" max="{RATE.max}"' in page
 
 
 def test_a_bad_limit_is_a_message_and_changes_nothing(
