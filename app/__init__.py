@@ -22,7 +22,8 @@ from app.ops import init_ops
 from app.ops.metrics import QueueMetrics
 from app.schedules.service import FiringSink, ScheduleService, ScheduleSettings
 from app.storage.engine import Database, make_engine
-from app.types.service import FlowControl, SkipSink, TypeService
+from app.types.flow import FlowControl, SkipSink
+from app.types.service import TypeService
 from app.web.auth import init_auth
 from app.web.problems import register_error_handlers
 
@@ -147,7 +148,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     )
     keys = KeyService(db, clock)
     counts = BacklogCounts(db, clock, config["TYPE_COUNTS_MAX_AGE_SECONDS"])
-    flow = FlowControl(db, clock, settings.job_types, on_skip=on_skip)
+    flow = FlowControl(db, clock, on_skip=on_skip)
     jobs = JobService(db, clock, settings, on_event=on_event, confirm_caller=keys.confirm_live,
                       flow=flow, history=HistoryRecorder(events=config["JOB_EVENTS"]))
     return Services(

@@ -34,11 +34,11 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 
 from app.core.statuses import STATUS_BITS, JobStatus, claim_order_key
+from app.jobs.flow import ClaimLimits
 from app.jobs.models import BoundedCount, Job, PendingSummary, Transition
 from app.storage.dialects import conflict_insert_for, writers_serialised
 from app.storage.schema import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
 from app.storage.statements import DriverStatement
-from app.types.models import ClaimGate
 
 
 def _status_is(*statuses: JobStatus) -> Any:
@@ -146,7 +146,7 @@ _candidates_one_type = (
 
 # Candidates of one type under a per-key cap: keys already at their cap are left out here, so
 # a claim of one job always finds the first allowed one; a claim of several may still meet a
-# key twice and pass over its second job (ClaimGate.pick).
+# key twice and pass over its second job (ClaimLimits.pick).
 _not_a_full_key = or_(jobs.c.concurrency_key.is_(None),
                       jobs.c.concurrency_key.not_in(bindparam("full_keys", expanding=True)))
 _candidates_one_type_by_key = (
@@ -497,17 +497,20 @@ class JobRepository:
         return {job.idempotency_key or "": job for job in map(_job, self.conn.execute(stmt))}
 
     def has_claimable_work(self, now_us: int, types: Collection[str] | None,
-                           gate: ClaimGate | None = None) -> bool:
+                           limits: ClaimLimits | None = None) -> bool:
         """True when a claim now could find a job: a due pending one, or an expired lease.
-        Index probes only; cheap enough to poll while claims wait. Under a `gate` (with
-        `types` then the types it lets through) only work the gate allows counts: a waiting
-        claim must not wake for jobs it may not take."""
+        Index probes only; cheap enough to poll while claims wait. `types=None` means any
+        type. Under `limits` (with `types` then the wanted ones, every configured type when
+        any is), only work they allow counts: a waiting claim must not wake for jobs it may
+        not take."""
         if self.conn.execute(_expired_lease_probe, {"now": now_us}).first() is not None:
             return True
         if types is None:
             return self.conn.execute(_due_probe_any_type, {"now": now_us}).first() is not None
+        if limits is not None:
+            types = limits.allowed(types)
         for job_type in sorted(types):
-            full_keys = gate.full_keys(job_type) if gate is not None else []
+            full_keys = limits.full_keys(job_type) if limits is not None else []
             stmt, params = _due_probe_one_type, {"now": now_us, "type": job_type}
             if full_keys:
                 stmt, params = _due_probe_one_type_by_key, {**params, "full_keys": full_keys}
@@ -584,13 +587,14 @@ class JobRepository:
 
     def claim_next_jobs(self, *, now_us: int, worker: str, lease_expires_at: int, nonce: str,
                         limit: int, types: Collection[str] | None,
-                        gate: ClaimGate | None = None) -> list[Job]:
+                        limits: ClaimLimits | None = None) -> list[Job]:
         """Mark up to `limit` claimable jobs running for `worker`, returned in claim order.
 
-        `types=None` means any type. Under a `gate` that restricts this claim, `types` are
-        the types it lets through, and each type's candidates are chosen within the gate's
-        budget and key caps. Must run in a write transaction (BEGIN IMMEDIATE on SQLite),
-        which makes the read of the candidates and their update one step.
+        `types=None` means any type. Under flow control's `limits` (with `types` then the
+        wanted ones, every configured type when any is), each of the types they allow is
+        read within its budget, its full keys left out and no key taken beyond its cap.
+        Must run in a write transaction (BEGIN IMMEDIATE on SQLite), which makes the read of
+        the candidates and their update one step.
         """
         params: dict[str, Any] = {
             "now": now_us, "worker": worker, "lease_expires_at": lease_expires_at,
@@ -600,12 +604,14 @@ class JobRepository:
         if types is None:
             rows = _claim_any_type.rows(self.conn, params)
         else:
+            if limits is not None:
+                types = limits.allowed(types)
             # Each type's candidates through its own index, then the most urgent of all of
             # them: one query over several types would have to read every pending job of
             # those types to sort them.
             candidates = [
                 row for job_type in sorted(types)
-                for row in self._candidates_of(job_type, params, gate)
+                for row in self._candidates_of(job_type, params, limits)
             ]
             candidates.sort(key=claim_order_key)
             chosen = [row.id for row in candidates[:limit]]
@@ -630,22 +636,23 @@ class JobRepository:
         return [by_id[job.id] for job in claimed]
 
     def _candidates_of(self, job_type: str, params: dict[str, Any],
-                       gate: ClaimGate | None) -> list[Row[Any]]:
-        """One type's candidates in claim order, within the gate's budget and key caps."""
-        if gate is None:
+                       limits: ClaimLimits | None) -> list[Row[Any]]:
+        """One type's candidates in claim order: within its budget, as LIMIT; without its
+        full keys, as a condition; a key met more often than its cap allows passed over."""
+        if limits is None:
             return list(self.conn.execute(_candidates_one_type, {**params, "type": job_type}))
-        budget = gate.budget(job_type, params["limit"])
+        budget = limits.budget(job_type, params["limit"])
         if budget <= 0:
             return []
-        full_keys = gate.full_keys(job_type)
-        if job_type not in gate.key_caps:
+        full_keys = limits.full_keys(job_type)
+        if job_type not in limits.key_caps:
             return list(self.conn.execute(
                 _candidates_one_type, {**params, "type": job_type, "limit": budget}))
         fetch = budget
         while True:
             rows = list(self.conn.execute(_candidates_one_type_by_key, {
                 **params, "type": job_type, "limit": fetch, "full_keys": full_keys}))
-            chosen = gate.pick(job_type, rows, budget)
+            chosen = limits.pick(job_type, rows, budget)
             if len(chosen) >= budget or len(rows) < fetch or fetch >= MAX_GATED_CANDIDATES:
                 return chosen
             fetch = min(fetch * 4, MAX_GATED_CANDIDATES)

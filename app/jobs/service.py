@@ -26,6 +26,7 @@ from app.history.models import SERVICE_ACTOR
 from app.history.recorder import HistoryRecorder
 from app.history.repository import HistoryRepository
 from app.jobs.cursor import decode_cursor, encode_cursor
+from app.jobs.flow import ClaimLimits, FlowPolicy, LimitReached
 from app.jobs.intake import (
     IntakeRules,
     NewJob,
@@ -41,7 +42,6 @@ from app.jobs.repository import JobRepository, WriteConflict
 from app.jobs.uniqueness import Deduplicated, holds_key_in
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
 from app.storage.engine import Database
-from app.types.service import FlowControl, LimitReached
 from app.web.problems import (
     Conflict,
     Forbidden,
@@ -139,7 +139,7 @@ class JobService:
     def __init__(self, db: Database, clock: Clock, settings: QueueSettings,
                  rng: random.Random | None = None, on_event: EventSink = _ignore_event,
                  confirm_caller: CallerCheck = _trust_caller,
-                 flow: FlowControl | None = None,
+                 flow: FlowPolicy | None = None,
                  history: HistoryRecorder | None = None) -> None:
         self.db = db
         # None: no flow control at all (services built without the type settings).
@@ -435,7 +435,7 @@ class JobService:
               push: bool = False) -> list[Claimed]:
         """Claim up to `limit` jobs for the caller, most urgent first; [] when none is due.
         A worker's claim takes pulled types alone; the dispatcher's (`push`) push types
-        alone (ClaimGate decides), under the same flow control.
+        alone (flow control's limits decide), under the same limits.
 
         Expired leases are rescued in the same transaction first, so a job whose worker died
         is claimable again by this very claim.
@@ -480,32 +480,30 @@ class JobService:
         caller.live_checked = False
 
         flow = self.flow
-        skips: list[tuple[str, str]] = []
 
-        def claim_in(conn: Connection, events: Events, *, optimistic: bool) -> list[Job]:
+        def claim_in(conn: Connection, events: Events, *,
+                     optimistic: bool) -> tuple[list[Job], ClaimLimits | None, int]:
             repo = self._repo(conn, caller)
             now = self.clock.now_us()
             self._rescue_expired_leases(repo, now, events)
             # None: no limit concerns this claim, which then runs as without flow control.
-            gate = None if flow is None else flow.gate(conn, wanted, now,
-                                                         lock=not optimistic, push=push)
+            limits = None if flow is None else flow.limits(conn, wanted, now,
+                                                           lock=not optimistic, push=push)
             if not optimistic:
-                # The gate took its types' rows, waiting for them if another claim held them
-                # (PostgreSQL): the claim holds what it needs from now.
+                # The policy took its types' rows, waiting for them if another claim held
+                # them (where writers run concurrently): the claim holds what it needs now.
                 now = self.clock.now_us()
-            types, claim_gate = wanted, None
-            # Told once the claim committed; an attempt rolled back tells nothing.
-            skips[:] = [] if flow is None or gate is None else flow.skips(conn, gate, now)
-            if flow is not None and gate is not None and gate.restricts(limit):
-                types, claim_gate = flow.allowed_types(gate, wanted), gate
-            elif push and gate is None:
-                return []  # no flow control to tell push types apart: never guess
+            if push and limits is None:
+                return [], None, now  # no flow control to tell push types apart: never guess
+            restricted = limits is not None and limits.restricts(limit)
             jobs = repo.claim_next_jobs(
                 now_us=now, worker=caller.name, lease_expires_at=now + lease_us,
-                nonce=nonce, limit=limit, types=types, gate=claim_gate,
+                nonce=nonce, limit=limit,
+                types=self._types_of(wanted) if restricted else wanted,
+                limits=limits if restricted else None,
             )
-            if (flow is not None and gate is not None
-                    and flow.settle(conn, gate, jobs, now, check=optimistic)):
+            if (flow is not None and limits is not None
+                    and flow.settle(conn, limits, jobs, now, check=optimistic)):
                 # Checked under its types' rows, which it may have waited for: its jobs are
                 # claimed, and leased, from the moment it holds them.
                 held_at = self.clock.now_us()
@@ -516,20 +514,25 @@ class JobService:
             # Recorded once the stamps are final, so the timeline reads as they do.
             self._made(repo, Transition.CLAIM, jobs, events, actor=caller.name, now_us=now)
             self.history.seen(conn, caller.name, now, claimed=True)
-            return jobs
+            return jobs, limits, now
 
-        # First on a gate read without locks, checked under them just before the commit
-        # (PostgreSQL; see FlowControl.settle); when a limit was reached meanwhile, again
-        # on a gate read under the locks, which cannot miss.
+        # First on limits read without locks, checked under them just before the commit
+        # (where writers run concurrently; see FlowControl.settle); when a limit was reached
+        # meanwhile, again on limits read under the locks, which cannot miss.
         try:
-            jobs = self._write(lambda conn, events: claim_in(conn, events, optimistic=True))
+            jobs, limits, now = self._write(
+                lambda conn, events: claim_in(conn, events, optimistic=True))
         except LimitReached:
-            jobs = self._write(lambda conn, events: claim_in(conn, events, optimistic=False))
+            jobs, limits, now = self._write(
+                lambda conn, events: claim_in(conn, events, optimistic=False))
         if flow is not None:
-            flow.report_skips(skips)
-        if jobs and flow is not None:
-            flow.note_claimed(jobs)
+            # Outside the write lock: what only metrics and last_claim_at need.
+            flow.claimed(limits, jobs, now)
         return [Claimed(job, job.lease_token or "") for job in jobs]
+
+    def _types_of(self, wanted: frozenset[str] | None) -> frozenset[str]:
+        """The types a claim of `wanted` ones (None: any) reads under flow control."""
+        return self.settings.job_types if wanted is None else wanted
 
     def _wait_for_work(self, wanted: frozenset[str] | None, seen_generation: int,
                        deadline: float, push: bool = False) -> bool:
@@ -547,11 +550,11 @@ class JobService:
         """The waiting claim's peek: is there work this claim could take now, flow control
         included (a paused or full type's backlog must not wake it again and again)?"""
         now = self.clock.now_us()
-        gate = None if self.flow is None else self.flow.gate(conn, wanted, now, push=push)
-        types = wanted
-        if gate is not None and self.flow is not None:
-            types = self.flow.allowed_types(gate, wanted)
-        return JobRepository(conn).has_claimable_work(now, types, gate)
+        limits = None if self.flow is None else self.flow.limits(conn, wanted, now,
+                                                                 lock=False, push=push)
+        if limits is None:
+            return JobRepository(conn).has_claimable_work(now, wanted)
+        return JobRepository(conn).has_claimable_work(now, self._types_of(wanted), limits)
 
     @staticmethod
     def _claimable_types(caller: Caller, requested: Iterable[str] | None) -> frozenset[str] | None:
