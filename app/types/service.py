@@ -1,5 +1,5 @@
-"""Job types as resources: their settings and counts (GET/PATCH /types). The flow control every
-claim asks is app/types/flow.py."""
+"""Job types as resources: their settings and counts (GET/PATCH /types, and the per-type gauges
+of /metrics). The flow control every claim asks is app/types/flow.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from sqlalchemy import Connection
 
 from app.core.clock import MICROS, Clock
 from app.core.statuses import JobStatus
-from app.jobs.counts import BacklogCounts
+from app.jobs.counts import BacklogCounts, BacklogSnapshot
+from app.jobs.flow import running_by_type
 from app.jobs.repository import JobRepository
 from app.storage.engine import Database
 from app.types.models import (
@@ -44,6 +45,47 @@ class TypeCounts:
     completed: int
     failed: int
     cancelled: int
+
+    def of_status(self, status: JobStatus) -> int:
+        """The jobs stored in `status` (pending ones include the scheduled)."""
+        count: int = getattr(self, status.value)
+        return count
+
+
+def _age_seconds(now_us: int, run_at: int | None) -> float | None:
+    return None if run_at is None else max(0.0, (now_us - run_at) / MICROS)
+
+
+@dataclass(frozen=True)
+class TypeStats:
+    """Every type's counts at one moment: what GET /types and the gauges of /metrics show.
+    Pending, scheduled and finished counts come from the backlog cache (app/jobs/counts.py):
+    they grow with what is stored. The running ones, bounded by the workers, are live."""
+
+    now_us: int
+    backlog: BacklogSnapshot
+    running: Mapping[str, int]
+
+    def types(self) -> set[str]:
+        """Every type with a job stored, configured or not."""
+        return self.backlog.types() | set(self.running)
+
+    def counts_of(self, job_type: str) -> TypeCounts:
+        summary = self.backlog.pending_of(job_type)
+        finished = self.backlog.finished
+        return TypeCounts(
+            pending=summary.pending, scheduled=summary.scheduled,
+            running=self.running.get(job_type, 0),
+            completed=finished.get((job_type, JobStatus.COMPLETED.value), 0),
+            failed=finished.get((job_type, JobStatus.FAILED.value), 0),
+            cancelled=finished.get((job_type, JobStatus.CANCELLED.value), 0))
+
+    def oldest_claimable_age_seconds(self, job_type: str | None = None) -> float | None:
+        """How long the oldest claimable job (of `job_type`; None: of any) has been
+        claimable; None when none is."""
+        oldest = (self.backlog.oldest_due_run_at() if job_type is None
+                  else self.backlog.pending_of(job_type).oldest_due_run_at)
+        return _age_seconds(self.now_us, oldest)
 
 
 @dataclass(frozen=True)
@@ -112,24 +154,20 @@ class TypeService:
         if job_type not in self.job_types:
             raise NotFound("No such job type: it is not in QUEUELOG_JOB_TYPES.")
 
-    def _views(self, names: list[str]) -> list[TypeView]:
-        # Pending, scheduled and finished counts from the backlog cache (app/jobs/counts.py):
-        # they grow with what is stored. The running ones, bounded by the workers, live.
+    def stats(self) -> TypeStats:
+        """Every type's counts now (see TypeStats)."""
         backlog = self.counts.get()
         with self.db.read() as conn:
-            now = self.clock.now_us()
+            return self._stats_in(conn, backlog)
+
+    def _stats_in(self, conn: Connection, backlog: BacklogSnapshot) -> TypeStats:
+        now = self.clock.now_us()
+        return TypeStats(now, backlog, running_by_type(JobRepository(conn).count_running()))
+
+    def _views(self, names: list[str]) -> list[TypeView]:
+        backlog = self.counts.get()
+        with self.db.read() as conn:
+            stats = self._stats_in(conn, backlog)
             stored = TypeRepository(conn).settings_of(names)
-            running = JobRepository(conn).count_running()
-        views = []
-        for name in names:
-            summary = backlog.pending_of(name)
-            counts = TypeCounts(
-                pending=summary.pending, scheduled=summary.scheduled,
-                running=sum(n for (t, _key), n in running.items() if t == name),
-                completed=backlog.finished.get((name, JobStatus.COMPLETED.value), 0),
-                failed=backlog.finished.get((name, JobStatus.FAILED.value), 0),
-                cancelled=backlog.finished.get((name, JobStatus.CANCELLED.value), 0))
-            oldest = summary.oldest_due_run_at
-            age = None if oldest is None else max(0.0, (now - oldest) / MICROS)
-            views.append(TypeView(stored.get(name, defaults(name)), counts, age))
-        return views
+        return [TypeView(stored.get(name, defaults(name)), stats.counts_of(name),
+                         stats.oldest_claimable_age_seconds(name)) for name in names]
