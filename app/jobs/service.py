@@ -10,12 +10,10 @@ import logging
 import random
 import secrets
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
-from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from app.core.callers import Caller, Role
@@ -23,8 +21,6 @@ from app.core.clock import MICROS, Clock
 from app.core.redaction import redact_error
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.history.models import SERVICE_ACTOR
-from app.history.recorder import HistoryRecorder
-from app.history.repository import HistoryRepository
 from app.jobs.cursor import decode_cursor, encode_cursor
 from app.jobs.intake import (
     IntakeRules,
@@ -36,11 +32,12 @@ from app.jobs.intake import (
     require_configured_types,
     sized_json,
 )
-from app.jobs.models import Backoff, Job, Transition
+from app.jobs.models import Job, Transition
 from app.jobs.repository import JobRepository, WriteConflict
+from app.jobs.settings import QueueSettings
 from app.jobs.uniqueness import Deduplicated, holds_key_in
+from app.jobs.uow import JobsTx, JobsUnitOfWork
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
-from app.storage.engine import Database
 from app.types.service import FlowControl, LimitReached
 from app.web.problems import (
     Conflict,
@@ -60,22 +57,6 @@ _BATCH_ATTEMPTS = 3
 # An enqueue whose twin changes between the insert and its look-up (PostgreSQL: the twin was
 # claimed, finished or purged in between) tries again this many times.
 _TWIN_ATTEMPTS = 3
-# `replace` (debounce) changes a twin only while it waits to run.
-# Not a metric event: the count of jobs a transaction left completed, failed or cancelled,
-# which wakes the reads waiting for a job to finish once it has committed.
-FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class QueueSettings:
-    job_types: frozenset[str]
-    lease_seconds: int
-    max_payload_bytes: int
-    backoff: Backoff
-    # Jobs one write transaction of a bulk retry or cancel, or of a purge, takes at most.
-    bulk_batch_size: int
-    max_waiting_claims: int = 8
-    max_waiting_requests: int = 4
 
 
 @dataclass(frozen=True)
@@ -106,23 +87,7 @@ class Claimed:
     lease_token: str
 
 
-# Confirms, inside a transaction, that the caller's key is still live (raises otherwise).
-CallerCheck = Callable[[Connection, Caller], None]
-
-
-def _trust_caller(_conn: Connection, _caller: Caller) -> None:
-    pass
-
-
-# Told of what happened to jobs ("enqueued", "claimed", "rescued", …) and how many: metrics.
-EventSink = Callable[[str, int], None]
-# What one write transaction did, counted by name, told to the EventSink after its commit.
-Events = Counter[str]
 T = TypeVar("T")
-
-
-def _ignore_event(_name: str, _count: int) -> None:
-    pass
 
 
 class ReportRefused(Conflict):
@@ -136,33 +101,28 @@ class ReportRefused(Conflict):
 
 
 class JobService:
-    def __init__(self, db: Database, clock: Clock, settings: QueueSettings,
-                 rng: random.Random | None = None, on_event: EventSink = _ignore_event,
-                 confirm_caller: CallerCheck = _trust_caller,
-                 flow: FlowControl | None = None,
-                 history: HistoryRecorder | None = None) -> None:
-        self.db = db
+    def __init__(self, uow: JobsUnitOfWork, clock: Clock, settings: QueueSettings,
+                 rng: random.Random | None = None, flow: FlowControl | None = None,
+                 finished: JobSignal | None = None) -> None:
+        self.uow = uow
         # None: no flow control at all (services built without the type settings).
         self.flow = flow
-        self.history = history or HistoryRecorder()
-        self.on_event = on_event
-        self.confirm_caller = confirm_caller
         self.clock = clock
         self.settings = settings
         self.rng = rng or random.SystemRandom()
         self.intake = IntakeRules(settings.job_types, settings.max_payload_bytes)
         self.signal = JobSignal()
-        # Told when a job of this process may have finished (completed, failed, cancelled).
-        self.finished = JobSignal()
+        # Told when a job of this process may have finished (completed, failed, cancelled):
+        # the unit of work's FINISHED signal.
+        self.finished = finished or JobSignal()
         # Claims waiting for work, and reads waiting for a job to finish, each have a budget.
         self._claim_waits = WaitingBudget(settings.max_waiting_claims)
         self._result_waits = WaitingBudget(settings.max_waiting_requests)
 
-    def _repo(self, conn: Connection, caller: Caller) -> JobRepository:
-        """The repository on `conn`, once the caller's key is confirmed live in the same
-        transaction: a revoked key changes nothing, even on a request already under way."""
-        self.confirm_caller(conn, caller)
-        return JobRepository(conn)
+    @property
+    def max_payload_bytes(self) -> int:
+        """The largest payload, or result, a job may carry (QUEUELOG_MAX_PAYLOAD_BYTES)."""
+        return self.settings.max_payload_bytes
 
     # -- producers ------------------------------------------------------------------------
 
@@ -175,10 +135,7 @@ class JobService:
         """
         now = self.clock.now_us()
         new = new_job(self.intake, caller, request, header_idempotency_key, now)
-        outcome = self.db.run_write(
-            lambda conn: self._insert_or_meet(self._repo(conn, caller), new))
-        if outcome.created:
-            self.on_event("enqueued", 1)
+        outcome = self.uow.run(lambda tx: self._insert_or_meet(self._confirmed(tx, caller), new))
         if outcome.created or outcome.deduplicated is Deduplicated.REPLACED:
             self.signal.notify()  # a replacement may have moved its run_at closer
         return outcome
@@ -205,8 +162,8 @@ class JobService:
                                    errors=errors)
         for attempt in range(_BATCH_ATTEMPTS):
             try:
-                results = self.db.run_write(
-                    lambda conn: self._insert_or_meet_many(self._repo(conn, caller), items))
+                results = self.uow.run(
+                    lambda tx: self._insert_or_meet_many(self._confirmed(tx, caller), items))
                 break
             except (IntegrityError, WriteConflict, _TwinMoved):
                 # A concurrent request stored one of these keys between our look-up and
@@ -216,15 +173,14 @@ class JobService:
                 if attempt == _BATCH_ATTEMPTS - 1:
                     raise Conflict("Requests with these idempotency or unique keys are in "
                                    "flight; retry.") from None
-        created = sum(1 for outcome in results if outcome.created)
-        if created:
-            self.on_event("enqueued", created)
         if any(not outcome.replayed and outcome.deduplicated is not Deduplicated.RETURNED
                for outcome in results):
             self.signal.notify()
         return results
 
-    def _insert_or_meet_many(self, repo: JobRepository, items: list[NewJob]) -> list[Enqueued]:
+    @staticmethod
+    def _insert_or_meet_many(tx: JobsTx, items: list[NewJob]) -> list[Enqueued]:
+        repo = tx.jobs
         producer = items[0].values["producer"]
         keys = {item.values["idempotency_key"] for item in items
                 if item.values["idempotency_key"] is not None}
@@ -241,7 +197,7 @@ class JobService:
                 raise _TwinMoved()
             replaced[job_id] = job
         inserted = repo.insert_jobs(plan.new_rows)
-        self.history.enqueued(repo.conn, inserted)
+        tx.timeline.enqueued(inserted)
         outcomes = [Enqueued(job, replayed=was_replayed, deduplicated=how)
                     for job, was_replayed, how in plan.results(inserted, replaced)]
         now = items[0].values["created_at"]
@@ -250,31 +206,27 @@ class JobService:
             if outcome.replayed:
                 continue
             if outcome.deduplicated is Deduplicated.RETURNED:
-                self.history.deduplicated(repo.conn, [outcome.job], actor=producer, now_us=now)
+                tx.timeline.deduplicated([outcome.job], actor=producer, now_us=now)
             elif outcome.deduplicated is Deduplicated.REPLACED:
-                self.history.transition(repo.conn, Transition.REPLACE, [outcome.job],
-                                        actor=producer, now_us=now)
+                tx.timeline.transition(Transition.REPLACE, [outcome.job], actor=producer,
+                                       now_us=now)
+        tx.events["enqueued"] += sum(1 for outcome in outcomes if outcome.created)
         return outcomes
 
-    def enqueue_in(self, conn: Connection, events: Events, new: NewJob, *,
-                   actor: str) -> Enqueued | None:
+    def enqueue_in(self, tx: JobsTx, new: NewJob, *, actor: str) -> Enqueued | None:
         """Store `new` (built by intake's new_job) inside the caller's write transaction (see
         `write`), recording `actor` on its timeline; None when the job's schedule slot has its
         job already (the unique index said so). A unique twin is met as on POST /jobs."""
         try:
-            outcome = self._insert_or_meet(JobRepository(conn), new, actor=actor)
+            return self._insert_or_meet(tx, new, actor=actor)
         except UniqueConflict:
             raise  # the template's unique twin refused the job: the caller says so
         except Conflict:
             # Nothing stood in the way but the (schedule, scheduled_for) index: the slot's job
             # exists, enqueued by another process or host.
             return None
-        if outcome.created:
-            events["enqueued"] += 1
-        return outcome
 
-    def enqueue_slots_in(self, conn: Connection, events: Events,
-                         items: Sequence[tuple[NewJob, str]]
+    def enqueue_slots_in(self, tx: JobsTx, items: Sequence[tuple[NewJob, str]]
                          ) -> list[Enqueued | UniqueConflict | None]:
         """Store schedule slots' jobs (each built by new_job, with its actor) inside the
         caller's write transaction, set-wise: the jobs without a unique or idempotency key in
@@ -290,43 +242,47 @@ class JobService:
         chosen = set(plain)
         one_by_one = [position for position in range(len(items)) if position not in chosen]
         if plain:
-            repo = JobRepository(conn)
             try:
-                with conn.begin_nested():
-                    inserted = repo.insert_jobs([items[position][0].values
+                with tx.conn.begin_nested():
+                    inserted = tx.jobs.insert_jobs([items[position][0].values
                                                  for position in plain])
             except IntegrityError:
                 one_by_one = list(range(len(items)))
             else:
-                self.history.enqueued(conn, inserted,
-                                      actors=[items[position][1] for position in plain])
-                events["enqueued"] += len(inserted)
+                tx.timeline.enqueued(inserted, actors=[items[position][1] for position in plain])
+                tx.events["enqueued"] += len(inserted)
                 for position, job in zip(plain, inserted, strict=True):
                     results[position] = Enqueued(job)
         for position in one_by_one:
             new, actor = items[position]
             try:
-                results[position] = self.enqueue_in(conn, events, new, actor=actor)
+                results[position] = self.enqueue_in(tx, new, actor=actor)
             except UniqueConflict as refused:
                 results[position] = refused
         return results
 
-    def write(self, work: Callable[[Connection, Events], T]) -> T:
-        """Run `work` in a write transaction of the job service (see `_write`); for other
-        services whose writes create jobs (schedules). Claims waiting in this process are
-        woken when it has enqueued."""
-        result = self._write(work)
+    def write(self, work: Callable[[JobsTx], T]) -> T:
+        """Run `work` in a job transaction (app/storage/uow.py, whose rule it keeps); for
+        other services whose writes create jobs (schedules). Claims waiting in this process
+        are woken when it has enqueued."""
+        result = self.uow.run(work)
         self.signal.notify()
         return result
 
-    def _insert_or_meet(self, repo: JobRepository, new: NewJob,
-                        actor: str | None = None) -> Enqueued:
+    @staticmethod
+    def _confirmed(tx: JobsTx, caller: Caller) -> JobsTx:
+        tx.confirm(caller)
+        return tx
+
+    def _insert_or_meet(self, tx: JobsTx, new: NewJob, actor: str | None = None) -> Enqueued:
         values = new.values
         actor = actor or values["producer"]
+        repo = tx.jobs
         for _attempt in range(_TWIN_ATTEMPTS):
             job = repo.insert_job(values)
             if job is not None:
-                self.history.enqueued(repo.conn, [job], actor=actor)
+                tx.timeline.enqueued([job], actor=actor)
+                tx.events["enqueued"] += 1
                 return Enqueued(job)
             # Refused by a unique index. The idempotency key is asked first: a replay is never
             # a duplicate.
@@ -340,13 +296,13 @@ class JobService:
                     replacement = meet_stored_twin(holder, new)
                     now = values["created_at"]
                     if replacement is None:
-                        self.history.deduplicated(repo.conn, [holder], actor=actor, now_us=now)
+                        tx.timeline.deduplicated([holder], actor=actor, now_us=now)
                         return Enqueued(holder, deduplicated=Deduplicated.RETURNED)
                     replaced = repo.apply_transition(Transition.REPLACE, holder.id,
                                                      replacement)
                     if replaced is not None:
-                        self.history.transition(repo.conn, Transition.REPLACE, [replaced],
-                                                actor=actor, now_us=now)
+                        tx.timeline.transition(Transition.REPLACE, [replaced], actor=actor,
+                                               now_us=now)
                         return Enqueued(replaced, deduplicated=Deduplicated.REPLACED)
             # The job that stood in the way moved on between the insert and the look-up.
         raise Conflict("A request with this idempotency or unique key is in flight; retry.")
@@ -379,16 +335,14 @@ class JobService:
         return WaitAnswer(job, not_waited=not granted)
 
     def _read_visible(self, caller: Caller, job_id: int) -> Job:
-        with self.db.read() as conn:
-            job = self._repo(conn, caller).get_job(job_id)
+        job = self.uow.read(lambda tx: self._confirmed(tx, caller).jobs.get_job(job_id))
         if job is None or not self._visible_to(caller, job):
             raise NotFound("No such job.")
         return job
 
     def running_by_worker(self) -> dict[str, int]:
         """How many jobs each worker holds now, by the worker's name."""
-        with self.db.read() as conn:
-            return JobRepository(conn).count_running_by_worker()
+        return self.uow.read(lambda tx: tx.jobs.count_running_by_worker())
 
     def list_jobs(self, caller: Caller, *, status: str | None, job_type: str | None,
                   limit: int, cursor: str | None, producer: str | None = None,
@@ -402,8 +356,7 @@ class JobService:
         after_id = decode_cursor(cursor) if cursor is not None else 0
         # A page backwards is read forwards in the other order, then turned round.
         descending = newest_first != backward
-        with self.db.read() as conn:
-            page = self._repo(conn, caller).list_jobs(
+        page = self.uow.read(lambda tx: self._confirmed(tx, caller).jobs.list_jobs(
                 after_id=after_id,
                 limit=limit + 1,
                 producer=caller.name if caller.role is Role.PRODUCER else producer,
@@ -412,7 +365,7 @@ class JobService:
                 job_type=job_type,
                 run_after=self.clock.now_us() if scheduled else None,
                 descending=descending,
-            )
+            ))
         more = len(page) > limit
         page = page[:limit]
         following = encode_cursor(page[-1].id) if more else None
@@ -482,10 +435,10 @@ class JobService:
         flow = self.flow
         skips: list[tuple[str, str]] = []
 
-        def claim_in(conn: Connection, events: Events, *, optimistic: bool) -> list[Job]:
-            repo = self._repo(conn, caller)
+        def claim_in(tx: JobsTx, *, optimistic: bool) -> list[Job]:
+            repo, conn = self._confirmed(tx, caller).jobs, tx.conn
             now = self.clock.now_us()
-            self._rescue_expired_leases(repo, now, events)
+            self._rescue_expired_leases(tx, now)
             # None: no limit concerns this claim, which then runs as without flow control.
             gate = None if flow is None else flow.gate(conn, wanted, now,
                                                          lock=not optimistic, push=push)
@@ -514,17 +467,17 @@ class JobService:
                     jobs = repo.restamp_claimed(jobs, now_us=now,
                                                 lease_expires_at=now + lease_us)
             # Recorded once the stamps are final, so the timeline reads as they do.
-            self._made(repo, Transition.CLAIM, jobs, events, actor=caller.name, now_us=now)
-            self.history.seen(conn, caller.name, now, claimed=True)
+            tx.made(Transition.CLAIM, jobs, actor=caller.name, now_us=now)
+            tx.timeline.seen(caller.name, now, claimed=True)
             return jobs
 
         # First on a gate read without locks, checked under them just before the commit
         # (PostgreSQL; see FlowControl.settle); when a limit was reached meanwhile, again
         # on a gate read under the locks, which cannot miss.
         try:
-            jobs = self._write(lambda conn, events: claim_in(conn, events, optimistic=True))
+            jobs = self.uow.run(lambda tx: claim_in(tx, optimistic=True))
         except LimitReached:
-            jobs = self._write(lambda conn, events: claim_in(conn, events, optimistic=False))
+            jobs = self.uow.run(lambda tx: claim_in(tx, optimistic=False))
         if flow is not None:
             flow.report_skips(skips)
         if jobs and flow is not None:
@@ -537,21 +490,20 @@ class JobService:
         while (remaining := deadline - time.monotonic()) > 0:
             if self.signal.wait(seen_generation, timeout=min(POLL_SECONDS, remaining)):
                 return True
-            with self.db.read() as conn:
-                if self._may_claim_now(conn, wanted, push):
-                    return True
+            if self.uow.read(lambda tx: self._may_claim_now(tx, wanted, push)):
+                return True
         return False
 
-    def _may_claim_now(self, conn: Connection, wanted: frozenset[str] | None,
+    def _may_claim_now(self, tx: JobsTx, wanted: frozenset[str] | None,
                        push: bool = False) -> bool:
         """The waiting claim's peek: is there work this claim could take now, flow control
         included (a paused or full type's backlog must not wake it again and again)?"""
         now = self.clock.now_us()
-        gate = None if self.flow is None else self.flow.gate(conn, wanted, now, push=push)
+        gate = None if self.flow is None else self.flow.gate(tx.conn, wanted, now, push=push)
         types = wanted
         if gate is not None and self.flow is not None:
             types = self.flow.allowed_types(gate, wanted)
-        return JobRepository(conn).has_claimable_work(now, types, gate)
+        return tx.jobs.has_claimable_work(now, types, gate)
 
     @staticmethod
     def _claimable_types(caller: Caller, requested: Iterable[str] | None) -> frozenset[str] | None:
@@ -563,22 +515,22 @@ class JobService:
             return requested_set
         return requested_set & caller.allowed_types
 
-    def _rescue_expired_leases(self, repo: JobRepository, now: int, events: Events) -> None:
+    def _rescue_expired_leases(self, tx: JobsTx, now: int) -> None:
         # A lease that ran out is a failed attempt whose worker is presumed dead.
-        for job in repo.find_expired_leases(now, RESCUE_BATCH):
-            rescued = self._end_attempt(repo, Transition.RESCUE, job,
+        for job in tx.jobs.find_expired_leases(now, RESCUE_BATCH):
+            rescued = self._end_attempt(tx.jobs, Transition.RESCUE, job,
                                         Transition.RESCUE.values(job, now))
             if rescued is not None:
-                self._made(repo, Transition.RESCUE, [rescued], events, actor=SERVICE_ACTOR,
-                           now_us=now, held_by=job.worker_id)
+                tx.made(Transition.RESCUE, [rescued], actor=SERVICE_ACTOR, now_us=now,
+                        held_by=job.worker_id)
 
     def heartbeat(self, caller: Caller, job_id: int, *, lease_token: str | None,
                   lease_seconds: int | None) -> Job:
         """Extend the caller's live lease on the job."""
         lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
 
-        def heartbeat_in(conn: Connection, events: Events) -> Job:
-            repo = self._repo(conn, caller)
+        def heartbeat_in(tx: JobsTx) -> Job:
+            repo = self._confirmed(tx, caller).jobs
             now = self.clock.now_us()
             values = Transition.HEARTBEAT.values(now_us=now, lease_expires_at=now + lease_us)
             job = repo.apply_transition(Transition.HEARTBEAT, job_id, values,
@@ -586,9 +538,8 @@ class JobService:
                                         lease_token=lease_token)
             if job is None:
                 self._refuse_report(repo.get_job(job_id), caller, now, lease_token)
-            self._made(repo, Transition.HEARTBEAT, [job], events, actor=caller.name,
-                       now_us=now)
-            self.history.seen(conn, caller.name, now, claimed=False)
+            tx.made(Transition.HEARTBEAT, [job], actor=caller.name, now_us=now)
+            tx.timeline.seen(caller.name, now, claimed=False)
             return job
 
         return self._report("heartbeat", caller, job_id, heartbeat_in)
@@ -600,8 +551,8 @@ class JobService:
         `delivered`: the HTTP status of the push delivery this completes (the dispatcher),
         recorded as a delivered event in the same transaction."""
         stored_result = self._stored_result(result)
-        return self._report("complete", caller, job_id, lambda conn, events: self._complete_in(
-            self._repo(conn, caller), events, caller, job_id, lease_token, stored_result,
+        return self._report("complete", caller, job_id, lambda tx: self._complete_in(
+            self._confirmed(tx, caller), caller, job_id, lease_token, stored_result,
             delivered))
 
     def complete_many(self, caller: Caller,
@@ -610,8 +561,8 @@ class JobService:
         and is answered with the job or the problem a single complete would give."""
         results = [self._stored_result(item.get("result")) for item in items]
 
-        def complete_each(conn: Connection, events: Events) -> list[tuple[int, Job | Problem]]:
-            repo = self._repo(conn, caller)
+        def complete_each(tx: JobsTx) -> list[tuple[int, Job | Problem]]:
+            self._confirmed(tx, caller)
             answers: list[tuple[int, Job | Problem]] = []
             # The items are judged at one moment, and the jobs they complete recorded
             # together (one executemany per history table rather than two statements a job).
@@ -621,15 +572,14 @@ class JobService:
                 job_id = item["id"]
                 try:
                     answers.append((job_id, self._complete_in(
-                        repo, events, caller, job_id, item.get("lease_token"), stored_result,
+                        tx, caller, job_id, item.get("lease_token"), stored_result,
                         now=now, completed=completed)))
                 except (NotFound, Conflict) as problem:
                     answers.append((job_id, problem))
-            self._made(repo, Transition.COMPLETE, completed, events, actor=caller.name,
-                       now_us=now)
+            tx.made(Transition.COMPLETE, completed, actor=caller.name, now_us=now)
             return answers
 
-        answers = self._write(complete_each)
+        answers = self.uow.run(complete_each)
         refused = [answer for _, answer in answers if isinstance(answer, ReportRefused)]
         if refused:
             self._record_refusals("complete", refused)
@@ -640,7 +590,7 @@ class JobService:
             return None
         return sized_json(result, "result", self.settings.max_payload_bytes)
 
-    def _complete_in(self, repo: JobRepository, events: Events, caller: Caller, job_id: int,
+    def _complete_in(self, tx: JobsTx, caller: Caller, job_id: int,
                      lease_token: str | None, stored_result: str | None,
                      delivered: int | None = None, *, now: int | None = None,
                      completed: list[Job] | None = None) -> Job:
@@ -649,18 +599,17 @@ class JobService:
         same transaction, instead of here."""
         if now is None:
             now = self.clock.now_us()
+        repo = tx.jobs
         job = repo.apply_transition(
             Transition.COMPLETE, job_id,
             Transition.COMPLETE.values(now_us=now, result=stored_result),
             worker=caller.name, now_us=now, lease_token=lease_token)
-        self.history.seen(repo.conn, caller.name, now, claimed=False)
+        tx.timeline.seen(caller.name, now, claimed=False)
         if job is not None:
             if delivered is not None:
-                self.history.delivered(repo.conn, job, delivered, actor=caller.name,
-                                       now_us=now)
+                tx.timeline.delivered(job, delivered, actor=caller.name, now_us=now)
             if completed is None:
-                self._made(repo, Transition.COMPLETE, [job], events, actor=caller.name,
-                           now_us=now)
+                tx.made(Transition.COMPLETE, [job], actor=caller.name, now_us=now)
             else:
                 completed.append(job)
             return job
@@ -680,8 +629,8 @@ class JobService:
         error = redact_error(error).replace("\x00", "\ufffd")
         retry_in_us = None if retry_in_seconds is None else retry_in_seconds * MICROS
 
-        def fail_in(conn: Connection, events: Events) -> Job:
-            repo = self._repo(conn, caller)
+        def fail_in(tx: JobsTx) -> Job:
+            repo = self._confirmed(tx, caller).jobs
             now = self.clock.now_us()
             job = repo.get_job(job_id, for_update=True)
             if job is None or not job.is_held_by(caller.name, now, lease_token):
@@ -700,9 +649,9 @@ class JobService:
                 raise ReportRefused("The job changed while this request ran; its lease is "
                                     "gone.", job_id=job_id, worker=caller.name)
             if delivered is not None:
-                self.history.delivered(conn, failed, delivered, actor=caller.name, now_us=now)
-            self._made(repo, Transition.FAIL, [failed], events, actor=caller.name, now_us=now)
-            self.history.seen(conn, caller.name, now, claimed=False)
+                tx.timeline.delivered(failed, delivered, actor=caller.name, now_us=now)
+            tx.made(Transition.FAIL, [failed], actor=caller.name, now_us=now)
+            tx.timeline.seen(caller.name, now, claimed=False)
             return failed
 
         return self._report("fail", caller, job_id, fail_in)
@@ -753,33 +702,12 @@ class JobService:
             reason = "The job changed while this request ran."
         raise ReportRefused(reason, job_id=job.id, worker=caller.name)
 
-    def _made(self, repo: JobRepository, transition: Transition, jobs: list[Job],
-              events: Events, *, actor: str, now_us: int, held_by: str | None = None) -> None:
-        """Called in the transaction of every transition made, with the jobs as it left them.
-        What a transition entails besides its UPDATE belongs here, in the same transaction
-        (and on `repo`'s connection): the job's history (its attempts and events) and the
-        events counted for metrics. `actor` is who made it; `held_by` the worker whose lease
-        a rescue took back."""
-        self.history.transition(repo.conn, transition, jobs, actor=actor, now_us=now_us,
-                                held_by=held_by)
-        # Not a metric: wakes the reads waiting for a job to finish (GET ?wait_seconds).
-        events[FINISHED] += sum(1 for job in jobs if job.status in TERMINAL_STATUSES)
-        if transition is Transition.CLAIM:
-            events["claimed"] += len(jobs)
-        elif transition is Transition.COMPLETE:
-            events["completed"] += len(jobs)
-        elif transition in (Transition.FAIL, Transition.RESCUE):
-            if transition is Transition.RESCUE:
-                events["rescued"] += len(jobs)
-            for job in jobs:
-                events["retried" if job.status == JobStatus.PENDING else "failed"] += 1
-
     def _report(self, report: str, caller: Caller, job_id: int,
-                work: Callable[[Connection, Events], T]) -> T:
+                work: Callable[[JobsTx], T]) -> T:
         """Run a worker's report (heartbeat, complete, fail); a refusal is recorded as a
         report_refused event in a transaction of its own, the report's being rolled back."""
         try:
-            return self._write(work)
+            return self.uow.run(work)
         except ReportRefused as refused:
             self._record_refusals(report, [refused])
             raise
@@ -787,38 +715,21 @@ class JobService:
     def _record_refusals(self, report: str, refusals: list[ReportRefused]) -> None:
         now = self.clock.now_us()
 
-        def record_in(conn: Connection) -> None:
+        def record_in(tx: JobsTx) -> None:
             # A refused report is still a sign of life.
-            self.history.seen(conn, refusals[0].worker, now, claimed=False)
+            tx.timeline.seen(refusals[0].worker, now, claimed=False)
             for refused in refusals:
-                self.history.report_refused(conn, refused.job_id, worker=refused.worker,
-                                            report=report, reason=refused.detail,
-                                            now_us=now)
+                tx.timeline.report_refused(refused.job_id, worker=refused.worker,
+                                           report=report, reason=refused.detail, now_us=now)
 
         try:
-            self.db.run_write(record_in)
+            self.uow.run(record_in)
         except SQLAlchemyError:
             # The worker is owed its 409 all the same: a report refused is never turned into
             # a 503 (which it would retry) for want of its record.
             log.warning("queuelog: could not record %d refused report(s)", len(refusals),
                         exc_info=True)
-        self.on_event("report_refused", len(refusals))
-
-    def _write(self, work: Callable[[Connection, Events], T]) -> T:
-        """Run `work` in a write transaction, then tell on_event what it counted.
-
-        `work` may run on another request's thread, in a transaction shared with other
-        requests' work (app/storage/group_commit.py), so it only counts events: they are told
-        here, once the transaction holding them has committed, and never for work rolled back.
-        """
-        events: Events = Counter()
-        result = self.db.run_write(lambda conn: work(conn, events))
-        if events.pop(FINISHED, 0):
-            self.finished.notify()
-        for name, count in events.items():
-            if count:
-                self.on_event(name, count)
-        return result
+        self.uow.on_event("report_refused", len(refusals))
 
     # -- admins ---------------------------------------------------------------------------
 
@@ -855,12 +766,11 @@ class JobService:
         batch_size = self.settings.bulk_batch_size
         # Named ids are looked at a batch of them at a time, not all of them by every batch.
         named = None if filters.get("ids") is None else sorted(set(filters["ids"]))
-        with self.db.read() as conn:
-            up_to_id = JobRepository(conn).highest_job_id()
+        up_to_id = self.uow.read(lambda tx: tx.jobs.highest_job_id())
 
-        def transition_in(conn: Connection, events: Events, ids: list[int] | None,
+        def transition_in(tx: JobsTx, ids: list[int] | None,
                           after_id: int, limit: int) -> tuple[list[int], list[Job]]:
-            repo = self._repo(conn, caller)
+            repo = self._confirmed(tx, caller).jobs
             now = self.clock.now_us()
             chosen = repo.find_ids_for_bulk(
                 statuses=statuses, limit=limit, job_type=filters.get("type"),
@@ -869,7 +779,7 @@ class JobService:
                 up_to_id=up_to_id)
             moved = self._apply_many_holding_keys(repo, transition, chosen,
                                                   transition.values(now_us=now))
-            self._made(repo, transition, moved, events, actor=caller.name, now_us=now)
+            tx.made(transition, moved, actor=caller.name, now_us=now)
             return chosen, moved
 
         changed: list[Job] = []
@@ -881,7 +791,7 @@ class JobService:
                 if not ids:
                     break
             limit = min(left, batch_size)
-            chosen, moved = self._write(functools.partial(
+            chosen, moved = self.uow.run(functools.partial(
                 transition_in, ids=ids, after_id=after_id, limit=limit))
             changed.extend(moved)
             left -= len(chosen)
@@ -916,8 +826,8 @@ class JobService:
 
     def _admin_transition(self, caller: Caller, job_id: int, transition: Transition) -> Job:
 
-        def transition_in(conn: Connection, events: Events) -> Job:
-            repo = self._repo(conn, caller)
+        def transition_in(tx: JobsTx) -> Job:
+            repo = self._confirmed(tx, caller).jobs
             now = self.clock.now_us()
             job = self._transition_holding_keys(repo, job_id, transition,
                                                 transition.values(now_us=now))
@@ -927,10 +837,10 @@ class JobService:
                     raise NotFound("No such job.")
                 allowed = " or ".join(transition.from_statuses)
                 raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
-            self._made(repo, transition, [job], events, actor=caller.name, now_us=now)
+            tx.made(transition, [job], actor=caller.name, now_us=now)
             return job
 
-        return self._write(transition_in)
+        return self.uow.run(transition_in)
 
     @staticmethod
     def _transition_holding_keys(repo: JobRepository, job_id: int, transition: Transition,
@@ -965,13 +875,20 @@ class JobService:
         cutoff = self.clock.now_us() - round(older_than_seconds * MICROS)
         deleted, after_id = 0, 0
         while True:
-            with self.db.write() as conn:
-                deleted_ids, last = JobRepository(conn).delete_finished_jobs(
-                    statuses=sorted(chosen), updated_before_us=cutoff,
-                    after_id=after_id, limit=batch_size)
-                # A job's attempts and events go with it, in the same transaction.
-                HistoryRepository(conn).delete_history_of(deleted_ids)
+            deleted_ids, last = self.uow.write_alone(functools.partial(
+                self._purge_batch, statuses=sorted(chosen), cutoff=cutoff,
+                after_id=after_id, limit=batch_size))
             count = len(deleted_ids)
             if last is None:
                 return deleted
             deleted, after_id = deleted + count, last
+
+
+    @staticmethod
+    def _purge_batch(tx: JobsTx, *, statuses: list[str], cutoff: int, after_id: int,
+                     limit: int) -> tuple[list[int], int | None]:
+        deleted_ids, last = tx.jobs.delete_finished_jobs(
+            statuses=statuses, updated_before_us=cutoff, after_id=after_id, limit=limit)
+        # A job's attempts and events go with it, in the same transaction.
+        tx.history.delete_history_of(deleted_ids)
+        return deleted_ids, last

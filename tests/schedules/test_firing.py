@@ -211,7 +211,7 @@ def test_the_database_holds_one_job_per_schedule_and_slot(app: Flask) -> None:
     caller = Caller(name="schedule:nightly", role=Role.ADMIN, max_priority=Priority.CRITICAL,
                     allowed_types=None)
     body = {"type": "email", "payload": {}, "max_retries": 3}
-    values = {**new_job(services.jobs.intake, caller, body, None, 1).values,
+    values = {**new_job(services.schedules.intake, caller, body, None, 1).values,
               "schedule": "nightly", "scheduled_for": 1_000_000}
     with services.db.write() as conn:
         first = JobRepository(conn).insert_job(values)
