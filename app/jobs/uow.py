@@ -81,6 +81,11 @@ class JobsTx(Transaction):
         changes nothing, even on a request already under way."""
         self._confirm_caller(self.conn, caller)
 
+    def jobs_for(self, caller: Caller) -> JobRepository:
+        """The job repository, once the caller's key is confirmed live (see confirm)."""
+        self.confirm(caller)
+        return self.jobs
+
     def made(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
              held_by: str | None = None) -> None:
         """Called in the transaction of every transition made, with the jobs as it left
