@@ -92,7 +92,7 @@ class Dispatcher:
         self.clock = clock
         self.client = client or PushClient(max_connections_per_host=concurrency)
         self.caller = dispatcher_caller()
-        self.max_body_bytes = jobs.settings.max_payload_bytes
+        self.max_body_bytes = jobs.max_payload_bytes
         self._stopping = threading.Event()
         self._work: queue.Queue[Delivery] = queue.Queue()
         self._lock = threading.Condition()

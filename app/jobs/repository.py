@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import (
@@ -37,6 +38,7 @@ from app.core.statuses import STATUS_BITS, JobStatus, claim_order_key
 from app.jobs.flow import ClaimLimits
 from app.jobs.models import BoundedCount, Job, PendingSummary, Transition
 from app.storage.dialects import conflict_insert_for, writers_serialised
+from app.storage.integrity import refused_in_savepoint, unique_indexes_translated
 from app.storage.schema import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
 from app.storage.statements import DriverStatement
 
@@ -386,33 +388,51 @@ class JobRepository:
 
     # -- creating -------------------------------------------------------------------------
 
-    def insert_job(self, values: Mapping[str, Any]) -> Job | None:
-        """Insert a job. None when (producer, idempotency_key) is taken, its unique scope is
-        held, or its (schedule, scheduled_for) slot has its job: the caller finds the job
-        that stands in the way."""
-        skip_conflicts = (values.get("idempotency_key") is not None
-                          or values.get("unique_scope") is not None
-                          or values.get("schedule") is not None)
-        stmt = _insert_statement(self.conn.dialect.name, skip_conflicts=skip_conflicts)
+    def insert_job(self, values: Mapping[str, Any]) -> Job:
+        """Insert a job. Raises IdempotencyKeyTaken when (producer, idempotency_key) is taken,
+        UniqueScopeHeld when its unique scope is held, SlotTaken when its (schedule,
+        scheduled_for) slot has its job: the caller finds the job that stands in the way.
+        The transaction goes on after any of them."""
+        keyed = (values.get("idempotency_key") is not None
+                 or values.get("unique_scope") is not None
+                 or values.get("schedule") is not None)
+        stmt = _insert_statement(self.conn.dialect.name, skip_conflicts=keyed)
         row = stmt.first(self.conn, values)
-        return None if row is None else _job(row)
+        if row is not None:
+            return _job(row)
+        # Skipped for a conflict (ON CONFLICT DO NOTHING names no index): once more without
+        # the skip, in a savepoint, for the index to name itself. Only a job that meets a
+        # twin pays for it; should the twin have gone meanwhile, this inserts the job.
+        with refused_in_savepoint(self.conn):
+            row = _insert_statement(self.conn.dialect.name, skip_conflicts=False
+                                    ).first(self.conn, values)
+        if row is None:
+            raise RuntimeError("an INSERT … RETURNING returned no row")
+        return _job(row)
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A savepoint for the block: a unique index's refusal (IdempotencyKeyTaken,
+        UniqueScopeHeld, SlotTaken) undoes the block alone, and the transaction goes on."""
+        return refused_in_savepoint(self.conn)
 
     def insert_jobs(self, rows: Sequence[Mapping[str, Any]]) -> list[Job]:
         """Insert several jobs in one statement; the jobs come back in the rows' order.
 
         No ON CONFLICT here: the caller has locked and looked up the idempotency keys in the
-        same transaction; a concurrent twin raises IntegrityError and a deadlock or a
-        serialization failure WriteConflict, for it to retry.
+        same transaction; a concurrent twin raises its index's error (IdempotencyKeyTaken,
+        UniqueScopeHeld, SlotTaken) and a deadlock or a serialization failure
+        WriteConflict, for it to retry.
         """
         if not rows:
             return []
         try:
-            returned = _insert_statement(self.conn.dialect.name, skip_conflicts=False
-                                         ).insert_many(self.conn, rows)
-            if returned is not None:
-                return _in_row_order(returned, rows)
-            stmt = insert(jobs).returning(*jobs.c, sort_by_parameter_order=True)
-            return [_job(row) for row in self.conn.execute(stmt, list(rows))]
+            with unique_indexes_translated():
+                returned = _insert_statement(self.conn.dialect.name, skip_conflicts=False
+                                             ).insert_many(self.conn, rows)
+                if returned is not None:
+                    return _in_row_order(returned, rows)
+                stmt = insert(jobs).returning(*jobs.c, sort_by_parameter_order=True)
+                return [_job(row) for row in self.conn.execute(stmt, list(rows))]
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES:
                 raise WriteConflict() from exc

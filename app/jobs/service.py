@@ -1,103 +1,36 @@
-"""The use cases of the queue. Each opens its transaction, applies the rules, and returns records.
+"""The job use cases behind one name: JobService composes the modules that hold them
+(enqueue, reads, reports, admin, retention) so that routes, schedules, dispatch, the
+dashboard and history call `service.enqueue(...)` and the like; and, for now, the claim.
 
 Nothing here sees the HTTP request: handlers pass plain values and the authenticated caller.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import random
 import secrets
 import time
-from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
 
-from sqlalchemy import Connection
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-
-from app.core.callers import Caller, Role
+from app.core.callers import Caller
 from app.core.clock import MICROS, Clock
-from app.core.redaction import redact_error
-from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.history.models import SERVICE_ACTOR
-from app.history.recorder import HistoryRecorder
-from app.history.repository import HistoryRepository
-from app.jobs.cursor import decode_cursor, encode_cursor
+from app.jobs.admin import Administration
+from app.jobs.attempts import end_attempt
+from app.jobs.enqueue import Enqueuing
 from app.jobs.flow import ClaimLimits, FlowPolicy, LimitReached
-from app.jobs.intake import (
-    IntakeRules,
-    NewJob,
-    meet_stored_twin,
-    new_job,
-    plan_batch,
-    replayed,
-    require_configured_types,
-    sized_json,
-)
-from app.jobs.models import Backoff, Job, Transition
-from app.jobs.repository import JobRepository, WriteConflict
-from app.jobs.uniqueness import Deduplicated, holds_key_in
+from app.jobs.intake import IntakeRules, require_configured_types
+from app.jobs.models import Job, Transition
+from app.jobs.reads import JobReads
+from app.jobs.reports import WorkerReports
+from app.jobs.retention import Retention
+from app.jobs.settings import QueueSettings
+from app.jobs.uow import JobsTx, JobsUnitOfWork
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
-from app.storage.engine import Database
-from app.web.problems import (
-    Conflict,
-    Forbidden,
-    NotFound,
-    Problem,
-    UniqueConflict,
-    ValidationFailed,
-)
-
-log = logging.getLogger(__name__)
 
 # Expired leases rescued by one claim at most, so one claim's transaction stays short.
 RESCUE_BATCH = 100
-# A batch whose keys race a concurrent request on PostgreSQL is run again this many times.
-_BATCH_ATTEMPTS = 3
-# An enqueue whose twin changes between the insert and its look-up (PostgreSQL: the twin was
-# claimed, finished or purged in between) tries again this many times.
-_TWIN_ATTEMPTS = 3
-# `replace` (debounce) changes a twin only while it waits to run.
-# Not a metric event: the count of jobs a transaction left completed, failed or cancelled,
-# which wakes the reads waiting for a job to finish once it has committed.
-FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class QueueSettings:
-    job_types: frozenset[str]
-    lease_seconds: int
-    max_payload_bytes: int
-    backoff: Backoff
-    # Jobs one write transaction of a bulk retry or cancel, or of a purge, takes at most.
-    bulk_batch_size: int
-    max_waiting_claims: int = 8
-    max_waiting_requests: int = 4
-
-
-@dataclass(frozen=True)
-class Enqueued:
-    """What an enqueue made: a new job, a replay (idempotency), or a twin met (unique)."""
-
-    job: Job
-    replayed: bool = False
-    deduplicated: Deduplicated = Deduplicated.NO
-
-    @property
-    def created(self) -> bool:
-        return not self.replayed and self.deduplicated is Deduplicated.NO
-
-
-class _TwinMoved(Exception):
-    """A batch's stored twin stopped being pending before its replacement (PostgreSQL)."""
-
-
-def _is_unique_scope_violation(error: IntegrityError) -> bool:
-    # Told apart by the index's name (PostgreSQL) or its column (SQLite's message).
-    return "unique_scope" in str(error.orig)
 
 
 @dataclass(frozen=True)
@@ -106,327 +39,51 @@ class Claimed:
     lease_token: str
 
 
-# Confirms, inside a transaction, that the caller's key is still live (raises otherwise).
-CallerCheck = Callable[[Connection, Caller], None]
-
-
-def _trust_caller(_conn: Connection, _caller: Caller) -> None:
-    pass
-
-
-# Told of what happened to jobs ("enqueued", "claimed", "rescued", …) and how many: metrics.
-EventSink = Callable[[str, int], None]
-# What one write transaction did, counted by name, told to the EventSink after its commit.
-Events = Counter[str]
-T = TypeVar("T")
-
-
-def _ignore_event(_name: str, _count: int) -> None:
-    pass
-
-
-class ReportRefused(Conflict):
-    """A heartbeat, complete or fail refused with 409: the job exists, the caller does not
-    hold it. Carries what its report_refused event says."""
-
-    def __init__(self, detail: str, *, job_id: int, worker: str) -> None:
-        super().__init__(detail)
-        self.job_id = job_id
-        self.worker = worker
-
-
 class JobService:
-    def __init__(self, db: Database, clock: Clock, settings: QueueSettings,
-                 rng: random.Random | None = None, on_event: EventSink = _ignore_event,
-                 confirm_caller: CallerCheck = _trust_caller,
-                 flow: FlowPolicy | None = None,
-                 history: HistoryRecorder | None = None) -> None:
-        self.db = db
+    """`finished` is the unit of work's FINISHED signal (app/__init__.py wires both); `signal`
+    is told when jobs may have become claimable, and wakes the claims waiting here."""
+
+    def __init__(self, uow: JobsUnitOfWork, clock: Clock, settings: QueueSettings,
+                 rng: random.Random | None = None, flow: FlowPolicy | None = None,
+                 finished: JobSignal | None = None) -> None:
+        self.uow = uow
         # None: no flow control at all (services built without the type settings).
         self.flow = flow
-        self.history = history or HistoryRecorder()
-        self.on_event = on_event
-        self.confirm_caller = confirm_caller
         self.clock = clock
         self.settings = settings
-        self.rng = rng or random.SystemRandom()
-        self.intake = IntakeRules(settings.job_types, settings.max_payload_bytes)
         self.signal = JobSignal()
-        # Told when a job of this process may have finished (completed, failed, cancelled).
-        self.finished = JobSignal()
         # Claims waiting for work, and reads waiting for a job to finish, each have a budget.
         self._claim_waits = WaitingBudget(settings.max_waiting_claims)
-        self._result_waits = WaitingBudget(settings.max_waiting_requests)
+        intake = IntakeRules(settings.job_types, settings.max_payload_bytes)
+        enqueuing = Enqueuing(uow, clock, intake, self.signal)
+        reads = JobReads(uow, clock, finished or JobSignal(),
+                         WaitingBudget(settings.max_waiting_requests))
+        reports = WorkerReports(uow, clock, settings, rng or random.SystemRandom())
+        admin = Administration(uow, clock, settings.bulk_batch_size)
+        # The use cases, each from the module that holds it.
+        self.enqueue = enqueuing.enqueue
+        self.enqueue_many = enqueuing.enqueue_many
+        self.enqueue_in = enqueuing.enqueue_in
+        self.enqueue_slots_in = enqueuing.enqueue_slots_in
+        self.write = enqueuing.write
+        self.get_job = reads.get_job
+        self.await_job = reads.await_job
+        self.list_jobs = reads.list_jobs
+        self.running_by_worker = reads.running_by_worker
+        self.heartbeat = reports.heartbeat
+        self.complete = reports.complete
+        self.complete_many = reports.complete_many
+        self.fail = reports.fail
+        self.cancel = admin.cancel
+        self.retry = admin.retry
+        self.cancel_many = admin.cancel_many
+        self.retry_many = admin.retry_many
+        self.purge = Retention(uow, clock, settings.bulk_batch_size).purge
 
-    def _repo(self, conn: Connection, caller: Caller) -> JobRepository:
-        """The repository on `conn`, once the caller's key is confirmed live in the same
-        transaction: a revoked key changes nothing, even on a request already under way."""
-        self.confirm_caller(conn, caller)
-        return JobRepository(conn)
-
-    # -- producers ------------------------------------------------------------------------
-
-    def enqueue(self, caller: Caller, request: dict[str, Any],
-                header_idempotency_key: str | None = None) -> Enqueued:
-        """Store a new job, replay the one this idempotency key made before, or meet the twin
-        holding this request's unique key (return it, reject, or replace it).
-
-        Raises ValidationFailed, Forbidden, Conflict or UniqueConflict.
-        """
-        now = self.clock.now_us()
-        new = new_job(self.intake, caller, request, header_idempotency_key, now)
-        outcome = self.db.run_write(
-            lambda conn: self._insert_or_meet(self._repo(conn, caller), new))
-        if outcome.created:
-            self.on_event("enqueued", 1)
-        if outcome.created or outcome.deduplicated is Deduplicated.REPLACED:
-            self.signal.notify()  # a replacement may have moved its run_at closer
-        return outcome
-
-    def enqueue_many(self, caller: Caller, requests: list[dict[str, Any]]) -> list[Enqueued]:
-        """Store several jobs in one transaction, all or nothing; what each item made, in order.
-
-        Every item is checked before anything is written; field errors are keyed by position
-        (`jobs.3.type`). Idempotency keys and unique keys work per item, and an item meets an
-        earlier item of the batch as it would a stored job.
-        """
-        now = self.clock.now_us()
-        items, errors = [], {}
-        for position, request in enumerate(requests):
-            try:
-                items.append(new_job(self.intake, caller, request, None, now))
-            except ValidationFailed as exc:
-                errors.update({f"jobs.{position}.{field}": messages
-                               for field, messages in (exc.errors or {}).items()})
-            except Forbidden as exc:
-                raise Forbidden(f"jobs.{position}: {exc.detail}") from None
-        if errors:
-            raise ValidationFailed("Some jobs did not validate; nothing was stored.",
-                                   errors=errors)
-        for attempt in range(_BATCH_ATTEMPTS):
-            try:
-                results = self.db.run_write(
-                    lambda conn: self._insert_or_meet_many(self._repo(conn, caller), items))
-                break
-            except (IntegrityError, WriteConflict, _TwinMoved):
-                # A concurrent request stored one of these keys between our look-up and
-                # insert, deadlocked with this one, or moved a twin we meant to replace
-                # (PostgreSQL only; SQLite's BEGIN IMMEDIATE serialises writers). Run again:
-                # it is now a replay or a twin.
-                if attempt == _BATCH_ATTEMPTS - 1:
-                    raise Conflict("Requests with these idempotency or unique keys are in "
-                                   "flight; retry.") from None
-        created = sum(1 for outcome in results if outcome.created)
-        if created:
-            self.on_event("enqueued", created)
-        if any(not outcome.replayed and outcome.deduplicated is not Deduplicated.RETURNED
-               for outcome in results):
-            self.signal.notify()
-        return results
-
-    def _insert_or_meet_many(self, repo: JobRepository, items: list[NewJob]) -> list[Enqueued]:
-        producer = items[0].values["producer"]
-        keys = {item.values["idempotency_key"] for item in items
-                if item.values["idempotency_key"] is not None}
-        repo.lock_idempotency_keys(producer, keys)
-        scopes = {item.unique.scope for item in items if item.unique is not None}
-        plan = plan_batch(items, repo.find_by_idempotency_keys(producer, keys),
-                          repo.find_unique_holders(producer, scopes))
-        replaced = {}
-        # In id order: concurrent batches replacing the same twins lock them in one order
-        # and so cannot deadlock each other on PostgreSQL.
-        for job_id, values in sorted(plan.replacements.items()):
-            job = repo.apply_transition(Transition.REPLACE, job_id, values)
-            if job is None:
-                raise _TwinMoved()
-            replaced[job_id] = job
-        inserted = repo.insert_jobs(plan.new_rows)
-        self.history.enqueued(repo.conn, inserted)
-        outcomes = [Enqueued(job, replayed=was_replayed, deduplicated=how)
-                    for job, was_replayed, how in plan.results(inserted, replaced)]
-        now = items[0].values["created_at"]
-        # In request order: each item that met a twin is told on the twin's timeline.
-        for outcome in outcomes:
-            if outcome.replayed:
-                continue
-            if outcome.deduplicated is Deduplicated.RETURNED:
-                self.history.deduplicated(repo.conn, [outcome.job], actor=producer, now_us=now)
-            elif outcome.deduplicated is Deduplicated.REPLACED:
-                self.history.transition(repo.conn, Transition.REPLACE, [outcome.job],
-                                        actor=producer, now_us=now)
-        return outcomes
-
-    def enqueue_in(self, conn: Connection, events: Events, new: NewJob, *,
-                   actor: str) -> Enqueued | None:
-        """Store `new` (built by intake's new_job) inside the caller's write transaction (see
-        `write`), recording `actor` on its timeline; None when the job's schedule slot has its
-        job already (the unique index said so). A unique twin is met as on POST /jobs."""
-        try:
-            outcome = self._insert_or_meet(JobRepository(conn), new, actor=actor)
-        except UniqueConflict:
-            raise  # the template's unique twin refused the job: the caller says so
-        except Conflict:
-            # Nothing stood in the way but the (schedule, scheduled_for) index: the slot's job
-            # exists, enqueued by another process or host.
-            return None
-        if outcome.created:
-            events["enqueued"] += 1
-        return outcome
-
-    def enqueue_slots_in(self, conn: Connection, events: Events,
-                         items: Sequence[tuple[NewJob, str]]
-                         ) -> list[Enqueued | UniqueConflict | None]:
-        """Store schedule slots' jobs (each built by new_job, with its actor) inside the
-        caller's write transaction, set-wise: the jobs without a unique or idempotency key in
-        one INSERT and one history INSERT. Per item, in order: what it made; None when its
-        slot has its job already; the UniqueConflict its unique twin answered (reject).
-
-        Should a slot's job exist after all (a process firing otherwise than by locking the
-        schedule rows, say during an upgrade), the one INSERT is undone and every item goes
-        through enqueue_in, where the unique index answers for each."""
-        results: list[Enqueued | UniqueConflict | None] = [None] * len(items)
-        plain = [position for position, (new, _actor) in enumerate(items)
-                 if new.unique is None and new.values["idempotency_key"] is None]
-        chosen = set(plain)
-        one_by_one = [position for position in range(len(items)) if position not in chosen]
-        if plain:
-            repo = JobRepository(conn)
-            try:
-                with conn.begin_nested():
-                    inserted = repo.insert_jobs([items[position][0].values
-                                                 for position in plain])
-            except IntegrityError:
-                one_by_one = list(range(len(items)))
-            else:
-                self.history.enqueued(conn, inserted,
-                                      actors=[items[position][1] for position in plain])
-                events["enqueued"] += len(inserted)
-                for position, job in zip(plain, inserted, strict=True):
-                    results[position] = Enqueued(job)
-        for position in one_by_one:
-            new, actor = items[position]
-            try:
-                results[position] = self.enqueue_in(conn, events, new, actor=actor)
-            except UniqueConflict as refused:
-                results[position] = refused
-        return results
-
-    def write(self, work: Callable[[Connection, Events], T]) -> T:
-        """Run `work` in a write transaction of the job service (see `_write`); for other
-        services whose writes create jobs (schedules). Claims waiting in this process are
-        woken when it has enqueued."""
-        result = self._write(work)
-        self.signal.notify()
-        return result
-
-    def _insert_or_meet(self, repo: JobRepository, new: NewJob,
-                        actor: str | None = None) -> Enqueued:
-        values = new.values
-        actor = actor or values["producer"]
-        for _attempt in range(_TWIN_ATTEMPTS):
-            job = repo.insert_job(values)
-            if job is not None:
-                self.history.enqueued(repo.conn, [job], actor=actor)
-                return Enqueued(job)
-            # Refused by a unique index. The idempotency key is asked first: a replay is never
-            # a duplicate.
-            if values["idempotency_key"] is not None:
-                twin = repo.find_by_idempotency_key(values["producer"], values["idempotency_key"])
-                if twin is not None:
-                    return Enqueued(replayed(twin, values), replayed=True)
-            if new.unique is not None:
-                holder = repo.find_unique_holder(values["producer"], new.unique.scope)
-                if holder is not None:
-                    replacement = meet_stored_twin(holder, new)
-                    now = values["created_at"]
-                    if replacement is None:
-                        self.history.deduplicated(repo.conn, [holder], actor=actor, now_us=now)
-                        return Enqueued(holder, deduplicated=Deduplicated.RETURNED)
-                    replaced = repo.apply_transition(Transition.REPLACE, holder.id,
-                                                     replacement)
-                    if replaced is not None:
-                        self.history.transition(repo.conn, Transition.REPLACE, [replaced],
-                                                actor=actor, now_us=now)
-                        return Enqueued(replaced, deduplicated=Deduplicated.REPLACED)
-            # The job that stood in the way moved on between the insert and the look-up.
-        raise Conflict("A request with this idempotency or unique key is in flight; retry.")
-
-    # -- reading --------------------------------------------------------------------------
-
-    def get_job(self, caller: Caller, job_id: int) -> Job:
-        """The job, if the caller may see it; NotFound otherwise (the two look alike)."""
-        return self._read_visible(caller, job_id)
-
-    def await_job(self, caller: Caller, job_id: int, wait_seconds: float) -> WaitAnswer[Job]:
-        """The job as get_job reads it, once it is finished or `wait_seconds` have passed.
-
-        An unfinished job is read again as soon as this process finishes a job, and every
-        POLL_SECONDS for the other processes and hosts, until it is completed, failed or
-        cancelled or the time is up; then it is answered as it is. Past the process's budget
-        of waiting requests it is answered at once, marked `not_waited`.
-        """
-        seen = self.finished.generation
-        job = self._read_visible(caller, job_id)
-        if job.status in TERMINAL_STATUSES or wait_seconds <= 0:
-            return WaitAnswer(job)
-        with self._result_waits.slot() as granted:
-            deadline = time.monotonic() + wait_seconds
-            while (granted and job.status not in TERMINAL_STATUSES
-                   and (remaining := deadline - time.monotonic()) > 0):
-                self.finished.wait(seen, timeout=min(POLL_SECONDS, remaining))
-                seen = self.finished.generation
-                job = self._read_visible(caller, job_id)
-        return WaitAnswer(job, not_waited=not granted)
-
-    def _read_visible(self, caller: Caller, job_id: int) -> Job:
-        with self.db.read() as conn:
-            job = self._repo(conn, caller).get_job(job_id)
-        if job is None or not self._visible_to(caller, job):
-            raise NotFound("No such job.")
-        return job
-
-    def running_by_worker(self) -> dict[str, int]:
-        """How many jobs each worker holds now, by the worker's name."""
-        with self.db.read() as conn:
-            return JobRepository(conn).count_running_by_worker()
-
-    def list_jobs(self, caller: Caller, *, status: str | None, job_type: str | None,
-                  limit: int, cursor: str | None, producer: str | None = None,
-                  newest_first: bool = False, backward: bool = False,
-                  scheduled: bool = False) -> tuple[list[Job], str | None]:
-        """A page of the jobs the caller may see, by id, and the cursor of the next page.
-        `producer` narrows an admin's listing to one producer's jobs (a producer sees only
-        its own whatever it asks). `newest_first` lists by id downwards; `backward` gives the
-        page before `cursor` (in the listing's order) and the cursor of the one before that;
-        `scheduled` keeps the pending jobs whose run_at is still ahead."""
-        after_id = decode_cursor(cursor) if cursor is not None else 0
-        # A page backwards is read forwards in the other order, then turned round.
-        descending = newest_first != backward
-        with self.db.read() as conn:
-            page = self._repo(conn, caller).list_jobs(
-                after_id=after_id,
-                limit=limit + 1,
-                producer=caller.name if caller.role is Role.PRODUCER else producer,
-                worker=caller.name if caller.role is Role.WORKER else None,
-                status=JobStatus.PENDING.value if scheduled else status,
-                job_type=job_type,
-                run_after=self.clock.now_us() if scheduled else None,
-                descending=descending,
-            )
-        more = len(page) > limit
-        page = page[:limit]
-        following = encode_cursor(page[-1].id) if more else None
-        if backward:
-            page.reverse()
-        return page, following
-
-    @staticmethod
-    def _visible_to(caller: Caller, job: Job) -> bool:
-        if caller.role is Role.ADMIN:
-            return True
-        if caller.role is Role.PRODUCER:
-            return job.producer == caller.name
-        return job.worker_id == caller.name
+    @property
+    def max_payload_bytes(self) -> int:
+        """The largest payload, or result, a job may carry (QUEUELOG_MAX_PAYLOAD_BYTES)."""
+        return self.settings.max_payload_bytes
 
     # -- workers --------------------------------------------------------------------------
 
@@ -481,11 +138,11 @@ class JobService:
 
         flow = self.flow
 
-        def claim_in(conn: Connection, events: Events, *,
+        def claim_in(tx: JobsTx, *,
                      optimistic: bool) -> tuple[list[Job], ClaimLimits | None, int]:
-            repo = self._repo(conn, caller)
+            repo, conn = tx.jobs_for(caller), tx.conn
             now = self.clock.now_us()
-            self._rescue_expired_leases(repo, now, events)
+            self._rescue_expired_leases(tx, now)
             # None: no limit concerns this claim, which then runs as without flow control.
             limits = None if flow is None else flow.limits(conn, wanted, now,
                                                            lock=not optimistic, push=push)
@@ -512,19 +169,17 @@ class JobService:
                     jobs = repo.restamp_claimed(jobs, now_us=now,
                                                 lease_expires_at=now + lease_us)
             # Recorded once the stamps are final, so the timeline reads as they do.
-            self._made(repo, Transition.CLAIM, jobs, events, actor=caller.name, now_us=now)
-            self.history.seen(conn, caller.name, now, claimed=True)
+            tx.made(Transition.CLAIM, jobs, actor=caller.name, now_us=now)
+            tx.timeline.seen(caller.name, now, claimed=True)
             return jobs, limits, now
 
         # First on limits read without locks, checked under them just before the commit
         # (where writers run concurrently; see FlowControl.settle); when a limit was reached
         # meanwhile, again on limits read under the locks, which cannot miss.
         try:
-            jobs, limits, now = self._write(
-                lambda conn, events: claim_in(conn, events, optimistic=True))
+            jobs, limits, now = self.uow.run(lambda tx: claim_in(tx, optimistic=True))
         except LimitReached:
-            jobs, limits, now = self._write(
-                lambda conn, events: claim_in(conn, events, optimistic=False))
+            jobs, limits, now = self.uow.run(lambda tx: claim_in(tx, optimistic=False))
         if flow is not None:
             # Outside the write lock: what only metrics and last_claim_at need.
             flow.claimed(limits, jobs, now)
@@ -540,21 +195,20 @@ class JobService:
         while (remaining := deadline - time.monotonic()) > 0:
             if self.signal.wait(seen_generation, timeout=min(POLL_SECONDS, remaining)):
                 return True
-            with self.db.read() as conn:
-                if self._may_claim_now(conn, wanted, push):
-                    return True
+            if self.uow.read(lambda tx: self._may_claim_now(tx, wanted, push)):
+                return True
         return False
 
-    def _may_claim_now(self, conn: Connection, wanted: frozenset[str] | None,
+    def _may_claim_now(self, tx: JobsTx, wanted: frozenset[str] | None,
                        push: bool = False) -> bool:
         """The waiting claim's peek: is there work this claim could take now, flow control
         included (a paused or full type's backlog must not wake it again and again)?"""
         now = self.clock.now_us()
-        limits = None if self.flow is None else self.flow.limits(conn, wanted, now,
+        limits = None if self.flow is None else self.flow.limits(tx.conn, wanted, now,
                                                                  lock=False, push=push)
         if limits is None:
-            return JobRepository(conn).has_claimable_work(now, wanted)
-        return JobRepository(conn).has_claimable_work(now, self._types_of(wanted), limits)
+            return tx.jobs.has_claimable_work(now, wanted)
+        return tx.jobs.has_claimable_work(now, self._types_of(wanted), limits)
 
     @staticmethod
     def _claimable_types(caller: Caller, requested: Iterable[str] | None) -> frozenset[str] | None:
@@ -566,415 +220,12 @@ class JobService:
             return requested_set
         return requested_set & caller.allowed_types
 
-    def _rescue_expired_leases(self, repo: JobRepository, now: int, events: Events) -> None:
+    def _rescue_expired_leases(self, tx: JobsTx, now: int) -> None:
         # A lease that ran out is a failed attempt whose worker is presumed dead.
-        for job in repo.find_expired_leases(now, RESCUE_BATCH):
-            rescued = self._end_attempt(repo, Transition.RESCUE, job,
+        for job in tx.jobs.find_expired_leases(now, RESCUE_BATCH):
+            rescued = end_attempt(tx.jobs, Transition.RESCUE, job,
                                         Transition.RESCUE.values(job, now))
             if rescued is not None:
-                self._made(repo, Transition.RESCUE, [rescued], events, actor=SERVICE_ACTOR,
-                           now_us=now, held_by=job.worker_id)
+                tx.made(Transition.RESCUE, [rescued], actor=SERVICE_ACTOR, now_us=now,
+                        held_by=job.worker_id)
 
-    def heartbeat(self, caller: Caller, job_id: int, *, lease_token: str | None,
-                  lease_seconds: int | None) -> Job:
-        """Extend the caller's live lease on the job."""
-        lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
-
-        def heartbeat_in(conn: Connection, events: Events) -> Job:
-            repo = self._repo(conn, caller)
-            now = self.clock.now_us()
-            values = Transition.HEARTBEAT.values(now_us=now, lease_expires_at=now + lease_us)
-            job = repo.apply_transition(Transition.HEARTBEAT, job_id, values,
-                                        worker=caller.name, now_us=now,
-                                        lease_token=lease_token)
-            if job is None:
-                self._refuse_report(repo.get_job(job_id), caller, now, lease_token)
-            self._made(repo, Transition.HEARTBEAT, [job], events, actor=caller.name,
-                       now_us=now)
-            self.history.seen(conn, caller.name, now, claimed=False)
-            return job
-
-        return self._report("heartbeat", caller, job_id, heartbeat_in)
-
-    def complete(self, caller: Caller, job_id: int, *, lease_token: str | None,
-                 result: dict[str, Any] | None, delivered: int | None = None) -> Job:
-        """running → completed, by the worker holding the job. A repeat of a complete that
-        landed (same lease token, same result) answers the job as that one left it.
-        `delivered`: the HTTP status of the push delivery this completes (the dispatcher),
-        recorded as a delivered event in the same transaction."""
-        stored_result = self._stored_result(result)
-        return self._report("complete", caller, job_id, lambda conn, events: self._complete_in(
-            self._repo(conn, caller), events, caller, job_id, lease_token, stored_result,
-            delivered))
-
-    def complete_many(self, caller: Caller,
-                      items: list[dict[str, Any]]) -> list[tuple[int, Job | Problem]]:
-        """Complete several held jobs in one transaction; each succeeds or fails on its own
-        and is answered with the job or the problem a single complete would give."""
-        results = [self._stored_result(item.get("result")) for item in items]
-
-        def complete_each(conn: Connection, events: Events) -> list[tuple[int, Job | Problem]]:
-            repo = self._repo(conn, caller)
-            answers: list[tuple[int, Job | Problem]] = []
-            # The items are judged at one moment, and the jobs they complete recorded
-            # together (one executemany per history table rather than two statements a job).
-            now = self.clock.now_us()
-            completed: list[Job] = []
-            for item, stored_result in zip(items, results, strict=True):
-                job_id = item["id"]
-                try:
-                    answers.append((job_id, self._complete_in(
-                        repo, events, caller, job_id, item.get("lease_token"), stored_result,
-                        now=now, completed=completed)))
-                except (NotFound, Conflict) as problem:
-                    answers.append((job_id, problem))
-            self._made(repo, Transition.COMPLETE, completed, events, actor=caller.name,
-                       now_us=now)
-            return answers
-
-        answers = self._write(complete_each)
-        refused = [answer for _, answer in answers if isinstance(answer, ReportRefused)]
-        if refused:
-            self._record_refusals("complete", refused)
-        return answers
-
-    def _stored_result(self, result: dict[str, Any] | None) -> str | None:
-        if result is None:
-            return None
-        return sized_json(result, "result", self.settings.max_payload_bytes)
-
-    def _complete_in(self, repo: JobRepository, events: Events, caller: Caller, job_id: int,
-                     lease_token: str | None, stored_result: str | None,
-                     delivered: int | None = None, *, now: int | None = None,
-                     completed: list[Job] | None = None) -> Job:
-        """Complete one job at `now` (else the clock's). With `completed` given, the job
-        completed is added to it for the caller to hand to `_made` with the others, in the
-        same transaction, instead of here."""
-        if now is None:
-            now = self.clock.now_us()
-        job = repo.apply_transition(
-            Transition.COMPLETE, job_id,
-            Transition.COMPLETE.values(now_us=now, result=stored_result),
-            worker=caller.name, now_us=now, lease_token=lease_token)
-        self.history.seen(repo.conn, caller.name, now, claimed=False)
-        if job is not None:
-            if delivered is not None:
-                self.history.delivered(repo.conn, job, delivered, actor=caller.name,
-                                       now_us=now)
-            if completed is None:
-                self._made(repo, Transition.COMPLETE, [job], events, actor=caller.name,
-                           now_us=now)
-            else:
-                completed.append(job)
-            return job
-        current = repo.get_job(job_id)
-        if (current is not None and lease_token is not None
-                and current.shows_complete(caller.name, lease_token, stored_result)):
-            return current
-        return self._refuse_report(current, caller, now, lease_token)
-
-    def fail(self, caller: Caller, job_id: int, *, lease_token: str | None, error: str,
-             retry_in_seconds: int | None, delivered: int | None = None) -> Job:
-        """Record a failed attempt: pending again after a backoff, or failed when none are
-        left. A repeat of a fail that landed (same lease token, error and retry_in_seconds)
-        answers the job as that one left it. `delivered`: as for complete."""
-        # PostgreSQL text cannot hold NUL; an error message is diagnostics, so it is kept with
-        # each NUL shown as U+FFFD rather than refused, on every engine alike.
-        error = redact_error(error).replace("\x00", "\ufffd")
-        retry_in_us = None if retry_in_seconds is None else retry_in_seconds * MICROS
-
-        def fail_in(conn: Connection, events: Events) -> Job:
-            repo = self._repo(conn, caller)
-            now = self.clock.now_us()
-            job = repo.get_job(job_id, for_update=True)
-            if job is None or not job.is_held_by(caller.name, now, lease_token):
-                if (job is not None and lease_token is not None
-                        and job.shows_fail(caller.name, lease_token, error, retry_in_us)):
-                    return job
-                return self._refuse_report(job, caller, now, lease_token)
-            if retry_in_us is None:
-                delay = self.settings.backoff.delay_us(job.retry_count, self.rng)
-            else:
-                delay = retry_in_us
-            failed = self._end_attempt(repo, Transition.FAIL, job,
-                                       Transition.FAIL.values(job, now, error, delay),
-                                       worker=caller.name, now_us=now)
-            if failed is None:  # another transaction changed it first (PostgreSQL only)
-                raise ReportRefused("The job changed while this request ran; its lease is "
-                                    "gone.", job_id=job_id, worker=caller.name)
-            if delivered is not None:
-                self.history.delivered(conn, failed, delivered, actor=caller.name, now_us=now)
-            self._made(repo, Transition.FAIL, [failed], events, actor=caller.name, now_us=now)
-            self.history.seen(conn, caller.name, now, claimed=False)
-            return failed
-
-        return self._report("fail", caller, job_id, fail_in)
-
-    @staticmethod
-    def _end_attempt(repo: JobRepository, transition: Transition, job: Job,
-                     values: dict[str, Any], *, worker: str | None = None,
-                     now_us: int | None = None) -> Job | None:
-        """Apply a failed attempt's `values` (FAIL or RESCUE) to the running `job` (None if it
-        changed).
-
-        Under a while set without running, a job sent back to pending enters its while set
-        again; when a twin enqueued meanwhile holds the key, this job lets go of it rather
-        than have the worker's report refused: the twin stands for the work, and this job
-        still runs its retry.
-        """
-        def move(changes: dict[str, Any]) -> Job | None:
-            return repo.apply_transition(transition, job.id, changes,
-                                         lease_token=job.lease_token, worker=worker,
-                                         now_us=now_us)
-
-        if not (holds_key_in(job.unique_while, values["status"])
-                and not holds_key_in(job.unique_while, job.status)):
-            return move(values)
-        try:
-            with repo.conn.begin_nested():
-                return move(values)
-        except IntegrityError as exc:
-            if not _is_unique_scope_violation(exc):
-                raise
-        return move(values | {"unique_while": None})
-
-    @staticmethod
-    def _refuse_report(job: Job | None, caller: Caller, now: int,
-                       lease_token: str | None) -> NoReturn:
-        """Raise the problem that says why the caller does not hold the job."""
-        if job is None:
-            raise NotFound("No such job.")
-        if job.status != JobStatus.RUNNING:
-            reason = f"The job is {job.status}, not running."
-        elif job.worker_id != caller.name:
-            reason = "The job is held by another worker."
-        elif job.lease_expires_at is None or job.lease_expires_at <= now:
-            reason = "The lease on this job has expired."
-        elif lease_token is not None and lease_token != job.lease_token:
-            reason = "The lease token names an earlier attempt."
-        else:
-            reason = "The job changed while this request ran."
-        raise ReportRefused(reason, job_id=job.id, worker=caller.name)
-
-    def _made(self, repo: JobRepository, transition: Transition, jobs: list[Job],
-              events: Events, *, actor: str, now_us: int, held_by: str | None = None) -> None:
-        """Called in the transaction of every transition made, with the jobs as it left them.
-        What a transition entails besides its UPDATE belongs here, in the same transaction
-        (and on `repo`'s connection): the job's history (its attempts and events) and the
-        events counted for metrics. `actor` is who made it; `held_by` the worker whose lease
-        a rescue took back."""
-        self.history.transition(repo.conn, transition, jobs, actor=actor, now_us=now_us,
-                                held_by=held_by)
-        # Not a metric: wakes the reads waiting for a job to finish (GET ?wait_seconds).
-        events[FINISHED] += sum(1 for job in jobs if job.status in TERMINAL_STATUSES)
-        if transition is Transition.CLAIM:
-            events["claimed"] += len(jobs)
-        elif transition is Transition.COMPLETE:
-            events["completed"] += len(jobs)
-        elif transition in (Transition.FAIL, Transition.RESCUE):
-            if transition is Transition.RESCUE:
-                events["rescued"] += len(jobs)
-            for job in jobs:
-                events["retried" if job.status == JobStatus.PENDING else "failed"] += 1
-
-    def _report(self, report: str, caller: Caller, job_id: int,
-                work: Callable[[Connection, Events], T]) -> T:
-        """Run a worker's report (heartbeat, complete, fail); a refusal is recorded as a
-        report_refused event in a transaction of its own, the report's being rolled back."""
-        try:
-            return self._write(work)
-        except ReportRefused as refused:
-            self._record_refusals(report, [refused])
-            raise
-
-    def _record_refusals(self, report: str, refusals: list[ReportRefused]) -> None:
-        now = self.clock.now_us()
-
-        def record_in(conn: Connection) -> None:
-            # A refused report is still a sign of life.
-            self.history.seen(conn, refusals[0].worker, now, claimed=False)
-            for refused in refusals:
-                self.history.report_refused(conn, refused.job_id, worker=refused.worker,
-                                            report=report, reason=refused.detail,
-                                            now_us=now)
-
-        try:
-            self.db.run_write(record_in)
-        except SQLAlchemyError:
-            # The worker is owed its 409 all the same: a report refused is never turned into
-            # a 503 (which it would retry) for want of its record.
-            log.warning("queuelog: could not record %d refused report(s)", len(refusals),
-                        exc_info=True)
-        self.on_event("report_refused", len(refusals))
-
-    def _write(self, work: Callable[[Connection, Events], T]) -> T:
-        """Run `work` in a write transaction, then tell on_event what it counted.
-
-        `work` may run on another request's thread, in a transaction shared with other
-        requests' work (app/storage/group_commit.py), so it only counts events: they are told
-        here, once the transaction holding them has committed, and never for work rolled back.
-        """
-        events: Events = Counter()
-        result = self.db.run_write(lambda conn: work(conn, events))
-        if events.pop(FINISHED, 0):
-            self.finished.notify()
-        for name, count in events.items():
-            if count:
-                self.on_event(name, count)
-        return result
-
-    # -- admins ---------------------------------------------------------------------------
-
-    def cancel(self, caller: Caller, job_id: int) -> Job:
-        """pending → cancelled."""
-        return self._admin_transition(caller, job_id, Transition.CANCEL)
-
-    def retry(self, caller: Caller, job_id: int) -> Job:
-        """failed | cancelled → pending, with a fresh retry budget, claimable at once."""
-        return self._admin_transition(caller, job_id, Transition.RETRY)
-
-    def retry_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
-        """Every failed or cancelled job the filters name (up to their limit) → pending with
-        a fresh retry budget, in batches (see _bulk_transition); the others are skipped."""
-        return self._bulk_transition(caller, Transition.RETRY, filters)
-
-    def cancel_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
-        """Every pending job the filters name (up to their limit) → cancelled, in batches (see
-        _bulk_transition); the others are skipped."""
-        return self._bulk_transition(caller, Transition.CANCEL, filters)
-
-    def _bulk_transition(self, caller: Caller, transition: Transition,
-                         filters: dict[str, Any]) -> list[Job]:
-        """The jobs the filters name, lowest id first, up to their limit, taken a batch
-        (QUEUELOG_BULK_BATCH_SIZE) at a time, each batch in a write transaction of its own:
-        the database's write lock (SQLite's) is held for one batch at most, and every other
-        writer goes on between batches. Only jobs that existed when the action began are
-        taken. Returns the jobs changed, by id."""
-        statuses = list(transition.from_statuses)
-        if filters.get("status") is not None:
-            statuses = [status for status in statuses if status == filters["status"]]
-        if not statuses:
-            return []
-        batch_size = self.settings.bulk_batch_size
-        # Named ids are looked at a batch of them at a time, not all of them by every batch.
-        named = None if filters.get("ids") is None else sorted(set(filters["ids"]))
-        with self.db.read() as conn:
-            up_to_id = JobRepository(conn).highest_job_id()
-
-        def transition_in(conn: Connection, events: Events, ids: list[int] | None,
-                          after_id: int, limit: int) -> tuple[list[int], list[Job]]:
-            repo = self._repo(conn, caller)
-            now = self.clock.now_us()
-            chosen = repo.find_ids_for_bulk(
-                statuses=statuses, limit=limit, job_type=filters.get("type"),
-                created_before=filters.get("created_before"),
-                created_after=filters.get("created_after"), ids=ids, after_id=after_id,
-                up_to_id=up_to_id)
-            moved = self._apply_many_holding_keys(repo, transition, chosen,
-                                                  transition.values(now_us=now))
-            self._made(repo, transition, moved, events, actor=caller.name, now_us=now)
-            return chosen, moved
-
-        changed: list[Job] = []
-        left, after_id, position = filters["limit"], 0, 0
-        while left > 0:
-            ids = None
-            if named is not None:
-                ids, position = named[position:position + batch_size], position + batch_size
-                if not ids:
-                    break
-            limit = min(left, batch_size)
-            chosen, moved = self._write(functools.partial(
-                transition_in, ids=ids, after_id=after_id, limit=limit))
-            changed.extend(moved)
-            left -= len(chosen)
-            if ids is None and len(chosen) < limit:
-                break  # no job left that the filters name
-            after_id = chosen[-1] if ids is None else ids[-1]
-        return changed
-
-    @staticmethod
-    def _apply_many_holding_keys(repo: JobRepository, transition: Transition,
-                                 job_ids: list[int], values: dict[str, Any]) -> list[Job]:
-        """A bulk transition; a job it would bring back into a unique key that a twin holds
-        (a retry) is skipped, as jobs in other statuses are: one statement, which leaves out
-        those jobs itself. On PostgreSQL a twin enqueued while it runs (committed after its
-        snapshot) can still meet the index: then job by job, each in its own savepoint, as
-        the batch is bounded."""
-        try:
-            with repo.conn.begin_nested():
-                return repo.apply_transition_to_many(transition, job_ids, values)
-        except IntegrityError as exc:
-            if not _is_unique_scope_violation(exc):
-                raise
-        changed: list[Job] = []
-        for job_id in job_ids:
-            try:
-                with repo.conn.begin_nested():
-                    changed.extend(repo.apply_transition_to_many(transition, [job_id], values))
-            except IntegrityError as exc:
-                if not _is_unique_scope_violation(exc):
-                    raise
-        return changed
-
-    def _admin_transition(self, caller: Caller, job_id: int, transition: Transition) -> Job:
-
-        def transition_in(conn: Connection, events: Events) -> Job:
-            repo = self._repo(conn, caller)
-            now = self.clock.now_us()
-            job = self._transition_holding_keys(repo, job_id, transition,
-                                                transition.values(now_us=now))
-            if job is None:
-                current = repo.get_job(job_id)
-                if current is None:
-                    raise NotFound("No such job.")
-                allowed = " or ".join(transition.from_statuses)
-                raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
-            self._made(repo, transition, [job], events, actor=caller.name, now_us=now)
-            return job
-
-        return self._write(transition_in)
-
-    @staticmethod
-    def _transition_holding_keys(repo: JobRepository, job_id: int, transition: Transition,
-                                 values: dict[str, Any]) -> Job | None:
-        """An admin's transition; a retry that would bring a job back into its while set
-        while a twin holds its unique key is refused (409 naming the twin)."""
-        if transition is not Transition.RETRY:
-            return repo.apply_transition(transition, job_id, values)
-        try:
-            with repo.conn.begin_nested():
-                return repo.apply_transition(transition, job_id, values)
-        except IntegrityError as exc:
-            if not _is_unique_scope_violation(exc):
-                raise
-        job = repo.get_job(job_id)
-        twin = None if job is None else repo.find_unique_holder(job.producer,
-                                                                 job.unique_scope or "")
-        raise UniqueConflict("Another job holds this job's unique key; retry it once that "
-                             "job has left its while statuses.", None if twin is None else twin.id)
-
-    # -- retention ------------------------------------------------------------------------
-
-    def purge(self, *, older_than_seconds: float, statuses: Collection[str] | None = None,
-              batch_size: int | None = None) -> int:
-        """Delete finished jobs last updated before the cutoff, one short transaction per
-        batch (of QUEUELOG_BULK_BATCH_SIZE jobs unless told) so that writers are never held
-        up long. Returns how many were deleted."""
-        batch_size = batch_size or self.settings.bulk_batch_size
-        chosen = set(statuses) if statuses else {s.value for s in TERMINAL_STATUSES}
-        if not chosen <= {s.value for s in TERMINAL_STATUSES}:
-            raise ValueError("only completed, failed and cancelled jobs can be purged")
-        cutoff = self.clock.now_us() - round(older_than_seconds * MICROS)
-        deleted, after_id = 0, 0
-        while True:
-            with self.db.write() as conn:
-                deleted_ids, last = JobRepository(conn).delete_finished_jobs(
-                    statuses=sorted(chosen), updated_before_us=cutoff,
-                    after_id=after_id, limit=batch_size)
-                # A job's attempts and events go with it, in the same transaction.
-                HistoryRepository(conn).delete_history_of(deleted_ids)
-            count = len(deleted_ids)
-            if last is None:
-                return deleted
-            deleted, after_id = deleted + count, last
