@@ -33,8 +33,9 @@ from app.core.redaction import display_url, redact_error, scrub_url
 from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
 from app.dispatch.metrics import DispatchMetrics
 from app.dispatch.outcome import Kind, Outcome, outcome_of
+from app.jobs.claim import Claimed
 from app.jobs.schemas import represent
-from app.jobs.service import Claimed, JobService
+from app.jobs.service import JobService
 from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings, push_origin_refusal
 from app.types.service import TypeService
 from app.web.problems import Conflict, NotFound, ValidationFailed

@@ -7,6 +7,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.core.callers import Role
+from app.jobs.claim import Claimed
 from app.jobs.enqueue import Enqueued
 from app.jobs.fastload import load_batch
 from app.jobs.schemas import (
@@ -30,7 +31,7 @@ from app.jobs.schemas import (
     render_job_page,
     represent,
 )
-from app.jobs.service import Claimed, JobService
+from app.jobs.service import JobService
 from app.jobs.uniqueness import Deduplicated
 from app.jobs.waiting import NOT_WAITED_RETRY_AFTER_SECONDS, WaitAnswer
 from app.web.auth import current_caller, require_roles
