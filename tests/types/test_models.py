@@ -77,3 +77,18 @@ def test_next_token_at_is_the_first_moment_the_gate_lets_a_claim_through():
     full = TypeSettings("email", rate_per_second=2.0, burst=1, tokens=1.0, tokens_at=T0)
     assert full.next_token_at(T0) is None
     assert TypeSettings("email").next_token_at(T0) is None
+
+
+def test_a_workers_claim_excludes_push_types_without_counting_them_held_back():
+    settings = [TypeSettings("hook", push_url="https://example.com/hook"),
+                TypeSettings("pdf", paused=True)]
+    worker = limits_for_claim(settings, {}, T0)
+    assert worker.blocked == {"pdf": SkipReason.PAUSED}
+    assert worker.excluded == {"hook"}
+    assert worker.allowed({"hook", "pdf", "email"}) == {"email"}
+    assert worker.restricts(1)
+    assert not worker.admits([SimpleNamespace(type="hook", concurrency_key=None)])
+
+    dispatcher = limits_for_claim(settings, {}, T0, push=True)
+    assert dispatcher.blocked == {} and dispatcher.excluded == frozenset()
+    assert dispatcher.allowed({"hook", "pdf", "email"}) == {"hook"}
