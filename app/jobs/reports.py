@@ -72,19 +72,22 @@ class WorkerReports:
         """running → completed, by the worker holding the job. A repeat of a complete that
         landed (same lease token, same result) answers the job as that one left it.
         `delivered`: the HTTP status of the push delivery this completes (the dispatcher),
-        recorded as a delivered event in the same transaction."""
-        stored_result = self._stored_result(result)
+        recorded as a delivered event in the same transaction.
 
-        def complete_in(tx: JobsTx) -> Job:
-            tx.confirm(caller)
-            return self._complete_in(tx, caller, job_id, lease_token, stored_result, delivered)
-
-        return self._report("complete", caller, job_id, complete_in)
+        A batch of one (complete_many): its problem, if any, is raised."""
+        [(_job_id, answer)] = self.complete_many(caller, [{
+            "id": job_id, "lease_token": lease_token, "result": result,
+            "delivered": delivered}])
+        if isinstance(answer, Problem):
+            raise answer
+        return answer
 
     def complete_many(self, caller: Caller,
                       items: list[dict[str, Any]]) -> list[tuple[int, Job | Problem]]:
         """Complete several held jobs in one transaction; each succeeds or fails on its own
-        and is answered with the job or the problem a single complete would give."""
+        and is answered with the job or the problem a single complete would give. An item's
+        `delivered` is as for complete. Every refusal is recorded (report_refused) in a
+        transaction of its own once this one has committed."""
         results = [self._stored_result(item.get("result")) for item in items]
 
         def complete_each(tx: JobsTx) -> list[tuple[int, Job | Problem]]:
@@ -99,7 +102,7 @@ class WorkerReports:
                 try:
                     answers.append((job_id, self._complete_in(
                         tx, caller, job_id, item.get("lease_token"), stored_result,
-                        now=now, completed=completed)))
+                        item.get("delivered"), now=now, completed=completed)))
                 except (NotFound, Conflict) as problem:
                     answers.append((job_id, problem))
             tx.made(Transition.COMPLETE, completed, actor=caller.name, now_us=now)
@@ -118,13 +121,9 @@ class WorkerReports:
 
     def _complete_in(self, tx: JobsTx, caller: Caller, job_id: int,
                      lease_token: str | None, stored_result: str | None,
-                     delivered: int | None = None, *, now: int | None = None,
-                     completed: list[Job] | None = None) -> Job:
-        """Complete one job at `now` (else the clock's). With `completed` given, the job
-        completed is added to it for the caller to hand to `tx.made` with the others, in the
-        same transaction, instead of here."""
-        if now is None:
-            now = self.clock.now_us()
+                     delivered: int | None, *, now: int, completed: list[Job]) -> Job:
+        """Complete one job at `now`; the job completed is added to `completed`, for the
+        caller to hand to `tx.made` with the others, in the same transaction."""
         repo = tx.jobs
         job = repo.apply_transition(
             Transition.COMPLETE, job_id,
@@ -134,10 +133,7 @@ class WorkerReports:
         if job is not None:
             if delivered is not None:
                 tx.timeline.delivered(job, delivered, actor=caller.name, now_us=now)
-            if completed is None:
-                tx.made(Transition.COMPLETE, [job], actor=caller.name, now_us=now)
-            else:
-                completed.append(job)
+            completed.append(job)
             return job
         current = repo.get_job(job_id)
         if (current is not None and lease_token is not None
