@@ -14,15 +14,21 @@ from app.core.clock import Clock
 from app.history.service import HistoryService
 from app.jobs.counts import BacklogCounts
 from app.jobs.ids import JobIdConverter
+from app.jobs.intake import IntakeRules
 from app.jobs.models import Backoff
-from app.jobs.service import EventSink, JobService, QueueSettings
+from app.jobs.service import JobService
+from app.jobs.settings import QueueSettings
 from app.jobs.timeline.recorder import HistoryRecorder
+from app.jobs.uow import FINISHED, bind_jobs
+from app.jobs.waiting import JobSignal
 from app.keys.service import KeyService
 from app.ops import init_ops
 from app.ops.metrics import QueueMetrics
 from app.schedules.service import FiringSink, ScheduleService, ScheduleSettings
 from app.storage.engine import Database, make_engine
-from app.types.service import FlowControl, SkipSink, TypeService
+from app.storage.uow import EventSink, UnitOfWork
+from app.types.flow import FlowControl, SkipSink
+from app.types.service import TypeService
 from app.web.auth import init_auth
 from app.web.problems import register_error_handlers
 
@@ -147,9 +153,13 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     )
     keys = KeyService(db, clock)
     counts = BacklogCounts(db, clock, config["TYPE_COUNTS_MAX_AGE_SECONDS"])
-    flow = FlowControl(db, clock, settings.job_types, on_skip=on_skip)
-    jobs = JobService(db, clock, settings, on_event=on_event, confirm_caller=keys.confirm_live,
-                      flow=flow, history=HistoryRecorder(events=config["JOB_EVENTS"]))
+    flow = FlowControl(db, clock, on_skip=on_skip)
+    # Told when a job of this process may have finished: the reads waiting for one wake.
+    finished = JobSignal()
+    uow = UnitOfWork(db, bind_jobs(HistoryRecorder(events=config["JOB_EVENTS"]),
+                                   keys.confirm_live),
+                     on_event=on_event, signals={FINISHED: finished.notify})
+    jobs = JobService(uow, clock, settings, flow=flow, finished=finished)
     return Services(
         db=db,
         clock=clock,
@@ -158,9 +168,9 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         counts=counts,
         types=TypeService(db, clock, settings.job_types, counts,
                           push_origins=config["PUSH_ALLOWED_ORIGINS"]),
-        history=HistoryService(db, jobs, keys, ahead_limit=config["EXPLAIN_AHEAD_LIMIT"]),
+        history=HistoryService(db, clock, jobs, keys, ahead_limit=config["EXPLAIN_AHEAD_LIMIT"]),
         schedules=ScheduleService(
-            db, clock, jobs,
+            db, clock, jobs, IntakeRules(settings.job_types, settings.max_payload_bytes),
             ScheduleSettings(allow_seconds=config["SCHEDULE_SECONDS"],
                              grace_seconds=config["SCHEDULE_GRACE_SECONDS"]),
             on_fired=on_fired),

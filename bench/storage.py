@@ -26,10 +26,14 @@ from app.core.priorities import Priority
 from app.core.statuses import JobStatus
 from app.jobs.models import Backoff
 from app.jobs.repository import JobRepository
-from app.jobs.service import JobService, QueueSettings
+from app.jobs.service import JobService
+from app.jobs.settings import QueueSettings
+from app.jobs.timeline.recorder import HistoryRecorder
 from app.jobs.transitions import Transition
+from app.jobs.uow import bind_jobs
 from app.storage.engine import Database, make_engine
 from app.storage.schema import jobs
+from app.storage.uow import UnitOfWork
 from bench.data import migrated_database, scratch_directory
 from bench.report import Report, Table, Target, run_script
 from bench.stats import Spread, percentile
@@ -121,9 +125,11 @@ class ServiceWay(RepositoryWay):
 
     def __init__(self, url: str, synchronous: str) -> None:
         super().__init__(url, synchronous)
-        self.service = JobService(self.db, Clock(), QueueSettings(
-            job_types=frozenset({"email"}), lease_seconds=300, max_payload_bytes=65_536,
-            backoff=Backoff(1.0, 3600.0), bulk_batch_size=500))
+        self.service = JobService(UnitOfWork(self.db, bind_jobs(HistoryRecorder())), Clock(),
+                                  QueueSettings(
+                                      job_types=frozenset({"email"}), lease_seconds=300,
+                                      max_payload_bytes=65_536, backoff=Backoff(1.0, 3600.0),
+                                      bulk_batch_size=500))
         self.claimed: list[Any] = []
 
     def enqueue(self, n: int) -> None:

@@ -73,3 +73,25 @@ class DatabaseUnavailable(ServiceUnavailable):
 
     def __init__(self) -> None:
         super().__init__("The database is not answering; retry later.", retry_after_seconds=1)
+
+
+# -- writes a unique index refused (named by app/storage/integrity.py)
+
+
+class UniqueIndexRefused(Exception):
+    """A write met a unique index: another row holds what this one would. Raised by the
+    repositories in place of the database's IntegrityError; the use cases catch the one
+    they expect and find the row that stands in the way."""
+
+
+class IdempotencyKeyTaken(UniqueIndexRefused):
+    """The producer's idempotency key names a job already (uq_jobs_producer_idempotency_key)."""
+
+
+class UniqueScopeHeld(UniqueIndexRefused):
+    """Another of the producer's jobs holds this unique scope in its while statuses
+    (uq_jobs_producer_unique_scope)."""
+
+
+class SlotTaken(UniqueIndexRefused):
+    """The schedule's slot has its job already (uq_jobs_schedule_scheduled_for)."""

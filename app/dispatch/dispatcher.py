@@ -34,8 +34,9 @@ from app.core.redaction import display_url, redact_error, scrub_url
 from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
 from app.dispatch.metrics import DispatchMetrics
 from app.dispatch.outcome import Kind, Outcome, outcome_of
+from app.jobs.claim import Claimed
 from app.jobs.schemas import represent
-from app.jobs.service import Claimed, JobService
+from app.jobs.service import JobService
 from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings, push_origin_refusal
 from app.types.service import TypeService
 from queuelog_client.signature import SIGNATURE_HEADER, signature_header
@@ -92,7 +93,7 @@ class Dispatcher:
         self.clock = clock
         self.client = client or PushClient(max_connections_per_host=concurrency)
         self.caller = dispatcher_caller()
-        self.max_body_bytes = jobs.settings.max_payload_bytes
+        self.max_body_bytes = jobs.max_payload_bytes
         self._stopping = threading.Event()
         self._work: queue.Queue[Delivery] = queue.Queue()
         self._lock = threading.Condition()

@@ -23,6 +23,7 @@ from sqlalchemy import Connection
 
 from app.core.clock import MICROS, to_rfc3339
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
+from app.jobs.flow import running_by_type
 from app.jobs.models import BoundedCount, Job
 from app.jobs.repository import JobRepository
 from app.types.repository import TypeRepository
@@ -70,7 +71,7 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
     capped = settings.max_running is not None or settings.max_running_per_key is not None
     running = jobs.count_running() if capped else {}
     if settings.max_running is not None:
-        of_type = sum(n for (t, _key), n in running.items() if t == job.type)
+        of_type = running_by_type(running).get(job.type, 0)
         if of_type >= settings.max_running:
             expiry = jobs.next_lease_expiry(job.type)
             when = ("" if expiry is None else

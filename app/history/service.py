@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.core.callers import Caller, Role
+from app.core.clock import Clock
 from app.core.errors import NotFound
 from app.core.statuses import JobStatus
 from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons
@@ -35,9 +36,10 @@ class Worker:
 
 
 class HistoryService:
-    def __init__(self, db: Database, jobs: JobService, keys: KeyService, *,
+    def __init__(self, db: Database, clock: Clock, jobs: JobService, keys: KeyService, *,
                  ahead_limit: int) -> None:
         self.db = db
+        self.clock = clock
         self.jobs = jobs
         self.keys = keys
         self.ahead_limit = ahead_limit  # QUEUELOG_EXPLAIN_AHEAD_LIMIT
@@ -83,7 +85,7 @@ class HistoryService:
             job = JobRepository(conn).get_job(job_id)
             if job is None:  # purged in between
                 raise NotFound("No such job.")
-            now = self.jobs.clock.now_us()
+            now = self.clock.now_us()
             ahead = ahead_of_type = None
             if job.status == JobStatus.PENDING and job.run_at <= now:
                 repo = JobRepository(conn)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import (
@@ -34,12 +35,13 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 
 from app.core.statuses import STATUS_BITS, JobStatus, claim_order_key
+from app.jobs.flow import ClaimLimits
 from app.jobs.models import BoundedCount, Job, PendingSummary
 from app.jobs.transitions import Transition
 from app.storage.dialects import conflict_insert_for, writers_serialised
+from app.storage.integrity import refused_in_savepoint, unique_indexes_translated
 from app.storage.schema import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
 from app.storage.statements import DriverStatement
-from app.types.models import ClaimGate
 
 
 def _status_is(*statuses: JobStatus) -> Any:
@@ -147,7 +149,7 @@ _candidates_one_type = (
 
 # Candidates of one type under a per-key cap: keys already at their cap are left out here, so
 # a claim of one job always finds the first allowed one; a claim of several may still meet a
-# key twice and pass over its second job (ClaimGate.pick).
+# key twice and pass over its second job (ClaimLimits.pick).
 _not_a_full_key = or_(jobs.c.concurrency_key.is_(None),
                       jobs.c.concurrency_key.not_in(bindparam("full_keys", expanding=True)))
 _candidates_one_type_by_key = (
@@ -387,33 +389,51 @@ class JobRepository:
 
     # -- creating -------------------------------------------------------------------------
 
-    def insert_job(self, values: Mapping[str, Any]) -> Job | None:
-        """Insert a job. None when (producer, idempotency_key) is taken, its unique scope is
-        held, or its (schedule, scheduled_for) slot has its job: the caller finds the job
-        that stands in the way."""
-        skip_conflicts = (values.get("idempotency_key") is not None
-                          or values.get("unique_scope") is not None
-                          or values.get("schedule") is not None)
-        stmt = _insert_statement(self.conn.dialect.name, skip_conflicts=skip_conflicts)
+    def insert_job(self, values: Mapping[str, Any]) -> Job:
+        """Insert a job. Raises IdempotencyKeyTaken when (producer, idempotency_key) is taken,
+        UniqueScopeHeld when its unique scope is held, SlotTaken when its (schedule,
+        scheduled_for) slot has its job: the caller finds the job that stands in the way.
+        The transaction goes on after any of them."""
+        keyed = (values.get("idempotency_key") is not None
+                 or values.get("unique_scope") is not None
+                 or values.get("schedule") is not None)
+        stmt = _insert_statement(self.conn.dialect.name, skip_conflicts=keyed)
         row = stmt.first(self.conn, values)
-        return None if row is None else _job(row)
+        if row is not None:
+            return _job(row)
+        # Skipped for a conflict (ON CONFLICT DO NOTHING names no index): once more without
+        # the skip, in a savepoint, for the index to name itself. Only a job that meets a
+        # twin pays for it; should the twin have gone meanwhile, this inserts the job.
+        with refused_in_savepoint(self.conn):
+            row = _insert_statement(self.conn.dialect.name, skip_conflicts=False
+                                    ).first(self.conn, values)
+        if row is None:
+            raise RuntimeError("an INSERT … RETURNING returned no row")
+        return _job(row)
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A savepoint for the block: a unique index's refusal (IdempotencyKeyTaken,
+        UniqueScopeHeld, SlotTaken) undoes the block alone, and the transaction goes on."""
+        return refused_in_savepoint(self.conn)
 
     def insert_jobs(self, rows: Sequence[Mapping[str, Any]]) -> list[Job]:
         """Insert several jobs in one statement; the jobs come back in the rows' order.
 
         No ON CONFLICT here: the caller has locked and looked up the idempotency keys in the
-        same transaction; a concurrent twin raises IntegrityError and a deadlock or a
-        serialization failure WriteConflict, for it to retry.
+        same transaction; a concurrent twin raises its index's error (IdempotencyKeyTaken,
+        UniqueScopeHeld, SlotTaken) and a deadlock or a serialization failure
+        WriteConflict, for it to retry.
         """
         if not rows:
             return []
         try:
-            returned = _insert_statement(self.conn.dialect.name, skip_conflicts=False
-                                         ).insert_many(self.conn, rows)
-            if returned is not None:
-                return _in_row_order(returned, rows)
-            stmt = insert(jobs).returning(*jobs.c, sort_by_parameter_order=True)
-            return [_job(row) for row in self.conn.execute(stmt, list(rows))]
+            with unique_indexes_translated():
+                returned = _insert_statement(self.conn.dialect.name, skip_conflicts=False
+                                             ).insert_many(self.conn, rows)
+                if returned is not None:
+                    return _in_row_order(returned, rows)
+                stmt = insert(jobs).returning(*jobs.c, sort_by_parameter_order=True)
+                return [_job(row) for row in self.conn.execute(stmt, list(rows))]
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES:
                 raise WriteConflict() from exc
@@ -498,17 +518,20 @@ class JobRepository:
         return {job.idempotency_key or "": job for job in map(_job, self.conn.execute(stmt))}
 
     def has_claimable_work(self, now_us: int, types: Collection[str] | None,
-                           gate: ClaimGate | None = None) -> bool:
+                           limits: ClaimLimits | None = None) -> bool:
         """True when a claim now could find a job: a due pending one, or an expired lease.
-        Index probes only; cheap enough to poll while claims wait. Under a `gate` (with
-        `types` then the types it lets through) only work the gate allows counts: a waiting
-        claim must not wake for jobs it may not take."""
+        Index probes only; cheap enough to poll while claims wait. `types=None` means any
+        type. Under `limits` (with `types` then the wanted ones, every configured type when
+        any is), only work they allow counts: a waiting claim must not wake for jobs it may
+        not take."""
         if self.conn.execute(_expired_lease_probe, {"now": now_us}).first() is not None:
             return True
         if types is None:
             return self.conn.execute(_due_probe_any_type, {"now": now_us}).first() is not None
+        if limits is not None:
+            types = limits.allowed(types)
         for job_type in sorted(types):
-            full_keys = gate.full_keys(job_type) if gate is not None else []
+            full_keys = limits.full_keys(job_type) if limits is not None else []
             stmt, params = _due_probe_one_type, {"now": now_us, "type": job_type}
             if full_keys:
                 stmt, params = _due_probe_one_type_by_key, {**params, "full_keys": full_keys}
@@ -585,13 +608,14 @@ class JobRepository:
 
     def claim_next_jobs(self, *, now_us: int, worker: str, lease_expires_at: int, nonce: str,
                         limit: int, types: Collection[str] | None,
-                        gate: ClaimGate | None = None) -> list[Job]:
+                        limits: ClaimLimits | None = None) -> list[Job]:
         """Mark up to `limit` claimable jobs running for `worker`, returned in claim order.
 
-        `types=None` means any type. Under a `gate` that restricts this claim, `types` are
-        the types it lets through, and each type's candidates are chosen within the gate's
-        budget and key caps. Must run in a write transaction (BEGIN IMMEDIATE on SQLite),
-        which makes the read of the candidates and their update one step.
+        `types=None` means any type. Under flow control's `limits` (with `types` then the
+        wanted ones, every configured type when any is), each of the types they allow is
+        read within its budget, its full keys left out and no key taken beyond its cap.
+        Must run in a write transaction (BEGIN IMMEDIATE on SQLite), which makes the read of
+        the candidates and their update one step.
         """
         params: dict[str, Any] = {
             "now": now_us, "worker": worker, "lease_expires_at": lease_expires_at,
@@ -601,12 +625,14 @@ class JobRepository:
         if types is None:
             rows = _claim_any_type.rows(self.conn, params)
         else:
+            if limits is not None:
+                types = limits.allowed(types)
             # Each type's candidates through its own index, then the most urgent of all of
             # them: one query over several types would have to read every pending job of
             # those types to sort them.
             candidates = [
                 row for job_type in sorted(types)
-                for row in self._candidates_of(job_type, params, gate)
+                for row in self._candidates_of(job_type, params, limits)
             ]
             candidates.sort(key=claim_order_key)
             chosen = [row.id for row in candidates[:limit]]
@@ -631,22 +657,23 @@ class JobRepository:
         return [by_id[job.id] for job in claimed]
 
     def _candidates_of(self, job_type: str, params: dict[str, Any],
-                       gate: ClaimGate | None) -> list[Row[Any]]:
-        """One type's candidates in claim order, within the gate's budget and key caps."""
-        if gate is None:
+                       limits: ClaimLimits | None) -> list[Row[Any]]:
+        """One type's candidates in claim order: within its budget, as LIMIT; without its
+        full keys, as a condition; a key met more often than its cap allows passed over."""
+        if limits is None:
             return list(self.conn.execute(_candidates_one_type, {**params, "type": job_type}))
-        budget = gate.budget(job_type, params["limit"])
+        budget = limits.budget(job_type, params["limit"])
         if budget <= 0:
             return []
-        full_keys = gate.full_keys(job_type)
-        if job_type not in gate.key_caps:
+        full_keys = limits.full_keys(job_type)
+        if job_type not in limits.key_caps:
             return list(self.conn.execute(
                 _candidates_one_type, {**params, "type": job_type, "limit": budget}))
         fetch = budget
         while True:
             rows = list(self.conn.execute(_candidates_one_type_by_key, {
                 **params, "type": job_type, "limit": fetch, "full_keys": full_keys}))
-            chosen = gate.pick(job_type, rows, budget)
+            chosen = limits.pick(job_type, rows, budget)
             if len(chosen) >= budget or len(rows) < fetch or fetch >= MAX_GATED_CANDIDATES:
                 return chosen
             fetch = min(fetch * 4, MAX_GATED_CANDIDATES)

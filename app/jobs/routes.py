@@ -8,6 +8,8 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.core.callers import Role
 from app.core.errors import Forbidden, QueueError, ValidationFailed
+from app.jobs.claim import Claimed
+from app.jobs.enqueue import Enqueued
 from app.jobs.fastload import load_batch
 from app.jobs.schemas import (
     BatchEnqueueSchema,
@@ -30,7 +32,7 @@ from app.jobs.schemas import (
     render_job_page,
     represent,
 )
-from app.jobs.service import Claimed, Enqueued, JobService
+from app.jobs.service import JobService
 from app.jobs.uniqueness import Deduplicated
 from app.jobs.waiting import NOT_WAITED_RETRY_AFTER_SECONDS, WaitAnswer
 from app.web.auth import current_caller, require_roles

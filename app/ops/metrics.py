@@ -27,13 +27,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.callers import Role
-from app.core.clock import MICROS, Clock
 from app.core.errors import Forbidden
 from app.core.statuses import JobStatus
-from app.jobs.counts import BacklogCounts
-from app.jobs.repository import JobRepository
 from app.jobs.transitions import JOB_METRICS
-from app.storage.engine import Database
+from app.types.service import TypeService
 from app.web.auth import authenticate
 from app.web.openapi import Reply, documented
 from queuelog_gunicorn.multiprocess import COMPACTION_LOCK
@@ -169,21 +166,19 @@ class WorkerFilesCollector(Collector):
 
 
 class QueueGauges(Collector):
-    """Gauges read at scrape time: the running jobs live (one read of their partial index,
-    which also says whether the database answers), the rest from the backlog counts
-    (app/jobs/counts.py), at most QUEUELOG_TYPE_COUNTS_MAX_AGE_SECONDS old: counting a
-    million stored jobs on every scrape cost a second (issue 27).
+    """Gauges read at scrape time: the per-type counts GET /types shows (TypeService.stats:
+    the running jobs live, in one read of their partial index, which also says whether the
+    database answers; the rest from the backlog counts, at most
+    QUEUELOG_TYPE_COUNTS_MAX_AGE_SECONDS old: counting a million stored jobs on every scrape
+    cost a second, issue 27).
 
     A scrape that cannot reach the database still answers, with the counters and
     queuelog_database_up 0, so that the outage itself is visible on the dashboards.
     """
 
-    def __init__(self, db: Database, clock: Clock, job_types: Iterable[str],
-                 counts: BacklogCounts) -> None:
-        self.db = db
-        self.clock = clock
+    def __init__(self, types: TypeService, job_types: Iterable[str]) -> None:
+        self.types = types
         self.job_types = frozenset(job_types)
-        self.counts = counts
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families())
@@ -210,44 +205,26 @@ class QueueGauges(Collector):
 
     def collect(self) -> Iterable[Metric]:
         up, jobs, oldest_age, type_pending, type_running, type_oldest = self._families()
-        configured = sorted(self.job_types)
         try:
-            with self.db.read() as conn:
-                running = JobRepository(conn).count_running()
-            backlog = self.counts.get()
+            stats = self.types.stats()
         except SQLAlchemyError as exc:
             log.warning("metrics: the database did not answer: %s", type(exc).__name__)
             up.add_metric([], 0)
             return [up]
-        now = self.clock.now_us()
         up.add_metric([], 1)
-        running_of: dict[str, int] = {}
-        for (job_type, _key), n in running.items():
-            running_of[job_type] = running_of.get(job_type, 0) + n
-
-        def stored(status: JobStatus, job_type: str) -> int:
-            if status == JobStatus.PENDING:
-                return backlog.pending_of(job_type).pending
-            if status == JobStatus.RUNNING:
-                return running_of.get(job_type, 0)
-            return backlog.finished.get((job_type, status.value), 0)
-
         # Every status of every configured type is reported, zeros included: a series that
         # vanishes when its count reaches zero would leave alerts on it undefined.
-        types = sorted(self.job_types | backlog.types() | set(running_of))
         for status in JobStatus:
-            for job_type in types:
-                jobs.add_metric([status.value, job_type], stored(status, job_type))
-        oldest_run_at = backlog.oldest_due_run_at()
-        age = 0.0 if oldest_run_at is None else max(0.0, (now - oldest_run_at) / MICROS)
-        oldest_age.add_metric([], age)
-        for job_type in configured:
-            summary = backlog.pending_of(job_type)
-            type_pending.add_metric([job_type], summary.pending)
-            type_running.add_metric([job_type], running_of.get(job_type, 0))
-            oldest = summary.oldest_due_run_at
-            type_oldest.add_metric([job_type], 0.0 if oldest is None
-                                   else max(0.0, (now - oldest) / MICROS))
+            for job_type in sorted(self.job_types | stats.types()):
+                jobs.add_metric([status.value, job_type],
+                                stats.counts_of(job_type).of_status(status))
+        oldest_age.add_metric([], stats.oldest_claimable_age_seconds() or 0.0)
+        for job_type in sorted(self.job_types):
+            counts = stats.counts_of(job_type)
+            type_pending.add_metric([job_type], counts.pending)
+            type_running.add_metric([job_type], counts.running)
+            type_oldest.add_metric([job_type],
+                                   stats.oldest_claimable_age_seconds(job_type) or 0.0)
         return [up, jobs, oldest_age, type_pending, type_running, type_oldest]
 
 
@@ -279,6 +256,5 @@ scrape.allowed_roles = frozenset({Role.ADMIN})  # type: ignore[attr-defined]
 
 def init_metrics(app: Flask, metrics: QueueMetrics) -> None:
     services = app.extensions["queuelog"]
-    metrics.add_scrape_collector(
-        QueueGauges(services.db, services.clock, app.config["JOB_TYPES"], services.counts))
+    metrics.add_scrape_collector(QueueGauges(services.types, app.config["JOB_TYPES"]))
     app.register_blueprint(bp)

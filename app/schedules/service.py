@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from marshmallow import ValidationError
-from sqlalchemy import Connection
 
 from app.core.callers import Caller, Role
 from app.core.clock import MICROS, Clock, to_rfc3339
@@ -30,9 +29,10 @@ from app.core.errors import Conflict, NotFound, ValidationFailed
 from app.core.priorities import Priority
 from app.jobs.cursor import decode_name_cursor, encode_name_cursor
 from app.jobs.fastload import load_batch
-from app.jobs.intake import NewJob, new_job
-from app.jobs.service import Events, JobService
+from app.jobs.intake import IntakeRules, NewJob, new_job
+from app.jobs.service import JobService
 from app.jobs.uniqueness import Deduplicated
+from app.jobs.uow import JobsTx
 from app.schedules.cron import Cron, CronError, normalise_expression, parse_zone
 from app.schedules.models import Schedule, plan_firing, producer_of
 from app.schedules.repository import ScheduleRepository
@@ -89,12 +89,14 @@ class ScheduleSettings:
 
 
 class ScheduleService:
-    def __init__(self, db: Database, clock: Clock, jobs: JobService,
+    def __init__(self, db: Database, clock: Clock, jobs: JobService, intake: IntakeRules,
                  settings: ScheduleSettings | None = None,
                  on_fired: FiringSink | None = None) -> None:
         self.db = db
         self.clock = clock
         self.jobs = jobs
+        # The rules of POST /jobs, which a template's jobs pass as any other.
+        self.intake = intake
         self.settings = settings or ScheduleSettings()
         self.on_fired: FiringSink = on_fired or _IgnoreFirings()
         self._template = JobTemplateSchema()
@@ -215,12 +217,12 @@ class ScheduleService:
             if batch.taken < FIRE_BATCH:
                 return enqueued
 
-    def _fire_batch(self, conn: Connection, events: Events, *, now: int) -> _Batch:
+    def _fire_batch(self, tx: JobsTx, *, now: int) -> _Batch:
         """Take up to FIRE_BATCH due schedules on `conn` (locked: no other process fires them),
         enqueue their slots' jobs set-wise and move each on, in one transaction. What to tell
         once it commits goes in the returned _Batch (the writer may run this again after a
         rollback: it keeps no state of its own)."""
-        repo = ScheduleRepository(conn)
+        repo = ScheduleRepository(tx.conn)
         taken = repo.take_due(now, FIRE_BATCH, passing_over=self._unreadable)
         batch = _Batch(taken=len(taken))
         grace = round(self.settings.grace_seconds * MICROS)
@@ -247,7 +249,7 @@ class ScheduleService:
             caller = _caller_of(schedule.name)
             for position, slot in enumerate(firing.slots):
                 try:
-                    new = new_job(self.jobs.intake, caller, template, None, now)
+                    new = new_job(self.intake, caller, template, None, now)
                 except ValidationFailed as exc:
                     # The template passed when it was saved; the configuration changed since
                     # (a type no longer configured, a smaller payload limit).
@@ -258,7 +260,7 @@ class ScheduleService:
                 slots.append((schedule, slot, replace(new, values={
                     **new.values, "schedule": schedule.name, "scheduled_for": slot})))
         outcomes = self.jobs.enqueue_slots_in(
-            conn, events, [(new, schedule.actor) for schedule, _slot, new in slots])
+            tx, [(new, schedule.actor) for schedule, _slot, new in slots])
         for (schedule, slot, _new), outcome in zip(slots, outcomes, strict=True):
             if isinstance(outcome, Conflict):
                 # The template's unique key is held by a job of an earlier slot (reject, or
@@ -317,7 +319,7 @@ class ScheduleService:
         stored = template_json(template)
         caller = _caller_of(name)
         try:
-            new_job(self.jobs.intake, caller, template, None, now)
+            new_job(self.intake, caller, template, None, now)
         except ValidationFailed as exc:
             raise ValidationFailed(
                 exc.detail, errors={f"job.{field}": messages

@@ -1,22 +1,17 @@
-"""A job type's settings and the flow-control rules a claim applies, free of HTTP and SQL.
-
-A claim of limited types reads the settings and the running counts in its own transaction,
-and `ClaimGate.for_claim` turns them into what the claim may take: the types it must pass
-over, how many jobs of each limited type it may start, and which concurrency keys are full.
-On SQLite, BEGIN IMMEDIATE makes that read final; on PostgreSQL the claim is checked again
-(`ClaimGate.admits`) under the claimed types' row locks before it commits (app/types/service.py).
-"""
+"""A job type's settings and the arithmetic of its limits (the token bucket, how near its caps
+it runs), free of HTTP and SQL. What a claim may take under them is app/types/flow.py's."""
 
 from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core.clock import MICROS
 from app.core.origins import push_origin
+from app.jobs.flow import RunningCounts, running_by_type
 
 # A delivery's lease outlasts its timeout by this much: time to record the outcome.
 PUSH_LEASE_MARGIN_SECONDS = 30
@@ -77,8 +72,8 @@ class TypeSettings:
 
     def far_from_caps(self, running: RunningCounts, share: float) -> bool:
         """What runs of this type, and of each of its keys, is at most `share` of its cap."""
-        if self.max_running is not None and sum(
-                n for (t, _key), n in running.items() if t == self.type) > share * self.max_running:
+        if (self.max_running is not None
+                and running_by_type(running).get(self.type, 0) > share * self.max_running):
             return False
         return self.max_running_per_key is None or all(
             n <= share * self.max_running_per_key
@@ -171,148 +166,3 @@ class SkipReason:
     MAX_RUNNING = "max_running"
     RATE = "rate"
     KEY_MAX_RUNNING = "max_running_per_key"
-    # Not a limit: a push type is left to the dispatcher, and a worker's claim passing it
-    # over is not counted as a skip.
-    PUSH = "push"
-
-
-# (type, concurrency_key or None) -> jobs running
-RunningCounts = Mapping[tuple[str, str | None], int]
-
-
-@dataclass(frozen=True)
-class ClaimGate:
-    """What one claim may take under flow control.
-
-    `blocked` types are left out of the claim altogether (so their backlog costs it nothing);
-    each type in `budgets` may start at most that many jobs; in each type of `key_caps`, a
-    concurrency key may run at most its cap, and `key_running` holds what runs now.
-    """
-
-    blocked: Mapping[str, str] = field(default_factory=dict)
-    budgets: Mapping[str, int] = field(default_factory=dict)
-    key_caps: Mapping[str, int] = field(default_factory=dict)
-    key_running: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    tokens: Mapping[str, float] = field(default_factory=dict)  # rated types' buckets, now
-    # When each bucket was last filled: never earlier than a claim before this one had it
-    # (a claim that read the clock, then waited for the row's lock, must not be credited
-    # again with time its predecessor was already credited with).
-    bucket_at: Mapping[str, int] = field(default_factory=dict)
-    # The dispatcher's claim: only these types (the push types) may be taken. None: a
-    # worker's claim, which never takes a push type (they are in `blocked`).
-    only: frozenset[str] | None = None
-
-    @classmethod
-    def for_claim(cls, settings: Iterable[TypeSettings], running: RunningCounts,
-                  now_us: int, *, push: bool = False) -> ClaimGate:
-        """The gate of a worker's claim, or of the dispatcher's (`push`): each takes only
-        its own kind of type, under the same limits. This is the one place that decides
-        who claims a push type."""
-        settings = list(settings)
-        pushed = frozenset(s.type for s in settings if s.is_push)
-        blocked: dict[str, str] = {}
-        budgets: dict[str, int] = {}
-        key_caps: dict[str, int] = {}
-        key_running: dict[str, dict[str, int]] = {}
-        tokens_now: dict[str, float] = {}
-        bucket_at: dict[str, int] = {}
-        for s in settings:
-            if s.is_push != push:
-                if s.is_push:
-                    blocked[s.type] = SkipReason.PUSH
-                continue
-            if s.paused:
-                blocked[s.type] = SkipReason.PAUSED
-                continue
-            budget = math.inf
-            reason = ""
-            if s.max_running is not None:
-                total = sum(n for (t, _key), n in running.items() if t == s.type)
-                budget = max(0, s.max_running - total)
-                reason = SkipReason.MAX_RUNNING
-            if s.rate_per_second is not None:
-                tokens_now[s.type] = s.tokens_available(now_us)
-                bucket_at[s.type] = max(now_us, s.tokens_at or now_us)
-                tokens = whole_tokens(tokens_now[s.type])
-                if tokens < budget:
-                    budget, reason = max(0, tokens), SkipReason.RATE
-            if budget <= 0:
-                blocked[s.type] = reason
-                continue
-            if budget != math.inf:
-                budgets[s.type] = int(budget)
-            if s.max_running_per_key is not None:
-                key_caps[s.type] = s.max_running_per_key
-                key_running[s.type] = {key: n for (t, key), n in running.items()
-                                       if t == s.type and key is not None}
-        return cls(blocked, budgets, key_caps, key_running, tokens_now, bucket_at,
-                   only=pushed if push else None)
-
-    def allowed(self, wanted: frozenset[str]) -> frozenset[str]:
-        """Of the `wanted` types, those this claim may read: not blocked, and push types
-        alone for the dispatcher's claim."""
-        if self.only is not None:
-            wanted = wanted & self.only
-        return wanted - frozenset(self.blocked)
-
-    def full_keys(self, job_type: str) -> list[str]:
-        """The concurrency keys of `job_type` at their cap now."""
-        cap = self.key_caps.get(job_type)
-        if cap is None:
-            return []
-        return sorted(key for key, n in self.key_running.get(job_type, {}).items() if n >= cap)
-
-    def restricts(self, limit: int) -> bool:
-        """False when a claim of up to `limit` jobs in plain claim order cannot break any
-        limit: nothing blocked, every budget at least `limit`, and no key at its cap (nor,
-        for a claim of several, any key cap, since one claim may meet a key twice). The
-        claim then runs as it would without flow control, which keeps limits that are not
-        reached cheap. The dispatcher's claim is always restricted: to the push types."""
-        if (self.only is not None or self.blocked
-                or any(budget < limit for budget in self.budgets.values())):
-            return True
-        if limit > 1:
-            return bool(self.key_caps)
-        return any(self.full_keys(job_type) for job_type in self.key_caps)
-
-    def pick(self, job_type: str, candidates: Iterable[Any], limit: int) -> list[Any]:
-        """The candidates of one type (rows with `concurrency_key`, in claim order) that the
-        claim may take: at most its budget, and no key beyond its cap."""
-        budget = min(limit, self.budgets.get(job_type, limit))
-        cap = self.key_caps.get(job_type)
-        running = dict(self.key_running.get(job_type, {}))
-        chosen: list[Any] = []
-        for row in candidates:
-            if len(chosen) >= budget:
-                break
-            key = row.concurrency_key if cap is not None else None
-            if cap is not None and key is not None:
-                if running.get(key, 0) >= cap:
-                    continue
-                running[key] = running.get(key, 0) + 1
-            chosen.append(row)
-        return chosen
-
-    def admits(self, claimed: Iterable[Any]) -> bool:
-        """True when these claimed jobs (rows with `type` and `concurrency_key`, in claim
-        order) fit the gate: none of a blocked type, and each type's within its budget and
-        its key caps."""
-        by_type: dict[str, list[Any]] = {}
-        for job in claimed:
-            by_type.setdefault(job.type, []).append(job)
-        return all(job_type not in self.blocked
-                   and len(self.pick(job_type, of_type, len(of_type))) == len(of_type)
-                   for job_type, of_type in by_type.items())
-
-    def budget(self, job_type: str, limit: int) -> int:
-        return min(limit, self.budgets.get(job_type, limit))
-
-    def buckets_after(self, claimed_types: Iterable[str]) -> dict[str, tuple[float, int]]:
-        """(tokens, as of when) of each rated type's bucket once the claimed jobs (one type
-        per job) are paid for; only the types that claimed something."""
-        spent: dict[str, int] = {}
-        for job_type in claimed_types:
-            if job_type in self.tokens:
-                spent[job_type] = spent.get(job_type, 0) + 1
-        return {t: (max(0.0, self.tokens[t] - n), self.bucket_at[t]) for t, n in spent.items()}
-

@@ -1,11 +1,9 @@
-"""Job types as resources: their settings and counts (GET/PATCH /types), and the flow control
-every claim asks, inside its own transaction, which types and keys may run now."""
+"""Job types as resources: their settings and counts (GET/PATCH /types, and the per-type gauges
+of /metrics). The flow control every claim asks is app/types/flow.py."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,190 +12,17 @@ from sqlalchemy import Connection
 from app.core.clock import MICROS, Clock
 from app.core.errors import NotFound, ValidationFailed
 from app.core.statuses import JobStatus
-from app.jobs.counts import BacklogCounts
-from app.jobs.models import Job
+from app.jobs.counts import BacklogCounts, BacklogSnapshot
+from app.jobs.flow import running_by_type
 from app.jobs.repository import JobRepository
 from app.storage.engine import Database
 from app.types.models import (
-    ClaimGate,
-    RunningCounts,
-    SkipReason,
     TypeSettings,
     defaults,
     new_push_secret,
     push_origin_refusal,
 )
 from app.types.repository import TypeRepository
-
-# Told of each claim that passed over due work of a type (or of a key) held back by its
-# limit: (type, reason). Metrics count them.
-SkipSink = Callable[[str, str], None]
-
-
-def _ignore_skip(_type: str, _reason: str) -> None:
-    pass
-
-
-class LimitReached(Exception):
-    """A claim made on a gate read without locks no longer fits the limits under the locks:
-    its transaction is rolled back and the claim made again on a locked gate."""
-
-
-# A cap that the last check of a claim in this process found at most this share used, no more
-# than this long ago, lets the next claims of the type choose their jobs without counting
-# what runs (their check under the lock counts). Nearer its cap, every claim counts first, so
-# that it chooses the jobs that fit rather than be rolled back and made again.
-FAR_SHARE = 0.5
-FAR_FOR_SECONDS = 1.0
-
-# last_claim_at is written at most this often per type and process: a write per claim would
-# make every claim of a type queue on its one row, which is what flow control must not cost.
-LAST_CLAIM_RESOLUTION_US = MICROS
-
-
-class FlowControl:
-    """The claim's questions to flow control; each runs on the claim's own connection."""
-
-    def __init__(self, db: Database, clock: Clock, job_types: frozenset[str],
-                 on_skip: SkipSink = _ignore_skip) -> None:
-        self.db = db
-        self.clock = clock
-        self.job_types = job_types
-        self.on_skip = on_skip
-        self._last_noted: dict[str, int] = {}
-        self._noted_lock = threading.Lock()
-        # type -> until when (time.monotonic) its caps count as far from reached.
-        self._far_until: dict[str, float] = {}
-        self._far_lock = threading.Lock()
-
-    def gate(self, conn: Connection, wanted: frozenset[str] | None, now_us: int, *,
-             lock: bool = False, push: bool = False) -> ClaimGate | None:
-        """The gate of a claim of `wanted` types (None: any), or None when no limit concerns
-        it, which leaves the claim exactly as it is without flow control. The dispatcher's
-        claim (`push`) always has one: it takes push types alone.
-
-        With `lock` on PostgreSQL, the rows of the types with a cap or a rate are locked as
-        they are read, in type order, and the running jobs are counted in a statement after
-        the lock (so with a snapshot that sees the claim before it committed): the gate is
-        final, as every gate is on SQLite, where BEGIN IMMEDIATE makes claims take turns.
-        Without it on PostgreSQL, the gate is a guess that `settle` checks under the locks,
-        and the running jobs are not even counted while this process's last checks found
-        every cap concerned far from reached.
-        """
-        types = TypeRepository(conn)
-        final = lock or conn.dialect.name != "postgresql"
-        if lock and conn.dialect.name == "postgresql":
-            relevant = types.lock_limited_settings(wanted)
-        else:
-            relevant = [s for s in types.limited_settings()
-                        if wanted is None or s.type in wanted]
-        if push:
-            relevant = [s for s in relevant if s.is_push]
-        if not relevant and not push:
-            return None
-        capped = [s.type for s in relevant
-                  if s.max_running is not None or s.max_running_per_key is not None]
-        count = capped and (final or not self._all_far(capped))
-        running = JobRepository(conn).count_running() if count else {}
-        return ClaimGate.for_claim(relevant, running, now_us, push=push)
-
-    def allowed_types(self, gate: ClaimGate, wanted: frozenset[str] | None) -> frozenset[str]:
-        """The types a gated claim reads: the wanted ones (any configured type when None)
-        but the blocked."""
-        return gate.allowed(self.job_types if wanted is None else wanted)
-
-    def settle(self, conn: Connection, gate: ClaimGate, claimed: list[Job], now_us: int, *,
-               check: bool) -> bool:
-        """Take the claimed jobs' tokens from their types' buckets, in the claim's
-        transaction.
-
-        With `check` on PostgreSQL (the gate was read without locks), the claimed types'
-        rows are locked first, in type order, and the claim is checked against the settings,
-        running counts and buckets as they are now; LimitReached when it no longer fits.
-        The locks are taken this late so that concurrent claims of a type take turns only
-        from here to their commit (two statements and the commit), not for their whole
-        transaction. True when it locked rows, for which it may have waited: the claim holds
-        what it needs from then on.
-        """
-        if not (check and claimed and conn.dialect.name == "postgresql"):
-            TypeRepository(conn).save_buckets(gate.buckets_after(job.type for job in claimed))
-            return False
-        types = TypeRepository(conn)
-        fresh = types.lock_limited_settings({job.type for job in claimed})
-        if not fresh:
-            return False
-        # The bucket does not depend on what runs, so its write rides on the count's
-        # statement; a claim found not to fit rolls it back with the rest.
-        push = gate.only is not None  # the dispatcher's claim judges push types alone
-        buckets = ClaimGate.for_claim(fresh, {}, now_us, push=push).buckets_after(
-            job.type for job in claimed)
-        capped = [s for s in fresh
-                  if s.max_running is not None or s.max_running_per_key is not None]
-        running: dict[tuple[str, str | None], int] = {}
-        if capped:
-            # Counted in a statement after the locks: it sees every claim of these types
-            # that took the locks before this one (they hold them to their commit), and
-            # this one's own jobs, which are taken out to ask whether they fit beside the
-            # others.
-            spend = None
-            if len(buckets) == 1:
-                ((job_type, (tokens, at)),) = buckets.items()
-                spend = types.spend_bucket(job_type, tokens, at)
-            elif buckets:  # a claim of several rated types: each bucket on its own
-                types.save_buckets(buckets)
-            running = JobRepository(conn).count_running(along_with=spend)
-            self._note_room(capped, running)
-            for job in claimed:
-                running[job.type, job.concurrency_key] -= 1
-        elif buckets:
-            types.save_buckets(buckets)
-        if not ClaimGate.for_claim(fresh, running, now_us, push=push).admits(claimed):
-            raise LimitReached
-        return True
-
-    def _all_far(self, job_types: list[str]) -> bool:
-        now = time.monotonic()
-        with self._far_lock:
-            return all(self._far_until.get(job_type, 0.0) > now for job_type in job_types)
-
-    def _note_room(self, capped: list[TypeSettings], running: RunningCounts) -> None:
-        until = time.monotonic() + FAR_FOR_SECONDS
-        with self._far_lock:
-            for s in capped:
-                if s.far_from_caps(running, FAR_SHARE):
-                    self._far_until[s.type] = until
-                else:
-                    self._far_until.pop(s.type, None)
-
-    def skips(self, conn: Connection, gate: ClaimGate, now_us: int) -> list[tuple[str, str]]:
-        """The (type, reason) a claim under `gate` passes over: only a limit that held back
-        due work counts (a paused type with nothing pending skips nothing). Told to on_skip
-        by `report_skips` once the claim committed."""
-        jobs = JobRepository(conn)
-        found = [(job_type, reason) for job_type, reason in sorted(gate.blocked.items())
-                 if reason != SkipReason.PUSH and jobs.has_due_work_of(job_type, now_us)]
-        for job_type in sorted(gate.key_caps):
-            full = gate.full_keys(job_type)
-            if full and jobs.has_due_work_of(job_type, now_us, full):
-                found.append((job_type, SkipReason.KEY_MAX_RUNNING))
-        return found
-
-    def report_skips(self, skips: list[tuple[str, str]]) -> None:
-        for job_type, reason in skips:
-            self.on_skip(job_type, reason)
-
-    def note_claimed(self, claimed: list[Job]) -> None:
-        """Record when each type was last claimed; at most once a second per type and
-        process, in a short transaction of its own after the claim committed."""
-        now = self.clock.now_us()
-        with self._noted_lock:
-            due = {job.type for job in claimed
-                   if now - self._last_noted.get(job.type, -LAST_CLAIM_RESOLUTION_US)
-                   >= LAST_CLAIM_RESOLUTION_US}
-            for job_type in due:
-                self._last_noted[job_type] = now
-        if due:
-            self.db.run_write(lambda conn: TypeRepository(conn).note_last_claim(due, now))
 
 
 def push_columns(current: TypeSettings, push: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -220,6 +45,47 @@ class TypeCounts:
     completed: int
     failed: int
     cancelled: int
+
+    def of_status(self, status: JobStatus) -> int:
+        """The jobs stored in `status` (pending ones include the scheduled)."""
+        count: int = getattr(self, status.value)
+        return count
+
+
+def _age_seconds(now_us: int, run_at: int | None) -> float | None:
+    return None if run_at is None else max(0.0, (now_us - run_at) / MICROS)
+
+
+@dataclass(frozen=True)
+class TypeStats:
+    """Every type's counts at one moment: what GET /types and the gauges of /metrics show.
+    Pending, scheduled and finished counts come from the backlog cache (app/jobs/counts.py):
+    they grow with what is stored. The running ones, bounded by the workers, are live."""
+
+    now_us: int
+    backlog: BacklogSnapshot
+    running: Mapping[str, int]
+
+    def types(self) -> set[str]:
+        """Every type with a job stored, configured or not."""
+        return self.backlog.types() | set(self.running)
+
+    def counts_of(self, job_type: str) -> TypeCounts:
+        summary = self.backlog.pending_of(job_type)
+        finished = self.backlog.finished
+        return TypeCounts(
+            pending=summary.pending, scheduled=summary.scheduled,
+            running=self.running.get(job_type, 0),
+            completed=finished.get((job_type, JobStatus.COMPLETED.value), 0),
+            failed=finished.get((job_type, JobStatus.FAILED.value), 0),
+            cancelled=finished.get((job_type, JobStatus.CANCELLED.value), 0))
+
+    def oldest_claimable_age_seconds(self, job_type: str | None = None) -> float | None:
+        """How long the oldest claimable job (of `job_type`; None: of any) has been
+        claimable; None when none is."""
+        oldest = (self.backlog.oldest_due_run_at() if job_type is None
+                  else self.backlog.pending_of(job_type).oldest_due_run_at)
+        return _age_seconds(self.now_us, oldest)
 
 
 @dataclass(frozen=True)
@@ -288,24 +154,20 @@ class TypeService:
         if job_type not in self.job_types:
             raise NotFound("No such job type: it is not in QUEUELOG_JOB_TYPES.")
 
-    def _views(self, names: list[str]) -> list[TypeView]:
-        # Pending, scheduled and finished counts from the backlog cache (app/jobs/counts.py):
-        # they grow with what is stored. The running ones, bounded by the workers, live.
+    def stats(self) -> TypeStats:
+        """Every type's counts now (see TypeStats)."""
         backlog = self.counts.get()
         with self.db.read() as conn:
-            now = self.clock.now_us()
+            return self._stats_in(conn, backlog)
+
+    def _stats_in(self, conn: Connection, backlog: BacklogSnapshot) -> TypeStats:
+        now = self.clock.now_us()
+        return TypeStats(now, backlog, running_by_type(JobRepository(conn).count_running()))
+
+    def _views(self, names: list[str]) -> list[TypeView]:
+        backlog = self.counts.get()
+        with self.db.read() as conn:
+            stats = self._stats_in(conn, backlog)
             stored = TypeRepository(conn).settings_of(names)
-            running = JobRepository(conn).count_running()
-        views = []
-        for name in names:
-            summary = backlog.pending_of(name)
-            counts = TypeCounts(
-                pending=summary.pending, scheduled=summary.scheduled,
-                running=sum(n for (t, _key), n in running.items() if t == name),
-                completed=backlog.finished.get((name, JobStatus.COMPLETED.value), 0),
-                failed=backlog.finished.get((name, JobStatus.FAILED.value), 0),
-                cancelled=backlog.finished.get((name, JobStatus.CANCELLED.value), 0))
-            oldest = summary.oldest_due_run_at
-            age = None if oldest is None else max(0.0, (now - oldest) / MICROS)
-            views.append(TypeView(stored.get(name, defaults(name)), counts, age))
-        return views
+        return [TypeView(stored.get(name, defaults(name)), stats.counts_of(name),
+                         stats.oldest_claimable_age_seconds(name)) for name in names]

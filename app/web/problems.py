@@ -27,11 +27,15 @@ from app.core.errors import (
     CountingReadsBusy,
     DatabaseUnavailable,
     Forbidden,
+    IdempotencyKeyTaken,
     NotFound,
     QueueError,
     ServiceUnavailable,
+    SlotTaken,
     Unauthorized,
     UniqueConflict,
+    UniqueIndexRefused,
+    UniqueScopeHeld,
     ValidationFailed,
 )
 
@@ -88,6 +92,12 @@ PROBLEM_TYPES: dict[type[Exception], ProblemType] = {
     ValidationFailed: ProblemType(422, "Validation failed", "validation-failed"),
     RequestHeaderFieldsTooLarge: ProblemType(431, "Request header fields too large",
                                              "request-header-fields-too-large"),
+    # The use cases catch these (a write a unique index refused): one that reached the
+    # handler would be a bug of ours, answered as any other.
+    UniqueIndexRefused: _INTERNAL,
+    IdempotencyKeyTaken: _INTERNAL,
+    UniqueScopeHeld: _INTERNAL,
+    SlotTaken: _INTERNAL,
     # A domain error no entry names more closely is a bug of ours, as any other exception.
     Exception: _INTERNAL,
     QueueError: _INTERNAL,

@@ -11,17 +11,17 @@ from app.storage.schema import jobs as jobs_table
 
 def test_events_are_told_after_their_transaction_commits_and_once(app, api, producer, worker,
                                                                    clock):
-    service = app.extensions["queuelog"].jobs
+    services = app.extensions["queuelog"]
     told: list[tuple[str, int, Any]] = []
 
     def rows() -> Any:
         # A connection of its own: it sees committed rows only.
-        with service.db.read() as conn:
+        with services.db.read() as conn:
             return conn.execute(select(jobs_table.c.id, jobs_table.c.status,
                                        jobs_table.c.retry_count, jobs_table.c.lease_token)
                                 .order_by(jobs_table.c.id)).all()
 
-    service.on_event = lambda name, count: told.append((name, count, rows()))
+    services.jobs.uow.on_event = lambda name, count: told.append((name, count, rows()))
 
     first = api.enqueue(producer, max_retries=1).json["id"]
     lease = api.claim(worker, lease_seconds=1).json["lease_token"]

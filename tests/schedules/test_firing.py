@@ -7,11 +7,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 from flask import Flask
 
 from app import create_app
 from app.core.callers import Caller, Role
 from app.core.clock import ManualClock
+from app.core.errors import SlotTaken
 from app.core.priorities import Priority
 from app.jobs.intake import new_job
 from app.jobs.repository import JobRepository
@@ -211,14 +213,14 @@ def test_the_database_holds_one_job_per_schedule_and_slot(app: Flask) -> None:
     caller = Caller(name="schedule:nightly", role=Role.ADMIN, max_priority=Priority.CRITICAL,
                     allowed_types=None)
     body = {"type": "email", "payload": {}, "max_retries": 3}
-    values = {**new_job(services.jobs.intake, caller, body, None, 1).values,
+    values = {**new_job(services.schedules.intake, caller, body, None, 1).values,
               "schedule": "nightly", "scheduled_for": 1_000_000}
     with services.db.write() as conn:
         first = JobRepository(conn).insert_job(values)
-        second = JobRepository(conn).insert_job({**values, "created_at": 2})
+        with pytest.raises(SlotTaken):
+            JobRepository(conn).insert_job({**values, "created_at": 2})
         other_slot = JobRepository(conn).insert_job({**values, "scheduled_for": 2_000_000})
-    assert first is not None and other_slot is not None
-    assert second is None
+    assert first.scheduled_for == 1_000_000 and other_slot.scheduled_for == 2_000_000
 
 
 def test_a_slot_whose_job_type_is_no_longer_configured_is_skipped_and_said(

@@ -1,5 +1,5 @@
 """On PostgreSQL a limited claim chooses its jobs on a gate read without locks and is checked
-under the claimed types' row locks just before it commits (app/types/service.py). These tests
+under the claimed types' row locks just before it commits (app/types/flow.py). These tests
 hold another claim's transaction open at the moment between the two, so the check is what
 keeps the limit."""
 

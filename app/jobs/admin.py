@@ -1,0 +1,150 @@
+"""An admin's transitions: cancel and retry one job, or every job filters name (bulk, a
+batch per transaction)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from app.core.callers import Caller
+from app.core.clock import Clock
+from app.core.errors import Conflict, NotFound, UniqueConflict, UniqueScopeHeld
+from app.jobs.models import Job
+from app.jobs.repository import JobRepository
+from app.jobs.transitions import Transition
+from app.jobs.uow import JobsTx, JobsUnitOfWork
+
+
+class Administration:
+    """`bulk_batch_size`: the jobs one transaction of a bulk retry or cancel takes at most
+    (QUEUELOG_BULK_BATCH_SIZE)."""
+
+    def __init__(self, uow: JobsUnitOfWork, clock: Clock, bulk_batch_size: int) -> None:
+        self.uow = uow
+        self.clock = clock
+        self.bulk_batch_size = bulk_batch_size
+
+    def cancel(self, caller: Caller, job_id: int) -> Job:
+        """pending → cancelled."""
+        return self._admin_transition(caller, job_id, Transition.CANCEL)
+
+    def retry(self, caller: Caller, job_id: int) -> Job:
+        """failed | cancelled → pending, with a fresh retry budget, claimable at once."""
+        return self._admin_transition(caller, job_id, Transition.RETRY)
+
+    def retry_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
+        """Every failed or cancelled job the filters name (up to their limit) → pending with
+        a fresh retry budget, in batches (see _bulk_transition); the others are skipped."""
+        return self._bulk_transition(caller, Transition.RETRY, filters)
+
+    def cancel_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
+        """Every pending job the filters name (up to their limit) → cancelled, in batches (see
+        _bulk_transition); the others are skipped."""
+        return self._bulk_transition(caller, Transition.CANCEL, filters)
+
+    def _bulk_transition(self, caller: Caller, transition: Transition,
+                         filters: dict[str, Any]) -> list[Job]:
+        """The jobs the filters name, lowest id first, up to their limit, taken a batch
+        (QUEUELOG_BULK_BATCH_SIZE) at a time, each batch in a write transaction of its own:
+        the database's write lock (SQLite's) is held for one batch at most, and every other
+        writer goes on between batches. Only jobs that existed when the action began are
+        taken. Returns the jobs changed, by id."""
+        statuses = list(transition.from_statuses)
+        if filters.get("status") is not None:
+            statuses = [status for status in statuses if status == filters["status"]]
+        if not statuses:
+            return []
+        batch_size = self.bulk_batch_size
+        # Named ids are looked at a batch of them at a time, not all of them by every batch.
+        named = None if filters.get("ids") is None else sorted(set(filters["ids"]))
+        up_to_id = self.uow.read(lambda tx: tx.jobs.highest_job_id())
+
+        def transition_in(tx: JobsTx, ids: list[int] | None,
+                          after_id: int, limit: int) -> tuple[list[int], list[Job]]:
+            repo = tx.jobs_for(caller)
+            now = self.clock.now_us()
+            chosen = repo.find_ids_for_bulk(
+                statuses=statuses, limit=limit, job_type=filters.get("type"),
+                created_before=filters.get("created_before"),
+                created_after=filters.get("created_after"), ids=ids, after_id=after_id,
+                up_to_id=up_to_id)
+            moved = self._apply_many_holding_keys(repo, transition, chosen,
+                                                  transition.values(now_us=now))
+            tx.made(transition, moved, actor=caller.name, now_us=now)
+            return chosen, moved
+
+        changed: list[Job] = []
+        left, after_id, position = filters["limit"], 0, 0
+        while left > 0:
+            ids = None
+            if named is not None:
+                ids, position = named[position:position + batch_size], position + batch_size
+                if not ids:
+                    break
+            limit = min(left, batch_size)
+            chosen, moved = self.uow.run(functools.partial(
+                transition_in, ids=ids, after_id=after_id, limit=limit))
+            changed.extend(moved)
+            left -= len(chosen)
+            if ids is None and len(chosen) < limit:
+                break  # no job left that the filters name
+            after_id = chosen[-1] if ids is None else ids[-1]
+        return changed
+
+    @staticmethod
+    def _apply_many_holding_keys(repo: JobRepository, transition: Transition,
+                                 job_ids: list[int], values: dict[str, Any]) -> list[Job]:
+        """A bulk transition; a job it would bring back into a unique key that a twin holds
+        (a retry) is skipped, as jobs in other statuses are: one statement, which leaves out
+        those jobs itself. On PostgreSQL a twin enqueued while it runs (committed after its
+        snapshot) can still meet the index: then job by job, each in its own savepoint, as
+        the batch is bounded."""
+        try:
+            with repo.savepoint():
+                return repo.apply_transition_to_many(transition, job_ids, values)
+        except UniqueScopeHeld:
+            pass
+        changed: list[Job] = []
+        for job_id in job_ids:
+            try:
+                with repo.savepoint():
+                    changed.extend(repo.apply_transition_to_many(transition, [job_id], values))
+            except UniqueScopeHeld:
+                pass
+        return changed
+
+    def _admin_transition(self, caller: Caller, job_id: int, transition: Transition) -> Job:
+
+        def transition_in(tx: JobsTx) -> Job:
+            repo = tx.jobs_for(caller)
+            now = self.clock.now_us()
+            job = self._transition_holding_keys(repo, job_id, transition,
+                                                transition.values(now_us=now))
+            if job is None:
+                current = repo.get_job(job_id)
+                if current is None:
+                    raise NotFound("No such job.")
+                allowed = " or ".join(transition.from_statuses)
+                raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
+            tx.made(transition, [job], actor=caller.name, now_us=now)
+            return job
+
+        return self.uow.run(transition_in)
+
+    @staticmethod
+    def _transition_holding_keys(repo: JobRepository, job_id: int, transition: Transition,
+                                 values: dict[str, Any]) -> Job | None:
+        """An admin's transition; a retry that would bring a job back into its while set
+        while a twin holds its unique key is refused (409 naming the twin)."""
+        if transition is not Transition.RETRY:
+            return repo.apply_transition(transition, job_id, values)
+        try:
+            with repo.savepoint():
+                return repo.apply_transition(transition, job_id, values)
+        except UniqueScopeHeld:
+            pass
+        job = repo.get_job(job_id)
+        twin = None if job is None else repo.find_unique_holder(job.producer,
+                                                                 job.unique_scope or "")
+        raise UniqueConflict("Another job holds this job's unique key; retry it once that "
+                             "job has left its while statuses.", None if twin is None else twin.id)

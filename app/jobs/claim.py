@@ -1,0 +1,217 @@
+"""The claim: a worker (or the dispatcher) takes the most urgent jobs it may run, under a lease.
+
+One claim reads top to bottom, in one write transaction (`_claim_in`):
+
+1. rescue the expired leases, so a job whose worker died is claimable by this very claim;
+2. ask the flow-control policy (app/jobs/flow.py) what may run now: ClaimLimits, or None
+   when no limit concerns the claim;
+3. claim with the conditions the repository makes of those limits;
+4. settle: pay the rate tokens and, where writers run concurrently, check the claim under
+   its types' row locks (LimitReached), restamping its jobs if it waited for a lock;
+5. record: the history of the transition, the claimed event, the worker seen.
+
+A claim that met LimitReached is made once more on limits read under the locks, which
+cannot miss. What only metrics need (the skips, last_claim_at) is the policy's, after the
+commit. A claim with nothing due may wait for work: no connection is held while it waits,
+and it peeks (`_may_claim_now`) every POLL_SECONDS for the other processes' work.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from app.core.callers import Caller
+from app.core.clock import MICROS, Clock
+from app.jobs.attempts import end_attempt
+from app.jobs.flow import ClaimLimits, FlowPolicy, LimitReached
+from app.jobs.intake import require_configured_types
+from app.jobs.models import Job
+from app.jobs.settings import QueueSettings
+from app.jobs.timeline.models import SERVICE_ACTOR
+from app.jobs.transitions import Transition
+from app.jobs.uow import JobsTx, JobsUnitOfWork
+from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
+
+# Expired leases rescued by one claim at most, so one claim's transaction stays short.
+RESCUE_BATCH = 100
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A job this claim took, and the lease token the worker's reports on it carry."""
+
+    job: Job
+    lease_token: str
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """One claim's request, the same for each of its attempts."""
+
+    caller: Caller
+    wanted: frozenset[str] | None  # None: any type
+    limit: int
+    lease_us: int
+    push: bool
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """What one committed attempt took, and what the policy told it."""
+
+    jobs: list[Job]
+    limits: ClaimLimits | None
+    now_us: int
+
+
+class ClaimService:
+    """The claim use cases: claim, await_claim (JobService composes them)."""
+
+    def __init__(self, uow: JobsUnitOfWork, clock: Clock, settings: QueueSettings,
+                 signal: JobSignal, flow: FlowPolicy | None = None) -> None:
+        self.uow = uow
+        self.clock = clock
+        self.settings = settings
+        # Told when this process enqueued (JobService): waiting claims look again.
+        self.signal = signal
+        # None: no flow control at all (services built without the type settings).
+        self.flow = flow
+        self._waits = WaitingBudget(settings.max_waiting_claims)
+
+    def claim(self, caller: Caller, *, types: Iterable[str] | None = None,
+              lease_seconds: int | None = None, limit: int = 1,
+              push: bool = False) -> list[Claimed]:
+        """Claim up to `limit` jobs for the caller, most urgent first; [] when none is due.
+        A worker's claim takes pulled types alone; the dispatcher's (`push`) push types
+        alone (flow control's limits decide), under the same limits."""
+        return self.await_claim(caller, types=types, lease_seconds=lease_seconds,
+                                limit=limit, push=push).value
+
+    def await_claim(self, caller: Caller, *, types: Iterable[str] | None = None,
+                    lease_seconds: int | None = None, limit: int = 1,
+                    wait_seconds: float = 0, push: bool = False) -> WaitAnswer[list[Claimed]]:
+        """As claim, waiting up to `wait_seconds` for a job when none is due now (no
+        connection is held while waiting). Past the process's budget of waiting claims it
+        answers at once, marked `not_waited`."""
+        if types is not None:
+            # Checked before anything else: a misspelt type would otherwise find nothing
+            # forever, and a waiting claim only ever probes configured types.
+            types = list(types)
+            require_configured_types(self.settings.job_types, types, "types")
+        wanted = claimable_types(caller, types)
+        if wanted is not None and not wanted:
+            # Nothing this key may ever take here: waiting would not change that.
+            return WaitAnswer([])
+        ask = _Ask(caller, wanted, limit,
+                   (lease_seconds or self.settings.lease_seconds) * MICROS, push)
+        seen = self.signal.generation
+        claimed = self._claim_now(ask)
+        if claimed or wait_seconds <= 0:
+            return WaitAnswer(claimed)
+        with self._waits.slot() as granted:
+            deadline = time.monotonic() + wait_seconds
+            while granted and not claimed and self._wait_for_work(ask, seen, deadline):
+                seen = self.signal.generation
+                claimed = self._claim_now(ask)
+        return WaitAnswer(claimed, not_waited=not granted)
+
+    def _claim_now(self, ask: _Ask) -> list[Claimed]:
+        # Each attempt is a moment of its own: a key revoked since the request began (while
+        # this claim waited for work, say) must take nothing, so every attempt's transaction
+        # confirms the key again rather than trusting an earlier check.
+        ask.caller.live_checked = False
+        nonce = secrets.token_hex(16)
+        try:
+            done = self.uow.run(lambda tx: self._claim_in(tx, ask, nonce, optimistic=True))
+        except LimitReached:
+            done = self.uow.run(lambda tx: self._claim_in(tx, ask, nonce, optimistic=False))
+        if self.flow is not None:
+            # Outside the write lock: what only metrics and last_claim_at need.
+            self.flow.claimed(done.limits, done.jobs, done.now_us)
+        return [Claimed(job, job.lease_token or "") for job in done.jobs]
+
+    def _claim_in(self, tx: JobsTx, ask: _Ask, nonce: str, *, optimistic: bool) -> _Attempt:
+        """One attempt, in its write transaction; `nonce` begins its lease tokens.
+        `optimistic`: the limits are read without locks, and checked under them in `settle`
+        (where writers run concurrently)."""
+        repo = tx.jobs_for(ask.caller)
+        now = self.clock.now_us()
+        rescue_expired_leases(tx, now)
+
+        limits = None if self.flow is None else self.flow.limits(
+            tx.conn, ask.wanted, now, lock=not optimistic, push=ask.push)
+        if not optimistic:
+            # The policy took its types' rows, waiting for them if another claim held them:
+            # the claim holds what it needs from now.
+            now = self.clock.now_us()
+        if ask.push and limits is None:
+            return _Attempt([], None, now)  # no flow control to tell push types apart
+
+        restricted = limits is not None and limits.restricts(ask.limit)
+        jobs = repo.claim_next_jobs(
+            now_us=now, worker=ask.caller.name, lease_expires_at=now + ask.lease_us,
+            nonce=nonce, limit=ask.limit,
+            types=self._types_of(ask.wanted) if restricted else ask.wanted,
+            limits=limits if restricted else None)
+
+        if (self.flow is not None and limits is not None
+                and self.flow.settle(tx.conn, limits, jobs, now, check=optimistic)):
+            # Checked under its types' rows, which it may have waited for: its jobs are
+            # claimed, and leased, from the moment it holds them.
+            held_at = self.clock.now_us()
+            if held_at != now:
+                now = held_at
+                jobs = repo.restamp_claimed(jobs, now_us=now,
+                                            lease_expires_at=now + ask.lease_us)
+
+        # Recorded once the stamps are final, so the timeline reads as they do.
+        tx.made(Transition.CLAIM, jobs, actor=ask.caller.name, now_us=now)
+        tx.timeline.seen(ask.caller.name, now, claimed=True)
+        return _Attempt(jobs, limits, now)
+
+    def _types_of(self, wanted: frozenset[str] | None) -> frozenset[str]:
+        """The types a claim of `wanted` ones (None: any) reads under flow control."""
+        return self.settings.job_types if wanted is None else wanted
+
+    def _wait_for_work(self, ask: _Ask, seen_generation: int, deadline: float) -> bool:
+        """Sleep until a job may be claimable (True) or the deadline passes (False)."""
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self.signal.wait(seen_generation, timeout=min(POLL_SECONDS, remaining)):
+                return True
+            if self.uow.read(lambda tx: self._may_claim_now(tx, ask)):
+                return True
+        return False
+
+    def _may_claim_now(self, tx: JobsTx, ask: _Ask) -> bool:
+        """The waiting claim's peek: is there work this claim could take now, flow control
+        included (a paused or full type's backlog must not wake it again and again)?"""
+        now = self.clock.now_us()
+        limits = None if self.flow is None else self.flow.limits(
+            tx.conn, ask.wanted, now, lock=False, push=ask.push)
+        if limits is None:
+            return tx.jobs.has_claimable_work(now, ask.wanted)
+        return tx.jobs.has_claimable_work(now, self._types_of(ask.wanted), limits)
+
+
+def claimable_types(caller: Caller, requested: Iterable[str] | None) -> frozenset[str] | None:
+    """The types a claim may take: requested ∩ the key's; None means any type."""
+    requested_set = None if requested is None else frozenset(requested)
+    if requested_set is None:
+        return caller.allowed_types
+    if caller.allowed_types is None:
+        return requested_set
+    return requested_set & caller.allowed_types
+
+
+def rescue_expired_leases(tx: JobsTx, now: int) -> None:
+    """A lease that ran out is a failed attempt whose worker is presumed dead: back to
+    pending (or failed, with no retries left), up to RESCUE_BATCH of them."""
+    for job in tx.jobs.find_expired_leases(now, RESCUE_BATCH):
+        rescued = end_attempt(tx.jobs, Transition.RESCUE, job,
+                              Transition.RESCUE.values(job, now))
+        if rescued is not None:
+            tx.made(Transition.RESCUE, [rescued], actor=SERVICE_ACTOR, now_us=now,
+                    held_by=job.worker_id)

@@ -1,0 +1,217 @@
+"""A worker's reports on the job it holds: heartbeat, complete (one or several), fail; and
+the refusals of those it does not hold, each recorded as a report_refused event."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.core.callers import Caller
+from app.core.clock import MICROS, Clock
+from app.core.errors import Conflict, NotFound, QueueError
+from app.core.redaction import redact_error
+from app.jobs.attempts import end_attempt
+from app.jobs.intake import sized_json
+from app.jobs.models import Job
+from app.jobs.settings import QueueSettings
+from app.jobs.transitions import Transition, refusal
+from app.jobs.uow import JobsTx, JobsUnitOfWork
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class ReportRefused(Conflict):
+    """A heartbeat, complete or fail refused with 409: the job exists, the caller does not
+    hold it. Carries what its report_refused event says."""
+
+    def __init__(self, detail: str, *, job_id: int, worker: str) -> None:
+        super().__init__(detail)
+        self.job_id = job_id
+        self.worker = worker
+
+
+class WorkerReports:
+    """`settings`: the lease a heartbeat extends by default, the largest result, the backoff
+    of a failed attempt; `rng` draws the backoff's jitter."""
+
+    def __init__(self, uow: JobsUnitOfWork, clock: Clock, settings: QueueSettings,
+                 rng: random.Random) -> None:
+        self.uow = uow
+        self.clock = clock
+        self.settings = settings
+        self.rng = rng
+
+    def heartbeat(self, caller: Caller, job_id: int, *, lease_token: str | None,
+                  lease_seconds: int | None) -> Job:
+        """Extend the caller's live lease on the job."""
+        lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
+
+        def heartbeat_in(tx: JobsTx) -> Job:
+            repo = tx.jobs_for(caller)
+            now = self.clock.now_us()
+            values = Transition.HEARTBEAT.values(now_us=now, lease_expires_at=now + lease_us)
+            job = repo.apply_transition(Transition.HEARTBEAT, job_id, values,
+                                        worker=caller.name, now_us=now,
+                                        lease_token=lease_token)
+            if job is None:
+                self._refuse_report(repo.get_job(job_id), caller, now, lease_token)
+            tx.made(Transition.HEARTBEAT, [job], actor=caller.name, now_us=now)
+            tx.timeline.seen(caller.name, now, claimed=False)
+            return job
+
+        return self._report("heartbeat", caller, job_id, heartbeat_in)
+
+    def complete(self, caller: Caller, job_id: int, *, lease_token: str | None,
+                 result: dict[str, Any] | None, delivered: int | None = None) -> Job:
+        """running → completed, by the worker holding the job. A repeat of a complete that
+        landed (same lease token, same result) answers the job as that one left it.
+        `delivered`: the HTTP status of the push delivery this completes (the dispatcher),
+        recorded as a delivered event in the same transaction.
+
+        A batch of one (complete_many): its problem, if any, is raised."""
+        [(_job_id, answer)] = self.complete_many(caller, [{
+            "id": job_id, "lease_token": lease_token, "result": result,
+            "delivered": delivered}])
+        if isinstance(answer, QueueError):
+            raise answer
+        return answer
+
+    def complete_many(self, caller: Caller,
+                      items: list[dict[str, Any]]) -> list[tuple[int, Job | QueueError]]:
+        """Complete several held jobs in one transaction; each succeeds or fails on its own
+        and is answered with the job or the problem a single complete would give. An item's
+        `delivered` is as for complete. Every refusal is recorded (report_refused) in a
+        transaction of its own once this one has committed."""
+        results = [self._stored_result(item.get("result")) for item in items]
+
+        def complete_each(tx: JobsTx) -> list[tuple[int, Job | QueueError]]:
+            tx.confirm(caller)
+            answers: list[tuple[int, Job | QueueError]] = []
+            # The items are judged at one moment, and the jobs they complete recorded
+            # together (one executemany per history table rather than two statements a job).
+            now = self.clock.now_us()
+            completed: list[Job] = []
+            for item, stored_result in zip(items, results, strict=True):
+                job_id = item["id"]
+                try:
+                    answers.append((job_id, self._complete_in(
+                        tx, caller, job_id, item.get("lease_token"), stored_result,
+                        item.get("delivered"), now=now, completed=completed)))
+                except (NotFound, Conflict) as problem:
+                    answers.append((job_id, problem))
+            tx.made(Transition.COMPLETE, completed, actor=caller.name, now_us=now)
+            return answers
+
+        answers = self.uow.run(complete_each)
+        refused = [answer for _, answer in answers if isinstance(answer, ReportRefused)]
+        if refused:
+            self._record_refusals("complete", refused)
+        return answers
+
+    def _stored_result(self, result: dict[str, Any] | None) -> str | None:
+        if result is None:
+            return None
+        return sized_json(result, "result", self.settings.max_payload_bytes)
+
+    def _complete_in(self, tx: JobsTx, caller: Caller, job_id: int,
+                     lease_token: str | None, stored_result: str | None,
+                     delivered: int | None, *, now: int, completed: list[Job]) -> Job:
+        """Complete one job at `now`; the job completed is added to `completed`, for the
+        caller to hand to `tx.made` with the others, in the same transaction."""
+        repo = tx.jobs
+        job = repo.apply_transition(
+            Transition.COMPLETE, job_id,
+            Transition.COMPLETE.values(now_us=now, result=stored_result),
+            worker=caller.name, now_us=now, lease_token=lease_token)
+        tx.timeline.seen(caller.name, now, claimed=False)
+        if job is not None:
+            if delivered is not None:
+                tx.timeline.delivered(job, delivered, actor=caller.name, now_us=now)
+            completed.append(job)
+            return job
+        current = repo.get_job(job_id)
+        if (current is not None and lease_token is not None
+                and current.shows_complete(caller.name, lease_token, stored_result)):
+            return current
+        return self._refuse_report(current, caller, now, lease_token)
+
+    def fail(self, caller: Caller, job_id: int, *, lease_token: str | None, error: str,
+             retry_in_seconds: int | None, delivered: int | None = None) -> Job:
+        """Record a failed attempt: pending again after a backoff, or failed when none are
+        left. A repeat of a fail that landed (same lease token, error and retry_in_seconds)
+        answers the job as that one left it. `delivered`: as for complete."""
+        # PostgreSQL text cannot hold NUL; an error message is diagnostics, so it is kept with
+        # each NUL shown as U+FFFD rather than refused, on every engine alike.
+        error = redact_error(error).replace("\x00", "\ufffd")
+        retry_in_us = None if retry_in_seconds is None else retry_in_seconds * MICROS
+
+        def fail_in(tx: JobsTx) -> Job:
+            repo = tx.jobs_for(caller)
+            now = self.clock.now_us()
+            job = repo.get_job(job_id, for_update=True)
+            if job is None or not job.is_held_by(caller.name, now, lease_token):
+                if (job is not None and lease_token is not None
+                        and job.shows_fail(caller.name, lease_token, error, retry_in_us)):
+                    return job
+                return self._refuse_report(job, caller, now, lease_token)
+            if retry_in_us is None:
+                delay = self.settings.backoff.delay_us(job.retry_count, self.rng)
+            else:
+                delay = retry_in_us
+            failed = end_attempt(repo, Transition.FAIL, job,
+                                 Transition.FAIL.values(job, now, error, delay),
+                                 worker=caller.name, now_us=now)
+            if failed is None:  # another transaction changed it first (PostgreSQL only)
+                raise ReportRefused("The job changed while this request ran; its lease is "
+                                    "gone.", job_id=job_id, worker=caller.name)
+            if delivered is not None:
+                tx.timeline.delivered(failed, delivered, actor=caller.name, now_us=now)
+            tx.made(Transition.FAIL, [failed], actor=caller.name, now_us=now)
+            tx.timeline.seen(caller.name, now, claimed=False)
+            return failed
+
+        return self._report("fail", caller, job_id, fail_in)
+
+    @staticmethod
+    def _refuse_report(job: Job | None, caller: Caller, now: int,
+                       lease_token: str | None) -> NoReturn:
+        """Raise the problem that says why the caller does not hold the job."""
+        if job is None:
+            raise NotFound("No such job.")
+        raise ReportRefused(refusal(job, caller.name, now, lease_token), job_id=job.id,
+                            worker=caller.name)
+
+    def _report(self, report: str, caller: Caller, job_id: int,
+                work: Callable[[JobsTx], T]) -> T:
+        """Run a worker's report (heartbeat, complete, fail); a refusal is recorded as a
+        report_refused event in a transaction of its own, the report's being rolled back."""
+        try:
+            return self.uow.run(work)
+        except ReportRefused as refused:
+            self._record_refusals(report, [refused])
+            raise
+
+    def _record_refusals(self, report: str, refusals: list[ReportRefused]) -> None:
+        now = self.clock.now_us()
+
+        def record_in(tx: JobsTx) -> None:
+            # A refused report is still a sign of life.
+            tx.timeline.seen(refusals[0].worker, now, claimed=False)
+            for refused in refusals:
+                tx.timeline.report_refused(refused.job_id, worker=refused.worker,
+                                           report=report, reason=refused.detail, now_us=now)
+
+        try:
+            self.uow.run(record_in)
+        except SQLAlchemyError:
+            # The worker is owed its 409 all the same: a report refused is never turned into
+            # a 503 (which it would retry) for want of its record.
+            log.warning("queuelog: could not record %d refused report(s)", len(refusals),
+                        exc_info=True)
+        self.uow.on_event("report_refused", len(refusals))

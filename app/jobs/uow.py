@@ -1,0 +1,110 @@
+"""The job use cases' unit of work: the transaction's repositories, and what a transition
+entails besides its UPDATE.
+
+app/storage/uow.py runs the work; this module says what a job transaction holds (`bind_jobs`
+builds it on the transaction's connection) and counts, in `JobsTx.made`, what every
+transition made records and tells once committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from sqlalchemy import Connection
+
+from app.core.callers import Caller
+from app.core.statuses import TERMINAL_STATUSES
+from app.jobs.models import Job
+from app.jobs.repository import JobRepository
+from app.jobs.timeline.recorder import HistoryRecorder
+from app.jobs.timeline.repository import HistoryRepository
+from app.jobs.transitions import Transition
+from app.storage.uow import Transaction, UnitOfWork
+
+# Not a metric event: the count of jobs a transaction left completed, failed or cancelled,
+# which wakes the reads waiting for a job to finish once it has committed (a signal of the
+# unit of work).
+FINISHED = "finished"
+
+# Confirms, inside a transaction, that the caller's key is still live (raises otherwise).
+CallerCheck = Callable[[Connection, Caller], None]
+
+
+def trust_caller(_conn: Connection, _caller: Caller) -> None:
+    pass
+
+
+class Timeline:
+    """The job's history (app/history/recorder.py) written on one transaction's connection."""
+
+    def __init__(self, recorder: HistoryRecorder, conn: Connection) -> None:
+        self._recorder = recorder
+        self._conn = conn
+
+    def transition(self, transition: Transition, jobs: Sequence[Job], *, actor: str,
+                   now_us: int, held_by: str | None = None) -> None:
+        self._recorder.transition(self._conn, transition, jobs, actor=actor, now_us=now_us,
+                                  held_by=held_by)
+
+    def enqueued(self, jobs: Sequence[Job], *, actor: str | None = None,
+                 actors: Sequence[str] | None = None) -> None:
+        self._recorder.enqueued(self._conn, jobs, actor=actor, actors=actors)
+
+    def deduplicated(self, jobs: Sequence[Job], *, actor: str, now_us: int) -> None:
+        self._recorder.deduplicated(self._conn, jobs, actor=actor, now_us=now_us)
+
+    def delivered(self, job: Job, status: int, *, actor: str, now_us: int) -> None:
+        self._recorder.delivered(self._conn, job, status, actor=actor, now_us=now_us)
+
+    def report_refused(self, job_id: int, *, worker: str, report: str, reason: str,
+                       now_us: int) -> None:
+        self._recorder.report_refused(self._conn, job_id, worker=worker, report=report,
+                                      reason=reason, now_us=now_us)
+
+    def seen(self, name: str, now_us: int, *, claimed: bool) -> None:
+        self._recorder.seen(self._conn, name, now_us, claimed=claimed)
+
+
+class JobsTx(Transaction):
+    """A job transaction: `jobs` (JobRepository), `history` (HistoryRepository) and
+    `timeline` (the history recorder), all on the transaction's one connection."""
+
+    def __init__(self, conn: Connection, recorder: HistoryRecorder,
+                 confirm_caller: CallerCheck) -> None:
+        super().__init__(conn)
+        self.jobs = JobRepository(conn)
+        self.history = HistoryRepository(conn)
+        self.timeline = Timeline(recorder, conn)
+        self._confirm_caller = confirm_caller
+
+    def confirm(self, caller: Caller) -> None:
+        """Raise unless the caller's key is still live, in this transaction: a revoked key
+        changes nothing, even on a request already under way."""
+        self._confirm_caller(self.conn, caller)
+
+    def jobs_for(self, caller: Caller) -> JobRepository:
+        """The job repository, once the caller's key is confirmed live (see confirm)."""
+        self.confirm(caller)
+        return self.jobs
+
+    def made(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
+             held_by: str | None = None) -> None:
+        """Called in the transaction of every transition made, with the jobs as it left
+        them: what a transition entails besides its UPDATE — the job's history (its attempts
+        and events) and the events counted for metrics. `actor` is who made it; `held_by`
+        the worker whose lease a rescue took back."""
+        self.timeline.transition(transition, jobs, actor=actor, now_us=now_us,
+                                 held_by=held_by)
+        events = self.events
+        # Not a metric: wakes the reads waiting for a job to finish (GET ?wait_seconds).
+        events[FINISHED] += sum(1 for job in jobs if job.status in TERMINAL_STATUSES)
+        events.update(transition.metrics_of(jobs))
+
+
+JobsUnitOfWork = UnitOfWork[JobsTx]
+
+
+def bind_jobs(recorder: HistoryRecorder,
+              confirm_caller: CallerCheck = trust_caller) -> Callable[[Connection], JobsTx]:
+    """The factory app/storage/uow.py builds each job transaction with."""
+    return lambda conn: JobsTx(conn, recorder, confirm_caller)

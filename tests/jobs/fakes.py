@@ -1,0 +1,218 @@
+"""An in-memory unit of work for the job use cases (cosmicpython's FakeUnitOfWork): the rules
+of enqueue and of the reports, tested without a database.
+
+FakeJobs keeps what JobRepository keeps for the calls those use cases make: the unique
+indexes (idempotency key, unique scope in its while statuses, schedule slot) refuse as the
+database's do, and a transition applies only from its statuses and, for a worker's report,
+under the worker's live lease. A transaction that raises leaves the store as it found it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from app.core.errors import IdempotencyKeyTaken, SlotTaken, UniqueScopeHeld
+from app.jobs.models import Job
+from app.jobs.transitions import Transition
+from app.jobs.uniqueness import holds_key_in
+from app.jobs.uow import FINISHED, JobsTx
+
+T = TypeVar("T")
+
+_FIELDS = [field.name for field in dataclasses.fields(Job)]
+
+
+class FakeJobs:
+    """The jobs table and the JobRepository calls the enqueue and report use cases make."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, Job] = {}
+        self.next_id = 1
+
+    # -- the unique indexes ---------------------------------------------------------------
+
+    def _refusal(self, job: Job) -> Exception | None:
+        for other in self.rows.values():
+            if other.id == job.id or other.producer != job.producer:
+                continue
+            if (job.idempotency_key is not None
+                    and other.idempotency_key == job.idempotency_key):
+                return IdempotencyKeyTaken(job.idempotency_key)
+            if (job.unique_scope is not None and other.unique_scope == job.unique_scope
+                    and holds_key_in(job.unique_while, job.status)
+                    and holds_key_in(other.unique_while, other.status)):
+                return UniqueScopeHeld(job.unique_scope)
+        for other in self.rows.values():
+            if (other.id != job.id and job.schedule is not None
+                    and (other.schedule, other.scheduled_for)
+                    == (job.schedule, job.scheduled_for)):
+                return SlotTaken(job.schedule)
+        return None
+
+    def _store(self, job: Job) -> Job:
+        refused = self._refusal(job)
+        if refused is not None:
+            raise refused
+        self.rows[job.id] = job
+        return job
+
+    # -- creating -------------------------------------------------------------------------
+
+    def insert_job(self, values: Mapping[str, Any]) -> Job:
+        job = Job(**{"id": self.next_id, **{name: values.get(name) for name in _FIELDS
+                                            if name != "id"}})
+        stored = self._store(job)
+        self.next_id += 1
+        return stored
+
+    def insert_jobs(self, rows: Sequence[Mapping[str, Any]]) -> list[Job]:
+        return [self.insert_job(values) for values in rows]
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        before = dict(self.rows), self.next_id
+        try:
+            yield
+        except Exception:
+            self.rows, self.next_id = before
+            raise
+
+    def lock_idempotency_keys(self, producer: str, keys: Collection[str]) -> None:
+        pass  # one writer at a time here, as on SQLite
+
+    # -- reading --------------------------------------------------------------------------
+
+    def get_job(self, job_id: int, *, for_update: bool = False) -> Job | None:
+        return self.rows.get(job_id)
+
+    def find_by_idempotency_key(self, producer: str, idempotency_key: str) -> Job | None:
+        return next((job for job in self.rows.values() if job.producer == producer
+                     and job.idempotency_key == idempotency_key), None)
+
+    def find_by_idempotency_keys(self, producer: str, keys: Collection[str]) -> dict[str, Job]:
+        return {job.idempotency_key: job for job in self.rows.values()
+                if job.producer == producer and job.idempotency_key in keys
+                and job.idempotency_key is not None}
+
+    def find_unique_holder(self, producer: str, unique_scope: str) -> Job | None:
+        return self.find_unique_holders(producer, [unique_scope]).get(unique_scope)
+
+    def find_unique_holders(self, producer: str, scopes: Collection[str]) -> dict[str, Job]:
+        return {job.unique_scope: job for job in self.rows.values()
+                if job.producer == producer and job.unique_scope in scopes
+                and job.unique_scope is not None and holds_key_in(job.unique_while, job.status)}
+
+    # -- transitions ----------------------------------------------------------------------
+
+    def apply_transition(self, transition: Transition, job_id: int,
+                         values: Mapping[str, Any], *, lease_token: str | None = None,
+                         worker: str | None = None, now_us: int | None = None) -> Job | None:
+        job = self.rows.get(job_id)
+        if job is None or job.status not in transition.from_statuses:
+            return None
+        if transition.by_lease_holder:
+            assert worker is not None and now_us is not None
+            if (job.worker_id != worker or job.lease_expires_at is None
+                    or job.lease_expires_at <= now_us):
+                return None
+        if lease_token is not None and job.lease_token != lease_token:
+            return None
+        return self._store(dataclasses.replace(job, **values))
+
+    # -- for the tests: a job as a claim leaves it ----------------------------------------
+
+    def claimed(self, job_id: int, *, worker: str, now_us: int, lease_us: int,
+                token: str) -> Job:
+        job = self.rows[job_id]
+        self.rows[job_id] = dataclasses.replace(job, **Transition.CLAIM.values(
+            now_us=now_us, worker=worker, lease_expires_at=now_us + lease_us,
+            lease_token=token))
+        return self.rows[job_id]
+
+
+class FakeTimeline:
+    """The history recorder's calls, kept in order: (what, job ids, details)."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, list[int], dict[str, Any]]] = []
+
+    def transition(self, transition: Transition, jobs: Sequence[Job], *, actor: str,
+                   now_us: int, held_by: str | None = None) -> None:
+        self.told.append((transition.name.lower(), [job.id for job in jobs], {"actor": actor}))
+
+    def enqueued(self, jobs: Sequence[Job], *, actor: str | None = None,
+                 actors: Sequence[str] | None = None) -> None:
+        self.told.append(("enqueued", [job.id for job in jobs], {"actor": actor}))
+
+    def deduplicated(self, jobs: Sequence[Job], *, actor: str, now_us: int) -> None:
+        self.told.append(("deduplicated", [job.id for job in jobs], {"actor": actor}))
+
+    def delivered(self, job: Job, status: int, *, actor: str, now_us: int) -> None:
+        self.told.append(("delivered", [job.id], {"status": status}))
+
+    def report_refused(self, job_id: int, *, worker: str, report: str, reason: str,
+                       now_us: int) -> None:
+        self.told.append(("report_refused", [job_id], {"report": report, "reason": reason}))
+
+    def seen(self, name: str, now_us: int, *, claimed: bool) -> None:
+        pass  # a worker's last sign of life: no rule hangs on it
+
+
+class FakeTx(JobsTx):
+    """A JobsTx on the fakes: `confirm` trusts every caller, `made` is the real one."""
+
+    def __init__(self, jobs: FakeJobs, timeline: FakeTimeline) -> None:
+        # No connection: nothing here may reach for one.
+        self.conn = None  # type: ignore[assignment]
+        self.events = Counter()
+        self.jobs = jobs  # type: ignore[assignment]
+        self.timeline = timeline  # type: ignore[assignment]
+        self._confirm_caller = lambda _conn, _caller: None
+
+
+class FakeUnitOfWork:
+    """UnitOfWork's run/read on the fakes. A transaction that raises is rolled back (the
+    store as before it, its events and timeline entries dropped); `told` holds the events
+    of the committed ones, in order, as the metrics would have been told them, and
+    `finished` counts the jobs they finished."""
+
+    def __init__(self) -> None:
+        self.jobs = FakeJobs()
+        self.timeline = FakeTimeline()
+        self.told: list[tuple[str, int]] = []
+        self.on_event: Callable[[str, int], None] = lambda name, count: self.told.append(
+            (name, count))
+        self.finished = 0  # jobs the committed transactions finished
+
+    def run(self, work: Callable[[FakeTx], T]) -> T:
+        rows, next_id = dict(self.jobs.rows), self.jobs.next_id
+        told = list(self.timeline.told)
+        tx = FakeTx(self.jobs, self.timeline)
+        try:
+            result = work(tx)
+        except Exception:
+            self.jobs.rows, self.jobs.next_id = rows, next_id
+            self.timeline.told = told
+            raise
+        # As UnitOfWork.publish: FINISHED is a signal (it wakes waiting reads), no metric.
+        self.finished += tx.events.pop(FINISHED, 0)
+        for name, count in tx.events.items():
+            if count:
+                self.on_event(name, count)
+        return result
+
+    def read(self, work: Callable[[FakeTx], T]) -> T:
+        snapshot = copy.copy(self.jobs.rows)
+        try:
+            return work(FakeTx(self.jobs, self.timeline))
+        finally:
+            assert self.jobs.rows == snapshot, "a read changed the store"
+
+    def write_alone(self, work: Callable[[FakeTx], T]) -> T:
+        return self.run(work)
+
