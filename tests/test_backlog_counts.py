@@ -1,4 +1,4 @@
-"""Counting the backlog never costs a request what the backlog holds (issue 27, point 4):
+"""Counting the backlog never costs a request what the backlog holds:
 explain's jobs ahead are read up to QUEUELOG_EXPLAIN_AHEAD_LIMIT and say when they stopped;
 GET /types, the dashboard and /metrics share one per-process snapshot of the counts; the
 reads that count take a budget of their own (QUEUELOG_COUNTING_READS), so that a flood of

@@ -1,10 +1,9 @@
-"""Issue 13: hostile clients and hostile input. One test per finding, named after it, attacking
-the service the way the finding describes (on both engines where the engine matters, against
-real gunicorn where the server is the point), and the property that any JSON the API accepts
-comes back unchanged. Findings 2 (slow connections) and 9 (claims naming unconfigured types)
-are proved elsewhere.
+"""Hostile clients and hostile input: each attack made the way a hostile client would make
+it (on both engines where the engine matters, against real gunicorn where the server is the
+point), and the property that any JSON the API accepts comes back unchanged. Slow
+connections and claims naming unconfigured types are proved in tests/ops/test_slow_clients.py
+and tests/test_api_security.py.
 """
-
 from __future__ import annotations
 
 import base64
@@ -66,9 +65,9 @@ def _raw_json(levels: int) -> str:
     return '{"a":' * (levels - 1) + "{}" + "}" * (levels - 1)
 
 
-# -- finding 1: a deep payload or result jammed claim-many --------------------------------------
+# -- a deep payload or result jammed claim-many --------------------------------------
 
-def test_finding_01_deep_payload_is_refused_and_claim_many_keeps_working(
+def test_deep_payload_is_refused_and_claim_many_keeps_working(
         client: FlaskClient, api: Any, producer: Key, worker: Key, admin: Key) -> None:
     too_deep = [f"Nested deeper than {MAX_JSON_DEPTH} levels."]
     for levels in (MAX_JSON_DEPTH + 1, 976):
@@ -110,7 +109,7 @@ def test_finding_01_deep_payload_is_refused_and_claim_many_keeps_working(
     assert client.post("/jobs/claim-many", json={}, headers=worker.headers).status_code == 200
 
 
-def test_finding_01_in_a_batch_a_payload_counts_its_own_depth_not_the_envelopes(
+def test_in_a_batch_a_payload_counts_its_own_depth_not_the_envelopes(
         client: FlaskClient, api: Any, producer: Key, admin: Key) -> None:
     deepest = _nested(MAX_JSON_DEPTH)
     batch = '{"jobs": [{"type": "email"}, {"type": "email", "payload": %s}]}'
@@ -128,9 +127,9 @@ def test_finding_01_in_a_batch_a_payload_counts_its_own_depth_not_the_envelopes(
     assert [job["payload"] for job in api.list(admin).get_json()["jobs"]] == [{}, deepest]
 
 
-# -- finding 3: the lone-surrogate scan recursed ------------------------------------------------
+# -- the lone-surrogate scan recursed ------------------------------------------------
 
-def test_finding_03_a_small_deep_body_with_a_unicode_escape_is_a_422_not_a_500(
+def test_a_small_deep_body_with_a_unicode_escape_is_a_422_not_a_500(
         client: FlaskClient, producer: Key, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     bodies = {
@@ -157,9 +156,9 @@ def test_finding_03_a_small_deep_body_with_a_unicode_escape_is_a_422_not_a_500(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
-# -- finding 4: a revoked worker key's waiting claim ---------------------------------------------
+# -- a revoked worker key's waiting claim ---------------------------------------------
 
-def test_finding_04_a_revoked_workers_waiting_claim_takes_nothing(
+def test_a_revoked_workers_waiting_claim_takes_nothing(
         app: Flask, api: Any, producer: Key, worker: Key, admin: Key) -> None:
     # The worker's key is in the process's cache (it has made a request), as in production.
     assert api.claim(worker).status_code == 204
@@ -181,7 +180,7 @@ def test_finding_04_a_revoked_workers_waiting_claim_takes_nothing(
     assert api.get(admin, job_id).get_json()["worker_id"] is None
 
 
-# -- finding 5: world-readable files -------------------------------------------------------------
+# -- world-readable files -------------------------------------------------------------
 
 @pytest.fixture
 def umask(request: pytest.FixtureRequest) -> Iterator[int]:
@@ -193,7 +192,7 @@ def umask(request: pytest.FixtureRequest) -> Iterator[int]:
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o000], indirect=True, ids=["umask 022", "umask 000"])
-def test_finding_05_database_wal_lock_and_backup_files_are_owner_only(
+def test_database_wal_lock_and_backup_files_are_owner_only(
         umask: int, tmp_path: Path) -> None:
     database = tmp_path / "queuelog.sqlite3"
     url = f"sqlite:///{database}"
@@ -217,9 +216,9 @@ def test_finding_05_database_wal_lock_and_backup_files_are_owner_only(
     assert modes == {path.name: 0o600 for path in files}
 
 
-# -- finding 6: listings of escaped non-ASCII text -----------------------------------------------
+# -- listings of escaped non-ASCII text -----------------------------------------------
 
-def test_finding_06_a_listing_of_large_non_ascii_payloads_stays_within_4_mib_and_pages_on(
+def test_a_listing_of_large_non_ascii_payloads_stays_within_4_mib_and_pages_on(
         client: FlaskClient, api: Any, producer: Key, admin: Key) -> None:
     # 64 KiB payloads of a character outside the BMP: 4 bytes in UTF-8, 12 as \ud83d\ude00.
     text = "\U0001f600" * (65_536 // 4 - 4)
@@ -247,7 +246,7 @@ def test_finding_06_a_listing_of_large_non_ascii_payloads_stays_within_4_mib_and
     assert pages >= 2  # 80 jobs of 64 KiB are more than one 4 MiB page
 
 
-# -- finding 7: PostgreSQL batches deadlocking ---------------------------------------------------
+# -- PostgreSQL batches deadlocking ---------------------------------------------------
 
 def _every_job(base_url: str, admin_token: str) -> list[dict[str, Any]]:
     jobs: list[dict[str, Any]] = []
@@ -262,7 +261,7 @@ def _every_job(base_url: str, admin_token: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_finding_07_overlapping_batches_in_opposite_orders_never_deadlock(
+def test_overlapping_batches_in_opposite_orders_never_deadlock(
         db_url: str, tmp_path: Path) -> None:
     producer_token = create_api_key(db_url, "producer-1", "producer")
     admin_token = create_api_key(db_url, "admin-1", "admin")
@@ -302,7 +301,7 @@ def test_finding_07_overlapping_batches_in_opposite_orders_never_deadlock(
         f"r{r}-k{n}" for r in range(rounds) for n in range(keys_per_batch))
 
 
-def test_finding_07_a_batch_keeps_its_request_order_whatever_its_keys(
+def test_a_batch_keeps_its_request_order_whatever_its_keys(
         client: FlaskClient, api: Any, producer: Key, worker: Key) -> None:
     keys = ["zulu", "mike", "alpha"]
     body = {"jobs": [{"type": "email", "payload": {"k": key}, "idempotency_key": key}
@@ -316,7 +315,7 @@ def test_finding_07_a_batch_keeps_its_request_order_whatever_its_keys(
     assert [job["payload"]["k"] for job in claimed.get_json()["jobs"]] == keys
 
 
-# -- finding 8: a chunked body past the cap was cut and stored -----------------------------------
+# -- a chunked body past the cap was cut and stored -----------------------------------
 
 def _send(port: int, request: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
@@ -351,7 +350,7 @@ def small_cap_server(tmp_path: Path) -> Iterator[tuple[LiveServer, str, str]]:
 
 
 @pytest.mark.slow
-def test_finding_08_a_chunked_body_past_the_cap_is_refused_not_truncated(
+def test_a_chunked_body_past_the_cap_is_refused_not_truncated(
         small_cap_server: tuple[LiveServer, str, str]) -> None:
     server, producer_token, admin_token = small_cap_server
     # Exactly the cap, and valid JSON: cut at the cap, the longer body would be this one.
@@ -369,9 +368,9 @@ def test_finding_08_a_chunked_body_past_the_cap_is_refused_not_truncated(
     assert len(json.loads(listing.partition(b"\r\n\r\n")[2])["jobs"]) == 1
 
 
-# -- finding 11: Unicode digits, ids past the database's range, `//` and OPTIONS ----------------
+# -- Unicode digits, ids past the database's range, `//` and OPTIONS ----------------
 
-def test_finding_11_ids_limits_and_cursors_take_ascii_digits_only(
+def test_ids_limits_and_cursors_take_ascii_digits_only(
         client: FlaskClient, api: Any, producer: Key, worker: Key, admin: Key) -> None:
     job_id = api.enqueue(producer).get_json()["id"]
     assert job_id == 1
@@ -397,7 +396,7 @@ def test_finding_11_ids_limits_and_cursors_take_ascii_digits_only(
     assert set(_problem(beyond, 422)["errors"]) == {"items.0.id"}
 
 
-def test_finding_11_double_slashes_and_options_answer_problems(
+def test_double_slashes_and_options_answer_problems(
         client: FlaskClient, admin: Key) -> None:
     options = client.options("/jobs", headers=admin.headers)
     assert _problem(options, 405)["status"] == 405
@@ -407,7 +406,7 @@ def test_finding_11_double_slashes_and_options_answer_problems(
 
 
 @pytest.mark.slow
-def test_finding_11_double_slashes_and_options_answer_problems_from_gunicorn(
+def test_double_slashes_and_options_answer_problems_from_gunicorn(
         small_cap_server: tuple[LiveServer, str, str]) -> None:
     server, _, admin_token = small_cap_server
     for method, target in [("GET", "//"), ("GET", "/jobs//1"), ("GET", "//jobs//1"),

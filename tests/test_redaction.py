@@ -240,7 +240,7 @@ def test_the_longest_error_full_of_secret_names_is_masked_and_cut(filler, stored
     assert redact_error(_repeat(filler)) == stored
 
 
-# -- finding 10 of issue 13: passwords holding "@", and values that are not plain strings -------
+# -- passwords holding "@", and values that are not plain strings ------------------------------
 
 @pytest.mark.parametrize("text,expected", [
     ("postgres://user:p@ss@host/db", "postgres://***@host/db"),

@@ -1,4 +1,4 @@
-"""`python -m queuelog_client` (issue 28.4): --help and --version answer (exit 0); no command,
+"""`python -m queuelog_client`: --help and --version answer (exit 0); no command,
 or a wrong one, is one line on stderr with the usage (exit 2); `worker` is the runner."""
 
 from __future__ import annotations

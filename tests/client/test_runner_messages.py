@@ -1,4 +1,4 @@
-"""What `queuelog worker` says (issue 28.6): a mistake on its command line is one line on
+"""What `queuelog worker` says: a mistake on its command line is one line on
 stderr, never a traceback; a refusal from the server is logged once; at start it says what it
 waits for and from where, never with the token."""
 

@@ -1,6 +1,6 @@
 """The client's arguments and limits against the server's own description of its routes,
 /openapi.json: a field added to POST /jobs, or a bound moved on the server, fails here
-rather than going unnoticed in the client (issue 28.4: enqueue() lacked concurrency_key)."""
+rather than going unnoticed in the client (enqueue() once lacked concurrency_key)."""
 
 from __future__ import annotations
 

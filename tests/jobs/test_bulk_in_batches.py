@@ -1,7 +1,6 @@
 """Bulk retry and cancel work in bounded batches, each its own short write transaction
 (QUEUELOG_BULK_BATCH_SIZE), and settle unique-key conflicts set-wise: which jobs change, which
-are skipped, and the events written are those of one transaction taking the jobs in id order
-(issue 27, point 8)."""
+are skipped, and the events written are those of one transaction taking the jobs in id order."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A request that asks to wait (a claim's wait_seconds, GET /jobs/{id}?wait_seconds) but finds
 its process's waiting budget full is answered at once: the answer says so with Retry-After,
-so that the client pauses instead of asking again at once (issue 27.5). An answer that did
+so that the client pauses instead of asking again at once. An answer that did
 wait, or never asked to, carries no Retry-After."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Schedules at scale (issue 27, points 9 and 10), on both engines with a clock the test moves:
+"""Schedules at scale, on both engines with a clock the test moves:
 many schedules fired in batches by racing processes, each slot once; paused schedules cost no
 write; GET /schedules and the dashboard page by name; catch-up coalesced after an outage; a
 template's payload as deep as POST /jobs takes; a slot its unique key skips is said."""

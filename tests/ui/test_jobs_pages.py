@@ -1,4 +1,4 @@
-"""The jobs list and a job's page for an operator's first hour (issue 28.14): a failed job's
+"""The jobs list and a job's page for an operator's first hour: a failed job's
 error at the top once, the list in either order with both ways through its pages, its
 columns and filters, bulk actions behind a confirmation, the dashboard's own not-found page,
 and schedule times in the schedule's own zone."""

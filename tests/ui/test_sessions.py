@@ -1,4 +1,4 @@
-"""The dashboard's sessions kept on the server (issue 27.6) and its throttled sign-ins
+"""The dashboard's sessions kept on the server and its throttled sign-ins
 (27.10): nothing read from the database presents or signs a session, sign-out and revocation
 end a copied cookie, and guesses at tokens are refused past a count every process shares."""
 

@@ -1,5 +1,8 @@
-"""The ten findings of the reference design (V-01 … V-10), each attacked as the assessment
-describes it, and each refused with the contract's answer, leaving the queue as it was."""
+"""Attacks on the API: authentication, job types, priority ceilings, worker identity, lease
+holders, racing claims, payload size, SQL injection, idempotency probing and error disclosure
+(the reference design's assessment V-01 … V-10, one heading each), each attacked as the
+assessment describes it, and each refused with the contract's answer, leaving the queue as
+it was."""
 
 from __future__ import annotations
 
@@ -81,7 +84,7 @@ BAD_CREDENTIALS = {
 
 @pytest.mark.parametrize("method,path,body", JOB_ROUTES,
                          ids=[f"{m} {p}" for m, p, _ in JOB_ROUTES])
-def test_v01_every_job_route_refuses_callers_without_a_valid_key(
+def test_every_job_route_refuses_callers_without_a_valid_key(
         client, api, producer, worker, admin, make_key, method, path, body):
     job_id = api.enqueue(producer).json["id"]
     claimed_id = api.claim(worker).json["id"]
@@ -102,7 +105,7 @@ def test_v01_every_job_route_refuses_callers_without_a_valid_key(
     assert _all_jobs(api, admin) == before  # nothing enqueued, claimed, finished or cancelled
 
 
-def test_v01_a_key_revoked_while_in_use_is_refused_on_its_next_request(
+def test_a_key_revoked_while_in_use_is_refused_on_its_next_request(
         client, api, make_key, admin):
     producer = make_key("soon-revoked", "producer")
     assert api.enqueue(producer).status_code == 201
@@ -114,7 +117,7 @@ def test_v01_a_key_revoked_while_in_use_is_refused_on_its_next_request(
     assert len(_all_jobs(api, admin)) == 1
 
 
-def test_v01_an_unauthenticated_request_is_refused_before_its_body_is_looked_at(client, api,
+def test_an_unauthenticated_request_is_refused_before_its_body_is_looked_at(client, api,
                                                                                admin):
     response = client.post("/jobs", data=b"{not json", content_type="application/json")
     _assert_problem(response, 401)
@@ -127,7 +130,7 @@ def test_v01_an_unauthenticated_request_is_refused_before_its_body_is_looked_at(
 
 @pytest.mark.parametrize("job_type", ["DROP TABLE", "shutdown", "admin_task", "EMAIL", "email ",
                                       "spam"])
-def test_v02_an_unknown_job_type_is_refused_with_422_naming_type_and_nothing_is_stored(
+def test_an_unknown_job_type_is_refused_with_422_naming_type_and_nothing_is_stored(
         api, producer, admin, job_type):
     response = api.enqueue(producer, type=job_type, payload={"x": 1})
 
@@ -138,7 +141,7 @@ def test_v02_an_unknown_job_type_is_refused_with_422_naming_type_and_nothing_is_
     assert api.enqueue(admin, type=job_type).status_code == 422  # admins get no exception
 
 
-def test_v02_a_worker_asking_for_unknown_types_is_told_so_and_claims_nothing(
+def test_a_worker_asking_for_unknown_types_is_told_so_and_claims_nothing(
         api, producer, worker, admin):
     job_id = api.enqueue(producer, type="email").json["id"]
 
@@ -151,7 +154,7 @@ def test_v02_a_worker_asking_for_unknown_types_is_told_so_and_claims_nothing(
 
 # -- V-03 anyone sets critical -----------------------------------------------------------------
 
-def test_v03_a_producer_with_the_default_ceiling_cannot_enqueue_above_medium(
+def test_a_producer_with_the_default_ceiling_cannot_enqueue_above_medium(
         api, producer, admin):
     for priority in ("critical", "high", "CRITICAL", "High"):
         problem = _assert_problem(api.enqueue(producer, type="email", priority=priority), 403)
@@ -165,7 +168,7 @@ def test_v03_a_producer_with_the_default_ceiling_cannot_enqueue_above_medium(
     assert api.enqueue(producer).json["priority"] == "medium"
 
 
-def test_v03_a_key_with_a_high_ceiling_may_enqueue_high_but_not_critical(api, make_key, admin):
+def test_a_key_with_a_high_ceiling_may_enqueue_high_but_not_critical(api, make_key, admin):
     trusted = make_key("trusted-producer", "producer", max_priority=Priority.HIGH)
 
     assert api.enqueue(trusted, priority="high").status_code == 201
@@ -174,14 +177,14 @@ def test_v03_a_key_with_a_high_ceiling_may_enqueue_high_but_not_critical(api, ma
     assert [job["priority"] for job in _all_jobs(api, admin)] == ["high"]
 
 
-def test_v03_an_admin_may_enqueue_critical(api, admin):
+def test_an_admin_may_enqueue_critical(api, admin):
     created = api.enqueue(admin, priority="critical")
 
     assert created.status_code == 201
     assert created.json["priority"] == "critical"
 
 
-def test_v03_a_producer_whose_ceiling_is_low_gets_low_by_default_and_nothing_more(
+def test_a_producer_whose_ceiling_is_low_gets_low_by_default_and_nothing_more(
         api, make_key, admin):
     humble = make_key("humble-producer", "producer", max_priority=Priority.LOW)
 
@@ -192,7 +195,7 @@ def test_v03_a_producer_whose_ceiling_is_low_gets_low_by_default_and_nothing_mor
     assert len(_all_jobs(api, admin)) == 1
 
 
-def test_v03_a_critical_spam_job_from_a_producer_never_jumps_the_queue(
+def test_a_critical_spam_job_from_a_producer_never_jumps_the_queue(
         api, producer, worker, admin):
     legitimate = api.enqueue(admin, priority="high").json["id"]
 
@@ -205,7 +208,7 @@ def test_v03_a_critical_spam_job_from_a_producer_never_jumps_the_queue(
 
 # -- V-04 worker_id spoofing -------------------------------------------------------------------
 
-def test_v04_a_claim_naming_another_workers_id_is_refused_and_the_job_stays_pending(
+def test_a_claim_naming_another_workers_id_is_refused_and_the_job_stays_pending(
         api, producer, make_key, admin):
     make_key("legitimate-worker-1", "worker")
     attacker = make_key("attacker", "worker")
@@ -220,7 +223,7 @@ def test_v04_a_claim_naming_another_workers_id_is_refused_and_the_job_stays_pend
     assert job["claimed_at"] is None
 
 
-def test_v04_the_claimed_jobs_worker_id_is_always_the_key_name(api, producer, worker, admin):
+def test_the_claimed_jobs_worker_id_is_always_the_key_name(api, producer, worker, admin):
     first = api.enqueue(producer).json["id"]
     second = api.enqueue(producer).json["id"]
 
@@ -236,7 +239,7 @@ def test_v04_the_claimed_jobs_worker_id_is_always_the_key_name(api, producer, wo
 # -- V-05 any caller completes any job ---------------------------------------------------------
 
 @pytest.mark.parametrize("action", ["complete", "fail", "heartbeat"])
-def test_v05_another_worker_cannot_complete_fail_or_heartbeat_a_job_it_does_not_hold(
+def test_another_worker_cannot_complete_fail_or_heartbeat_a_job_it_does_not_hold(
         api, producer, worker, make_key, admin, action):
     other = make_key("worker-2", "worker")
     job_id = api.enqueue(producer).json["id"]
@@ -261,7 +264,7 @@ def test_v05_another_worker_cannot_complete_fail_or_heartbeat_a_job_it_does_not_
 
 @pytest.mark.parametrize("action", ["complete", "fail", "heartbeat"])
 @pytest.mark.parametrize("role", ["producer", "admin"])
-def test_v05_producers_and_admins_cannot_complete_fail_or_heartbeat_a_running_job(
+def test_producers_and_admins_cannot_complete_fail_or_heartbeat_a_running_job(
         api, producer, worker, admin, action, role):
     job_id = api.enqueue(producer).json["id"]
     claim = api.claim(worker).json
@@ -274,7 +277,7 @@ def test_v05_producers_and_admins_cannot_complete_fail_or_heartbeat_a_running_jo
     assert api.get(admin, job_id).json == held
 
 
-def test_v05_a_worker_cannot_take_over_a_job_by_claiming_while_it_is_held(
+def test_a_worker_cannot_take_over_a_job_by_claiming_while_it_is_held(
         api, producer, worker, make_key, admin):
     other = make_key("worker-2", "worker")
     job_id = api.enqueue(producer).json["id"]
@@ -290,7 +293,7 @@ THREADS = 8
 JOBS = 50
 
 
-def test_v06_concurrent_claims_never_hand_out_one_job_twice_and_claim_every_job(
+def test_concurrent_claims_never_hand_out_one_job_twice_and_claim_every_job(
         app, api, producer, make_key, admin):
     job_ids = {api.enqueue(producer, payload={"n": n}).json["id"] for n in range(JOBS)}
     workers = [make_key(f"racer-{n}", "worker") for n in range(THREADS)]
@@ -345,7 +348,7 @@ def _payload_of(size_in_bytes: int, filler: str = "x") -> dict[str, str]:
     return {"data": filler * (body // width) + "x" * (body % width)}
 
 
-def test_v07_a_payload_of_exactly_the_limit_is_accepted_and_one_byte_more_is_refused(
+def test_a_payload_of_exactly_the_limit_is_accepted_and_one_byte_more_is_refused(
         api, producer, admin):
     at_limit = api.enqueue(producer, payload=_payload_of(LIMIT))
     assert at_limit.status_code == 201
@@ -358,7 +361,7 @@ def test_v07_a_payload_of_exactly_the_limit_is_accepted_and_one_byte_more_is_ref
 
 @pytest.mark.parametrize("filler", ["\u00e9", "\u20ac", "\U0001f600"], ids=["2-byte", "3-byte",
                                                                          "4-byte"])
-def test_v07_multibyte_characters_count_in_bytes_not_characters(api, producer, admin, filler):
+def test_multibyte_characters_count_in_bytes_not_characters(api, producer, admin, filler):
     over = _payload_of(LIMIT + 1, filler)
     assert len(over["data"]) < LIMIT // 2  # far under the limit when counted in characters
 
@@ -369,7 +372,7 @@ def test_v07_multibyte_characters_count_in_bytes_not_characters(api, producer, a
     assert len(_all_jobs(api, admin)) == 1
 
 
-def test_v07_an_oversized_result_is_refused_and_the_job_stays_running(
+def test_an_oversized_result_is_refused_and_the_job_stays_running(
         api, producer, worker, admin):
     job_id = api.enqueue(producer).json["id"]
     token = api.claim(worker).json["lease_token"]
@@ -385,7 +388,7 @@ def test_v07_an_oversized_result_is_refused_and_the_job_stays_running(
     assert done.json["result"] == _payload_of(LIMIT)
 
 
-def test_v07_a_body_above_max_content_length_is_a_413_problem_and_stores_nothing(
+def test_a_body_above_max_content_length_is_a_413_problem_and_stores_nothing(
         client, api, producer, admin):
     limit = client.application.config["MAX_CONTENT_LENGTH"]
     assert limit == 1024 * 1024
@@ -399,7 +402,7 @@ def test_v07_a_body_above_max_content_length_is_a_413_problem_and_stores_nothing
     assert _all_jobs(api, admin) == []
 
 
-def test_v07_the_payload_limit_follows_the_configuration(app_config, app_with):
+def test_the_payload_limit_follows_the_configuration(app_config, app_with):
     _, api, admin = app_with({**app_config, "MAX_PAYLOAD_BYTES": 100})
 
     assert api.enqueue(admin, payload=_payload_of(100)).status_code == 201
@@ -411,7 +414,7 @@ def test_v07_the_payload_limit_follows_the_configuration(app_config, app_with):
 INJECTION = "'; DROP TABLE jobs; --"
 
 
-def test_v08_sql_metacharacters_are_stored_as_literal_text_and_the_table_survives(
+def test_sql_metacharacters_are_stored_as_literal_text_and_the_table_survives(
         app_config, app_with, db_url):
     application, api, admin = app_with({**app_config, "JOB_TYPES": JOB_TYPES | {INJECTION}})
     keys = application.extensions["queuelog"].keys
@@ -470,7 +473,7 @@ def test_v08_sql_metacharacters_are_stored_as_literal_text_and_the_table_survive
 
 # -- V-09 idempotency probing ------------------------------------------------------------------
 
-def test_v09_another_producer_reusing_an_idempotency_key_gets_its_own_job_and_learns_nothing(
+def test_another_producer_reusing_an_idempotency_key_gets_its_own_job_and_learns_nothing(
         api, make_key, admin):
     alice = make_key("producer-a", "producer")
     mallory = make_key("producer-b", "producer")
@@ -505,7 +508,7 @@ def test_v09_another_producer_reusing_an_idempotency_key_gets_its_own_job_and_le
     assert sorted(j["id"] for j in same_key) == sorted([original.json["id"], probe.json["id"]])
 
 
-def test_v09_a_probe_with_the_exact_same_request_creates_a_separate_job(api, make_key, admin):
+def test_a_probe_with_the_exact_same_request_creates_a_separate_job(api, make_key, admin):
     alice = make_key("producer-a", "producer")
     mallory = make_key("producer-b", "producer")
     request = {"type": "email", "payload": {"to": "ceo@example.com"}}
@@ -542,7 +545,7 @@ def _failed_job(api: Api, producer: Key, worker: Key, error: str, max_retries: i
     return job_id
 
 
-def test_v10_secrets_in_a_workers_error_are_stored_redacted(api, producer, worker, admin):
+def test_secrets_in_a_workers_error_are_stored_redacted(api, producer, worker, admin):
     error = "job failed: " + " | ".join(SECRETS)
     job_id = _failed_job(api, producer, worker, error)
 
@@ -557,13 +560,13 @@ def test_v10_secrets_in_a_workers_error_are_stored_redacted(api, producer, worke
     assert listed["error"] == shown
 
 
-def test_v10_a_long_error_is_cut_to_2000_characters(api, producer, worker, admin):
+def test_a_long_error_is_cut_to_2000_characters(api, producer, worker, admin):
     job_id = _failed_job(api, producer, worker, "Traceback: " + "x" * 99_000)
 
     assert len(api.get(admin, job_id).json["error"]) == 2000
 
 
-def test_v10_producers_and_workers_never_see_the_error_field(api, producer, worker, admin):
+def test_producers_and_workers_never_see_the_error_field(api, producer, worker, admin):
     job_id = _failed_job(api, producer, worker, "password=hunter2 at /srv/app/secret.py")
 
     for key in (producer, worker):
@@ -577,7 +580,7 @@ def test_v10_producers_and_workers_never_see_the_error_field(api, producer, work
     assert api.get(admin, job_id).json["error"] == "password=*** at /srv/app/secret.py"
 
 
-def test_v10_the_next_worker_to_claim_a_retried_job_does_not_see_the_previous_error(
+def test_the_next_worker_to_claim_a_retried_job_does_not_see_the_previous_error(
         api, producer, worker, make_key, admin):
     job_id = _failed_job(api, producer, worker, "db at postgres://u:p@db/prod refused",
                          max_retries=1)

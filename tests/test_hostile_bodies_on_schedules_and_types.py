@@ -1,4 +1,4 @@
-"""Hostile bodies on the routes part two added (schedules, push settings, limits): each is a
+"""Hostile bodies on the schedule, push-setting and flow-limit routes: each is a
 4xx problem and stores nothing."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("method", "path", "body"), CASES)
-def test_hostile_bodies_on_part_two_routes_are_refused_with_a_problem(client, admin, method,
+def test_hostile_bodies_on_schedule_push_and_limit_routes_are_refused_with_a_problem(client, admin, method,
                                                                       path, body):
     headers = {"Authorization": f"Bearer {admin.token}", "Content-Type": "application/json"}
     answer = getattr(client, method)(path, data=json.dumps(body), headers=headers)
