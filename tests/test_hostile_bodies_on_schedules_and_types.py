@@ -30,8 +30,8 @@ CASES = [
 
 
 @pytest.mark.parametrize(("method", "path", "body"), CASES)
-def test_hostile_bodies_on_schedule_push_and_limit_routes_are_refused_with_a_problem(client, admin, method,
-                                                                      path, body):
+def test_hostile_bodies_on_schedule_push_and_limit_routes_are_refused_with_a_problem(
+        client, admin, method, path, body):
     headers = {"Authorization": f"Bearer {admin.token}", "Content-Type": "application/json"}
     answer = getattr(client, method)(path, data=json.dumps(body), headers=headers)
     assert 400 <= answer.status_code < 500
