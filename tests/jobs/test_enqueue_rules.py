@@ -3,6 +3,7 @@ unique key's return, replace and reject, decided without a database."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -92,8 +93,8 @@ def test_a_batch_item_meets_an_earlier_item_as_a_stored_job(enqueuing, uow):
 def test_a_slot_with_its_job_is_none_and_a_reject_still_refuses(enqueuing, uow):
     def slot_job(slot: int, **fields: Any) -> Any:
         new = new_job(enqueuing.intake, PRODUCER, request(**fields), None, 1)
-        return type(new)({**new.values, "schedule": "daily", "scheduled_for": slot},
-                         new.unique, new.scheduled)
+        return dataclasses.replace(new, values={**new.values, "schedule": "daily",
+                                                "scheduled_for": slot})
 
     stored = uow.run(lambda tx: enqueuing.enqueue_in(tx, slot_job(1), actor="schedule:daily"))
     assert stored is not None and stored.created
