@@ -75,7 +75,7 @@ def test_a_unique_reject_refuses_with_the_twin_and_stores_nothing(enqueuing, uow
     first = enqueuing.enqueue(PRODUCER, request(unique={"key": "u", "on_conflict": "reject"}))
     with pytest.raises(UniqueConflict) as refused:
         enqueuing.enqueue(PRODUCER, request(unique={"key": "u", "on_conflict": "reject"}))
-    assert refused.value.extra == {"existing_job_id": first.job.id}
+    assert refused.value.existing_job_id == first.job.id
     assert list(uow.jobs.rows) == [first.job.id]
 
 

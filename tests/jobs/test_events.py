@@ -47,10 +47,10 @@ def test_events_are_told_after_their_transaction_commits_and_once(app, api, prod
 
 def test_an_admins_retry_and_cancel_are_counted_single_and_bulk(app, api, client, producer,
                                                                admin):
-    service = app.extensions["queuelog"].jobs
+    uow = app.extensions["queuelog"].jobs.uow
     first, second = (api.enqueue(producer).json["id"] for _ in range(2))
     told: list[tuple[str, int]] = []
-    service.on_event = lambda name, count: told.append((name, count))
+    uow.on_event = lambda name, count: told.append((name, count))
 
     assert api.cancel(admin, first).status_code == 200
     assert told == [("cancelled", 1)]
