@@ -4,10 +4,10 @@ claims of many jobs then their completes, each in its own transaction, with the
 repository's own statements.
 
 Every run starts from a fresh database file migrated to the real schema (the jobs table
-with every index the migrations make), opened with the pragmas app.db's connect hook sets
-(WAL, busy_timeout, synchronous=FULL, foreign_keys). What it leaves out is everything
-queuelog adds around the statements: HTTP, JSON, validation, SQLAlchemy, the group commit,
-and the history rows (events, attempts) each job also gets.
+with every index the migrations make), opened with the pragmas app/storage/engine.py's
+connect hook sets (WAL, busy_timeout, synchronous=FULL, foreign_keys). What it leaves out is
+everything queuelog adds around the statements: HTTP, JSON, validation, SQLAlchemy, the group
+commit, and the history rows (events, attempts) each job also gets.
 """
 
 from __future__ import annotations

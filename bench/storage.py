@@ -185,7 +185,7 @@ class RawWay:
     """sqlite3 alone: the repository's statements, the engine's pragmas, nothing else."""
 
     def __init__(self, path: str, synchronous: str, statements: Statements) -> None:
-        # The connection set up as app.db's connect hook sets up the engine's.
+        # The connection set up as app/storage/engine.py's connect hook sets up the engine's.
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")

@@ -35,7 +35,7 @@ def trust_caller(_conn: Connection, _caller: Caller) -> None:
 
 
 class Timeline:
-    """The job's history (app/history/recorder.py) written on one transaction's connection."""
+    """The job's history (app/jobs/timeline/recorder.py) written on one transaction's connection."""
 
     def __init__(self, recorder: HistoryRecorder, conn: Connection) -> None:
         self._recorder = recorder
