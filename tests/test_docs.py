@@ -10,6 +10,7 @@ Examples that are deliberately partial (ellipses, `{…}`) are labelled ```text,
 
 from __future__ import annotations
 
+import configparser
 import itertools
 import json
 import re
@@ -246,3 +247,23 @@ def test_scaling_counts_postgresql_connections_with_the_shipped_worker_count() -
     assert f"`QUEUELOG_DB_POOL_SIZE` ({pool})" in bullet
     assert f"at most {workers}" in bullet
     assert f"up to {workers * pool * 2} connections per host" in bullet
+
+
+def _layers_drawn(path: Path, heading: str) -> list[str]:
+    """The layers a document draws: the first column of the text fence under `heading`."""
+    text = path.read_text(encoding="utf-8")
+    section = text.split(f"\n{heading}\n", 1)[1]
+    fence = next(f for f in fences(path) if f.info == "text" and f.content in section)
+    return [re.split(r"\s{2,}", line.strip())[0] for line in fence.content.splitlines()
+            if line.strip()]
+
+
+@pytest.mark.parametrize(("path", "heading"), [(README, "## How it is built"),
+                                               (ROOT / "docs" / "ARCHITECTURE.md", "## Layers")],
+                         ids=["README", "ARCHITECTURE"])
+def test_the_layers_drawn_are_the_layers_ci_checks(path: Path, heading: str) -> None:
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    checked = [line.strip() for line in
+               config["importlinter:contract:layers"]["layers"].splitlines() if line.strip()]
+    assert _layers_drawn(path, heading) == checked
