@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from app.core.errors import IdempotencyKeyTaken, SlotTaken, UniqueScopeHeld
+from app.core.errors import IdempotencyKeyTaken, ScheduleNameTaken, SlotTaken, UniqueScopeHeld
 from app.storage.integrity import constraint_name, translated, unique_indexes_translated
 
 
@@ -28,6 +28,7 @@ def postgres_error(constraint: str) -> IntegrityError:
      IdempotencyKeyTaken),
     ("jobs.producer, jobs.unique_scope", "uq_jobs_producer_unique_scope", UniqueScopeHeld),
     ("jobs.schedule, jobs.scheduled_for", "uq_jobs_schedule_scheduled_for", SlotTaken),
+    ("schedules.name", "pk_schedules", ScheduleNameTaken),
 ])
 def test_each_engine_names_the_index_and_its_domain_error(columns, index, domain_error):
     for error in (sqlite_error(f"UNIQUE constraint failed: {columns}"), postgres_error(index)):

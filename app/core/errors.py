@@ -95,3 +95,7 @@ class UniqueScopeHeld(UniqueIndexRefused):
 
 class SlotTaken(UniqueIndexRefused):
     """The schedule's slot has its job already (uq_jobs_schedule_scheduled_for)."""
+
+
+class ScheduleNameTaken(UniqueIndexRefused):
+    """A schedule of this name exists already (pk_schedules)."""

@@ -6,10 +6,11 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, false, insert, select, update
-from sqlalchemy.exc import IntegrityError
 
+from app.core.errors import ScheduleNameTaken
 from app.schedules.models import Schedule
 from app.storage.dialects import writers_serialised
+from app.storage.integrity import refused_in_savepoint
 from app.storage.schema import schedules
 
 
@@ -28,10 +29,10 @@ class ScheduleRepository:
     def insert_schedule(self, values: Mapping[str, Any]) -> Schedule | None:
         """Insert a schedule; None when its name is taken."""
         try:
-            with self.conn.begin_nested():
+            with refused_in_savepoint(self.conn):
                 row = self.conn.execute(
                     insert(schedules).returning(*schedules.c), dict(values)).first()
-        except IntegrityError:
+        except ScheduleNameTaken:
             return None
         return None if row is None else _schedule(row)
 

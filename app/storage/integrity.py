@@ -11,10 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import Connection, Index, UniqueConstraint
+from sqlalchemy import Connection, Index, PrimaryKeyConstraint, UniqueConstraint
 from sqlalchemy.exc import IntegrityError
 
-from app.core.errors import IdempotencyKeyTaken, SlotTaken, UniqueIndexRefused, UniqueScopeHeld
+from app.core.errors import (
+    IdempotencyKeyTaken,
+    ScheduleNameTaken,
+    SlotTaken,
+    UniqueIndexRefused,
+    UniqueScopeHeld,
+)
 from app.storage.schema import metadata
 
 # The unique indexes a domain error stands for, by name.
@@ -22,19 +28,21 @@ _REFUSED_BY: dict[str, type[UniqueIndexRefused]] = {
     "uq_jobs_producer_idempotency_key": IdempotencyKeyTaken,
     "uq_jobs_producer_unique_scope": UniqueScopeHeld,
     "uq_jobs_schedule_scheduled_for": SlotTaken,
+    "pk_schedules": ScheduleNameTaken,
 }
 
 _SQLITE_UNIQUE = "UNIQUE constraint failed: "
 
 
 def _names_by_columns() -> dict[tuple[str, ...], str]:
-    """Every named unique index or constraint of the schema, by its "table.column"s."""
+    """Every named unique index or constraint (primary keys included) of the schema, by its
+    "table.column"s."""
     named: dict[tuple[str, ...], str] = {}
     for table in metadata.tables.values():
-        uniques: list[Index | UniqueConstraint] = [index for index in table.indexes
-                                                   if index.unique]
+        uniques: list[Index | UniqueConstraint | PrimaryKeyConstraint] = [
+            index for index in table.indexes if index.unique]
         uniques += [constraint for constraint in table.constraints
-                    if isinstance(constraint, UniqueConstraint)]
+                    if isinstance(constraint, UniqueConstraint | PrimaryKeyConstraint)]
         for unique in uniques:
             if isinstance(unique.name, str):
                 named[tuple(f"{table.name}.{column.name}" for column in unique.columns)] = \

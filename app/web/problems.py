@@ -30,6 +30,7 @@ from app.core.errors import (
     IdempotencyKeyTaken,
     NotFound,
     QueueError,
+    ScheduleNameTaken,
     ServiceUnavailable,
     SlotTaken,
     Unauthorized,
@@ -98,6 +99,7 @@ PROBLEM_TYPES: dict[type[Exception], ProblemType] = {
     IdempotencyKeyTaken: _INTERNAL,
     UniqueScopeHeld: _INTERNAL,
     SlotTaken: _INTERNAL,
+    ScheduleNameTaken: _INTERNAL,
     # A domain error no entry names more closely is a bug of ours, as any other exception.
     Exception: _INTERNAL,
     QueueError: _INTERNAL,
