@@ -559,6 +559,17 @@ class _QueuelogGroup(FlaskGroup):
             url = ctx.ensure_object(ScriptInfo).load_app().config["DATABASE_URL"]
             raise click.ClickException(explain_database_error(exc, url) or str(exc)) from None
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        # `queuelog --help` builds the app to list its commands; Flask prints the traceback of
+        # an app that cannot be built. A database URL queuelog cannot use is one line instead,
+        # and the help lists what needs no app (the worker).
+        try:
+            ctx.ensure_object(ScriptInfo).load_app()
+        except DatabaseSetupError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            return sorted(click.Group.list_commands(self, ctx))
+        return super().list_commands(ctx)
+
 
 def build_cli() -> click.Group:
     """The `queuelog` command: queuelog's commands and version, none of Flask's own."""

@@ -72,6 +72,20 @@ def test_a_database_url_mistake_is_one_line(tmp_path, command, name, url, phrase
     assert list(tmp_path.iterdir()) == []  # no file created by the mistake
 
 
+@pytest.mark.parametrize(("name", "url", "phrases"),
+                         [m for m in MISTAKES if not m[0].startswith("sqlite")],
+                         ids=[m[0] for m in MISTAKES if not m[0].startswith("sqlite")])
+def test_help_with_a_database_url_mistake_says_it_in_one_line(tmp_path, name, url,
+                                                              phrases) -> None:
+    result = run(["--help"], tmp_path, QUEUELOG_DATABASE_URL=url(tmp_path))
+    assert result.returncode == 0
+    assert "Usage: queuelog" in result.stdout and "worker" in result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+
+
 def test_a_database_never_migrated_is_one_line(tmp_path) -> None:
     database = tmp_path / "other.sqlite3"
     with sqlite3.connect(database) as connection:
