@@ -293,6 +293,20 @@ def test_concurrency_runs_that_many_jobs_at_once(live_server, threaded_workers):
     running.stop()
 
 
+def test_a_worker_running_more_jobs_than_one_claim_may_take_claims_them_in_turns(
+        live_server, threaded_workers):
+    # One claim-many takes at most 100 jobs (CLAIM_JOBS); a worker free for 150 asks for 100,
+    # then for the rest, and never for more than the server takes (a 422 would stop it).
+    producer = live_server.client(live_server.create_key("shop", "producer"))
+    ids = [job["id"] for job in producer.enqueue_many([{"type": "email"}] * 150)]
+
+    running = threaded_workers(live_server, handlers.succeed, "mailer", concurrency=150)
+    wait_until(lambda: _all_finished(live_server, ids), what="the 150 jobs")
+
+    assert set(_status_of(live_server, ids)) == {"completed"}
+    running.stop()
+
+
 def test_a_handler_may_ask_for_a_retry_later(live_server, threaded_workers):
     producer = live_server.client(live_server.create_key("shop", "producer"))
     job = producer.enqueue("email")
