@@ -271,10 +271,9 @@ class Transition(enum.Enum):
         """What this transition, which left `job` as it is, records for it."""
         return self.value.marks_of(job)
 
-    def metrics_of(self, jobs: Iterable[Job]) -> Counter[str]:
-        """The metrics this transition, which left `jobs` as they are, counts, by name."""
-        counted: Counter[str] = Counter()
+    def count_metrics(self, jobs: Iterable[Job], into: Counter[str]) -> None:
+        """Add to `into` (a transaction's events), by name, the metrics this transition
+        counts for `jobs`, which it left as they are."""
         for job in jobs:
             for metric in self.value.marks_of(job).metrics:
-                counted[metric.value] += 1
-        return counted
+                into[metric.value] += 1

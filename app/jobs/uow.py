@@ -98,7 +98,7 @@ class JobsTx(Transaction):
         events = self.events
         # Not a metric: wakes the reads waiting for a job to finish (GET ?wait_seconds).
         events[FINISHED] += sum(1 for job in jobs if job.status in TERMINAL_STATUSES)
-        events.update(transition.metrics_of(jobs))
+        transition.count_metrics(jobs, events)
 
 
 JobsUnitOfWork = UnitOfWork[JobsTx]
