@@ -112,6 +112,19 @@ def test_every_operation_that_reads_a_body_declares_413_415_and_422(
             assert list(operation["requestBody"]["content"]) == ["application/json"]
 
 
+def test_a_414_is_documented_as_the_problem_the_server_answers_it_with(
+        document: dict[str, Any]) -> None:
+    # queuelog's gunicorn worker answers a request line past limit_request_line with a
+    # problem (queuelog_gunicorn/worker.py), before the app runs: the document says so.
+    with_query = [(key, operation) for key, operation in _operations(document).items()
+                  if any(parameter.get("in") == "query"
+                         for parameter in operation.get("parameters", []))]
+    assert with_query
+    for (method, path), operation in with_query:
+        too_long = _resolve(document, operation["responses"]["414"])
+        assert list(too_long["content"]) == ["application/problem+json"], f"{method} {path}"
+
+
 def test_each_route_declares_the_statuses_the_contract_gives_it(
         document: dict[str, Any]) -> None:
     declared = {key: set(operation["responses"])

@@ -292,12 +292,11 @@ def _operation(rule: Rule, method: str, view: Any, doc: OperationDoc | None) -> 
         responses[str(status)] = {"$ref": f"#/components/responses/{_PROBLEMS[status][0]}"}
     if doc.query is not None:
         # A query string can make the request line longer than gunicorn accepts
-        # (limit_request_line); gunicorn refuses it before the app runs, in its own HTML.
-        responses["414"] = {
-            "description": "The request line is longer than the server accepts (answered "
-                           "by gunicorn before the application, as text/html).",
-            "content": {"text/html": {"schema": {"type": "string"}}},
-        }
+        # (limit_request_line): refused before the app runs, and answered as a problem by
+        # queuelog's gunicorn worker (queuelog_gunicorn/worker.py problem_in_place_of).
+        responses["414"] = _problem_response(
+            414, "The request line is longer than the server accepts (answered by the "
+                 "server before the application).")
     operation["responses"] = responses
     return operation
 
