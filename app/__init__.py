@@ -19,7 +19,7 @@ from app.jobs.models import Backoff
 from app.jobs.service import JobService
 from app.jobs.settings import QueueSettings
 from app.jobs.timeline.recorder import HistoryRecorder
-from app.jobs.uow import FINISHED, bind_jobs
+from app.jobs.uow import CLAIMABLE, FINISHED, bind_jobs
 from app.jobs.waiting import JobSignal
 from app.keys.service import KeyService
 from app.ops import init_ops
@@ -160,6 +160,9 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
                                    keys.confirm_live),
                      on_event=on_event, signals={FINISHED: finished.notify})
     jobs = JobService(uow, clock, settings, flow=flow, finished=finished)
+    # Jobs released by their last dependency's end wake this process's waiting claims, as
+    # an enqueue does.
+    uow.signals[CLAIMABLE] = jobs.signal.notify
     return Services(
         db=db,
         clock=clock,

@@ -93,7 +93,8 @@ def _empty_postgres(url: str) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE jobs, api_keys, job_types, job_attempts, job_events, "
-                          "key_activity, schedules, ui_sessions, ui_sign_in_failures "
+                          "key_activity, schedules, ui_sessions, ui_sign_in_failures, "
+                          "job_dependencies, workflows, workflow_jobs "
                           "RESTART IDENTITY"))
     engine.dispose()
 

@@ -55,10 +55,17 @@ CRON_CHARS = Limit[int]("CRON_CHARS", 1, 200, "characters", "a schedule's cron e
 TIMEZONE_CHARS = Limit[int]("TIMEZONE_CHARS", 1, 64, "characters",
                             "a schedule's IANA time zone name")
 PUSH_URL_CHARS = Limit[int]("PUSH_URL_CHARS", 0, 2000, "characters", "a push type's endpoint")
+REF_CHARS = Limit[int]("REF_CHARS", 1, 100, "characters",
+                       "a job's ref within a workflow or a batch ([A-Za-z0-9._-])")
+WORKFLOW_NAME_CHARS = Limit[int]("WORKFLOW_NAME_CHARS", 1, 100, "characters",
+                                 "a workflow's name (printable ASCII)")
 
 # -- how many ----------------------------------------------------------------------------------
 RETRIES = Limit[int]("RETRIES", 0, 25, "retries", "a job's max_retries", default=3)
 BATCH_JOBS = Limit[int]("BATCH_JOBS", 1, 1000, "jobs", "the jobs of one POST /jobs/batch")
+WORKFLOW_JOBS = Limit[int]("WORKFLOW_JOBS", 1, 1000, "jobs", "the jobs of one POST /workflows")
+DEPENDENCIES = Limit[int]("DEPENDENCIES", 0, 100, "jobs",
+                          "the dependencies one job names (depends_on)")
 CLAIM_JOBS = Limit[int]("CLAIM_JOBS", 1, 100, "jobs", "the jobs one claim-many takes",
                         default=10)
 CLAIM_TYPES = Limit[int]("CLAIM_TYPES", 0, 100, "types", "the types one claim names")
@@ -105,8 +112,9 @@ PUSH_TIMEOUT_SECONDS = Limit[int]("PUSH_TIMEOUT_SECONDS", 1, 900, "seconds",
 
 LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     JOB_ID, TYPE_CHARS, NAME_CHARS, KEY_CHARS, LEASE_TOKEN_CHARS, CURSOR_CHARS, TOKEN_CHARS,
-    ERROR_CHARS, STORED_ERROR_CHARS, CRON_CHARS, TIMEZONE_CHARS, PUSH_URL_CHARS,
-    RETRIES, BATCH_JOBS, CLAIM_JOBS, CLAIM_TYPES, COMPLETE_ITEMS, BULK_JOBS, PAGE_ITEMS,
+    ERROR_CHARS, STORED_ERROR_CHARS, CRON_CHARS, TIMEZONE_CHARS, PUSH_URL_CHARS, REF_CHARS,
+    WORKFLOW_NAME_CHARS, RETRIES, BATCH_JOBS, WORKFLOW_JOBS, DEPENDENCIES, CLAIM_JOBS,
+    CLAIM_TYPES, COMPLETE_ITEMS, BULK_JOBS, PAGE_ITEMS,
     PAGE_BYTES, CATCH_UP, BATCH_ROWS, TYPE_LIMIT, RATE,
     LEASE_SECONDS, DELAY_SECONDS, UNIQUE_PERIOD_SECONDS, RETRY_IN_SECONDS, CLAIM_WAIT_SECONDS,
     RESULT_WAIT_SECONDS, PUSH_TIMEOUT_SECONDS,

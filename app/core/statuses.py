@@ -7,6 +7,8 @@ from typing import Any
 
 
 class JobStatus(enum.StrEnum):
+    # Waiting for its dependencies (contract §15): never claimed, never pushed.
+    WAITING = "waiting"
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -15,10 +17,15 @@ class JobStatus(enum.StrEnum):
 
 
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+UNFINISHED_STATUSES = frozenset({JobStatus.WAITING, JobStatus.PENDING, JobStatus.RUNNING})
 
 # Each status's bit in a job's `unique_while` mask (the statuses in which it holds its unique
-# key). Stored, and spelled into the unique index's predicate: never renumber.
+# key). Stored, and spelled into the unique index's predicate: never renumber. A waiting job
+# holds its key as a pending one does (the same bit, by design, not by accident): a while
+# set always holds pending, so a job waiting for its dependencies is one more queued copy of
+# the work, and its release to pending changes nothing the index sees.
 STATUS_BITS: dict[JobStatus, int] = {
+    JobStatus.WAITING: 1,
     JobStatus.PENDING: 1,
     JobStatus.RUNNING: 2,
     JobStatus.COMPLETED: 4,

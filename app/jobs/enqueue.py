@@ -19,9 +19,20 @@ from app.core.errors import (
     UniqueScopeHeld,
     ValidationFailed,
 )
-from app.jobs.intake import IntakeRules, NewJob, meet_stored_twin, new_job, plan_batch, replayed
+from app.core.statuses import TERMINAL_STATUSES, JobStatus
+from app.jobs.graph import Birth, Dependency, GraphItem, births, field, resolve_graph
+from app.jobs.intake import (
+    BatchPlan,
+    IntakeRules,
+    NewJob,
+    meet_stored_twin,
+    new_job,
+    plan_batch,
+    replayed,
+)
 from app.jobs.models import Job
 from app.jobs.repository import WriteConflict
+from app.jobs.timeline.models import SERVICE_ACTOR
 from app.jobs.transitions import Transition
 from app.jobs.uniqueness import Deduplicated
 from app.jobs.uow import JobsTx, JobsUnitOfWork
@@ -49,6 +60,28 @@ class Enqueued:
         return not self.replayed and self.deduplicated is Deduplicated.NO
 
 
+@dataclass(frozen=True)
+class GraphRequest:
+    """Jobs enqueued together with dependencies (POST /jobs with depends_on, a batch naming
+    refs or ids, a workflow), checked and resolved before any transaction: each item's new
+    job, its place in the graph and its dependencies. `prefix` names the items' fields in
+    errors (`jobs` → `jobs.3.depends_on`; None for a single job)."""
+
+    items: list[NewJob]
+    graph: list[GraphItem]
+    deps: list[list[Dependency]]
+    prefix: str | None
+
+
+def graph_item_of(request: dict[str, Any]) -> GraphItem:
+    return GraphItem(request.get("ref"), tuple(request.get("depends_on") or ()),
+                     (request.get("on_dependency_failure") or "cancel") == "cancel")
+
+
+def has_dependencies(request: dict[str, Any]) -> bool:
+    return bool(request.get("depends_on")) or request.get("ref") is not None
+
+
 class _TwinMoved(Exception):
     """A batch's stored twin stopped being pending before its replacement (PostgreSQL)."""
 
@@ -71,6 +104,11 @@ class Enqueuing:
 
         Raises ValidationFailed, Forbidden, Conflict or UniqueConflict.
         """
+        if request.get("depends_on"):
+            [outcome] = self._enqueue_graph(caller, self.prepare_graph(
+                caller, [request], prefix=None, earlier_only=True,
+                header_idempotency_key=header_idempotency_key))
+            return outcome
         now = self.clock.now_us()
         new = new_job(self.intake, caller, request, header_idempotency_key, now)
 
@@ -90,27 +128,65 @@ class Enqueuing:
         (`jobs.3.type`). Idempotency keys and unique keys work per item, and an item meets an
         earlier item of the batch as it would a stored job.
         """
-        now = self.clock.now_us()
-        items, errors = [], {}
-        for position, request in enumerate(requests):
-            try:
-                items.append(new_job(self.intake, caller, request, None, now))
-            except ValidationFailed as exc:
-                errors.update({f"jobs.{position}.{field}": messages
-                               for field, messages in (exc.errors or {}).items()})
-            except Forbidden as exc:
-                raise Forbidden(f"jobs.{position}: {exc.detail}") from None
-        if errors:
-            raise ValidationFailed("Some jobs did not validate; nothing was stored.",
-                                   errors=errors)
+        if any(has_dependencies(request) for request in requests):
+            return self._enqueue_graph(caller, self.prepare_graph(
+                caller, requests, prefix="jobs", earlier_only=True))
+        items = self._new_jobs(caller, requests, prefix="jobs")
 
         def enqueue_in(tx: JobsTx) -> list[Enqueued]:
             tx.confirm(caller)
             return _insert_or_meet_many(tx, items)
 
+        return self._run_batch(enqueue_in)
+
+    def prepare_graph(self, caller: Caller, requests: list[dict[str, Any]], *,
+                      prefix: str | None, earlier_only: bool,
+                      header_idempotency_key: str | None = None) -> GraphRequest:
+        """Check jobs enqueued with their dependencies, before any transaction: each job as
+        an enqueue would, and the graph (see app/jobs/graph.py). `earlier_only`: refs name
+        earlier items only (a batch). Raises ValidationFailed naming every field at fault,
+        or Forbidden."""
+        items = self._new_jobs(caller, requests, prefix=prefix,
+                               header_idempotency_key=header_idempotency_key)
+        graph = [graph_item_of(request) for request in requests]
+        return GraphRequest(items, graph, resolve_graph(graph, prefix=prefix,
+                                                        earlier_only=earlier_only), prefix)
+
+    def _enqueue_graph(self, caller: Caller, request: GraphRequest) -> list[Enqueued]:
+        def enqueue_in(tx: JobsTx) -> list[Enqueued]:
+            tx.confirm(caller)
+            return self.enqueue_graph_in(tx, caller, request)
+
+        return self._run_batch(enqueue_in)
+
+    def _new_jobs(self, caller: Caller, requests: list[dict[str, Any]], *,
+                  prefix: str | None, header_idempotency_key: str | None = None
+                  ) -> list[NewJob]:
+        """Each request's new job, at one moment; ValidationFailed names every field at
+        fault by position (`jobs.3.type`), Forbidden the first item refused."""
+        now = self.clock.now_us()
+        items, errors = [], {}
+        for position, request in enumerate(requests):
+            try:
+                items.append(new_job(self.intake, caller, request, header_idempotency_key,
+                                     now))
+            except ValidationFailed as exc:
+                errors.update({field(prefix, position, name): messages
+                               for name, messages in (exc.errors or {}).items()})
+            except Forbidden as exc:
+                if prefix is None:
+                    raise
+                raise Forbidden(f"{prefix}.{position}: {exc.detail}") from None
+        if errors:
+            raise ValidationFailed("Some jobs did not validate; nothing was stored.",
+                                   errors=errors)
+        return items
+
+    def _run_batch(self, work: Callable[[JobsTx], list[Enqueued]]) -> list[Enqueued]:
+        """Run a batch's transaction, again when a concurrent request raced its keys."""
         for attempt in range(_BATCH_ATTEMPTS):
             try:
-                results = self.uow.run(enqueue_in)
+                results = self.uow.run(work)
                 break
             except (IdempotencyKeyTaken, UniqueScopeHeld, WriteConflict, _TwinMoved):
                 # A concurrent request stored one of these keys between our look-up and
@@ -124,6 +200,56 @@ class Enqueuing:
                for outcome in results):
             self.signal.notify()
         return results
+
+    @staticmethod
+    def enqueue_graph_in(tx: JobsTx, caller: Caller, request: GraphRequest) -> list[Enqueued]:
+        """Store a graph of jobs inside the caller's job transaction, all or nothing; what
+        each item made, in order.
+
+        The dependencies named by id are locked first (DependencyRepository
+        .lock_dependencies: a dependency finishing now is seen finished, one finishing later
+        finds the edges stored here). Each new job is born waiting, pending, or cancelled
+        (a dependency already failed or cancelled, under on_dependency_failure cancel), as
+        app/jobs/graph.py decides. An item that meets a stored job (an idempotency replay,
+        a unique twin) names that job, which keeps its own dependencies."""
+        existing = tx.dependencies.lock_dependencies(
+            {dep.job_id for deps in request.deps for dep in deps if dep.job_id is not None})
+        _refuse_unknown_dependencies(caller, request, existing)
+        status_of = {job_id: row.status for job_id, row in existing.items()}
+        decided: dict[int, Birth] = {}
+
+        def born_as(plan: BatchPlan) -> None:
+            fixed = _statuses_met(plan)
+            decided.update(births(request.deps, request.graph, status_of, fixed))
+            for position, (kind, row, _how) in enumerate(plan.steps):
+                if kind == "new":
+                    plan.new_rows[row]["status"] = decided[position].status.value
+
+        outcomes = _insert_or_meet_many(tx, request.items, before_insert=born_as)
+        job_of = [outcome.job for outcome in outcomes]
+        edges, born_cancelled, causes = [], [], {}
+        for position, birth in decided.items():
+            job = job_of[position]
+            graph = request.graph[position]
+            for order, dep in enumerate(request.deps[position]):
+                dep_id = dep.job_id if dep.job_id is not None else job_of[dep.item or 0].id
+                dep_status = status_of[dep_id] if dep.job_id is not None else (
+                    decided[dep.item or 0].status if (dep.item or 0) in decided
+                    else job_of[dep.item or 0].status)
+                edges.append({"job_id": job.id, "position": order, "depends_on_id": dep_id,
+                              "cancel_on_failure": int(graph.cancel_on_failure),
+                              "resolved": int(dep_status in TERMINAL_STATUSES)})
+            if birth.status is JobStatus.CANCELLED and birth.cancelled_by is not None:
+                cause = birth.cancelled_by
+                cause_id = cause.job_id if cause.job_id is not None else job_of[cause.item or 0].id
+                born_cancelled.append(job)
+                causes[job.id] = {"dependency": cause_id, "dependency_status":
+                                  status_of.get(cause_id) or JobStatus.CANCELLED.value}
+        tx.dependencies.add_edges(edges)
+        if born_cancelled:
+            tx.made(Transition.DEPENDENCY_CANCEL, born_cancelled, actor=SERVICE_ACTOR,
+                    now_us=born_cancelled[0].created_at, details=causes)
+        return outcomes
 
     def write(self, work: Callable[[JobsTx], T]) -> T:
         """Run `work` in a job transaction (app/storage/uow.py, whose rule it keeps); for
@@ -221,7 +347,40 @@ def insert_or_meet(tx: JobsTx, new: NewJob, actor: str | None = None) -> Enqueue
     raise Conflict("A request with this idempotency or unique key is in flight; retry.")
 
 
-def _insert_or_meet_many(tx: JobsTx, items: list[NewJob]) -> list[Enqueued]:
+def _refuse_unknown_dependencies(caller: Caller, request: GraphRequest,
+                                 existing: dict[int, Any]) -> None:
+    """ValidationFailed naming each item's dependencies that do not exist or that the caller
+    may not name (another producer's job): the two answered alike, so that no producer
+    learns of another's jobs (V-09)."""
+    errors: dict[str, list[str]] = {}
+    for position, deps in enumerate(request.deps):
+        unknown = [dep.job_id for dep in deps if dep.job_id is not None and (
+            dep.job_id not in existing
+            or not (caller.is_admin or existing[dep.job_id].producer == caller.name))]
+        if unknown:
+            errors[field(request.prefix, position, "depends_on")] = [
+                f"No job {job_id} that this key may name." for job_id in unknown]
+    if errors:
+        raise ValidationFailed("Some dependencies name no job this key may name; nothing "
+                               "was stored.", errors=errors)
+
+
+def _statuses_met(plan: BatchPlan) -> dict[int, str]:
+    """The items of a planned batch that met a stored job (a replay, a unique twin) or an
+    earlier item's job, by position: the status their job has, or will be born with (an
+    earlier item's: the one `births` gives it, read as that item's position)."""
+    fixed: dict[int, str] = {}
+    for position, (kind, ref, _how) in enumerate(plan.steps):
+        if kind in ("replay", "twin"):
+            fixed[position] = ref.status
+        elif kind in ("replay_item", "twin_item"):
+            fixed[position] = fixed.get(ref, JobStatus.PENDING.value)
+    return fixed
+
+
+def _insert_or_meet_many(tx: JobsTx, items: list[NewJob],
+                         before_insert: Callable[[BatchPlan], None] | None = None
+                         ) -> list[Enqueued]:
     repo = tx.jobs
     producer = items[0].values["producer"]
     keys = {item.values["idempotency_key"] for item in items
@@ -238,6 +397,8 @@ def _insert_or_meet_many(tx: JobsTx, items: list[NewJob]) -> list[Enqueued]:
         if job is None:
             raise _TwinMoved()
         replaced[job_id] = job
+    if before_insert is not None:
+        before_insert(plan)
     inserted = repo.insert_jobs(plan.new_rows)
     tx.timeline.enqueued(inserted)
     outcomes = [Enqueued(job, replayed=was_replayed, deduplicated=how)

@@ -120,7 +120,8 @@ def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
     fingerprint = None
     if idempotency_key is not None:
         fingerprint = request_fingerprint(job_type, request["payload"], priority,
-                                          request["max_retries"], schedule, concurrency_key)
+                                          request["max_retries"], schedule, concurrency_key,
+                                          dependencies_as_sent(request))
     unique = None
     if request.get("unique") is not None:
         unique = resolve_unique(request["unique"], job_type, request["payload"], run_at)
@@ -150,16 +151,27 @@ def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
     return NewJob(values, unique, scheduled=schedule is not None)
 
 
+def dependencies_as_sent(request: dict[str, Any]) -> list[Any] | None:
+    """A request's depends_on and on_dependency_failure as sent (None without any)."""
+    if not request.get("depends_on"):
+        return None
+    return [list(request["depends_on"]), request.get("on_dependency_failure") or "cancel"]
+
+
 def request_fingerprint(job_type: str, payload: dict[str, Any], priority: int,
                         max_retries: int, schedule: list[Any] | None,
-                        concurrency_key: str | None = None) -> str:
+                        concurrency_key: str | None = None,
+                        dependencies: list[Any] | None = None) -> str:
     """What makes two requests "the same request": type, canonical payload (keys sorted,
-    compact), effective priority, max_retries, the schedule as sent, and the concurrency key.
-    A request without a concurrency key fingerprints as it did before the field existed, so
-    replays of jobs stored earlier are still recognised."""
+    compact), effective priority, max_retries, the schedule as sent, the concurrency key and
+    the dependencies. A request without a concurrency key or dependencies fingerprints as it
+    did before those fields existed, so replays of jobs stored earlier are still
+    recognised."""
     fields: list[Any] = [job_type, payload, int(priority), max_retries, schedule]
     if concurrency_key is not None:
         fields.append(["concurrency_key", concurrency_key])
+    if dependencies is not None:
+        fields.append(["depends_on", dependencies])
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

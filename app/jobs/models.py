@@ -93,6 +93,16 @@ class Job:
         return self.retry_count < self.max_retries
 
 
+@dataclass(frozen=True, slots=True)
+class JobDependencies:
+    """What a job waits for (contract §15): its dependencies in depends_on order, how many of
+    them have not finished, and whether a failed or cancelled one cancels it."""
+
+    depends_on: tuple[int, ...]
+    unfinished: int
+    cancel_on_failure: bool
+
+
 @dataclass(frozen=True)
 class Backoff:
     """Exponential backoff with jitter.

@@ -10,8 +10,8 @@ from app.core.clock import Clock
 from app.core.errors import NotFound
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.jobs.cursor import decode_cursor, encode_cursor
-from app.jobs.models import Job
-from app.jobs.uow import JobsUnitOfWork
+from app.jobs.models import Job, JobDependencies
+from app.jobs.uow import JobsTx, JobsUnitOfWork
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
 
 
@@ -66,6 +66,31 @@ class JobReads:
         if job is None or not visible_to(caller, job):
             raise NotFound("No such job.")
         return job
+
+    def dependencies_of(self, jobs: list[Job]) -> dict[int, JobDependencies]:
+        """What each of these jobs waits for, by id; a job without dependencies is left out."""
+        if not jobs:
+            return {}
+        found = self.uow.read(lambda tx: tx.dependencies.dependencies_of(
+            [job.id for job in jobs]))
+        return {job_id: JobDependencies(
+                    tuple(dep_id for dep_id, _cancel, _resolved in edges),
+                    sum(1 for _id, _cancel, resolved in edges if not resolved),
+                    edges[0][1])
+                for job_id, edges in found.items()}
+
+    def dependencies_shown(self, caller: Caller, job_id: int) -> list[Job]:
+        """The jobs `job_id` depends on, in depends_on order, for the worker holding it (or
+        that held it last), its producer and admins; NotFound otherwise. A dependency purged
+        since is left out."""
+        job = self._read_visible(caller, job_id)
+
+        def read(tx: JobsTx) -> list[Job]:
+            edges = tx.dependencies.dependencies_of([job.id]).get(job.id, [])
+            found = [tx.jobs.get_job(dep_id) for dep_id, _cancel, _resolved in edges]
+            return [dep for dep in found if dep is not None]
+
+        return self.uow.read(read)
 
     def running_by_worker(self) -> dict[str, int]:
         """How many jobs each worker holds now, by the worker's name."""

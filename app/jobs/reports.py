@@ -92,21 +92,24 @@ class WorkerReports:
 
         def complete_each(tx: JobsTx) -> list[tuple[int, Job | QueueError]]:
             tx.confirm(caller)
-            answers: list[tuple[int, Job | QueueError]] = []
+            answers: list[tuple[int, Job | QueueError] | None] = [None] * len(items)
             # The items are judged at one moment, and the jobs they complete recorded
             # together (one executemany per history table rather than two statements a job).
             now = self.clock.now_us()
             completed: list[Job] = []
-            for item, stored_result in zip(items, results, strict=True):
-                job_id = item["id"]
+            # Taken in id order, as every transaction that locks several jobs takes them
+            # (an enqueue locking the dependencies it names, say): none waits for another
+            # in a circle on PostgreSQL.
+            for position in sorted(range(len(items)), key=lambda at: items[at]["id"]):
+                item, job_id = items[position], items[position]["id"]
                 try:
-                    answers.append((job_id, self._complete_in(
-                        tx, caller, job_id, item.get("lease_token"), stored_result,
-                        item.get("delivered"), now=now, completed=completed)))
+                    answers[position] = (job_id, self._complete_in(
+                        tx, caller, job_id, item.get("lease_token"), results[position],
+                        item.get("delivered"), now=now, completed=completed))
                 except (NotFound, Conflict) as problem:
-                    answers.append((job_id, problem))
+                    answers[position] = (job_id, problem)
             tx.made(Transition.COMPLETE, completed, actor=caller.name, now_us=now)
-            return answers
+            return [answer for answer in answers if answer is not None]
 
         answers = self.uow.run(complete_each)
         refused = [answer for _, answer in answers if isinstance(answer, ReportRefused)]

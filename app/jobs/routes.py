@@ -22,6 +22,7 @@ from app.jobs.schemas import (
     CompleteManyResultSchema,
     CompleteManySchema,
     CompleteSchema,
+    DependencyListSchema,
     EnqueueSchema,
     FailSchema,
     GetJobQuerySchema,
@@ -31,6 +32,7 @@ from app.jobs.schemas import (
     ListQuerySchema,
     render_job_page,
     represent,
+    represent_dependency,
 )
 from app.jobs.service import JobService
 from app.jobs.uniqueness import Deduplicated
@@ -81,9 +83,13 @@ def _service() -> JobService:
     return service
 
 
-def _job_response(job: Any, status: int = 200, lease_token: str | None = None) -> Response:
+def _job_response(job: Any, status: int = 200, lease_token: str | None = None, *,
+                  with_dependencies: bool = False) -> Response:
+    """The job as the caller may see it; `with_dependencies` shows what it waits for (reads
+    and enqueues; a worker's claim and reports leave that out)."""
+    dependencies = _service().dependencies_of([job]) if with_dependencies else None
     response = jsonify(represent(job, show_error=current_caller().is_admin,
-                                 lease_token=lease_token))
+                                 lease_token=lease_token, dependencies=dependencies))
     response.status_code = status
     return response
 
@@ -161,7 +167,9 @@ def enqueue_batch() -> Response:
     body = load_batch(json_body())
     results = _service().enqueue_many(current_caller(), body["jobs"])
     show_error = current_caller().is_admin
-    response = jsonify({"jobs": [represent(outcome.job, show_error=show_error)
+    dependencies = _service().dependencies_of([outcome.job for outcome in results])
+    response = jsonify({"jobs": [represent(outcome.job, show_error=show_error,
+                                           dependencies=dependencies)
                                  | {"replayed": outcome.replayed,
                                     "deduplicated": outcome.deduplicated.wire}
                                  for outcome in results]})
@@ -229,7 +237,10 @@ def enqueue_job() -> Response:
     header_key = _idempotency_key_header()
     body = load_body(_enqueue_schema)
     outcome = _service().enqueue(current_caller(), body, header_key)
-    response = _job_response(outcome.job, 201 if outcome.created else 200)
+    # A new job without depends_on waits for nothing: no read needed to say so.
+    response = _job_response(outcome.job, 201 if outcome.created else 200,
+                             with_dependencies=bool(body.get("depends_on"))
+                             or not outcome.created)
     response.headers["Location"] = url_for("jobs.get_job", job_id=outcome.job.id)
     if outcome.replayed:
         response.headers["Idempotent-Replayed"] = "true"
@@ -255,7 +266,8 @@ def list_jobs() -> Response:
     page, next_cursor = _service().list_jobs(
         current_caller(), status=query.get("status"), job_type=query.get("type"),
         limit=query["limit"], cursor=query.get("cursor"))
-    return Response(render_job_page(page, next_cursor, show_error=current_caller().is_admin),
+    return Response(render_job_page(page, next_cursor, show_error=current_caller().is_admin,
+                                    dependencies=_service().dependencies_of(page)),
                     mimetype="application/json")
 
 
@@ -270,7 +282,18 @@ def list_jobs() -> Response:
 def get_job(job_id: int) -> Response:
     query = load_query(_get_query_schema)
     answer = _service().await_job(current_caller(), job_id, query["wait_seconds"])
-    return _say_not_waited(_job_response(answer.value), answer)
+    return _say_not_waited(_job_response(answer.value, with_dependencies=True), answer)
+
+
+@bp.get("/jobs/<id:job_id>/dependencies")
+@documented("Read what a job's dependencies produced: for the worker holding it, its "
+            "producer and admins.",
+            replies=[Reply(200, "Its dependencies in depends_on order.", DependencyListSchema)],
+            errors=[404])
+@require_roles(*ANY_ROLE)
+def job_dependencies(job_id: int) -> Response:
+    shown = _service().dependencies_shown(current_caller(), job_id)
+    return jsonify({"dependencies": [represent_dependency(job) for job in shown]})
 
 
 @bp.post("/jobs/<id:job_id>/heartbeat")
@@ -306,7 +329,7 @@ def fail_job(job_id: int) -> Response:
 
 
 @bp.post("/jobs/<id:job_id>/cancel")
-@documented("Cancel a pending job.",
+@documented("Cancel a pending or waiting job.",
             body=EmptySchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.ADMIN)
 def cancel_job(job_id: int) -> Response:

@@ -6,8 +6,10 @@ configuration or the clock (allowed types, payload size, run_at's range) live in
 
 from __future__ import annotations
 
+import enum
 import json
 import re
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
@@ -21,6 +23,7 @@ from app.core.limits import (
     CLAIM_WAIT_SECONDS,
     COMPLETE_ITEMS,
     DELAY_SECONDS,
+    DEPENDENCIES,
     ERROR_CHARS,
     JOB_ID,
     KEY_CHARS,
@@ -28,6 +31,7 @@ from app.core.limits import (
     LEASE_TOKEN_CHARS,
     NAME_CHARS,
     PAGE_BYTES,
+    REF_CHARS,
     RESULT_WAIT_SECONDS,
     RETRIES,
     RETRY_IN_SECONDS,
@@ -37,8 +41,8 @@ from app.core.limits import (
 from app.core.priorities import PRIORITY_LABELS, Priority
 from app.core.statuses import JobStatus
 from app.jobs.cursor import encode_cursor
-from app.jobs.models import Job
-from app.jobs.uniqueness import DEFAULT_WHILE, OnConflict, while_set_problem
+from app.jobs.models import Job, JobDependencies
+from app.jobs.uniqueness import DEFAULT_WHILE, WHILE_STATUSES, OnConflict, while_set_problem
 from app.web.fields import (
     PRINTABLE_ASCII_TEXT,
     PageQuerySchema,
@@ -83,7 +87,7 @@ class ResultWaitSeconds(fields.Float):
         return seconds
 
 
-_STATUS_NAMES = [s.value for s in JobStatus]
+_STATUS_NAMES = list(WHILE_STATUSES)
 
 
 class UniqueSchema(StrictSchema):
@@ -115,6 +119,41 @@ class UniqueSchema(StrictSchema):
             raise ValidationError(problem, "while")
 
 
+class OnDependencyFailure(enum.StrEnum):
+    CANCEL = "cancel"
+    RUN = "run"
+
+
+REF_PATTERN = r"^[A-Za-z0-9._-]+$"
+_REF = validate.Regexp(REF_PATTERN, error="Must be 1..100 of A-Z a-z 0-9 . _ -")
+
+
+class DependencyRef(fields.Raw):
+    """An entry of depends_on in a batch or a workflow: an existing job's id (an integer) or
+    the ref of another item of the same request (a string)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(metadata={"oneOf": [
+            {"type": "integer", "minimum": JOB_ID.min, "maximum": JOB_ID.max},
+            {"type": "string", "minLength": REF_CHARS.min, "maxLength": REF_CHARS.max,
+             "pattern": REF_PATTERN}]}, **kwargs)
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int | str:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValidationError("Must be a job's id (an integer) or an item's ref (a string).")
+        if isinstance(value, int):
+            if not JOB_ID.min <= value <= JOB_ID.max:
+                raise ValidationError(f"An id is from {JOB_ID.min} to {JOB_ID.max}.")
+            return value
+        length_within(REF_CHARS)(value)
+        _REF(value)
+        return value
+
+def _depends_on(entry: fields.Field[Any], description: str) -> fields.List[Any]:
+    return fields.List(entry, validate=length_within(DEPENDENCIES),
+                       metadata={"description": description})
+
+
 class EnqueueSchema(StrictSchema):
     type = fields.String(required=True, validate=length_within(TYPE_CHARS))
     payload = fields.Dict(load_default=dict)
@@ -134,6 +173,13 @@ class EnqueueSchema(StrictSchema):
     unique = fields.Nested(UniqueSchema, load_default=None, allow_none=True, metadata={
         "description": "Keep one job for the same work: a twin is returned, rejected (409) "
                        "or replaced (debounce)."})
+    depends_on = _depends_on(StrictInteger(validate=within(JOB_ID)),
+                             "Ids of jobs the caller can see; the job waits until each has "
+                             "finished.")
+    on_dependency_failure = fields.String(
+        validate=validate.OneOf([choice.value for choice in OnDependencyFailure]),
+        metadata={"description": "What a dependency that ends failed or cancelled does: "
+                                 "cancel this job (default), or count as finished (run)."})
 
     # For /openapi.json: the rule _one_schedule enforces, said in JSON Schema, and a whole
     # example (field examples would be combined into a body that breaks that rule).
@@ -186,11 +232,23 @@ class BulkResultSchema(Schema):
     ids = fields.List(fields.Integer(), required=True)
 
 
+class GraphItemSchema(EnqueueSchema):
+    """A job of a batch or a workflow: a POST /jobs body, a ref its fellow items may name in
+    their depends_on, and depends_on naming ids and refs."""
+
+    ref = fields.String(validate=[length_within(REF_CHARS), _REF],
+                        metadata={"description": "A name for this job, unique in the request, "
+                                                 "that other items' depends_on may use."})
+    depends_on = _depends_on(DependencyRef(),
+                             "Ids of jobs the caller can see, and refs of other items of the "
+                             "request (in a batch: of earlier items).")
+
+
 class BatchEnqueueSchema(StrictSchema):
     """POST /jobs/batch's body. The route loads it through app/jobs/fastload.py, which gives
     what this schema would for plainly valid jobs: a rule changed here changes there too."""
 
-    jobs = fields.List(fields.Nested(EnqueueSchema), required=True,
+    jobs = fields.List(fields.Nested(GraphItemSchema), required=True,
                        validate=length_within(BATCH_JOBS))
 
 
@@ -271,6 +329,15 @@ class JobSchema(Schema):
                              metadata={"description": "The schedule that enqueued the job."})
     scheduled_for = fields.String(required=True, allow_none=True, metadata={
         "format": "date-time", "description": "The schedule's slot the job was enqueued for."})
+    depends_on = fields.List(fields.Integer(), metadata={
+        "description": "The jobs it waits for, in the order given. Shown on reads and "
+                       "enqueues; a worker's claim and reports leave it out (GET "
+                       "/jobs/{id}/dependencies)."})
+    waiting_on = fields.Integer(metadata={
+        "description": "While waiting: how many dependencies have not finished; else 0."})
+    on_dependency_failure = fields.String(allow_none=True, metadata={
+        "enum": [*(choice.value for choice in OnDependencyFailure), None],
+        "description": "null without dependencies."})
 
 
 class BatchJobSchema(JobSchema):
@@ -300,13 +367,34 @@ class CompleteManyResultSchema(Schema):
     results = fields.List(fields.Nested(CompleteResultSchema), required=True)
 
 
+class DependencySchema(Schema):
+    id = fields.Integer(required=True)
+    type = fields.String(required=True)
+    status = fields.String(required=True, validate=validate.OneOf([s.value for s in JobStatus]))
+    result = fields.Dict(required=True, allow_none=True)
+
+
+class DependencyListSchema(Schema):
+    dependencies = fields.List(fields.Nested(DependencySchema), required=True)
+
+
+def represent_dependency(job: Job) -> dict[str, Any]:
+    """A dependency as GET /jobs/{id}/dependencies shows it (DependencySchema)."""
+    return {"id": job.id, "type": job.type, "status": job.status,
+            "result": None if job.result is None else json.loads(job.result)}
+
+
 class JobListSchema(Schema):
     jobs = fields.List(fields.Nested(JobSchema), required=True)
     next_cursor = fields.String(required=True, allow_none=True)
 
 
-def represent(job: Job, *, show_error: bool, lease_token: str | None = None) -> dict[str, Any]:
-    """The job as JobSchema describes it. Built by hand: this runs on every response."""
+def represent(job: Job, *, show_error: bool, lease_token: str | None = None,
+              dependencies: Mapping[int, JobDependencies] | None = None) -> dict[str, Any]:
+    """The job as JobSchema describes it. Built by hand: this runs on every response.
+    `dependencies` (by job id; a job without any is not in it) adds depends_on, waiting_on
+    and on_dependency_failure; without it, as on the worker's claim and reports, they are
+    left out."""
     shown: dict[str, Any] = {
         "id": job.id,
         "type": job.type,
@@ -328,6 +416,16 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None) -> 
         "schedule": job.schedule,
         "scheduled_for": to_rfc3339(job.scheduled_for),
     }
+    if dependencies is not None:
+        waits = dependencies.get(job.id)
+        if waits is None:
+            shown.update(depends_on=[], waiting_on=0, on_dependency_failure=None)
+        else:
+            shown.update(
+                depends_on=list(waits.depends_on),
+                waiting_on=waits.unfinished if job.status == JobStatus.WAITING else 0,
+                on_dependency_failure=(OnDependencyFailure.CANCEL if waits.cancel_on_failure
+                                       else OnDependencyFailure.RUN).value)
     if lease_token is not None:
         shown["lease_token"] = lease_token
     if show_error:
@@ -336,8 +434,10 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None) -> 
 
 
 def render_job_page(page: list[Job], next_cursor: str | None, *, show_error: bool,
+                    dependencies: Mapping[int, JobDependencies],
                     max_bytes: int = PAGE_BYTES.max) -> bytes:
     """GET /jobs's body (JobListSchema), cut to `max_bytes` as render_page says."""
-    return render_page("jobs", page, lambda job: represent(job, show_error=show_error),
+    return render_page("jobs", page, lambda job: represent(job, show_error=show_error,
+                                                           dependencies=dependencies),
                        lambda job: encode_cursor(job.id), next_cursor,
                        longest_cursor=encode_cursor(JOB_ID.max), max_bytes=max_bytes)

@@ -4,7 +4,9 @@ it, the columns it writes, and what it leaves on the job's timeline and in the m
     pending --claim--> running --complete--> completed
        ^                  |--fail / lease expired, retries left--> pending (retry_count + 1)
        |                  '--fail / lease expired, none left-----> failed
-       '--retry (admin)-- failed | cancelled <--cancel (admin)-- pending
+       '--retry (admin)-- failed | cancelled <--cancel (admin)-- pending | waiting
+    waiting --last dependency finished--> pending
+    waiting --a dependency failed or was cancelled (on_dependency_failure cancel)--> cancelled
 
 The repository applies an edge (app/jobs/repository.py), the recorder writes what it records
 (app/jobs/timeline/recorder.py), the job service counts its metrics, and app/ops/metrics.py
@@ -46,6 +48,7 @@ class JobMetric(enum.StrEnum):
     REPORT_REFUSED = "report_refused"
     REQUEUED = "requeued"
     CANCELLED = "cancelled"
+    DEPENDENCY_CANCELLED = "dependency_cancelled"
 
 
 # The help text of each counter (/metrics).
@@ -61,7 +64,10 @@ JOB_METRICS: Mapping[JobMetric, str] = {
                               "did not hold the job).",
     JobMetric.REQUEUED: "Failed or cancelled jobs an admin sent back to pending (retry, "
                         "single or bulk).",
-    JobMetric.CANCELLED: "Pending jobs an admin cancelled (single or bulk).",
+    JobMetric.CANCELLED: "Pending or waiting jobs an admin or a producer cancelled (single, "
+                         "bulk, or a workflow's cancel).",
+    JobMetric.DEPENDENCY_CANCELLED: "Waiting jobs cancelled because a dependency failed or "
+                                    "was cancelled (on_dependency_failure cancel).",
 }
 
 
@@ -145,6 +151,11 @@ def lease_expired(job: Job, now_us: int) -> dict[str, Any]:
 
 def cancelled(*, now_us: int) -> dict[str, Any]:
     return {"status": JobStatus.CANCELLED.value, "lease_token": None, "updated_at": now_us}
+
+
+def released(*, now_us: int) -> dict[str, Any]:
+    """The last dependency finished: pending, claimable from its own run_at."""
+    return {"status": JobStatus.PENDING.value, "updated_at": now_us}
 
 
 def requeued(*, now_us: int) -> dict[str, Any]:
@@ -247,8 +258,13 @@ class Transition(enum.Enum):
                                          (JobMetric.RESCUED, JobMetric.RETRY_SCHEDULED),
                                          _rescue_detail),
                   closes_attempt=Outcome.LEASE_EXPIRED)
-    CANCEL = Edge((JobStatus.PENDING,), Guard.ANYONE, cancelled,
+    CANCEL = Edge((JobStatus.PENDING, JobStatus.WAITING), Guard.ANYONE, cancelled,
                   Marks(EventName.CANCELLED, (JobMetric.CANCELLED,)))
+    # Dependencies (app/jobs/dependencies.py): the last one finished, or one failed or was
+    # cancelled under on_dependency_failure cancel (the detail names it).
+    RELEASE = Edge((JobStatus.WAITING,), Guard.ANYONE, released, Marks(EventName.READY))
+    DEPENDENCY_CANCEL = Edge((JobStatus.WAITING,), Guard.ANYONE, cancelled,
+                             Marks(EventName.CANCELLED, (JobMetric.DEPENDENCY_CANCELLED,)))
     RETRY = Edge((JobStatus.FAILED, JobStatus.CANCELLED), Guard.ANYONE, requeued,
                  Marks(EventName.RETRIED, (JobMetric.REQUEUED,)))
     # A unique job's debounce: a pending twin takes a new request's payload, priority,

@@ -25,6 +25,9 @@ from app.core.clock import MICROS
 from app.core.statuses import STATUS_BITS, JobStatus
 
 DEFAULT_WHILE = (JobStatus.PENDING.value, JobStatus.RUNNING.value)
+# The statuses a while set may name. Waiting is not one of them: a waiting job holds its key
+# whenever pending does (app/core/statuses.py STATUS_BITS).
+WHILE_STATUSES = tuple(status.value for status in JobStatus if status is not JobStatus.WAITING)
 
 
 class OnConflict(enum.StrEnum):

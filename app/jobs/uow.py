@@ -8,14 +8,18 @@ transition made records and tells once committed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import Connection
 
 from app.core.callers import Caller
 from app.core.statuses import TERMINAL_STATUSES
+from app.jobs.dependencies import settle_dependents
+from app.jobs.dependency_repository import DependencyRepository
 from app.jobs.models import Job
 from app.jobs.repository import JobRepository
+from app.jobs.timeline.models import SERVICE_ACTOR
 from app.jobs.timeline.recorder import HistoryRecorder
 from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.transitions import Transition
@@ -25,6 +29,9 @@ from app.storage.uow import Transaction, UnitOfWork
 # which wakes the reads waiting for a job to finish once it has committed (a signal of the
 # unit of work).
 FINISHED = "finished"
+# Likewise: jobs that became claimable other than by an enqueue (a waiting job released by
+# its last dependency's end), which wakes this process's waiting claims.
+CLAIMABLE = "claimable"
 
 # Confirms, inside a transaction, that the caller's key is still live (raises otherwise).
 CallerCheck = Callable[[Connection, Caller], None]
@@ -42,9 +49,10 @@ class Timeline:
         self._conn = conn
 
     def transition(self, transition: Transition, jobs: Sequence[Job], *, actor: str,
-                   now_us: int, held_by: str | None = None) -> None:
+                   now_us: int, held_by: str | None = None,
+                   details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
         self._recorder.transition(self._conn, transition, jobs, actor=actor, now_us=now_us,
-                                  held_by=held_by)
+                                  held_by=held_by, details=details)
 
     def enqueued(self, jobs: Sequence[Job], *, actor: str | None = None,
                  actors: Sequence[str] | None = None) -> None:
@@ -66,13 +74,15 @@ class Timeline:
 
 
 class JobsTx(Transaction):
-    """A job transaction: `jobs` (JobRepository), `history` (HistoryRepository) and
-    `timeline` (the history recorder), all on the transaction's one connection."""
+    """A job transaction: `jobs` (JobRepository), `dependencies` (DependencyRepository),
+    `history` (HistoryRepository) and `timeline` (the history recorder), all on the
+    transaction's one connection."""
 
     def __init__(self, conn: Connection, recorder: HistoryRecorder,
                  confirm_caller: CallerCheck) -> None:
         super().__init__(conn)
         self.jobs = JobRepository(conn)
+        self.dependencies = DependencyRepository(conn)
         self.history = HistoryRepository(conn)
         self.timeline = Timeline(recorder, conn)
         self._confirm_caller = confirm_caller
@@ -88,13 +98,31 @@ class JobsTx(Transaction):
         return self.jobs
 
     def made(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
-             held_by: str | None = None) -> None:
+             held_by: str | None = None,
+             details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
         """Called in the transaction of every transition made, with the jobs as it left
         them: what a transition entails besides its UPDATE — the job's history (its attempts
-        and events) and the events counted for metrics. `actor` is who made it; `held_by`
-        the worker whose lease a rescue took back."""
+        and events), the events counted for metrics, and for the jobs it finished, what
+        their end does to the jobs waiting on them (app/jobs/dependencies.py). `actor` is
+        who made it; `held_by` the worker whose lease a rescue took back; `details` extra
+        event detail by job id."""
+        self._record(transition, jobs, actor=actor, now_us=now_us, held_by=held_by,
+                     details=details)
+        finished = [job for job in jobs if job.status in TERMINAL_STATUSES]
+        if finished:
+            released = settle_dependents(
+                self.jobs, self.dependencies, finished, now_us,
+                lambda made, changed, extra: self._record(
+                    made, changed, actor=SERVICE_ACTOR, now_us=now_us, details=extra))
+            self.events[CLAIMABLE] += len(released)
+
+    def _record(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
+                held_by: str | None = None,
+                details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
+        if not jobs:
+            return
         self.timeline.transition(transition, jobs, actor=actor, now_us=now_us,
-                                 held_by=held_by)
+                                 held_by=held_by, details=details)
         events = self.events
         # Not a metric: wakes the reads waiting for a job to finish (GET ?wait_seconds).
         events[FINISHED] += sum(1 for job in jobs if job.status in TERMINAL_STATUSES)

@@ -187,6 +187,64 @@ Index("ix_jobs_cancelled_id", jobs.c.id, sqlite_where=text("status = 'cancelled'
 Index("ix_jobs_worker_id_id", jobs.c.worker_id, jobs.c.id,
       sqlite_where=text("worker_id IS NOT NULL"), postgresql_where=text("worker_id IS NOT NULL"))
 
+# Jobs waiting for their dependencies, counted per type by GET /types from this index alone.
+# Partial: only a job entering or leaving waiting writes it, never an enqueue without
+# dependencies, a claim or a completion.
+Index("ix_jobs_waiting_type", jobs.c.type, sqlite_where=text("status = 'waiting'"),
+      postgresql_where=text("status = 'waiting'"))
+
+# -- workflows (contract §15): dependencies between jobs, and the graphs enqueued together ---
+# Kept beside the jobs table, not on it: the claim never reads them, so a job row stays as
+# narrow as it was, and a job without dependencies has no row here at all.
+
+# One row per (dependent job, dependency): `position` keeps depends_on's order. `resolved` is
+# set once the dependency has finished and been applied to the dependent (released, counted,
+# or cancelled): each edge is applied once, whatever the dependency does later (an admin's
+# retry of a failed dependency revives nothing). `cancel_on_failure` is the dependent's
+# on_dependency_failure, on each of its edges, where the dependency's end reads it.
+job_dependencies = Table(
+    "job_dependencies",
+    metadata,
+    Column("job_id", Id, primary_key=True),
+    Column("position", SmallInteger, primary_key=True),
+    Column("depends_on_id", Id, nullable=False),
+    Column("cancel_on_failure", SmallInteger, nullable=False),
+    Column("resolved", SmallInteger, nullable=False),
+)
+# A finishing job finds the edges that wait on it (each job's end probes this index once),
+# and purge asks whether any unfinished job still depends on a job.
+Index("ix_job_dependencies_depends_on_id", job_dependencies.c.depends_on_id,
+      job_dependencies.c.job_id)
+
+workflows = Table(
+    "workflows",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("name", String(100), nullable=True),
+    Column("producer", String(100), nullable=False),
+    Column("idempotency_key", String(255), nullable=True),
+    Column("request_fingerprint", String(64), nullable=True),
+    Column("created_at", Micros, nullable=False),
+    sqlite_autoincrement=True,
+)
+# A workflow's Idempotency-Key, per producer, as for jobs.
+Index("uq_workflows_producer_idempotency_key", workflows.c.producer,
+      workflows.c.idempotency_key, unique=True,
+      sqlite_where=text("idempotency_key IS NOT NULL"),
+      postgresql_where=text("idempotency_key IS NOT NULL"))
+Index("ix_workflows_producer_id", workflows.c.producer, workflows.c.id)
+
+# A workflow's jobs by ref, in request order (`position`).
+workflow_jobs = Table(
+    "workflow_jobs",
+    metadata,
+    Column("workflow_id", Id, primary_key=True),
+    Column("position", SmallInteger, primary_key=True),
+    Column("ref", String(100), nullable=False),
+    Column("job_id", Id, nullable=False),
+)
+Index("ix_workflow_jobs_job_id", workflow_jobs.c.job_id)
+
 # One row per job type whose settings were ever changed (a type without a row has the
 # defaults: not paused, no limits). The token bucket's state lives on the row, so that every
 # claim of a rate-limited type reads and spends it under the row's lock.

@@ -142,7 +142,8 @@ class FakeTimeline:
         self.told: list[tuple[str, list[int], dict[str, Any]]] = []
 
     def transition(self, transition: Transition, jobs: Sequence[Job], *, actor: str,
-                   now_us: int, held_by: str | None = None) -> None:
+                   now_us: int, held_by: str | None = None,
+                   details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
         self.told.append((transition.name.lower(), [job.id for job in jobs], {"actor": actor}))
 
     def enqueued(self, jobs: Sequence[Job], *, actor: str | None = None,
@@ -163,6 +164,13 @@ class FakeTimeline:
         pass  # a worker's last sign of life: no rule hangs on it
 
 
+class FakeDependencies:
+    """A store without dependencies between jobs: no job's end concerns another."""
+
+    def resolve_edges(self, finished_ids: Collection[int]) -> list[Any]:
+        return []
+
+
 class FakeTx(JobsTx):
     """A JobsTx on the fakes: `confirm` trusts every caller, `made` is the real one."""
 
@@ -172,6 +180,7 @@ class FakeTx(JobsTx):
         self.events = Counter()
         self.jobs = jobs  # type: ignore[assignment]
         self.timeline = timeline  # type: ignore[assignment]
+        self.dependencies = FakeDependencies()  # type: ignore[assignment]
         self._confirm_caller = lambda _conn, _caller: None
 
 

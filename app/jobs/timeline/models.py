@@ -27,6 +27,7 @@ class EventName(enum.StrEnum):
     DEDUPLICATED = "deduplicated"  # a unique enqueue met this job and got it back
     REPLACED = "replaced"  # a unique enqueue's debounce gave this pending job its request
     DELIVERED = "delivered"  # the dispatcher's POST got an answer (its status in detail)
+    READY = "ready"  # a waiting job's last dependency finished: pending
 
 
 # The actor of the service's own acts (a lease rescue).

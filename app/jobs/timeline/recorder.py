@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
@@ -44,9 +44,11 @@ class HistoryRecorder:
         self._written_lock = threading.Lock()
 
     def transition(self, conn: Connection, transition: Transition, jobs: Sequence[Job], *,
-                   actor: str, now_us: int, held_by: str | None = None) -> None:
+                   actor: str, now_us: int, held_by: str | None = None,
+                   details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
         """Record `transition`, which left `jobs` as they are; `held_by` names the worker a
-        rescued lease belonged to."""
+        rescued lease belonged to; `details`, by job id, adds to an event's detail what the
+        job alone does not say (the dependency that cancelled it)."""
         if not jobs:
             return
         repo = HistoryRepository(conn)
@@ -59,8 +61,10 @@ class HistoryRecorder:
             repo.close_attempts([{"closed_job_id": job.id, "new_error": self._error(outcome, job)}
                                  for job in jobs], outcome, now_us)
         if self.events:
+            extra = details or {}
             rows = [row for job in jobs
-                    if (row := self._event_row(transition, job, actor, now_us, held_by))]
+                    if (row := self._event_row(transition, job, actor, now_us, held_by,
+                                               extra.get(job.id)))]
             repo.add_events(rows)
 
     def enqueued(self, conn: Connection, jobs: Sequence[Job], *,
@@ -131,9 +135,10 @@ class HistoryRecorder:
 
     @staticmethod
     def _event_row(transition: Transition, job: Job, actor: str, now_us: int,
-                   held_by: str | None) -> dict[str, Any] | None:
+                   held_by: str | None, extra: Mapping[str, Any] | None
+                   ) -> dict[str, Any] | None:
         marks = transition.marks_of(job)
         if marks.event is None:
             return None
         return {"job_id": job.id, "at": now_us, "event": marks.event.value, "actor": actor,
-                "detail": _detail(**marks.detail(job, held_by))}
+                "detail": _detail(**marks.detail(job, held_by), **(extra or {}))}
