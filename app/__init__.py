@@ -31,6 +31,7 @@ from app.types.flow import FlowControl, SkipSink
 from app.types.service import TypeService
 from app.web.auth import init_auth
 from app.web.problems import register_error_handlers
+from app.workflows.service import WorkflowService
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Services:
     types: TypeService
     history: HistoryService
     schedules: ScheduleService
+    workflows: WorkflowService
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -92,6 +94,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.schedules.routes import bp as schedules_bp
 
     app.register_blueprint(schedules_bp)
+    from app.workflows.routes import bp as workflows_bp
+
+    app.register_blueprint(workflows_bp)
     from app.ui import init_ui
 
     init_ui(app)
@@ -177,4 +182,5 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
             ScheduleSettings(allow_seconds=config["SCHEDULE_SECONDS"],
                              grace_seconds=config["SCHEDULE_GRACE_SECONDS"]),
             on_fired=on_fired),
+        workflows=WorkflowService(jobs, clock),
     )

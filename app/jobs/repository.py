@@ -9,7 +9,7 @@ job's status goes through apply_transition or the claim, each made from its Tran
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -744,16 +744,22 @@ class JobRepository:
     # -- retention ------------------------------------------------------------------------
 
     def delete_finished_jobs(self, *, statuses: Collection[str], updated_before_us: int,
-                             after_id: int, limit: int) -> tuple[list[int], int | None]:
+                             after_id: int, limit: int,
+                             kept: Callable[[list[int]], Collection[int]] = lambda _ids: (),
+                             ) -> tuple[list[int], int | None]:
         """Delete up to `limit` jobs in `statuses` last updated before the cutoff, scanning
-        ids above `after_id`. Returns (the ids deleted, last id scanned or None when done)."""
+        ids above `after_id`, but those `kept` says to keep (of the ids found). Returns (the
+        ids deleted, last id scanned or None when done)."""
         batch = select(jobs.c.id).where(
             jobs.c.id > after_id,
             jobs.c.status.in_(list(statuses)),
             jobs.c.updated_at < updated_before_us,
-        ).order_by(jobs.c.id).limit(limit)
+        ).order_by(jobs.c.id).limit(limit).with_for_update()
         ids = list(self.conn.execute(batch).scalars())
         if not ids:
             return [], None
-        self.conn.execute(delete(jobs).where(jobs.c.id.in_(ids)))
-        return ids, ids[-1]
+        keep = set(kept(ids))
+        doomed = [job_id for job_id in ids if job_id not in keep]
+        if doomed:
+            self.conn.execute(delete(jobs).where(jobs.c.id.in_(doomed)))
+        return doomed, ids[-1]

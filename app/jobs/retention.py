@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from app.core.clock import MICROS, Clock
 from app.core.statuses import TERMINAL_STATUSES
 from app.jobs.uow import JobsTx, JobsUnitOfWork
+
+Cleanup = Callable[[JobsTx, list[int]], None]
 
 
 class Retention:
@@ -18,6 +20,13 @@ class Retention:
         self.uow = uow
         self.clock = clock
         self.bulk_batch_size = bulk_batch_size
+        # What other resources keep of a job (a workflow's membership), deleted with it.
+        self.cleanups: list[Cleanup] = []
+
+    def on_purged(self, cleanup: Cleanup) -> None:
+        """Have `cleanup(tx, ids)` run in each purge batch's transaction, with the ids it
+        deletes."""
+        self.cleanups.append(cleanup)
 
     def purge(self, *, older_than_seconds: float, statuses: Collection[str] | None = None,
               batch_size: int | None = None) -> int:
@@ -39,11 +48,15 @@ class Retention:
                 return deleted
             deleted, after_id = deleted + count, last
 
-    @staticmethod
-    def _purge_batch(tx: JobsTx, *, statuses: list[str], cutoff: int, after_id: int,
+    def _purge_batch(self, tx: JobsTx, *, statuses: list[str], cutoff: int, after_id: int,
                      limit: int) -> tuple[list[int], int | None]:
+        # A job an unfinished job depends on is kept: its dependent still reads its result.
         deleted_ids, last = tx.jobs.delete_finished_jobs(
-            statuses=statuses, updated_before_us=cutoff, after_id=after_id, limit=limit)
-        # A job's attempts and events go with it, in the same transaction.
+            statuses=statuses, updated_before_us=cutoff, after_id=after_id, limit=limit,
+            kept=tx.dependencies.depended_on_by_unfinished)
+        # A job's attempts, events and dependencies go with it, in the same transaction.
         tx.history.delete_history_of(deleted_ids)
+        tx.dependencies.delete_edges_of(deleted_ids)
+        for cleanup in self.cleanups:
+            cleanup(tx, deleted_ids)
         return deleted_ids, last

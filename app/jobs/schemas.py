@@ -149,6 +149,11 @@ class DependencyRef(fields.Raw):
         _REF(value)
         return value
 
+def ref_field(**options: Any) -> fields.String:
+    """A job's ref in a batch or a workflow."""
+    return fields.String(validate=[length_within(REF_CHARS), _REF], **options)
+
+
 def _depends_on(entry: fields.Field[Any], description: str) -> fields.List[Any]:
     return fields.List(entry, validate=length_within(DEPENDENCIES),
                        metadata={"description": description})
@@ -236,9 +241,8 @@ class GraphItemSchema(EnqueueSchema):
     """A job of a batch or a workflow: a POST /jobs body, a ref its fellow items may name in
     their depends_on, and depends_on naming ids and refs."""
 
-    ref = fields.String(validate=[length_within(REF_CHARS), _REF],
-                        metadata={"description": "A name for this job, unique in the request, "
-                                                 "that other items' depends_on may use."})
+    ref = ref_field(metadata={"description": "A name for this job, unique in the request, "
+                                             "that other items' depends_on may use."})
     depends_on = _depends_on(DependencyRef(),
                              "Ids of jobs the caller can see, and refs of other items of the "
                              "request (in a batch: of earlier items).")

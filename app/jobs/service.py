@@ -66,7 +66,9 @@ class JobService:
         self.retry = admin.retry
         self.cancel_many = admin.cancel_many
         self.retry_many = admin.retry_many
-        self.purge = Retention(uow, clock, settings.bulk_batch_size).purge
+        retention = Retention(uow, clock, settings.bulk_batch_size)
+        self.purge = retention.purge
+        self.on_purged = retention.on_purged
 
     @property
     def max_payload_bytes(self) -> int:

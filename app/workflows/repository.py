@@ -1,0 +1,101 @@
+"""The only place the SQL of workflows lives (tables workflows and workflow_jobs)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, insert, select, text
+
+from app.storage.dialects import writers_serialised
+from app.storage.schema import jobs, workflow_jobs, workflows
+from app.workflows.models import Workflow
+
+# A workflow's Idempotency-Key, locked for the transaction (PostgreSQL) so that two requests
+# with one key store one workflow: the second waits, then finds the first.
+_lock_key = text("SELECT pg_advisory_xact_lock(hashtextextended(:lock_name, 0))")
+
+
+def _workflow(row: Any) -> Workflow:
+    return Workflow(*row)
+
+
+class WorkflowRepository:
+    """Workflow SQL on one connection (a job transaction's, when it writes)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def lock_idempotency_key(self, producer: str, key: str) -> None:
+        if not writers_serialised(self.conn):
+            self.conn.execute(_lock_key, {"lock_name": f"workflow {producer} {key}"})
+
+    def find_by_idempotency_key(self, producer: str, key: str) -> Workflow | None:
+        row = self.conn.execute(select(workflows).where(
+            workflows.c.producer == producer, workflows.c.idempotency_key == key)).first()
+        return None if row is None else _workflow(row)
+
+    def insert_workflow(self, *, name: str | None, producer: str, idempotency_key: str | None,
+                        request_fingerprint: str | None, created_at: int) -> int:
+        workflow_id: int = self.conn.execute(
+            insert(workflows).values(name=name, producer=producer,
+                                     idempotency_key=idempotency_key,
+                                     request_fingerprint=request_fingerprint,
+                                     created_at=created_at)
+            .returning(workflows.c.id)).scalar_one()
+        return workflow_id
+
+    def add_jobs(self, workflow_id: int, refs: Sequence[tuple[str, int]]) -> None:
+        """The workflow's jobs: (ref, job id) in request order."""
+        self.conn.execute(insert(workflow_jobs), [
+            {"workflow_id": workflow_id, "position": position, "ref": ref, "job_id": job_id}
+            for position, (ref, job_id) in enumerate(refs)])
+
+    def get_workflow(self, workflow_id: int) -> Workflow | None:
+        row = self.conn.execute(select(workflows).where(workflows.c.id == workflow_id)).first()
+        return None if row is None else _workflow(row)
+
+    def list_workflows(self, *, after_id: int, limit: int,
+                       producer: str | None) -> list[Workflow]:
+        stmt = select(workflows).where(workflows.c.id > after_id)
+        if producer is not None:
+            stmt = stmt.where(workflows.c.producer == producer)
+        stmt = stmt.order_by(workflows.c.id).limit(limit)
+        return [_workflow(row) for row in self.conn.execute(stmt)]
+
+    def jobs_of(self, workflow_id: int) -> list[tuple[str, int, str, str]]:
+        """(ref, id, type, status) of the workflow's stored jobs, in request order."""
+        stmt = (select(workflow_jobs.c.ref, jobs.c.id, jobs.c.type, jobs.c.status)
+                .join(jobs, jobs.c.id == workflow_jobs.c.job_id)
+                .where(workflow_jobs.c.workflow_id == workflow_id)
+                .order_by(workflow_jobs.c.position))
+        return [(ref, job_id, job_type, status)
+                for ref, job_id, job_type, status in self.conn.execute(stmt)]
+
+    def statuses_of(self, workflow_ids: Collection[int]) -> dict[int, dict[str, int]]:
+        """Each workflow's jobs counted by status."""
+        if not workflow_ids:
+            return {}
+        stmt = (select(workflow_jobs.c.workflow_id, jobs.c.status, func.count())
+                .join(jobs, jobs.c.id == workflow_jobs.c.job_id)
+                .where(workflow_jobs.c.workflow_id.in_(sorted(workflow_ids)))
+                .group_by(workflow_jobs.c.workflow_id, jobs.c.status))
+        found: dict[int, dict[str, int]] = {}
+        for workflow_id, status, count in self.conn.execute(stmt):
+            found.setdefault(int(workflow_id), {})[status] = int(count)
+        return found
+
+    def forget_jobs(self, job_ids: Collection[int]) -> None:
+        """Purged jobs leave their workflows; a workflow left without jobs goes too."""
+        if not job_ids:
+            return
+        emptied = (select(workflow_jobs.c.workflow_id).distinct()
+                   .where(workflow_jobs.c.job_id.in_(sorted(job_ids))))
+        candidates = list(self.conn.execute(emptied).scalars())
+        self.conn.execute(delete(workflow_jobs).where(
+            workflow_jobs.c.job_id.in_(sorted(job_ids))))
+        if candidates:
+            still_there = select(workflow_jobs.c.workflow_id).where(
+                workflow_jobs.c.workflow_id == workflows.c.id)
+            self.conn.execute(delete(workflows).where(workflows.c.id.in_(candidates),
+                                                      ~still_there.exists()))
