@@ -114,11 +114,13 @@ def _reason(code: str, message: str, **evidence: Any) -> Reason:
 
 def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
             ahead_of_type: BoundedCount | None, workers: Sequence[WorkerFacts],
-            flow: Sequence[Reason] = (), names_workers: bool = False) -> Explanation:
+            flow: Sequence[Reason] = (), names_workers: bool = False,
+            waiting_on: Sequence[int] = ()) -> Explanation:
     """`ahead` and `ahead_of_type` count the due pending jobs before `job` in claim order
     (all types, and its own type), up to a cap; None when the job is not claimable.
     `names_workers` (admins) lists the worker keys' names in `no_worker_for_type`; without
-    it the reason says what it says without naming other principals."""
+    it the reason says what it says without naming other principals. `waiting_on`: the ids
+    of a waiting job's unfinished dependencies."""
     if job.status in TERMINAL_STATUSES:
         return Explanation(job.id, job.status, False, [_reason(
             "finished", f"The job is {job.status}; it will not run again unless an admin "
@@ -133,6 +135,13 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
         return Explanation(job.id, job.status, False, [_reason(
             "running", message, worker_id=job.worker_id, claimed_at=to_rfc3339(job.claimed_at),
             lease_expires_at=to_rfc3339(expires), lease_expired=expires <= now_us)])
+
+    if job.status == JobStatus.WAITING:
+        ids = list(waiting_on)
+        return Explanation(job.id, job.status, False, [_reason(
+            "waiting_on", f"It waits for {len(ids)} unfinished dependenc"
+            f"{'y' if len(ids) == 1 else 'ies'} ({', '.join(map(str, ids))}): it becomes "
+            "pending when the last one completes.", ids=ids)])
 
     reasons: list[Reason] = []
     due = job.run_at <= now_us

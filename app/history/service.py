@@ -9,6 +9,7 @@ from app.core.clock import Clock
 from app.core.errors import NotFound
 from app.core.statuses import JobStatus
 from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons
+from app.jobs.dependency_repository import DependencyRepository
 from app.jobs.repository import JobRepository
 from app.jobs.service import JobService
 from app.jobs.timeline.models import Attempt, JobEvent
@@ -94,6 +95,9 @@ class HistoryService:
                 ahead_of_type = repo.count_claimable_ahead(job, now, same_type=True,
                                                            cap=self.ahead_limit)
             flow = flow_reasons(conn, job, now) if job.status == JobStatus.PENDING else []
+            waiting_on = ([dep_id for dep_id, _cancel, resolved in DependencyRepository(conn)
+                           .dependencies_of([job.id]).get(job.id, []) if not resolved]
+                          if job.status == JobStatus.WAITING else [])
         # Other keys' names are an admin's to see; a producer is told its own job's facts.
         return explain(job, now, ahead=ahead, ahead_of_type=ahead_of_type, workers=workers,
-                       flow=flow, names_workers=caller.is_admin)
+                       flow=flow, names_workers=caller.is_admin, waiting_on=waiting_on)

@@ -1,6 +1,6 @@
-"""The backlog's counts, by type: pending (and scheduled, and the oldest due), completed, failed
-and cancelled. One place for them: GET /types, the dashboard (through the type service) and
-/metrics read the same snapshot, at most QUEUELOG_TYPE_COUNTS_MAX_AGE_SECONDS old.
+"""The backlog's counts, by type: waiting, pending (and scheduled, and the oldest due),
+completed, failed and cancelled. One place for them: GET /types, the dashboard (through the
+type service) and /metrics read the same snapshot, at most QUEUELOG_TYPE_COUNTS_MAX_AGE_SECONDS old.
 
 Counting them reads one index entry per stored pending or finished job (about 0.5 s at a
 million on SQLite): too slow for every request, and a cost that grows with the backlog
@@ -36,6 +36,8 @@ class BacklogSnapshot:
     pending: Mapping[str, PendingSummary] = field(default_factory=dict)
     # (type, status) -> count, for completed, failed and cancelled.
     finished: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # type -> count of its jobs waiting for dependencies.
+    waiting: Mapping[str, int] = field(default_factory=dict)
 
     def pending_of(self, job_type: str) -> PendingSummary:
         return self.pending.get(job_type, PendingSummary(0, 0, None))
@@ -48,7 +50,8 @@ class BacklogSnapshot:
 
     def types(self) -> set[str]:
         """Every type with a pending or finished job stored."""
-        return set(self.pending) | {job_type for job_type, _status in self.finished}
+        return (set(self.pending) | set(self.waiting)
+                | {job_type for job_type, _status in self.finished})
 
 
 class BacklogCounts:
@@ -92,7 +95,8 @@ class BacklogCounts:
             with self.db.counting_read() as conn:
                 now = self.clock.now_us()
                 repo = JobRepository(conn)
-                value = BacklogSnapshot(now, repo.pending_by_type(now), repo.count_finished())
+                value = BacklogSnapshot(now, repo.pending_by_type(now), repo.count_finished(),
+                                        repo.count_waiting())
             with self._lock:
                 self._value, self._counted_at = value, started
             return value

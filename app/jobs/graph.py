@@ -88,8 +88,8 @@ def resolve_graph(items: Sequence[GraphItem], *, prefix: str | None,
             errors[field(prefix, position, "depends_on")] = problems
         resolved.append(deps)
     if errors:
-        raise ValidationFailed("The jobs' dependencies do not form a graph; nothing was "
-                               "stored.", errors=errors)
+        raise ValidationFailed("Some refs or dependencies are not valid; nothing was stored.",
+                               errors=errors)
     if not earlier_only:
         cycle = find_cycle(resolved)
         if cycle:

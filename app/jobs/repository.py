@@ -215,6 +215,12 @@ _pending_by_type = (
     .where(jobs.c.status == _PENDING)
     .group_by(jobs.c.type)
 )
+# Every type's waiting jobs, from their partial index alone.
+_count_waiting = (
+    select(jobs.c.type, func.count())
+    .where(jobs.c.status == literal_column("'waiting'"))
+    .group_by(jobs.c.type)
+)
 _count_finished = (
     select(jobs.c.type, jobs.c.status, func.count())
     .where(jobs.c.status.in_(_FINISHED))
@@ -574,6 +580,10 @@ class JobRepository:
         return {job_type: PendingSummary(int(pending), int(scheduled), oldest)
                 for job_type, pending, scheduled, oldest
                 in self.conn.execute(_pending_by_type, {"now": now_us})}
+
+    def count_waiting(self) -> dict[str, int]:
+        """Waiting jobs by type, from their partial index."""
+        return {job_type: count for job_type, count in self.conn.execute(_count_waiting)}
 
     def count_finished(self) -> dict[tuple[str, str], int]:
         """Completed, failed and cancelled jobs by (type, status), from their partial index."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
@@ -11,6 +12,7 @@ from app.core.errors import Forbidden, QueueError, ValidationFailed
 from app.jobs.claim import Claimed
 from app.jobs.enqueue import Enqueued
 from app.jobs.fastload import load_batch
+from app.jobs.models import JobDependencies
 from app.jobs.schemas import (
     BatchEnqueueSchema,
     BatchJobListSchema,
@@ -83,11 +85,17 @@ def _service() -> JobService:
     return service
 
 
+_WAITS_FOR_NOTHING: dict[int, JobDependencies] = {}
+
+
 def _job_response(job: Any, status: int = 200, lease_token: str | None = None, *,
-                  with_dependencies: bool = False) -> Response:
-    """The job as the caller may see it; `with_dependencies` shows what it waits for (reads
-    and enqueues; a worker's claim and reports leave that out)."""
-    dependencies = _service().dependencies_of([job]) if with_dependencies else None
+                  with_dependencies: bool = False,
+                  dependencies: Mapping[int, JobDependencies] | None = None) -> Response:
+    """The job as the caller may see it; `with_dependencies` reads and shows what it waits
+    for (reads and enqueues; a worker's claim and reports leave that out), or `dependencies`
+    says it."""
+    if with_dependencies:
+        dependencies = _service().dependencies_of([job])
     response = jsonify(represent(job, show_error=current_caller().is_admin,
                                  lease_token=lease_token, dependencies=dependencies))
     response.status_code = status
@@ -238,9 +246,10 @@ def enqueue_job() -> Response:
     body = load_body(_enqueue_schema)
     outcome = _service().enqueue(current_caller(), body, header_key)
     # A new job without depends_on waits for nothing: no read needed to say so.
+    plain = outcome.created and not body.get("depends_on")
     response = _job_response(outcome.job, 201 if outcome.created else 200,
-                             with_dependencies=bool(body.get("depends_on"))
-                             or not outcome.created)
+                             with_dependencies=not plain,
+                             dependencies=_WAITS_FOR_NOTHING if plain else None)
     response.headers["Location"] = url_for("jobs.get_job", job_id=outcome.job.id)
     if outcome.replayed:
         response.headers["Idempotent-Replayed"] = "true"
@@ -334,7 +343,7 @@ def fail_job(job_id: int) -> Response:
 @require_roles(Role.ADMIN)
 def cancel_job(job_id: int) -> Response:
     load_body(_no_body_schema)
-    return _job_response(_service().cancel(current_caller(), job_id))
+    return _job_response(_service().cancel(current_caller(), job_id), with_dependencies=True)
 
 
 @bp.post("/jobs/<id:job_id>/retry")
@@ -343,4 +352,4 @@ def cancel_job(job_id: int) -> Response:
 @require_roles(Role.ADMIN)
 def retry_job(job_id: int) -> Response:
     load_body(_no_body_schema)
-    return _job_response(_service().retry(current_caller(), job_id))
+    return _job_response(_service().retry(current_caller(), job_id), with_dependencies=True)

@@ -58,6 +58,8 @@ class TypePatchSchema(StrictSchema):
 
 
 class TypeCountsSchema(Schema):
+    waiting = fields.Integer(required=True, metadata={
+        "description": "Jobs waiting for their dependencies (never claimed until they end)."})
     pending = fields.Integer(required=True)
     scheduled = fields.Integer(required=True, metadata={
         "description": "The part of pending whose run_at is in the future."})
@@ -109,7 +111,8 @@ def represent_type(view: TypeView) -> dict[str, Any]:
         "rate_per_second": s.rate_per_second,
         "burst": s.effective_burst,
         "push": _push_shown(s, view.new_secret),
-        "counts": {"pending": c.pending, "scheduled": c.scheduled, "running": c.running,
+        "counts": {"waiting": c.waiting, "pending": c.pending, "scheduled": c.scheduled,
+                   "running": c.running,
                    "completed": c.completed, "failed": c.failed, "cancelled": c.cancelled},
         "oldest_claimable_age_seconds": view.oldest_claimable_age_seconds,
         "last_claim_at": to_rfc3339(s.last_claim_at),

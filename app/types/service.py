@@ -39,6 +39,7 @@ def push_columns(current: TypeSettings, push: Mapping[str, Any] | None) -> dict[
 
 @dataclass(frozen=True)
 class TypeCounts:
+    waiting: int
     pending: int
     scheduled: int
     running: int
@@ -74,6 +75,7 @@ class TypeStats:
         summary = self.backlog.pending_of(job_type)
         finished = self.backlog.finished
         return TypeCounts(
+            waiting=self.backlog.waiting.get(job_type, 0),
             pending=summary.pending, scheduled=summary.scheduled,
             running=self.running.get(job_type, 0),
             completed=finished.get((job_type, JobStatus.COMPLETED.value), 0),
