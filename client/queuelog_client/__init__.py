@@ -25,10 +25,11 @@ from queuelog_client.errors import (
     WaitTimeout,
 )
 from queuelog_client.signature import SignatureError, verify_signature
-from queuelog_client.worker import RetryLater, Worker, load_handler
+from queuelog_client.worker import ClaimedJob, RetryLater, Worker, load_handler
 
 __all__ = [
     "BadRequest",
+    "ClaimedJob",
     "Client",
     "Conflict",
     "Forbidden",

@@ -204,7 +204,9 @@ class Client:
                 run_at: datetime | str | None = None, delay_seconds: int | None = None,
                 idempotency_key: str | None = None,
                 concurrency_key: str | None = None,
-                unique: Mapping[str, Any] | None = None) -> Job:
+                unique: Mapping[str, Any] | None = None,
+                depends_on: Iterable[int] | None = None,
+                on_dependency_failure: str | None = None) -> Job:
         """Enqueue one job and return it, with `"replayed": True` when the server already
         held a job with this idempotency key (generated when not given).
 
@@ -216,12 +218,21 @@ class Client:
         `problem["existing_job_id"]` names the twin.
 
         `concurrency_key`: with the type's max_running_per_key set, at most that many jobs
-        of one (type, concurrency_key) run at once (one customer's jobs, say)."""
+        of one (type, concurrency_key) run at once (one customer's jobs, say).
+
+        `depends_on`: ids of jobs (the producer's own) that must finish first; the job is
+        `waiting` until they have. `on_dependency_failure`: "cancel" (the server's default:
+        a dependency that fails or is cancelled cancels this job) or "run" (it counts as
+        finished)."""
         body = _enqueue_body(type, payload, priority, max_retries, run_at, delay_seconds)
         if concurrency_key is not None:
             body["concurrency_key"] = concurrency_key
         if unique is not None:
             body["unique"] = dict(unique)
+        if depends_on is not None:
+            body["depends_on"] = [int(job_id) for job_id in depends_on]
+        if on_dependency_failure is not None:
+            body["on_dependency_failure"] = on_dependency_failure
         key = idempotency_key or _new_idempotency_key()
         job: Job
         _, headers, job = self._request("POST", "/jobs", body,
@@ -235,17 +246,69 @@ class Client:
         """Enqueue several jobs in one transaction (all or none) and return them in order,
         each with `"replayed"` and `"deduplicated"`. Each item is a POST /jobs body (`type`,
         `payload`, `unique`, …); items without an `idempotency_key` get a fresh one. An item
-        whose unique key an earlier item of the batch holds meets that item's job."""
+        whose unique key an earlier item of the batch holds meets that item's job. An item
+        may carry a `ref`, and its `depends_on` may name the refs of earlier items beside
+        job ids."""
         items = []
         for job in jobs:
-            item = dict(job)
-            if isinstance(item.get("run_at"), datetime):
-                item["run_at"] = _rfc3339(item["run_at"])
+            item = _job_fields(job)
             if not item.get("idempotency_key"):
                 item["idempotency_key"] = _new_idempotency_key()
             items.append(item)
         jobs_stored: list[Job] = self._object("POST", "/jobs/batch", {"jobs": items})["jobs"]
         return jobs_stored
+
+    def workflow(self, jobs: Iterable[Mapping[str, Any]], *, name: str | None = None,
+                 idempotency_key: str | None = None) -> dict[str, Any]:
+        """Create a workflow: several jobs and their dependencies, stored in one transaction
+        or not at all. Each item is a POST /jobs body plus a `ref` naming it in the request;
+        its `depends_on` mixes the refs of other items (in any order) and ids of existing
+        jobs. Returns the workflow as the server stored it: `{"id", "name", "status",
+        "jobs": {ref: job id}, "counts", "created_at"}`, with `"replayed": True` when the
+        server already held a workflow with this idempotency key.
+
+        Like every enqueue it carries an idempotency key (a fresh one when none is given),
+        so the client's own retries never store the workflow twice; the same key with a
+        different body raises ValidationFailed."""
+        body: dict[str, Any] = {"jobs": [_job_fields(job) for job in jobs]}
+        if name is not None:
+            body["name"] = name
+        key = idempotency_key or _new_idempotency_key()
+        created: dict[str, Any]
+        _, headers, created = self._request("POST", "/workflows", body,
+                                            headers={"Idempotency-Key": key})
+        created["replayed"] = headers.get("idempotent-replayed", "").lower() == "true"
+        return created
+
+    def get_workflow(self, workflow_id: int) -> dict[str, Any]:
+        """The workflow (its producer, admins): `{"id", "name", "status", "counts",
+        "created_at", "jobs": [{"ref", "id", "type", "status", "depends_on"}]}`, jobs in the
+        order they were given. `status` is "running" while any job is unfinished, then
+        "completed", "failed" or "cancelled"."""
+        return self._object("GET", f"/workflows/{int(workflow_id)}")
+
+    def cancel_workflow(self, workflow_id: int) -> dict[str, Any]:
+        """Cancel every waiting and pending job of the workflow (running ones finish);
+        returns the workflow as get_workflow shows it."""
+        return self._object("POST", f"/workflows/{int(workflow_id)}/cancel", {})
+
+    def list_workflows(self, *, status: str | None = None, limit: int | None = None,
+                       cursor: str | None = None) -> dict[str, Any]:
+        """One page: `{"workflows": [{"id", "name", "status", "counts", "created_at"}],
+        "next_cursor": str or None}`."""
+        return self._object("GET", "/workflows" + _query(
+            status=status, limit=limit, cursor=cursor))
+
+    def iter_workflows(self, *, status: str | None = None,
+                       page_size: int = 100) -> Iterator[dict[str, Any]]:
+        """Every workflow the key may see (filtered), following the cursors page by page."""
+        cursor = None
+        while True:
+            page = self.list_workflows(status=status, limit=page_size, cursor=cursor)
+            yield from page["workflows"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
 
     # -- anyone -------------------------------------------------------------------------------
 
@@ -275,11 +338,8 @@ class Client:
     def list_jobs(self, *, status: str | None = None, type: str | None = None,
                   limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
         """One page: `{"jobs": [...], "next_cursor": str or None}`, ordered by id."""
-        query = {name: value for name, value in
-                 (("status", status), ("type", type), ("limit", limit), ("cursor", cursor))
-                 if value is not None}
-        path = "/jobs" + (f"?{urlencode(query)}" if query else "")
-        return self._object("GET", path)
+        return self._object("GET", "/jobs" + _query(
+            status=status, type=type, limit=limit, cursor=cursor))
 
     def explain(self, job_id: int) -> dict[str, Any]:
         """Why the job is or is not running (admins, or the producer that owns it):
@@ -293,6 +353,14 @@ class Client:
         attempts: list[dict[str, Any]] = self._object(
             "GET", f"/jobs/{int(job_id)}/attempts")["attempts"]
         return attempts
+
+    def dependencies(self, job_id: int) -> list[dict[str, Any]]:
+        """The jobs this job depends on, in its `depends_on` order, each `{"id", "type",
+        "status", "result"}` (the worker holding or last holding the job, its producer,
+        admins): how a job of a workflow reads what the jobs before it produced."""
+        dependencies: list[dict[str, Any]] = self._object(
+            "GET", f"/jobs/{int(job_id)}/dependencies")["dependencies"]
+        return dependencies
 
     def iter_jobs(self, *, status: str | None = None, type: str | None = None,
                   page_size: int = 100) -> Iterator[Job]:
@@ -517,6 +585,21 @@ def _not_waited(headers: Mapping[str, str]) -> float | None:
         return None
     seconds = _retry_after(headers["retry-after"])
     return 1.0 if seconds is None else seconds
+
+
+def _query(**parameters: Any) -> str:
+    """`?name=value&…` of the parameters given (not None), or "" when there are none."""
+    given = {name: value for name, value in parameters.items() if value is not None}
+    return f"?{urlencode(given)}" if given else ""
+
+
+def _job_fields(job: Mapping[str, Any]) -> dict[str, Any]:
+    """A POST /jobs body given as a mapping (an item of a batch or a workflow), ready to
+    send: a datetime `run_at` as RFC 3339."""
+    item = dict(job)
+    if isinstance(item.get("run_at"), datetime):
+        item["run_at"] = _rfc3339(item["run_at"])
+    return item
 
 
 def _rfc3339(moment: datetime) -> str:

@@ -40,7 +40,7 @@ from queuelog_client.errors import (
     ValidationFailed,
 )
 
-__all__ = ["Handler", "RetryLater", "Worker", "load_handler"]
+__all__ = ["ClaimedJob", "Handler", "RetryLater", "Worker", "load_handler"]
 
 log = logging.getLogger("queuelog_client.worker")
 
@@ -69,6 +69,33 @@ class RetryLater(Exception):
         self.seconds = max(0, min(MAX_RETRY_IN_SECONDS, round(seconds)))
         self.reason = reason or f"retry in {self.seconds} s"
         super().__init__(self.reason)
+
+
+class ClaimedJob(dict[str, Any]):
+    """The job a handler receives: the claimed job's fields as a dict (without its lease
+    token), and `dependencies()`."""
+
+    def __init__(self, fields: Job, client: Client) -> None:
+        super().__init__(fields)
+        self._client = client
+        self._dependencies: list[dict[str, Any]] | None = None
+        self._lock = threading.Lock()
+
+    def dependencies(self) -> list[dict[str, Any]]:
+        """The jobs this one depends on, in its `depends_on` order, each `{"id", "type",
+        "status", "result"}` ([] for a job without dependencies): what the jobs before it
+        in a workflow produced. Read from the server on the first call only (a claim does
+        not carry them); an error reaching the server is raised here and, unless the handler
+        catches it, fails the attempt like any other exception."""
+        with self._lock:
+            if self._dependencies is None:
+                self._dependencies = self._client.dependencies(int(self["id"]))
+            return list(self._dependencies)
+
+    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
+        # Pickled (handed to a process pool, say) or copied, it becomes a plain dict: its
+        # client and lock cannot cross into another process.
+        return dict, (dict(self),)
 
 
 def load_handler(spec: str) -> Handler:
@@ -119,7 +146,8 @@ class _HeldJob:
 class Worker:
     """Runs `handler` on the jobs of `types` (None: any type the key allows).
 
-    The handler receives the job as a dict and returns a JSON object or None, stored as the
+    The handler receives the job as a dict (a ClaimedJob: `job.dependencies()` reads what
+    the jobs it depends on produced) and returns a JSON object or None, stored as the
     job's result. An exception fails the job with "Type: message" (the traceback is logged
     here, never sent); `RetryLater(seconds)` asks for a retry after that many seconds.
 
@@ -280,7 +308,8 @@ class Worker:
 
     def _run_job(self, held: _HeldJob) -> None:
         try:
-            view = {k: v for k, v in held.job.items() if k != "lease_token"}
+            view = ClaimedJob({k: v for k, v in held.job.items() if k != "lease_token"},
+                              self.client)
             retry_in: int | None = None
             try:
                 result = self.handler(view)
