@@ -12,9 +12,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, literal_column, select, update
+from sqlalchemy import Connection, bindparam, delete, insert, literal_column, select, update
 
 from app.core.statuses import UNFINISHED_STATUSES
+from app.storage.dialects import writers_serialised
 from app.storage.schema import job_dependencies, jobs
 from app.storage.statements import DriverStatement
 
@@ -103,31 +104,17 @@ class DependencyRepository:
         return [Edge(int(job_id), int(depends_on_id), bool(cancel))
                 for job_id, depends_on_id, cancel in rows]
 
-    def lock_waiting(self, ids: Collection[int]) -> list[int]:
-        """Of these jobs, the ones still waiting, locked FOR UPDATE in id order (PostgreSQL).
+    def lock_dependents(self, ids: Collection[int]) -> None:
+        """Lock these jobs (dependents of jobs that just finished) FOR UPDATE, in id order,
+        before their release is decided (PostgreSQL; SQLite's writers are serialised).
 
         Two dependencies of one job finishing at once each resolve their own edge; without
         this lock each would still see the other's edge unresolved (its change not yet
-        committed), and neither would release the job. Under it, the later one waits for the
-        earlier one's commit and then reads both edges resolved."""
-        if not ids:
-            return []
-        stmt = (select(jobs.c.id)
-                .where(jobs.c.id.in_(sorted(ids)), jobs.c.status == literal_column("'waiting'"))
-                .order_by(jobs.c.id)
-                .with_for_update())
-        return list(self.conn.execute(stmt).scalars())
-
-    def still_waiting_on(self, ids: Collection[int]) -> dict[int, int]:
-        """For these jobs, how many of their dependencies have not finished yet (jobs with
-        none left are not in the answer)."""
-        if not ids:
-            return {}
-        stmt = (select(job_dependencies.c.job_id, func.count())
-                .where(job_dependencies.c.job_id.in_(sorted(ids)),
-                       job_dependencies.c.resolved == _UNRESOLVED)
-                .group_by(job_dependencies.c.job_id))
-        return {int(job_id): int(count) for job_id, count in self.conn.execute(stmt)}
+        committed), and neither would release the job. Under it, the later one waits for
+        the earlier one's commit, and its next statement reads both edges resolved."""
+        if ids and not writers_serialised(self.conn):
+            self.conn.execute(select(jobs.c.id).where(jobs.c.id.in_(sorted(ids)))
+                              .order_by(jobs.c.id).with_for_update()).all()
 
     def dependencies_of(self, ids: Collection[int]) -> dict[int, list[tuple[int, bool, bool]]]:
         """Each of these jobs' dependencies in depends_on order: (id, cancel_on_failure,

@@ -40,7 +40,12 @@ from app.jobs.models import BoundedCount, Job, PendingSummary
 from app.jobs.transitions import Transition
 from app.storage.dialects import conflict_insert_for, writers_serialised
 from app.storage.integrity import refused_in_savepoint, unique_indexes_translated
-from app.storage.schema import UNIQUE_HOLDER_PREDICATE, claim_order_columns, jobs
+from app.storage.schema import (
+    UNIQUE_HOLDER_PREDICATE,
+    claim_order_columns,
+    job_dependencies,
+    jobs,
+)
 from app.storage.statements import DriverStatement
 
 
@@ -265,6 +270,29 @@ _claim_chosen = (
     update(jobs)
     .where(jobs.c.id.in_(bindparam("ids", expanding=True)), _CLAIMABLE_ROW)
     .values(_CLAIMED_VALUES)
+    .returning(*jobs.c)
+)
+
+# A waiting job whose every dependency has finished becomes pending (Transition.RELEASE): the
+# condition and the change in one statement, built once. No unique check is needed: a waiting
+# job holds its unique key exactly when a pending one would (app/core/statuses.py).
+_no_unfinished_dependency = ~(select(job_dependencies.c.job_id)
+                              .where(job_dependencies.c.job_id == jobs.c.id,
+                                     job_dependencies.c.resolved == literal_column("0"))
+                              .exists())
+_RELEASED_VALUES = Transition.RELEASE.values(now_us=bindparam("now"))
+_release_one = DriverStatement(
+    update(jobs)
+    .where(jobs.c.id == bindparam("released_id"),
+           _status_is(*Transition.RELEASE.from_statuses), _no_unfinished_dependency)
+    .values(_RELEASED_VALUES)
+    .returning(*jobs.c)
+)
+_release_many = (
+    update(jobs)
+    .where(jobs.c.id.in_(bindparam("released_ids", expanding=True)),
+           _status_is(*Transition.RELEASE.from_statuses), _no_unfinished_dependency)
+    .values(_RELEASED_VALUES)
     .returning(*jobs.c)
 )
 
@@ -703,6 +731,20 @@ class JobRepository:
                   "held_lease_token": lease_token, **_new_values(values)}
         row = stmt.first(self.conn, params)
         return None if row is None else _job(row)
+
+    def release_ready(self, job_ids: Collection[int], now_us: int) -> list[Job]:
+        """Of these jobs, the waiting ones with no unfinished dependency left become pending
+        (Transition.RELEASE); returned by id."""
+        if not job_ids:
+            return []
+        if len(job_ids) == 1:
+            [job_id] = job_ids
+            rows: Sequence[Any] = _release_one.rows(self.conn, {"released_id": job_id,
+                                                                "now": now_us})
+        else:
+            rows = self.conn.execute(_release_many, {"released_ids": sorted(job_ids),
+                                                     "now": now_us}).all()
+        return sorted(map(_job, rows), key=lambda job: job.id)
 
     def highest_job_id(self) -> int:
         """The highest id given so far (0 with no job): where a bulk action's jobs end."""

@@ -176,6 +176,11 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
     return create_engine(url, pool_pre_ping=True, **options)
 
 
+# deadlock_detected, serialization_failure: a transaction PostgreSQL undid whole, to be run
+# again; a write meeting one is run up to this many times.
+_RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+_WRITE_ATTEMPTS = 3
+
 # How long a counting read waits for a slot of its budget before it answers 503: a slot
 # frees as soon as one of them ends (a bounded count takes milliseconds), so a burst is
 # served rather than refused; a flood is refused quickly, holding a thread but no connection.
@@ -213,8 +218,18 @@ class Database:
         """
         if self._sqlite_writer is not None:
             return self._sqlite_writer.run(fn)
-        with self.write() as conn:
-            return fn(conn)
+        for attempt in range(_WRITE_ATTEMPTS):
+            try:
+                with self.write() as conn:
+                    return fn(conn)
+            except DBAPIError as exc:
+                # PostgreSQL undid the transaction whole to break a deadlock (or a
+                # serialization failure): `fn` may run again (the rule above), and its
+                # second run finds the other transaction committed.
+                if (getattr(exc.orig, "sqlstate", None) not in _RETRYABLE_SQLSTATES
+                        or attempt == _WRITE_ATTEMPTS - 1):
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
