@@ -280,7 +280,9 @@ _no_unfinished_dependency = ~(select(job_dependencies.c.job_id)
                               .where(job_dependencies.c.job_id == jobs.c.id,
                                      job_dependencies.c.resolved == literal_column("0"))
                               .exists())
-_RELEASED_VALUES = Transition.RELEASE.values(now_us=bindparam("now"))
+_RELEASED_VALUES = Transition.RELEASE.values(
+    now_us=bindparam("now"),
+    run_at=case((jobs.c.run_at < bindparam("now"), bindparam("now")), else_=jobs.c.run_at))
 _release_one = DriverStatement(
     update(jobs)
     .where(jobs.c.id == bindparam("released_id"),

@@ -153,9 +153,12 @@ def cancelled(*, now_us: int) -> dict[str, Any]:
     return {"status": JobStatus.CANCELLED.value, "lease_token": None, "updated_at": now_us}
 
 
-def released(*, now_us: int) -> dict[str, Any]:
-    """The last dependency finished: pending, claimable from its own run_at."""
-    return {"status": JobStatus.PENDING.value, "updated_at": now_us}
+def released(*, now_us: Any, run_at: Any) -> dict[str, Any]:
+    """The last dependency finished: pending, claimable from its own run_at or, when that has
+    passed, from now (`run_at`, the later of the two). Never from before the release: a claim
+    that read its clock before the release committed must not take the job and stamp its
+    attempt earlier than the dependency's completion."""
+    return {"status": JobStatus.PENDING.value, "run_at": run_at, "updated_at": now_us}
 
 
 def requeued(*, now_us: int) -> dict[str, Any]:
