@@ -12,16 +12,19 @@ from tests.servers import HOST, GunicornServer, free_port, gunicorn_argv, server
 
 
 def gunicorn_server(app: str, directory: str, overrides: dict[str, str],
-                    ready_path: str = "/readyz", root: Path | None = None) -> GunicornServer:
-    """gunicorn serving `app` from the project root, answering once this returns."""
+                    ready_path: str = "/readyz", root: Path | None = None,
+                    keep_stdout: bool = False) -> GunicornServer:
+    """gunicorn serving `app` from the project root, answering once this returns.
+    `keep_stdout` keeps the request log (one JSON line per request) for the caller to read."""
     port = free_port()
     logs = Path(directory) / f"server-{port}"
     env = server_environment(logs, QUEUELOG_BIND=f"{HOST}:{port}", **overrides)
-    # stdout carries one JSON line per request; nothing reads it here.
+    # stdout carries one JSON line per request; read only when `keep_stdout`.
     if root is not None:  # another checkout: its code, from its own directory
         env["PYTHONPATH"] = str(root)
     server = GunicornServer(gunicorn_argv(app=app), env, port=port, logs=logs,
-                            keep_stdout=False, **({} if root is None else {"cwd": root})).start()
+                            keep_stdout=keep_stdout,
+                            **({} if root is None else {"cwd": root})).start()
     try:
         server.wait_until_answering(ready_path)
     except BaseException:
@@ -30,9 +33,11 @@ def gunicorn_server(app: str, directory: str, overrides: dict[str, str],
     return server
 
 
-def queuelog_server(directory: str, url: str, **overrides: str) -> GunicornServer:
+def queuelog_server(directory: str, url: str, *, keep_stdout: bool = False,
+                    **overrides: str) -> GunicornServer:
     return gunicorn_server("wsgi:app", directory, {
-        "QUEUELOG_DATABASE_URL": url, "QUEUELOG_JOB_TYPES": JOB_TYPES, **overrides})
+        "QUEUELOG_DATABASE_URL": url, "QUEUELOG_JOB_TYPES": JOB_TYPES, **overrides},
+        keep_stdout=keep_stdout)
 
 
 def baseline_server(directory: str, **overrides: str) -> GunicornServer:
