@@ -219,32 +219,36 @@ class Enqueuing:
         decided: dict[int, Birth] = {}
 
         def born_as(plan: BatchPlan) -> None:
-            fixed = _statuses_met(plan)
-            decided.update(births(request.deps, request.graph, status_of, fixed))
+            fixed, aliases = _jobs_met(plan)
+            decided.update(births(request.deps, request.graph, status_of, fixed, aliases))
             for position, (kind, row, _how) in enumerate(plan.steps):
                 if kind == "new":
                     plan.new_rows[row]["status"] = decided[position].status.value
 
         outcomes = _insert_or_meet_many(tx, request.items, before_insert=born_as)
         job_of = [outcome.job for outcome in outcomes]
-        edges, born_cancelled, causes = [], [], {}
+        edges: list[dict[str, Any]] = []
+        born_cancelled: list[Job] = []
+        causes: dict[int, dict[str, Any]] = {}
+        def named(dep: Dependency) -> tuple[int, str]:
+            """The id and status (as stored now) of the job a dependency names."""
+            if dep.job_id is not None:
+                return dep.job_id, status_of[dep.job_id]
+            job = job_of[dep.item if dep.item is not None else -1]
+            return job.id, job.status
+
         for position, birth in decided.items():
             job = job_of[position]
-            graph = request.graph[position]
+            cancel_on_failure = request.graph[position].cancel_on_failure
             for order, dep in enumerate(request.deps[position]):
-                dep_id = dep.job_id if dep.job_id is not None else job_of[dep.item or 0].id
-                dep_status = status_of[dep_id] if dep.job_id is not None else (
-                    decided[dep.item or 0].status if (dep.item or 0) in decided
-                    else job_of[dep.item or 0].status)
+                dep_id, dep_status = named(dep)
                 edges.append({"job_id": job.id, "position": order, "depends_on_id": dep_id,
-                              "cancel_on_failure": int(graph.cancel_on_failure),
+                              "cancel_on_failure": int(cancel_on_failure),
                               "resolved": int(dep_status in TERMINAL_STATUSES)})
             if birth.status is JobStatus.CANCELLED and birth.cancelled_by is not None:
-                cause = birth.cancelled_by
-                cause_id = cause.job_id if cause.job_id is not None else job_of[cause.item or 0].id
+                cause_id, cause_status = named(birth.cancelled_by)
                 born_cancelled.append(job)
-                causes[job.id] = {"dependency": cause_id, "dependency_status":
-                                  status_of.get(cause_id) or JobStatus.CANCELLED.value}
+                causes[job.id] = {"dependency": cause_id, "dependency_status": cause_status}
         tx.dependencies.add_edges(edges)
         if born_cancelled:
             tx.made(Transition.DEPENDENCY_CANCEL, born_cancelled, actor=SERVICE_ACTOR,
@@ -365,17 +369,21 @@ def _refuse_unknown_dependencies(caller: Caller, request: GraphRequest,
                                "was stored.", errors=errors)
 
 
-def _statuses_met(plan: BatchPlan) -> dict[int, str]:
-    """The items of a planned batch that met a stored job (a replay, a unique twin) or an
-    earlier item's job, by position: the status their job has, or will be born with (an
-    earlier item's: the one `births` gives it, read as that item's position)."""
+def _jobs_met(plan: BatchPlan) -> tuple[dict[int, str], dict[int, int]]:
+    """The items of a planned batch that make no job of their own, by position: those that met
+    a stored job (a replay, a unique twin), with that job's status; and those that met an
+    earlier item's job, with the position of the item whose job is theirs."""
     fixed: dict[int, str] = {}
+    aliases: dict[int, int] = {}
     for position, (kind, ref, _how) in enumerate(plan.steps):
         if kind in ("replay", "twin"):
             fixed[position] = ref.status
         elif kind in ("replay_item", "twin_item"):
-            fixed[position] = fixed.get(ref, JobStatus.PENDING.value)
-    return fixed
+            if ref in fixed:
+                fixed[position] = fixed[ref]
+            else:
+                aliases[position] = aliases.get(ref, ref)
+    return fixed, aliases
 
 
 def _insert_or_meet_many(tx: JobsTx, items: list[NewJob],

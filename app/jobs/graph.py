@@ -154,14 +154,24 @@ def born(statuses: Sequence[tuple[Dependency, str]], cancel_on_failure: bool) ->
 
 
 def births(deps: Sequence[Sequence[Dependency]], items: Sequence[GraphItem],
-           existing: Mapping[int, str], fixed: Mapping[int, str]) -> dict[int, Birth]:
-    """The birth of each new item (positions not in `fixed`), in dependency order: an existing
-    job's status is `existing[id]`; an item already decided (a replay, a unique twin met)
-    stands for its job's status, `fixed[position]`; a new item for its own birth."""
+           existing: Mapping[int, str], fixed: Mapping[int, str],
+           aliases: Mapping[int, int]) -> dict[int, Birth]:
+    """The birth of each new item, in dependency order: an existing job's status is
+    `existing[id]`; an item that met a stored job (a replay, a unique twin) stands for that
+    job's status, `fixed[position]`; an item that met an earlier item's new job (`aliases`:
+    position → the earlier position) for that item's birth; a new item for its own."""
+    # A dependency on an alias is one on the item it met, so that item is decided first.
+    deps = [[Dependency(item=aliases[dep.item])
+             if dep.item is not None and dep.item in aliases else dep
+             for dep in item_deps] for item_deps in deps]
+    if find_cycle(deps):
+        raise ValidationFailed(
+            "Items that name one job (by idempotency or unique key) close a cycle of "
+            "dependencies.", errors={"jobs": ["A cycle through items that are one job."]})
     status_of: dict[int, str] = dict(fixed)
     decided: dict[int, Birth] = {}
     for position in topological_order(deps):
-        if position in fixed:
+        if position in fixed or position in aliases:
             continue
         statuses = [(dep, existing[dep.job_id] if dep.job_id is not None
                      else status_of[dep.item or 0]) for dep in deps[position]]

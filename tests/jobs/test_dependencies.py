@@ -194,3 +194,19 @@ def test_an_idempotent_replay_with_other_dependencies_is_422(api, producer):
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json["depends_on"] == [a]
     assert api.enqueue(producer, headers=key, depends_on=[b]).status_code == 422
+
+
+def test_an_item_naming_an_earlier_items_job_stands_for_that_jobs_birth(api, producer,
+                                                                       worker):
+    failed = api.enqueue(producer, max_retries=0).json["id"]
+    api.claim(worker)
+    api.fail(worker, failed)
+    same = {"type": "pdf", "depends_on": [failed], "idempotency_key": "k"}
+    answer = api.client.post("/jobs/batch", headers=producer.headers, json={"jobs": [
+        {"ref": "first", **same}, {"ref": "again", **same},
+        {"type": "sync", "depends_on": ["again"]}]})
+    assert answer.status_code == 201, answer.json
+    first, again, last = answer.json["jobs"]
+    assert again["id"] == first["id"] and again["replayed"] is True
+    assert (first["status"], last["status"]) == ("cancelled", "cancelled")
+    assert last["depends_on"] == [first["id"]]
