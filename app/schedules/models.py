@@ -1,4 +1,5 @@
-"""The schedule record and the rule of a firing: which due slots enqueue a job. Pure.
+"""The schedule record and the rule of a firing: which due slots enqueue a job (or, for a
+workflow template, create a workflow: below, "enqueue" says both). Pure.
 
 A slot is due once the clock reaches it. Only the newest due slot can be on time: a slot
 that a newer one has overtaken, or one more than `grace` old (a tick, a busy database make
@@ -42,14 +43,18 @@ class Schedule:
     name: str
     cron: str
     timezone: str
-    job: str  # the job template: compact JSON of a POST /jobs body
+    job: str  # the template: compact JSON of a POST /jobs body, or {"workflow": <a POST
+    # /workflows body>} (see app/schedules/schemas.py)
     catch_up: str
     paused: bool
     next_run_at: int
     last_run_at: int | None
-    last_job_id: int | None
+    last_job_id: int | None  # of a workflow template: the first job of the slot's workflow
     created_at: int
     updated_at: int
+    # Not a column: the workflow last_job_id is part of, read with the schedule (see
+    # ScheduleService); None for a job template.
+    last_workflow_id: int | None = None
 
     @property
     def actor(self) -> str:

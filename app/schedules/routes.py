@@ -24,8 +24,9 @@ bp = Blueprint("schedules", __name__)
 _create_schema = ScheduleCreateSchema()
 _patch_schema = SchedulePatchSchema()
 _page_schema = PageQuerySchema()
-# `job` is a POST /jobs body: its payload's depth is counted as POST /jobs counts it.
-TEMPLATE_ENVELOPE = ("job",)
+# `job` is a POST /jobs body and `workflow` a POST /workflows body: a payload's depth is
+# counted as those routes count it.
+TEMPLATE_ENVELOPE = ("job", "workflow")
 
 
 @bp.before_request
@@ -41,7 +42,8 @@ def _service() -> ScheduleService:
 
 
 @bp.post("/schedules")
-@documented("Create a schedule: each slot of its cron expression enqueues one job.",
+@documented("Create a schedule: each slot of its cron expression enqueues one job (`job`) "
+            "or creates one workflow (`workflow`).",
             body=ScheduleCreateSchema, body_required=True,
             replies=[Reply(201, "The new schedule.", ScheduleSchema, ("Location",))],
             errors=[409])
@@ -75,8 +77,8 @@ def get_schedule(name: str) -> Response:
 
 
 @bp.patch("/schedules/<name>")
-@documented("Change a schedule (cron, timezone, job, catch_up, paused); its next slot is "
-            "computed again from now.",
+@documented("Change a schedule (cron, timezone, job or workflow, catch_up, paused); its "
+            "next slot is computed again from now.",
             body=SchedulePatchSchema, body_required=True,
             replies=[Reply(200, "The schedule as changed.", ScheduleSchema)], errors=[404])
 @require_roles(Role.ADMIN)

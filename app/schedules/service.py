@@ -7,6 +7,13 @@ history as POST /jobs in one statement, and moves every schedule of the batch on
 more. Each (schedule, scheduled_for) is guarded by a unique index as well: the database is
 the last word on one job per slot. A slot that enqueues no job (missed, its unique key
 held, its template no longer valid) is logged and counted, never silently dropped.
+
+A schedule whose template is a workflow fires one slot at a time, in the same transaction:
+each slot's workflow (its jobs, their dependencies, the workflow row) is stored by the
+graph path of POST /workflows (JobService.enqueue_graph_in) in a savepoint. Its first job
+carries the slot (schedule, scheduled_for) and the others the schedule alone (scheduled_for
+NULL, which the unique index never compares): the slot's guard is the first job's, so a
+slot whose first job exists already stores nothing of its workflow.
 """
 
 from __future__ import annotations
@@ -22,22 +29,34 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from marshmallow import ValidationError
+from sqlalchemy import Connection
 
 from app.core.callers import Caller, Role
 from app.core.clock import MICROS, Clock, to_rfc3339
-from app.core.errors import Conflict, NotFound, ValidationFailed
+from app.core.errors import Conflict, NotFound, SlotTaken, ValidationFailed
 from app.core.priorities import Priority
 from app.jobs.cursor import decode_name_cursor, encode_name_cursor
+from app.jobs.enqueue import GraphRequest
 from app.jobs.fastload import load_batch
 from app.jobs.intake import IntakeRules, NewJob, new_job
 from app.jobs.service import JobService
 from app.jobs.uniqueness import Deduplicated
 from app.jobs.uow import JobsTx
 from app.schedules.cron import Cron, CronError, normalise_expression, parse_zone
-from app.schedules.models import Schedule, plan_firing, producer_of
+from app.schedules.models import Firing, Schedule, plan_firing, producer_of
 from app.schedules.repository import ScheduleRepository
-from app.schedules.schemas import NAME_PATTERN, JobTemplateSchema, template_json
+from app.schedules.schemas import (
+    NAME_PATTERN,
+    WORKFLOW_JOBS_FIELD,
+    WORKFLOW_KEY,
+    JobTemplateSchema,
+    WorkflowTemplateSchema,
+    stored_workflow,
+    template_json,
+    workflow_template_json,
+)
 from app.storage.engine import Database
+from app.workflows.repository import WorkflowRepository
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +65,13 @@ log = logging.getLogger(__name__)
 # small enough that SQLite's write lock is never held long (claims and enqueues go on
 # between batches) and that PostgreSQL hosts share a boundary's work batch by batch.
 FIRE_BATCH = 250
+# Jobs of workflow templates one firing transaction stores beyond its first workflow: slots
+# past it wait for the next transaction of the same tick (a schedule not yet begun is left as
+# if its tick came later; one begun moves on to its first slot left). A firing of plain job
+# templates stores at most FIRE_BATCH * CATCH_UP.max (25,000) jobs; without this, one
+# schedule of 1,000-job workflows catching up 100 slots would hold SQLite's write lock for
+# 100,000.
+FIRE_WORKFLOW_JOBS = 10_000
 _NAME = re.compile(NAME_PATTERN)
 _PAGE_READ = 500  # schedules every_schedule reads per query
 _NOT_IN_TEMPLATE = frozenset(JobTemplateSchema.Meta.exclude)
@@ -80,6 +106,15 @@ class _Batch:
     stored: list[int] = dataclasses.field(default_factory=list)  # each job's lateness, microseconds
     skipped: Counter[str] = dataclasses.field(default_factory=Counter)
     said: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (schedule, log message)
+    more: bool = False  # due slots left for another transaction (FIRE_WORKFLOW_JOBS)
+
+
+@dataclass(frozen=True)
+class _WorkflowTemplate:
+    """A stored workflow template, loaded (WorkflowTemplateSchema): what each slot creates."""
+
+    name: str | None
+    jobs: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -100,6 +135,7 @@ class ScheduleService:
         self.settings = settings or ScheduleSettings()
         self.on_fired: FiringSink = on_fired or _IgnoreFirings()
         self._template = JobTemplateSchema()
+        self._workflow_template = WorkflowTemplateSchema()
         # Schedules whose zone this host's zone database does not know (saved where it did):
         # said once, then passed over by this process's due queries (its zone database does
         # not change while it runs). Another host that knows the zone fires them.
@@ -108,11 +144,15 @@ class ScheduleService:
     # -- admins ---------------------------------------------------------------------------
 
     def create_schedule(self, body: dict[str, Any]) -> Schedule:
-        """Store a new schedule (body as ScheduleCreateSchema loaded it). Raises
-        ValidationFailed (cron, timezone, job) or Conflict (the name is taken)."""
+        """Store a new schedule (body as ScheduleCreateSchema loaded it: job or workflow).
+        Raises ValidationFailed (cron, timezone, job, workflow) or Conflict (the name is
+        taken)."""
         now = self.clock.now_us()
         cron = self._cron(body["cron"], body["timezone"])
-        job = self._checked_template(body["job"], body["name"], now)
+        if body.get(WORKFLOW_KEY) is not None:
+            job = self._checked_workflow(body[WORKFLOW_KEY], body["name"])
+        else:
+            job = self._checked_template(body["job"], body["name"], now)
         values = {
             "name": body["name"], "cron": cron.expression, "timezone": body["timezone"],
             "job": job, "catch_up": body["catch_up"], "paused": body["paused"],
@@ -131,7 +171,9 @@ class ScheduleService:
         last); the cursor is GET /jobs's kind, the limit its rule (PageQuerySchema)."""
         after = None if cursor is None else decode_name_cursor(cursor, _NAME)
         with self.db.read() as conn:
-            page = ScheduleRepository(conn).list_schedules(after_name=after, limit=limit + 1)
+            page = _with_workflows(
+                conn, ScheduleRepository(conn).list_schedules(after_name=after,
+                                                              limit=limit + 1))
         now = self.clock.now_us()
         shown = [self._as_shown(schedule, now) for schedule in page[:limit]]
         return shown, (encode_name_cursor(shown[-1].name) if len(page) > limit else None)
@@ -149,6 +191,8 @@ class ScheduleService:
         self._require_name(name)
         with self.db.read() as conn:
             schedule = ScheduleRepository(conn).get_schedule(name)
+            if schedule is not None:
+                [schedule] = _with_workflows(conn, [schedule])
         if schedule is None:
             raise NotFound("No such schedule.")
         return self._as_shown(schedule, self.clock.now_us())
@@ -171,7 +215,8 @@ class ScheduleService:
         slot, not the ones it skipped while paused."""
         if not patch:
             raise ValidationFailed(
-                "Nothing to change: give at least one of cron, timezone, job, catch_up, paused.",
+                "Nothing to change: give at least one of cron, timezone, job, workflow, "
+                "catch_up, paused.",
                 errors={"_body": ["Give at least one field to change."]})
         current = self.get_schedule(name)
         now = self.clock.now_us()
@@ -181,11 +226,17 @@ class ScheduleService:
                                   "next_run_at": cron.next_after(now), "updated_at": now}
         if "job" in patch:
             values["job"] = self._checked_template(patch["job"], name, now)
+        elif patch.get(WORKFLOW_KEY) is not None:
+            values["job"] = self._checked_workflow(patch[WORKFLOW_KEY], name)
         for field in ("catch_up", "paused"):
             if field in patch:
                 values[field] = patch[field]
-        updated = self.db.run_write(
-            lambda conn: ScheduleRepository(conn).update_schedule(name, values))
+
+        def update(conn: Connection) -> Schedule | None:
+            updated = ScheduleRepository(conn).update_schedule(name, values)
+            return None if updated is None else _with_workflows(conn, [updated])[0]
+
+        updated = self.db.run_write(update)
         if updated is None:
             raise NotFound("No such schedule.")
         return updated
@@ -200,8 +251,8 @@ class ScheduleService:
 
     def fire_due(self, now_us: int | None = None) -> int:
         """Fire every active schedule whose next slot has come (at `now_us`, default the
-        clock's now), FIRE_BATCH schedules per write transaction; returns how many jobs this
-        process enqueued. Database errors propagate."""
+        clock's now), FIRE_BATCH schedules per write transaction; returns how many slots this
+        process fired (a job each, or a workflow each). Database errors propagate."""
         first = self.clock.now_us() if now_us is None else now_us
         with self.db.read() as conn:
             if not ScheduleRepository(conn).has_due(first, passing_over=self._unreadable):
@@ -214,12 +265,13 @@ class ScheduleService:
                 self._fire_batch, now=self.clock.now_us() if now_us is None else now_us))
             self._tell(batch)
             enqueued += len(batch.stored)
-            if batch.taken < FIRE_BATCH:
+            if batch.taken < FIRE_BATCH and not batch.more:
                 return enqueued
 
     def _fire_batch(self, tx: JobsTx, *, now: int) -> _Batch:
         """Take up to FIRE_BATCH due schedules on `conn` (locked: no other process fires them),
-        enqueue their slots' jobs set-wise and move each on, in one transaction. What to tell
+        enqueue their slots' jobs set-wise (a workflow template's slots: one workflow at a
+        time, _fire_workflow) and move each on, in one transaction. What to tell
         once it commits goes in the returned _Batch (the writer may run this again after a
         rollback: it keeps no state of its own)."""
         repo = ScheduleRepository(tx.conn)
@@ -227,6 +279,7 @@ class ScheduleService:
         batch = _Batch(taken=len(taken))
         grace = round(self.settings.grace_seconds * MICROS)
         slots: list[tuple[Schedule, int, NewJob]] = []
+        workflows: list[tuple[Schedule, Firing, _WorkflowTemplate]] = []
         moves: dict[str, dict[str, Any]] = {}
         for schedule in taken:
             move = {"name": schedule.name, "last_run_at": schedule.last_run_at,
@@ -240,9 +293,12 @@ class ScheduleService:
                 continue
             firing = plan_firing(schedule, cron, now, grace)
             move["next_run_at"] = firing.next_run_at
+            template = self._loaded_template(schedule, batch)
+            if isinstance(template, _WorkflowTemplate):
+                workflows.append((schedule, firing, template))  # after the plain ones
+                continue
             if firing.skipped:
                 batch.skipped[SKIP_MISSED] += firing.skipped
-            template = self._loaded_template(schedule, batch)
             if template is None:
                 batch.skipped[SKIP_INVALID] += len(firing.slots)
                 continue
@@ -277,8 +333,71 @@ class ScheduleService:
             elif outcome is not None:
                 batch.stored.append(now - slot)
                 moves[schedule.name].update(last_run_at=slot, last_job_id=outcome.job.id)
+        stored_jobs = 0
+        for schedule, firing, workflow in workflows:
+            if stored_jobs and stored_jobs + len(workflow.jobs) > FIRE_WORKFLOW_JOBS:
+                # Not begun: left as it is, planned afresh by the next transaction.
+                del moves[schedule.name]
+                batch.more = True
+                continue
+            if firing.skipped:
+                batch.skipped[SKIP_MISSED] += firing.skipped
+            stored_jobs = self._fire_workflow(tx, schedule, firing.slots, workflow, now=now,
+                                              batch=batch, move=moves[schedule.name],
+                                              stored_jobs=stored_jobs)
         repo.move_on(list(moves.values()))
         return batch
+
+    def _fire_workflow(self, tx: JobsTx, schedule: Schedule, slots: list[int],
+                       template: _WorkflowTemplate, *, now: int, batch: _Batch,
+                       move: dict[str, Any], stored_jobs: int) -> int:
+        """Create the workflow of each of `slots` (oldest first) in `tx`, one slot at a time,
+        each in a savepoint: its jobs and their edges by the graph path of POST /workflows,
+        as the schedule's producer, and its workflow row. A slot whose first job exists
+        already (the unique index: another process fired it) stores nothing. Slots past
+        FIRE_WORKFLOW_JOBS (`stored_jobs` stored in `tx` so far) are left to the next
+        transaction; returns the jobs stored in `tx` so far."""
+        if not slots:
+            return stored_jobs
+        caller = _caller_of(schedule.name)
+        try:
+            graph = self.jobs.prepare_graph(caller, template.jobs, prefix=WORKFLOW_JOBS_FIELD,
+                                            earlier_only=False)
+        except ValidationFailed as exc:
+            # Valid when saved; the configuration changed since. Said by field (never the
+            # payload).
+            batch.said.append((schedule.name, "slot skipped, its workflow does not validate: "
+                                              f"{', '.join(sorted(exc.errors or {}))}"))
+            batch.skipped[SKIP_INVALID] += len(slots)
+            return stored_jobs
+        refs = [job["ref"] for job in template.jobs]
+        for slot in slots:
+            if stored_jobs and stored_jobs + len(refs) > FIRE_WORKFLOW_JOBS:
+                # The rest from this slot on: the schedule moves on to it, still due.
+                move["next_run_at"] = slot
+                batch.more = True
+                return stored_jobs
+            try:
+                with tx.jobs.savepoint():
+                    outcomes = self.jobs.enqueue_graph_in(
+                        tx, caller, _graph_of_slot(graph, schedule.name, slot))
+                    job_ids = [outcome.job.id for outcome in outcomes]
+                    WorkflowRepository(tx.conn).add_workflow(
+                        name=template.name, producer=caller.name, created_at=now,
+                        refs=list(zip(refs, job_ids, strict=True)))
+            except SlotTaken:
+                continue  # the slot's workflow exists, made by another process or host
+            except ValidationFailed as exc:
+                # Only a template stored otherwise than through the API names job ids (and
+                # one of them is gone): said, counted, and the batch goes on.
+                batch.said.append((schedule.name, f"slot {to_rfc3339(slot)} skipped: "
+                                                  f"{', '.join(sorted(exc.errors or {}))}"))
+                batch.skipped[SKIP_INVALID] += 1
+                continue
+            stored_jobs += len(job_ids)
+            batch.stored.append(now - slot)
+            move.update(last_run_at=slot, last_job_id=job_ids[0])
+        return stored_jobs
 
     def _tell(self, batch: _Batch) -> None:
         """What a committed batch did, to the log and the metrics (app/storage/group_commit.py:
@@ -326,9 +445,29 @@ class ScheduleService:
                                     for field, messages in (exc.errors or {}).items()}) from None
         return stored
 
-    def _loaded_template(self, schedule: Schedule, batch: _Batch) -> dict[str, Any] | None:
+    def _checked_workflow(self, workflow: dict[str, Any], name: str) -> str:
+        """The loaded workflow template as stored, once it passes the rules of POST
+        /workflows (each job's, the refs, no cycle). Raises ValidationFailed naming
+        workflow.jobs.<n>.<field> (a cycle: workflow.jobs)."""
+        ids = {f"{WORKFLOW_JOBS_FIELD}.{position}.depends_on": [
+            "A schedule's workflow names its own jobs by ref; job ids are not taken (each "
+            "slot's workflow would wait on the same job)."]
+            for position, job in enumerate(workflow["jobs"])
+            if any(isinstance(dep, int) for dep in job.get("depends_on") or ())}
+        if ids:
+            raise ValidationFailed("Some jobs of the workflow name job ids.", errors=ids)
+        self.jobs.prepare_graph(_caller_of(name), workflow["jobs"], prefix=WORKFLOW_JOBS_FIELD,
+                                earlier_only=False)
+        return workflow_template_json(workflow)
+
+    def _loaded_template(self, schedule: Schedule, batch: _Batch
+                         ) -> dict[str, Any] | _WorkflowTemplate | None:
         try:
             stored = json.loads(schedule.job)
+            workflow = stored_workflow(stored)
+            if workflow is not None:
+                loaded_workflow = self._workflow_template.load(workflow)
+                return _WorkflowTemplate(loaded_workflow.get("name"), loaded_workflow["jobs"])
             # A stored template passed JobTemplateSchema when saved, so it holds none of the
             # fields the template excludes; such a body loads as POST /jobs/batch's plain
             # jobs do (app/jobs/fastload.py, which agrees with the schema and declines to
@@ -364,6 +503,26 @@ def _parsed_cron(expression: str, timezone: str, allow_seconds: bool) -> Cron:
     except CronError as exc:
         raise _ZoneError(str(exc)) from None
     return Cron(normalise_expression(expression, seconds=allow_seconds), zone)
+
+
+def _graph_of_slot(graph: GraphRequest, schedule: str, slot: int) -> GraphRequest:
+    """The workflow's jobs for one slot: every job names the schedule, the first the slot too
+    (the slot's guard, uq_jobs_schedule_scheduled_for); the others' scheduled_for is NULL."""
+    items = [replace(item, values={**item.values, "schedule": schedule,
+                                   "scheduled_for": slot if position == 0 else None})
+             for position, item in enumerate(graph.items)]
+    return replace(graph, items=items)
+
+
+def _with_workflows(conn: Connection, schedules: list[Schedule]) -> list[Schedule]:
+    """The schedules with last_workflow_id: the workflow their last job is part of (a
+    workflow template's slot), read in one query on `conn`."""
+    workflow_of = WorkflowRepository(conn).workflows_of_jobs(
+        {schedule.last_job_id for schedule in schedules if schedule.last_job_id is not None})
+    if not workflow_of:
+        return schedules
+    return [replace(schedule, last_workflow_id=workflow_of.get(schedule.last_job_id or 0))
+            for schedule in schedules]
 
 
 def _caller_of(name: str) -> Caller:

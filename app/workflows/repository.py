@@ -45,6 +45,16 @@ class WorkflowRepository:
             .returning(workflows.c.id)).scalar_one()
         return workflow_id
 
+    def add_workflow(self, *, name: str | None, producer: str, refs: Sequence[tuple[str, int]],
+                     created_at: int, idempotency_key: str | None = None,
+                     request_fingerprint: str | None = None) -> int:
+        """Store a workflow and its jobs ((ref, job id) in request order); its id."""
+        workflow_id = self.insert_workflow(
+            name=name, producer=producer, idempotency_key=idempotency_key,
+            request_fingerprint=request_fingerprint, created_at=created_at)
+        self.add_jobs(workflow_id, refs)
+        return workflow_id
+
     def add_jobs(self, workflow_id: int, refs: Sequence[tuple[str, int]]) -> None:
         """The workflow's jobs: (ref, job id) in request order."""
         self.conn.execute(insert(workflow_jobs), [
@@ -71,6 +81,22 @@ class WorkflowRepository:
                 .order_by(workflow_jobs.c.position))
         return [(ref, job_id, job_type, status)
                 for ref, job_id, job_type, status in self.conn.execute(stmt)]
+
+    def workflows_of_jobs(self, job_ids: Collection[int]) -> dict[int, int]:
+        """The workflow each of these jobs is part of, by job id (a job of none left out):
+        what a schedule shows as last_workflow_id, read through ix_workflow_jobs_job_id."""
+        if not job_ids:
+            return {}
+        stmt = (select(workflow_jobs.c.job_id, workflow_jobs.c.workflow_id)
+                .where(workflow_jobs.c.job_id.in_(sorted(job_ids))))
+        return {int(job_id): int(workflow_id) for job_id, workflow_id in self.conn.execute(stmt)}
+
+    def workflow_of_job(self, job_id: int) -> Workflow | None:
+        """The workflow the job was enqueued in, if any (ix_workflow_jobs_job_id)."""
+        row = self.conn.execute(
+            select(workflows).join(workflow_jobs, workflow_jobs.c.workflow_id == workflows.c.id)
+            .where(workflow_jobs.c.job_id == job_id).limit(1)).first()
+        return None if row is None else _workflow(row)
 
     def statuses_of(self, workflow_ids: Collection[int]) -> dict[int, dict[str, int]]:
         """Each workflow's jobs counted by status."""

@@ -86,12 +86,11 @@ class WorkflowService:
                                 "Already used with a different request."]})
                     return stored.id, True
             outcomes = self.jobs.enqueue_graph_in(tx, caller, graph)
-            workflow_id = workflows.insert_workflow(
-                name=body.get("name"), producer=caller.name, idempotency_key=idempotency_key,
-                request_fingerprint=fingerprint, created_at=now)
-            workflows.add_jobs(workflow_id, [
-                (item["ref"], outcome.job.id)
-                for item, outcome in zip(body["jobs"], outcomes, strict=True)])
+            workflow_id = workflows.add_workflow(
+                name=body.get("name"), producer=caller.name, created_at=now,
+                refs=[(item["ref"], outcome.job.id)
+                      for item, outcome in zip(body["jobs"], outcomes, strict=True)],
+                idempotency_key=idempotency_key, request_fingerprint=fingerprint)
             return workflow_id, False
 
         workflow_id, replayed = self._write(create_in)
@@ -143,6 +142,16 @@ class WorkflowService:
                 if len(rows) <= limit:
                     return page, None
             return page, encode_cursor(last_id)
+
+        return self.jobs.uow.read(read)
+
+    def workflow_of_job(self, caller: Caller, job_id: int) -> int | None:
+        """The id of the workflow the job was enqueued in, if it was in one the caller may
+        see (a job's page links to it); None otherwise."""
+
+        def read(tx: JobsTx) -> int | None:
+            workflow = WorkflowRepository(tx.conn).workflow_of_job(job_id)
+            return None if workflow is None or not _may_see(caller, workflow) else workflow.id
 
         return self.jobs.uow.read(read)
 
