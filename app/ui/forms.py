@@ -14,6 +14,7 @@ from app.core.statuses import JobStatus
 from app.types.schemas import TypePatchSchema
 from app.web.fields import QueryInteger, QueryNumber, StrictSchema
 from app.web.problems import flatten_errors
+from app.workflows.models import WorkflowStatus
 
 LIMIT_FIELDS = ("max_running", "max_running_per_key", "rate_per_second", "burst")
 _patch_schema = TypePatchSchema()
@@ -83,6 +84,29 @@ def job_filters(args: Mapping[str, str]) -> dict[str, str]:
     given = {name: value for name, value in args.items() if value.strip()}
     try:
         loaded: dict[str, str] = _filter_schema.load(given)
+    except ValidationError as error:
+        raise FormInvalid(flatten_errors(error.messages)) from None
+    return loaded
+
+
+# The workflows page's status filter: a workflow's status, as GET /workflows?status= takes.
+WORKFLOW_FILTER_STATUSES = tuple(s.value for s in WorkflowStatus)
+
+
+class WorkflowFilterSchema(StrictSchema):
+    """The workflows page's query string: the status filter and where the page starts."""
+
+    status = fields.String(validate=validate.OneOf(WORKFLOW_FILTER_STATUSES))
+    cursor = _optional_text(CURSOR_CHARS)
+
+
+_workflow_filter_schema = WorkflowFilterSchema()
+
+
+def workflow_filters(args: Mapping[str, str]) -> dict[str, str]:
+    given = {name: value for name, value in args.items() if value.strip()}
+    try:
+        loaded: dict[str, str] = _workflow_filter_schema.load(given)
     except ValidationError as error:
         raise FormInvalid(flatten_errors(error.messages)) from None
     return loaded

@@ -83,9 +83,14 @@ def limits(shown_type: dict[str, Any]) -> str:
     return " · ".join(parts) or "none"
 
 
+def counts_text(counts: dict[str, int]) -> str:
+    """Jobs by status in words, the statuses with none left out: `3 waiting · 1 running`."""
+    return " · ".join(f"{n} {status}" for status, n in counts.items() if n) or "no jobs"
+
+
 def register_filters(app: Flask) -> None:
     for name, fn in (("utc", utc), ("age", age), ("duration", duration),
-                     ("json_text", json_text), ("limits", limits),
+                     ("json_text", json_text), ("limits", limits), ("counts_text", counts_text),
                      ("last_line", last_line), ("in_zone", in_zone)):
         app.add_template_filter(fn, name)
     # The limits' bounds, from their one home, for the forms' inputs to offer:

@@ -3,6 +3,7 @@ JSON API calls, render a template (or redirect after a form)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from flask import Blueprint, current_app, flash, g, redirect, render_template, request, url_for
@@ -21,7 +22,7 @@ from app.history.schemas import (
     represent_worker,
 )
 from app.jobs.cursor import encode_cursor
-from app.jobs.models import Job
+from app.jobs.models import Job, JobDependencies
 from app.jobs.schemas import BulkSchema, represent
 from app.jobs.transitions import Transition
 from app.schedules.schemas import represent_schedule
@@ -32,23 +33,28 @@ from app.ui.forms import (
     JOB_FILTER_STATUSES,
     NEWEST_FIRST,
     SCHEDULED,
+    WORKFLOW_FILTER_STATUSES,
     FormInvalid,
     job_filters,
     limits_patch,
+    workflow_filters,
 )
+from app.ui.graph_drawing import NODE_HEIGHT, NODE_WIDTH, GraphJob, draw, why_not_drawn
 from app.ui.security import CSRFRefused, check_csrf
 from app.web.problems import flatten_errors, problem_type_of
+from app.workflows.schemas import represent_summary, represent_workflow
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static")
 
 # The navigation, in order: (endpoint, label). A section is one entry here, its route and
 # its template.
-SECTIONS = (("ui.overview", "Overview"), ("ui.jobs", "Jobs"), ("ui.types", "Types"),
-            ("ui.schedules", "Schedules"))
+SECTIONS = (("ui.overview", "Overview"), ("ui.jobs", "Jobs"), ("ui.workflows", "Workflows"),
+            ("ui.types", "Types"), ("ui.schedules", "Schedules"))
 JOBS_PER_PAGE = 50
 _bulk_schema = BulkSchema()
 SCHEDULES_PER_PAGE = JOBS_PER_PAGE
+WORKFLOWS_PER_PAGE = JOBS_PER_PAGE
 _OPEN = frozenset({"ui.sign_in", "ui.static"})
 
 
@@ -248,8 +254,10 @@ def _bulk_filters(action: str, given: Any) -> dict[str, Any]:
 @bp.get("/jobs/<id:job_id>")
 def job(job_id: int) -> tuple[str, int]:
     services, caller = _services(), _caller()
-    shown = _shown(services.jobs.get_job(caller, job_id))
+    found = services.jobs.get_job(caller, job_id)
+    shown = _shown(found, services.jobs.dependencies_of([found]))
     return _page("job.html", job=shown,
+                 workflow_id=services.workflows.workflow_of_job(caller, job_id),
                  attempts=[represent_attempt(a, show_error=True)
                            for a in services.history.attempts(caller, job_id)],
                  events=[_event_shown(represent_event(e), shown["error"])
@@ -266,13 +274,15 @@ def _event_shown(event: dict[str, Any], error: str | None) -> dict[str, Any]:
     return event
 
 
-def _shown(job: Job) -> dict[str, Any]:
+def _shown(job: Job, dependencies: Mapping[int, JobDependencies] | None = None
+           ) -> dict[str, Any]:
     # As the API shows it to an admin, with the producer too (the API's representation
-    # leaves it out: a producer sees only its own jobs).
+    # leaves it out: a producer sees only its own jobs); with `dependencies` (a job's page),
+    # its depends_on, waiting_on and on_dependency_failure too.
     # Finished is when a job reached its end: nothing but a retry changes it after that.
     finished = to_rfc3339(job.updated_at) if job.status in TERMINAL_STATUSES else None
-    return represent(job, show_error=True) | {"producer": job.producer,
-                                              "finished_at": finished}
+    return represent(job, show_error=True, dependencies=dependencies) | {
+        "producer": job.producer, "finished_at": finished}
 
 
 @bp.post("/jobs/<id:job_id>/retry")
@@ -363,3 +373,39 @@ def delete_schedule(name: str) -> Response:
 def _change_schedule(name: str, patch: dict[str, Any], done: str) -> Response:
     return _act(lambda: _services().schedules.update_schedule(name, patch), done,
                 url_for("ui.schedules"))
+
+
+@bp.get("/workflows")
+def workflows() -> tuple[str, int]:
+    try:
+        filters = workflow_filters(request.args)
+    except FormInvalid as invalid:
+        return _page("workflows.html", 400, workflows=[], filters={}, next_cursor=None,
+                     messages=invalid.messages, statuses=WORKFLOW_FILTER_STATUSES)
+    # A cursor this service did not issue is a QueueError: answered by the error page (422).
+    page, next_cursor = _services().workflows.list(
+        _caller(), status=filters.get("status"), limit=WORKFLOWS_PER_PAGE,
+        cursor=filters.get("cursor"))
+    shown = {name: value for name, value in filters.items() if name != "cursor"}
+    return _page("workflows.html", workflows=[represent_summary(view) for view in page],
+                 filters=shown, next_cursor=next_cursor, messages={},
+                 statuses=WORKFLOW_FILTER_STATUSES)
+
+
+@bp.get("/workflows/<id:workflow_id>")
+def workflow(workflow_id: int) -> tuple[str, int]:
+    shown = represent_workflow(_services().workflows.get(_caller(), workflow_id))
+    jobs = [GraphJob(job["id"], job["ref"], job["type"], job["status"],
+                     tuple(job["depends_on"])) for job in shown["jobs"]]
+    not_drawn = why_not_drawn(jobs)
+    return _page("workflow.html", workflow=shown, not_drawn=not_drawn,
+                 drawing=None if not_drawn else draw(jobs),
+                 refs={job.id: job.ref for job in jobs},
+                 node_width=NODE_WIDTH, node_height=NODE_HEIGHT)
+
+
+@bp.post("/workflows/<id:workflow_id>/cancel")
+def cancel_workflow(workflow_id: int) -> Response:
+    return _act(lambda: _services().workflows.cancel(_caller(), workflow_id),
+                "Cancelled its waiting and pending jobs.",
+                url_for("ui.workflow", workflow_id=workflow_id))

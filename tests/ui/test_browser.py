@@ -341,6 +341,94 @@ def test_bulk_retry_of_the_filtered_jobs_asks_first_and_a_wrong_path_is_the_dash
     assert browser.find_element(By.LINK_TEXT, "Jobs")  # the dashboard's page, signed in
 
 
+# An order's workflow, run part way so that its drawing has a job in every status.
+ORDER_WORKFLOW: dict[str, Any] = {"name": "order-1001", "jobs": [
+    {"ref": "validate", "type": "email"},
+    {"ref": "charge", "type": "pdf", "depends_on": ["validate"]},
+    {"ref": "reserve-stock", "type": "sync", "depends_on": ["validate"]},
+    {"ref": "invoice", "type": "pdf", "depends_on": ["charge"], "max_retries": 0},
+    {"ref": "confirmation-mail", "type": "email", "depends_on": ["charge"]},
+    {"ref": "ship", "type": "sync", "depends_on": ["charge", "reserve-stock"]},
+    {"ref": "notify", "type": "email", "depends_on": ["confirmation-mail", "ship"],
+     "on_dependency_failure": "run"},
+    {"ref": "archive", "type": "sync", "depends_on": ["invoice", "notify"]},
+]}
+
+
+def _order_run_part_way(server: LiveServer, producer: str, worker: str) -> dict[str, Any]:
+    """The order's workflow with validate, charge and reserve-stock completed, invoice failed
+    (and so archive cancelled), confirmation-mail running, ship pending, notify waiting."""
+    created = requests.post(server.url_of("/workflows"), headers=bearer(producer), timeout=10,
+                            json=ORDER_WORKFLOW)
+    assert created.status_code == 201, created.text
+    workflow: dict[str, Any] = created.json()
+    ids = workflow["jobs"]
+    for ref, outcome in (("validate", "complete"), ("charge", "complete"),
+                         ("reserve-stock", "complete"), ("invoice", "fail"),
+                         ("confirmation-mail", None)):
+        claimed = requests.post(server.url_of("/jobs/claim"), headers=bearer(worker),
+                                timeout=10).json()
+        assert claimed["id"] == ids[ref], (ref, claimed)
+        if outcome is not None:
+            body: dict[str, Any] = {"lease_token": claimed["lease_token"]}
+            body |= {"error": "PDF renderer timed out"} if outcome == "fail" else {}
+            answer = requests.post(server.url_of(f"/jobs/{claimed['id']}/{outcome}"),
+                                   headers=bearer(worker), timeout=10, json=body)
+            assert answer.status_code == 200, answer.text
+    return workflow
+
+
+def test_an_operator_opens_a_workflows_drawing_and_follows_a_job_in_it(
+        browser: Any, server: LiveServer, database_url: str, screenshots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "fulfilment", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    workflow = _order_run_part_way(server, producer, worker)
+    ids = workflow["jobs"]
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Workflows"))
+    row = browser.find_element(By.XPATH, "//table[@id='workflows']//tbody/tr").text
+    assert "order-1001" in row and "running" in row
+    _follow(browser, browser.find_element(By.LINK_TEXT, str(workflow["id"])))
+    assert browser.current_url == server.url_of(f"/ui/workflows/{workflow['id']}")
+    drawing = browser.find_element(By.CSS_SELECTOR, "svg.graph")
+    assert drawing.is_displayed()
+    boxes = drawing.find_elements(By.CSS_SELECTOR, "a.node")
+    assert sorted(int(box.get_attribute("data-job")) for box in boxes) == sorted(ids.values())
+    assert len(drawing.find_elements(By.CSS_SELECTOR, "path.arrow")) == 10
+    # Each box is coloured by its status through the stylesheet (the CSP allows no inline
+    # style): a failed job's box is not a completed one's.
+    fills = {status: drawing.find_element(
+                By.CSS_SELECTOR, f"a.status-{status} rect").value_of_css_property("fill")
+             for status in ("completed", "failed", "running", "pending", "waiting",
+                            "cancelled")}
+    assert len(set(fills.values())) == 6, fills
+    _shot(browser, "workflow", engine, screenshots)
+
+    mail = ids["confirmation-mail"]
+    _follow(browser, drawing.find_element(By.CSS_SELECTOR, f"a.node[data-job='{mail}']"))
+    assert browser.current_url == server.url_of(f"/ui/jobs/{mail}")
+    assert browser.find_element(By.LINK_TEXT, f"workflow {workflow['id']}")
+    assert browser.find_element(By.ID, "depends-on").text == str(ids["charge"])
+
+    # Cancel the rest of it from its page: ship (pending) and notify (waiting).
+    browser.back()
+    _click_button(browser, "Cancel")
+    assert "Cancelled its waiting and pending jobs." in browser.find_element(
+        By.CSS_SELECTOR, ".messages").text
+    shown = requests.get(server.url_of(f"/workflows/{workflow['id']}"), headers=bearer(admin),
+                         timeout=10).json()
+    assert {job["ref"]: job["status"] for job in shown["jobs"]} == {
+        "validate": "completed", "charge": "completed", "reserve-stock": "completed",
+        "invoice": "failed", "confirmation-mail": "running", "ship": "cancelled",
+        "notify": "cancelled", "archive": "cancelled"}
+
+
 def test_screenshots_go_to_the_checkout_only_when_asked(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(SCREENSHOTS_VARIABLE, raising=False)
