@@ -153,3 +153,21 @@ def test_a_schedule_type_named_like_markup_is_shown_as_text(app_config: dict[str
         assert "<img" not in text, page
         assert "&lt;img src=x onerror=alert(1)&gt;" in text, page
     built.extensions["queuelog"].db.engine.dispose()
+
+
+def test_a_workflow_schedule_shows_its_workflow_and_links_the_last_one_it_made(
+        signed_in: FlaskClient, client: FlaskClient, admin: Key, app: Flask,
+        clock: ManualClock) -> None:
+    created = client.post("/schedules", headers=admin.headers, json={
+        "name": "orders", "cron": "*/5 * * * *", "workflow": {"name": HOSTILE, "jobs": [
+            {"ref": "charge", "type": "email"},
+            {"ref": "mail", "type": "pdf", "depends_on": ["charge"]}]}})
+    assert created.status_code == 201, created.get_json()
+    clock.advance(300)
+    assert app.extensions["queuelog"].schedules.fire_due() == 1
+    workflow_id = _shown(client, admin, "orders").get_json()["last_workflow_id"]
+    page = signed_in.get("/ui/schedules").text
+    row = page.split('<th scope="row">orders</th>')[1].split("</tr>")[0]
+    assert "<td>workflow of 2 jobs</td>" in row
+    assert f'<a href="/ui/workflows/{workflow_id}">workflow {workflow_id}</a>' in row
+    assert HOSTILE not in page and html.escape(HOSTILE).replace("&#x27;", "&#39;") in row
