@@ -357,3 +357,61 @@ def test_schedules_due_index_migration_keeps_the_stored_schedules(empty_db_url):
     command.downgrade(alembic_config(empty_db_url), "0013")
     assert "ix_schedules_next_run_at" in indexes() and "ix_schedules_due" not in indexes()
     engine.dispose()
+
+
+def test_workflows_migration_keeps_the_stored_jobs_and_their_unique_keys(empty_db_url):
+    """0015 on a database 0014 filled: the jobs stay as they were, the unique index it remakes
+    still lets one job hold a scope (a finished one out of its while set aside), a waiting
+    job can be stored and holds its key as a pending one does, and the way down makes every
+    waiting job pending, since an older release would never run it."""
+    upgrade(empty_db_url, "0014")
+    plain = {"type": "email", "payload": "{}", "priority": 10, "status": "pending",
+             "retry_count": 0, "max_retries": 3, "producer": "p", "run_at": 0,
+             "created_at": 0, "updated_at": 0, "unique_key": None, "unique_scope": None,
+             "unique_while": None}
+    held = {**plain, "unique_key": "k", "unique_scope": "s", "unique_while": 3}
+    rows = [plain, {**plain, "status": "completed"}, held,
+            {**held, "status": "completed"},  # a finished twin, out of its while set
+            {**held, "status": "running", "unique_key": "k2", "unique_scope": "s2"},
+            {**held, "producer": "q"}]  # another producer's scope
+    insert = table("jobs", *map(column, plain)).insert()
+    engine = make_engine(empty_db_url, pooled=False)
+
+    def stored() -> list[tuple[Any, ...]]:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(text(
+                "SELECT id, type, status, producer, unique_key, unique_scope, unique_while "
+                "FROM jobs ORDER BY id"))]
+
+    with engine.begin() as conn:  # the jobs table as 0014 left it
+        conn.execute(insert, rows)
+    before = stored()
+    assert len(before) == 6
+
+    upgrade(empty_db_url)
+
+    assert stored() == before
+    for twin in ({**held}, {**held, "status": "waiting"},
+                 {**held, "status": "running", "unique_key": "k2", "unique_scope": "s2"}):
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            conn.execute(insert, twin)
+    waiting = {**held, "status": "waiting", "unique_key": "k3", "unique_scope": "s3"}
+    with engine.begin() as conn:
+        conn.execute(insert, waiting)
+        waiting_id = conn.execute(text("SELECT max(id) FROM jobs")).scalar_one()
+        conn.execute(text(
+            "INSERT INTO job_dependencies (job_id, position, depends_on_id, cancel_on_failure, "
+            "resolved) VALUES (:job_id, 0, 1, 1, 0)"), {"job_id": waiting_id})
+        conn.execute(insert, {**waiting, "status": "completed"})  # finished: holds nothing
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(insert, {**waiting, "status": "pending"})
+
+    command.downgrade(alembic_config(empty_db_url), "0014")
+
+    after = stored()
+    assert after[:6] == before
+    assert [row[2] for row in after[6:]] == ["pending", "completed"]
+    assert after[6][0] == waiting_id
+    with pytest.raises(IntegrityError), engine.begin() as conn:  # still the scope's holder
+        conn.execute(insert, {**waiting, "status": "pending"})
+    engine.dispose()

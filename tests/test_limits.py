@@ -39,6 +39,7 @@ def _text(n: int, letter: str = "x") -> str:
 
 _LEASE = {"lease_token": "t" * 64}
 _SCHEDULE_JOB = {"type": "email"}
+_WORKFLOW_JOB = {"ref": "only", "type": "email"}
 
 PROBES: dict[str, Probe] = {
     "JOB_ID": Probe("worker", "POST", "/jobs/complete-many", "items.0.id",
@@ -60,10 +61,19 @@ PROBES: dict[str, Probe] = {
         "name": "nightly", "cron": "0 3 * * *", "timezone": _text(n), "job": _SCHEDULE_JOB}),
     "PUSH_URL_CHARS": Probe("admin", "PATCH", "/types/email", "push.url", body=lambda n: {
         "push": {"url": "http://push.example/" + _text(n - len("http://push.example/"))}}),
+    "REF_CHARS": Probe("producer", "POST", "/workflows", "jobs.0.ref", body=lambda n: {
+        "jobs": [{**_WORKFLOW_JOB, "ref": _text(n)}]}),
+    "WORKFLOW_NAME_CHARS": Probe("producer", "POST", "/workflows", "name", body=lambda n: {
+        "name": _text(n), "jobs": [_WORKFLOW_JOB]}),
     "RETRIES": Probe("producer", "POST", "/jobs", "max_retries",
                      body=lambda n: {"type": "email", "max_retries": n}),
     "BATCH_JOBS": Probe("producer", "POST", "/jobs/batch", "jobs",
                         body=lambda n: {"jobs": [{"type": "email"}] * n}),
+    "WORKFLOW_JOBS": Probe("producer", "POST", "/workflows", "jobs", body=lambda n: {
+        "jobs": [{"ref": f"job-{i}", "type": "email"} for i in range(n)]}),
+    # Jobs 1..100 exist (an admin may name any job): the maximum is stored, waiting.
+    "DEPENDENCIES": Probe("admin", "POST", "/jobs", "depends_on", body=lambda n: {
+        "type": "email", "depends_on": list(range(1, n + 1))}, pending_jobs=100),
     "CLAIM_JOBS": Probe("worker", "POST", "/jobs/claim-many", "max_jobs",
                         body=lambda n: {"max_jobs": n}),
     "CLAIM_TYPES": Probe("worker", "POST", "/jobs/claim", "types",

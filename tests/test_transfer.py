@@ -1,5 +1,5 @@
-"""`queuelog copy`: moving a live queue's jobs and keys to another database (issue: move to
-PostgreSQL). The target is each engine in turn; the source is a SQLite file."""
+"""`queuelog copy`: moving a live queue's jobs, keys and workflows to another database
+(issue: move to PostgreSQL). The target is each engine in turn; the source is a SQLite file."""
 
 from __future__ import annotations
 
@@ -14,13 +14,22 @@ from app.core.callers import Role
 from app.schedules.schemas import ScheduleCreateSchema
 from app.storage.engine import Database, make_engine
 from app.storage.migrations import current_revision
-from app.storage.transfer import TABLES, TransferError, copy_database
+from app.storage.transfer import SEQUENCED, TABLES, TransferError, copy_database
 from tests.conftest import JOB_TYPES, Api, Key
+
+WORKFLOW = {"name": "order-1001", "jobs": [
+    {"ref": "charge", "type": "pdf", "payload": {"order": 1001}},
+    {"ref": "mail", "type": "email", "depends_on": ["charge"]},
+    {"ref": "ship", "type": "sync", "depends_on": ["charge", 6]},
+    {"ref": "done", "type": "email", "depends_on": ["mail", "ship"],
+     "on_dependency_failure": "run"}]}
 
 
 @pytest.fixture
 def source(sqlite_template, tmp_path, clock):
-    """A SQLite queue with keys and jobs in several states."""
+    """A SQLite queue with keys and jobs in several states, a job that waits for another
+    and a workflow (jobs 27 to 30) whose jobs wait for its first one and for job 6, which
+    runs."""
     path = tmp_path / "source.sqlite3"
     shutil.copyfile(sqlite_template, path)
     url = f"sqlite:///{path}"
@@ -37,6 +46,12 @@ def source(sqlite_template, tmp_path, clock):
         claimed = api.claim(worker).json
         api.complete(worker, claimed["id"], lease_token=claimed["lease_token"], result={"ok": 1})
     api.claim(worker)
+    waiting = api.enqueue(producer, type="pdf", depends_on=[25, 24],
+                          on_dependency_failure="run").json
+    assert (waiting["id"], waiting["status"]) == (26, "waiting")
+    created = api.client.post("/workflows", json=WORKFLOW,
+                              headers={**producer.headers, "Idempotency-Key": "order-1001"})
+    assert created.status_code == 201 and created.json["jobs"]["charge"] == 27
     services.types.update_type("sync", {"paused": True, "max_running": 3,
                                          "rate_per_second": 2.5})
     services.schedules.create_schedule(ScheduleCreateSchema().load(
@@ -50,7 +65,7 @@ def _rows(url):
     database = Database(make_engine(url, pooled=False))
     with database.read() as conn:
         found = {table.name: [tuple(row) for row in conn.execute(
-            select(table).order_by(table.c.id))] for table in TABLES}
+            select(table).order_by(*table.primary_key.columns))] for table in TABLES}
     database.engine.dispose()
     return found
 
@@ -62,7 +77,7 @@ def test_copy_moves_every_job_and_key_with_ids_kept(source, empty_db_url, runner
                                  "--batch-size", "7"])
 
     assert result.exit_code == 0, result.output
-    assert result.output.strip().splitlines()[-1] == "copied 2 keys and 25 jobs"
+    assert result.output.strip().splitlines()[-1] == "copied 2 keys and 30 jobs"
     assert _rows(empty_db_url) == _rows(source_url)
 
     # The moved queue carries on: same tokens, replays recognised, new ids after the old.
@@ -72,7 +87,7 @@ def test_copy_moves_every_job_and_key_with_ids_kept(source, empty_db_url, runner
     replay = api.enqueue(producer, headers={"Idempotency-Key": "k3"},
                          payload={"n": 3, "text": "nul\u0000"})
     assert replay.status_code == 200 and replay.json["id"] == 4
-    assert api.enqueue(producer).json["id"] > 25  # PostgreSQL may skip ids, never reuse them
+    assert api.enqueue(producer).json["id"] > 30  # PostgreSQL may skip ids, never reuse them
     assert api.claim(worker).status_code == 200
     moved.extensions["queuelog"].db.engine.dispose()
 
@@ -138,8 +153,10 @@ def test_copy_opens_a_sqlite_source_read_only(source, empty_db_url, tmp_path):
         copied = copy_database(source_url, empty_db_url)
     finally:
         path.chmod(0o600)
-    # job_types: the settings changed on "sync", and "email"'s last claim.
-    assert copied == {"api_keys": 2, "jobs": 25, "job_attempts": 6, "job_events": 36,
+    # job_types: the settings changed on "sync", and "email"'s last claim. Dependencies:
+    # job 26's two, and the workflow's 1 + 2 + 2.
+    assert copied == {"api_keys": 2, "jobs": 30, "job_attempts": 6, "job_events": 41,
+                      "job_dependencies": 7, "workflows": 1, "workflow_jobs": 4,
                       "job_types": 2, "schedules": 1}
 
 
@@ -176,3 +193,52 @@ def test_copy_carries_the_schedules(source, empty_db_url):
     target.extensions["queuelog"].db.engine.dispose()
     assert (nightly.cron, nightly.timezone, nightly.catch_up) == ("0 3 * * *", "Europe/Berlin",
                                                                    "all")
+
+
+def test_every_table_with_an_id_sequence_continues_after_the_source():
+    # A table added with ids of its own must be continued too, or the first new row of the
+    # moved queue would take a copied row's id (a workflow's, once).
+    assert {table.name for table in TABLES if "id" in table.c} == {
+        table.name for table in SEQUENCED}
+
+
+def test_copy_carries_the_workflows_and_what_each_job_waits_for(source, empty_db_url, clock):
+    """The moved queue goes on with the graphs where they were: the workflow reads the same,
+    a replay of its Idempotency-Key finds it, the next workflow's id comes after it, and a
+    dependency completed after the move releases the jobs waiting on it."""
+    source_url, producer, worker = source
+    copy_database(source_url, empty_db_url, batch_size=3)  # several batches of each table
+
+    moved = create_app({"DATABASE_URL": empty_db_url, "JOB_TYPES": JOB_TYPES, "CLOCK": clock,
+                        "TESTING": True})
+    services = moved.extensions["queuelog"]
+    admin = Key("ops", services.keys.create_key("ops", Role.ADMIN))
+    api = Api(moved.test_client())
+    shown = api.client.get("/workflows/1", headers=producer.headers).json
+    assert (shown["name"], shown["status"]) == ("order-1001", "running")
+    assert [(job["ref"], job["id"], job["status"], job["depends_on"])
+            for job in shown["jobs"]] == [("charge", 27, "pending", []),
+                                          ("mail", 28, "waiting", [27]),
+                                          ("ship", 29, "waiting", [27, 6]),
+                                          ("done", 30, "waiting", [28, 29])]
+    waiting = api.get(producer, 26).json
+    assert (waiting["status"], waiting["depends_on"], waiting["waiting_on"],
+            waiting["on_dependency_failure"]) == ("waiting", [25, 24], 2, "run")
+
+    replay = api.client.post("/workflows", json=WORKFLOW,
+                             headers={**producer.headers, "Idempotency-Key": "order-1001"})
+    assert replay.status_code == 200 and replay.json["id"] == 1
+    again = api.client.post("/workflows", json=WORKFLOW, headers=producer.headers)
+    assert again.status_code == 201 and again.json["id"] > 1
+
+    # Job 27, the charge, runs on the moved queue: mail is released; ship still waits for 6.
+    api.cancel(admin, 24)  # a failed dependency counts as finished for job 26 ("run")
+    claimed = api.claim(worker, types=["pdf"]).json
+    assert claimed["id"] == 27
+    assert api.complete(worker, 27, lease_token=claimed["lease_token"]).status_code == 200
+    statuses = {job["ref"]: job["status"] for job in
+                api.client.get("/workflows/1", headers=producer.headers).json["jobs"]}
+    assert statuses == {"charge": "completed", "mail": "pending", "ship": "waiting",
+                        "done": "waiting"}
+    assert api.get(producer, 26).json["waiting_on"] == 1  # 25 is still pending
+    services.db.engine.dispose()

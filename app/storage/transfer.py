@@ -1,9 +1,10 @@
-"""Moving every job, key and schedule from one database to another (SQLite → PostgreSQL, say).
+"""Moving every job, key, schedule and workflow from one database to another (SQLite →
+PostgreSQL, say).
 
-Rows keep their ids, so job URLs, cursors and idempotency replays stay valid after a move,
-and the target's id sequences continue after the highest id the source ever gave (not only
-the highest it still holds), so an id freed by a purge is not given again after the move.
-The source is only read, and a SQLite source is opened read-only.
+Rows keep their ids, so job and workflow URLs, cursors and idempotency replays stay valid
+after a move, and the target's id sequences continue after the highest id the source ever
+gave (not only the highest it still holds), so an id freed by a purge is not given again
+after the move. The source is only read, and a SQLite source is opened read-only.
 """
 
 from __future__ import annotations
@@ -12,18 +13,33 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, Table, func, insert, select, text
+from sqlalchemy import Column, ColumnElement, Connection, Table, func, insert, select, text, tuple_
 from sqlalchemy.dialects.postgresql import REGCLASS
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from app.storage.engine import Database, make_engine
 from app.storage.migrations import current_revision, head_revision, upgrade
-from app.storage.schema import api_keys, job_attempts, job_events, job_types, jobs, schedules
+from app.storage.schema import (
+    api_keys,
+    job_attempts,
+    job_dependencies,
+    job_events,
+    job_types,
+    jobs,
+    schedules,
+    workflow_jobs,
+    workflows,
+)
 
-# A job's history goes with it. key_activity (when each key was last seen, to a minute) is
-# left behind: the workers write it again within a minute of their first claim.
-TABLES: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events)
+# Copied in batches, in primary-key order. A job's history and its dependencies go with it,
+# and the workflows with their jobs by ref. key_activity (when each key was last seen, to a
+# minute) is left behind: the workers write it again within a minute of their first claim.
+TABLES: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, job_dependencies,
+                             workflows, workflow_jobs)
+# The tables whose ids a sequence gives: the target's continues after the source's. (The
+# other two are keyed by the ids of the rows they belong to, and a position.)
+SEQUENCED: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, workflows)
 # Keyed by name rather than id, and small (a row per job type ever changed, a row per
 # schedule): copied whole. A type's settings (pause, limits, its token bucket) and the
 # schedules (with their next slot and last job) go with the queue.
@@ -35,11 +51,12 @@ class TransferError(RuntimeError):
 
 
 class TableRows:
-    """Whole-row reads and writes of one table, in id order: the SQL of a copy."""
+    """Whole-row reads and writes of one table, in primary-key order: the SQL of a copy."""
 
     def __init__(self, conn: Connection, table: Table) -> None:
         self.conn = conn
         self.table = table
+        self.key: list[Column[Any]] = list(table.primary_key.columns)
 
     def count(self) -> int:
         return self.conn.execute(select(func.count()).select_from(self.table)).scalar_one()
@@ -47,10 +64,24 @@ class TableRows:
     def read_all(self) -> list[dict[str, Any]]:
         return [dict(row._mapping) for row in self.conn.execute(select(self.table))]
 
-    def read_after(self, after_id: int, limit: int) -> list[dict[str, Any]]:
-        stmt = (select(self.table).where(self.table.c.id > after_id)
-                .order_by(self.table.c.id).limit(limit))
+    def read_after(self, after: tuple[Any, ...] | None, limit: int) -> list[dict[str, Any]]:
+        """Up to `limit` rows whose primary key comes after `after` (None: from the first),
+        in key order: each batch walks on along the key's index."""
+        stmt = select(self.table).order_by(*self.key).limit(limit)
+        if after is not None:
+            stmt = stmt.where(self._comes_after(after))
         return [dict(row._mapping) for row in self.conn.execute(stmt)]
+
+    def key_of(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(row[column.name] for column in self.key)
+
+    def _comes_after(self, after: tuple[Any, ...]) -> ColumnElement[bool]:
+        if len(self.key) == 1:
+            beyond: ColumnElement[bool] = self.key[0] > after[0]
+            return beyond
+        # A row value comparison, (job_id, position) > (?, ?): both engines read it as a
+        # range of the primary key's index.
+        return tuple_(*self.key) > tuple_(*after)
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         self.conn.execute(insert(self.table), rows)
@@ -149,9 +180,10 @@ def _copy(source: Database, target_url: str, batch_size: int,
                     TableRows(conn, table).write(rows)
             copied[table.name] = len(rows)
         with source.read() as conn:
-            highest = {table.name: TableRows(conn, table).highest_id_ever() for table in TABLES}
+            highest = {table.name: TableRows(conn, table).highest_id_ever()
+                       for table in SEQUENCED}
         with target.write() as conn:
-            for table in TABLES:
+            for table in SEQUENCED:
                 TableRows(conn, table).continue_ids_after(highest[table.name])
         return copied
     finally:
@@ -160,15 +192,16 @@ def _copy(source: Database, target_url: str, batch_size: int,
 
 def _copy_table(source: Database, target: Database, table: Table, batch_size: int,
                 progress: Callable[[str, int], None] | None) -> int:
-    copied, after_id = 0, 0
+    copied, after = 0, None
     while True:
         with source.read() as conn:
-            rows = TableRows(conn, table).read_after(after_id, batch_size)
+            reader = TableRows(conn, table)
+            rows = reader.read_after(after, batch_size)
         if not rows:
             return copied
         with target.write() as conn:
             TableRows(conn, table).write(rows)
         copied += len(rows)
-        after_id = rows[-1]["id"]
+        after = reader.key_of(rows[-1])
         if progress is not None:
             progress(table.name, copied)

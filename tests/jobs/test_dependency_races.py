@@ -5,6 +5,7 @@ connection: on PostgreSQL the transactions truly overlap."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -39,10 +40,11 @@ def test_a_dependency_completing_while_its_dependent_is_enqueued_is_never_missed
         claimed = clients[0].post("/jobs/claim", json={}, headers=worker.headers).json
         assert claimed["id"] == dependency
         completed, enqueued = side_by_side(
-            lambda: clients[0].post(f"/jobs/{dependency}/complete", json={},
-                                    headers=worker.headers),
-            lambda: clients[1].post("/jobs", json={"type": "email", "depends_on": [dependency]},
-                                    headers=producer.headers))
+            functools.partial(clients[0].post, f"/jobs/{dependency}/complete", json={},
+                              headers=worker.headers),
+            functools.partial(clients[1].post, "/jobs",
+                              json={"type": "email", "depends_on": [dependency]},
+                              headers=producer.headers))
         assert (completed.status_code, enqueued.status_code) == (200, 201)
         dependent = clients[0].get(f"/jobs/{enqueued.json['id']}", headers=producer.headers)
         assert dependent.json["status"] == "pending", dependent.json
@@ -64,8 +66,8 @@ def test_two_dependencies_completing_at_once_release_their_dependent(app, produc
                                   headers=worker.headers).json["jobs"]
         assert {job["id"] for job in claimed} == {first, second}
         answers = side_by_side(*[
-            (lambda job_id=job["id"]: clients[position].post(
-                f"/jobs/{job_id}/complete", json={}, headers=worker.headers))
+            functools.partial(clients[position].post, f"/jobs/{job['id']}/complete", json={},
+                              headers=worker.headers)
             for position, job in enumerate(claimed)])
         assert [answer.status_code for answer in answers] == [200, 200]
         shown = clients[0].get(f"/jobs/{joined}", headers=producer.headers).json
@@ -83,10 +85,11 @@ def test_a_failure_and_an_enqueue_at_once_cancel_the_dependent_either_way(app, p
                                      headers=producer.headers).json["id"]
         clients[0].post("/jobs/claim", json={}, headers=worker.headers)
         failed, enqueued = side_by_side(
-            lambda: clients[0].post(f"/jobs/{dependency}/fail", json={"error": "no"},
-                                    headers=worker.headers),
-            lambda: clients[1].post("/jobs", json={"type": "email", "depends_on": [dependency]},
-                                    headers=producer.headers))
+            functools.partial(clients[0].post, f"/jobs/{dependency}/fail",
+                              json={"error": "no"}, headers=worker.headers),
+            functools.partial(clients[1].post, "/jobs",
+                              json={"type": "email", "depends_on": [dependency]},
+                              headers=producer.headers))
         assert (failed.status_code, enqueued.status_code) == (200, 201)
         dependent = clients[0].get(f"/jobs/{enqueued.json['id']}", headers=producer.headers)
         assert dependent.json["status"] == "cancelled"

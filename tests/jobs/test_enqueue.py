@@ -41,6 +41,9 @@ def test_enqueue_answers_201_with_the_job_and_its_location(api, producer, clock)
         "unique_key": None,
         "schedule": None,
         "scheduled_for": None,
+        "depends_on": [],
+        "waiting_on": 0,
+        "on_dependency_failure": None,
     }
     assert "error" not in job and "lease_token" not in job
     assert RFC3339_UTC.match(job["created_at"])

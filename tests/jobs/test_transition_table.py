@@ -28,8 +28,8 @@ from app.jobs.transitions import (
 )
 from tests.jobs.test_models import make_job
 
-P, R, C, F, X = (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.COMPLETED, JobStatus.FAILED,
-                 JobStatus.CANCELLED)
+W, P, R, C, F, X = (JobStatus.WAITING, JobStatus.PENDING, JobStatus.RUNNING,
+                    JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 # Each edge as the contract has it: its from-statuses and guard, and whether it opens an
 # attempt or the outcome it closes one with.
@@ -39,7 +39,9 @@ EDGES: dict[Transition, tuple[set[JobStatus], Guard, bool, Outcome | None]] = {
     Transition.COMPLETE: ({R}, Guard.LEASE_HOLDER, False, Outcome.COMPLETED),
     Transition.FAIL: ({R}, Guard.LEASE_HOLDER, False, Outcome.FAILED),
     Transition.RESCUE: ({R}, Guard.ANYONE, False, Outcome.LEASE_EXPIRED),
-    Transition.CANCEL: ({P}, Guard.ANYONE, False, None),
+    Transition.CANCEL: ({P, W}, Guard.ANYONE, False, None),
+    Transition.RELEASE: ({W}, Guard.ANYONE, False, None),
+    Transition.DEPENDENCY_CANCEL: ({W}, Guard.ANYONE, False, None),
     Transition.RETRY: ({F, X}, Guard.ANYONE, False, None),
     Transition.REPLACE: ({P}, Guard.ANYONE, False, None),
 }
@@ -48,6 +50,7 @@ PENDING_JOB = make_job(status="pending", claimed_at=None, worker_id=None,
                        lease_expires_at=None, lease_token=None)
 RUNNING_JOB = make_job()  # held by "w" until 100, under lease token "t", 3 retries left
 LAST_TRY = make_job(retry_count=3)
+WAITING_JOB = dataclasses.replace(PENDING_JOB, status="waiting", run_at=500)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,15 @@ CASES = [
          {"worker": "w", "status": "failed", "run_at": None}),
     Case("cancel", Transition.CANCEL, PENDING_JOB, (), {"now_us": 10},
          X, EventName.CANCELLED, ("cancelled",), {}),
+    Case("cancel a waiting job", Transition.CANCEL, WAITING_JOB, (), {"now_us": 10},
+         X, EventName.CANCELLED, ("cancelled",), {}),
+    # The detail naming the dependency is the dependency's end's to give (app/jobs/
+    # dependencies.py), not the edge's: the edge alone records none.
+    # run_at: the later of the job's own and the release's moment (the repository's SQL).
+    Case("release", Transition.RELEASE, WAITING_JOB, (), {"now_us": 10, "run_at": 500},
+         P, EventName.READY, (), {}),
+    Case("dependency cancel", Transition.DEPENDENCY_CANCEL, WAITING_JOB, (), {"now_us": 10},
+         X, EventName.CANCELLED, ("dependency_cancelled",), {}),
     Case("retry a failed job", Transition.RETRY, make_job(status="failed"), (), {"now_us": 10},
          P, EventName.RETRIED, ("requeued",), {}),
     Case("retry a cancelled job", Transition.RETRY,
@@ -209,7 +221,8 @@ def test_after_failure_ends_failed_when_the_budget_is_spent():
 def test_every_transition_is_a_member_of_its_own():
     # Enum members with equal values are aliases of one another: each needs its own value.
     assert [t.name for t in Transition] == [
-        "CLAIM", "HEARTBEAT", "COMPLETE", "FAIL", "RESCUE", "CANCEL", "RETRY", "REPLACE"]
+        "CLAIM", "HEARTBEAT", "COMPLETE", "FAIL", "RESCUE", "CANCEL", "RELEASE",
+        "DEPENDENCY_CANCEL", "RETRY", "REPLACE"]
     assert len({t.value for t in Transition}) == len(list(Transition))
     assert Transition.FAIL is not Transition.HEARTBEAT
 
@@ -243,4 +256,5 @@ def test_a_repeated_fail_matches_the_error_and_the_delay_it_asked_for():
 def test_a_rescue_cancel_or_retry_forgets_the_lease_token():
     assert Transition.RESCUE.values(make_job(), 1000)["lease_token"] is None
     assert Transition.CANCEL.values(now_us=1)["lease_token"] is None
+    assert Transition.DEPENDENCY_CANCEL.values(now_us=1)["lease_token"] is None
     assert Transition.RETRY.values(now_us=1)["lease_token"] is None

@@ -12,6 +12,11 @@ def job_in(api, producer, worker, admin):
     """Put a fresh job into the given status; returns (job id, lease token or None)."""
 
     def make(status: str) -> tuple[int, str | None]:
+        if status == "waiting":  # on a dependency that stays pending
+            dependency = api.enqueue(producer).json["id"]
+            waiting = api.enqueue(producer, max_retries=0, depends_on=[dependency]).json
+            assert waiting["status"] == "waiting"
+            return waiting["id"], None
         job_id = api.enqueue(producer, max_retries=0).json["id"]
         if status == "pending":
             return job_id, None
@@ -39,7 +44,7 @@ TRANSITIONS = [
     ("complete", {"running"}, "completed"),
     ("fail", {"running"}, "failed"),  # max_retries=0: straight to failed
     ("heartbeat", {"running"}, "running"),
-    ("cancel", {"pending"}, "cancelled"),
+    ("cancel", {"pending", "waiting"}, "cancelled"),
     ("retry", {"failed", "cancelled"}, "pending"),
 ]
 
