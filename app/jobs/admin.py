@@ -29,7 +29,8 @@ class Administration:
         return self._admin_transition(caller, job_id, Transition.CANCEL)
 
     def retry(self, caller: Caller, job_id: int) -> Job:
-        """failed | cancelled → pending, with a fresh retry budget, claimable at once."""
+        """failed | cancelled → pending, with a fresh retry budget, claimable at once; or
+        waiting, when a dependency of it has not finished yet."""
         return self._admin_transition(caller, job_id, Transition.RETRY)
 
     def retry_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
@@ -70,6 +71,8 @@ class Administration:
                 up_to_id=up_to_id)
             moved = self._apply_many_holding_keys(repo, transition, chosen,
                                                   transition.values(now_us=now))
+            if transition is Transition.RETRY:
+                moved = repo.wait_again(moved)
             tx.made(transition, moved, actor=caller.name, now_us=now)
             return chosen, moved
 
@@ -126,6 +129,8 @@ class Administration:
                     raise NotFound("No such job.")
                 allowed = " or ".join(transition.from_statuses)
                 raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
+            if transition is Transition.RETRY:
+                [job] = repo.wait_again([job])
             tx.made(transition, [job], actor=caller.name, now_us=now)
             return job
 

@@ -298,6 +298,16 @@ _release_many = (
     .returning(*jobs.c)
 )
 
+# A job an admin's retry made pending, with a dependency still unfinished (it was cancelled
+# by another one's failure): waiting again, in the retry's own transaction.
+_wait_again = (
+    update(jobs)
+    .where(jobs.c.id.in_(bindparam("retried_ids", expanding=True)),
+           jobs.c.status == _PENDING, ~_no_unfinished_dependency)
+    .values(status=literal_column("'waiting'"))
+    .returning(*jobs.c)
+)
+
 # The claim's own stamps moved to the moment it held its locks (JobService.claim).
 _restamp_claimed = (
     update(jobs)
@@ -747,6 +757,16 @@ class JobRepository:
             rows = self.conn.execute(_release_many, {"released_ids": sorted(job_ids),
                                                      "now": now_us}).all()
         return sorted(map(_job, rows), key=lambda job: job.id)
+
+    def wait_again(self, retried: list[Job]) -> list[Job]:
+        """These jobs, which an admin's retry just made pending, with those that still have
+        an unfinished dependency made waiting again (a retry runs the job, not its
+        dependencies': it waits for them as before); in their order."""
+        if not retried:
+            return []
+        rows = self.conn.execute(_wait_again, {"retried_ids": [job.id for job in retried]})
+        waiting = {row.id: _job(row) for row in rows}
+        return [waiting.get(job.id, job) for job in retried]
 
     def highest_job_id(self) -> int:
         """The highest id given so far (0 with no job): where a bulk action's jobs end."""

@@ -5,6 +5,7 @@ it, the columns it writes, and what it leaves on the job's timeline and in the m
        ^                  |--fail / lease expired, retries left--> pending (retry_count + 1)
        |                  '--fail / lease expired, none left-----> failed
        '--retry (admin)-- failed | cancelled <--cancel (admin)-- pending | waiting
+       (a retry of a job with an unfinished dependency leaves it waiting instead)
     waiting --last dependency finished--> pending
     waiting --a dependency failed or was cancelled (on_dependency_failure cancel)--> cancelled
 

@@ -210,3 +210,32 @@ def test_an_item_naming_an_earlier_items_job_stands_for_that_jobs_birth(api, pro
     assert again["id"] == first["id"] and again["replayed"] is True
     assert (first["status"], last["status"]) == ("cancelled", "cancelled")
     assert last["depends_on"] == [first["id"]]
+
+
+def test_a_retried_dependent_waits_again_for_its_unfinished_dependencies(api, producer,
+                                                                          worker, admin):
+    failing = api.enqueue(producer, max_retries=0).json["id"]
+    slow = api.enqueue(producer, delay_seconds=60).json["id"]
+    dependent = api.enqueue(producer, depends_on=[failing, slow]).json["id"]
+    api.claim(worker)
+    api.fail(worker, failing)
+    assert api.get(producer, dependent).json["status"] == "cancelled"
+    retried = api.retry(admin, dependent).json
+    assert (retried["status"], retried["waiting_on"]) == ("waiting", 1)
+    assert api.claim(worker).status_code == 204
+    bulk = api.client.post("/jobs/retry-many", json={"ids": [dependent]}, headers=admin.headers)
+    assert bulk.json["count"] == 0  # waiting: not a failed or cancelled job any more
+    api.cancel(admin, dependent)
+    assert api.client.post("/jobs/retry-many", json={"ids": [dependent]},
+                           headers=admin.headers).json["count"] == 1
+    assert api.get(producer, dependent).json["status"] == "waiting"
+
+
+def test_a_retried_dependent_whose_dependencies_all_ended_is_pending(api, producer, worker,
+                                                                      admin):
+    failing = api.enqueue(producer, max_retries=0).json["id"]
+    dependent = api.enqueue(producer, depends_on=[failing]).json["id"]
+    api.claim(worker)
+    api.fail(worker, failing)
+    assert api.retry(admin, dependent).json["status"] == "pending"
+    assert api.claim(worker).json["id"] == dependent
