@@ -1,5 +1,5 @@
-"""docs/WORKFLOWS.md's order example (a producer and a worker), run exactly as written against
-a live server, on both engines."""
+"""README.md's order example (a producer and a worker), run exactly as written against a live
+server, on both engines."""
 
 from __future__ import annotations
 
@@ -20,8 +20,11 @@ pytestmark = pytest.mark.slow
 _EXAMPLE = re.compile(r"<!-- example: (\w+) -->\s*```python\n(.*?)```", re.DOTALL)
 
 
+SECTION = "Workflows: an order, end to end"
+
+
 def readme_examples(section: str) -> dict[str, str]:
-    text = (ROOT / "docs" / "WORKFLOWS.md").read_text().split(f"## {section}\n", 1)[1]
+    text = (ROOT / "README.md").read_text().split(f"## {section}\n", 1)[1]
     return dict(_EXAMPLE.findall(text.split("\n## ", 1)[0]))
 
 
@@ -34,11 +37,11 @@ def server(tmp_path: Path, db_url: str) -> Iterator[WorkflowServer]:
 
 
 def test_the_order_example_is_a_producer_and_a_worker():
-    assert set(readme_examples("The order example, end to end")) == {"producer", "worker"}
+    assert set(readme_examples(SECTION)) == {"producer", "worker"}
 
 
 def test_the_order_example_runs_as_written(server, tmp_path):
-    examples = readme_examples("The order example, end to end")
+    examples = readme_examples(SECTION)
     for name, code in examples.items():
         (tmp_path / f"{name}.py").write_text(code)
 
@@ -57,8 +60,8 @@ def test_the_order_example_runs_as_written(server, tmp_path):
                                         QUEUELOG_TOKEN=server.create_key("shop", "producer")))
         assert produced.returncode == 0, produced.stderr + log_path.read_text()
         assert produced.stdout.splitlines() == [
-            "1 {'charge': 1, 'mail': 2, 'ship': 3, 'done': 4}",
-            "completed {'mailed': True, 'tracking': 'T-1001'}",
+            "{'charge': 1, 'mail': 2, 'ship': 3, 'done': 4}",
+            "{'mailed': True, 'tracking': 'T-1001'}",
         ], log_path.read_text()
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=60) == 0, log_path.read_text()
@@ -67,7 +70,6 @@ def test_the_order_example_runs_as_written(server, tmp_path):
             worker.kill()
             worker.wait(timeout=15)
 
-    assert "order 1001 mail completed ship completed" in log_path.read_text()
     workflow = server.client().get_workflow(1)
     assert workflow["status"] == "completed"
     assert [(job["ref"], job["status"]) for job in workflow["jobs"]] == [
