@@ -4,6 +4,7 @@ schema Alembic builds equal to the code's tables on both engines."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -415,3 +416,36 @@ def test_workflows_migration_keeps_the_stored_jobs_and_their_unique_keys(empty_d
     with pytest.raises(IntegrityError), engine.begin() as conn:  # still the scope's holder
         conn.execute(insert, {**waiting, "status": "pending"})
     engine.dispose()
+
+
+def test_a_postgres_write_undone_to_break_a_deadlock_is_run_again(postgres_server):
+    """Two writes that lock two rows in opposite orders: PostgreSQL undoes one of them to break
+    the deadlock, and Database.run_write runs it again, so both land. (SQLite serialises its
+    writers: two write transactions never overlap there.)"""
+    db = Database(make_engine(postgres_server.create_database()))
+    with db.write() as conn:
+        conn.execute(text("INSERT INTO key_activity (name, last_seen_at) VALUES ('a', 0), "
+                          "('b', 0)"))
+    both_hold_one = threading.Barrier(2)
+    runs: list[str] = []
+
+    def lock_in_order(first: str, second: str) -> Any:
+        def work(conn: Any) -> str:
+            runs.append(first)
+            lock = text("SELECT name FROM key_activity WHERE name = :name FOR UPDATE")
+            conn.execute(lock, {"name": first})
+            if runs.count(first) == 1:  # only the first run of each waits for the other
+                both_hold_one.wait(timeout=10)
+            conn.execute(lock, {"name": second})
+            conn.execute(text("UPDATE key_activity SET last_seen_at = last_seen_at + 1 "
+                              "WHERE name = :name"), {"name": second})
+            return first
+        return db.run_write(work)
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda pair: lock_in_order(*pair), [("a", "b"), ("b", "a")]))
+    assert results == ["a", "b"]
+    assert len(runs) == 3  # one of the two ran again
+    with db.read() as conn:
+        assert conn.execute(text("SELECT sum(last_seen_at) FROM key_activity")).scalar() == 2
+    db.engine.dispose()

@@ -218,18 +218,19 @@ class Database:
         """
         if self._sqlite_writer is not None:
             return self._sqlite_writer.run(fn)
-        for attempt in range(_WRITE_ATTEMPTS):
+        attempts = 1
+        while True:
             try:
                 with self.write() as conn:
                     return fn(conn)
             except DBAPIError as exc:
                 # PostgreSQL undid the transaction whole to break a deadlock (or a
                 # serialization failure): `fn` may run again (the rule above), and its
-                # second run finds the other transaction committed.
+                # next run finds the other transaction committed.
                 if (getattr(exc.orig, "sqlstate", None) not in _RETRYABLE_SQLSTATES
-                        or attempt == _WRITE_ATTEMPTS - 1):
+                        or attempts == _WRITE_ATTEMPTS):
                     raise
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                attempts += 1
 
     @contextmanager
     def write(self) -> Iterator[Connection]:

@@ -178,11 +178,12 @@ class WorkflowService:
         return self.get(caller, workflow_id)
 
     def _write(self, work: Callable[[JobsTx], T]) -> T:
-        for attempt in range(_ATTEMPTS):
+        attempts = 1
+        while True:
             try:
                 return self.jobs.write(work)
             except (IdempotencyKeyTaken, UniqueScopeHeld, WriteConflict):
-                if attempt == _ATTEMPTS - 1:
+                if attempts == _ATTEMPTS:
                     raise Conflict("Requests with these idempotency or unique keys are in "
                                    "flight; retry.") from None
-        raise AssertionError("unreachable")
+                attempts += 1
