@@ -40,8 +40,8 @@ from app.jobs.service import JobService
 from app.jobs.uniqueness import Deduplicated
 from app.jobs.waiting import NOT_WAITED_RETRY_AFTER_SECONDS, WaitAnswer
 from app.web.auth import current_caller, require_roles
-from app.web.fields import EmptySchema, IdempotencyKeyHeaderSchema
-from app.web.http import json_body, load_body, load_query, no_content
+from app.web.fields import EmptySchema
+from app.web.http import idempotency_key_header, json_body, load_body, load_query, no_content
 from app.web.openapi import Reply, documented
 from app.web.problems import problem_body, problem_type_of
 
@@ -100,14 +100,6 @@ def _job_response(job: Any, status: int = 200, lease_token: str | None = None, *
                                  lease_token=lease_token, dependencies=dependencies))
     response.status_code = status
     return response
-
-
-def _idempotency_key_header() -> str | None:
-    key = request.headers.get("Idempotency-Key")
-    if key is None:
-        return None
-    loaded: str = IdempotencyKeyHeaderSchema().load({"Idempotency-Key": key})["idempotency_key"]
-    return loaded
 
 
 def _claim(body: dict[str, Any], limit: int) -> WaitAnswer[list[Claimed]]:
@@ -242,7 +234,7 @@ def _bulk_response(changed: list[Any]) -> Response:
             errors=[409])
 @require_roles(Role.PRODUCER, Role.ADMIN)
 def enqueue_job() -> Response:
-    header_key = _idempotency_key_header()
+    header_key = idempotency_key_header()
     body = load_body(_enqueue_schema)
     outcome = _service().enqueue(current_caller(), body, header_key)
     # A new job without depends_on waits for nothing: no read needed to say so.

@@ -12,6 +12,7 @@ from marshmallow import Schema
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from app.core.errors import ValidationFailed
+from app.web.fields import IdempotencyKeyHeaderSchema
 from app.web.problems import UnsupportedMediaType
 
 # How deeply JSON may nest, counted from the field that holds it: a payload or result
@@ -204,4 +205,14 @@ def load_query(schema: Schema) -> dict[str, Any]:
         raise ValidationFailed("A query parameter was given more than once.",
                                errors={key: ["Give this parameter once."] for key in repeated})
     loaded: dict[str, Any] = schema.load(args.to_dict())
+    return loaded
+
+
+def idempotency_key_header() -> str | None:
+    """The request's Idempotency-Key header, checked as an idempotency key (1..255 printable
+    ASCII; ValidationFailed otherwise); None without one."""
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    loaded: str = IdempotencyKeyHeaderSchema().load({"Idempotency-Key": key})["idempotency_key"]
     return loaded

@@ -6,8 +6,13 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.core.callers import Role
 from app.web.auth import current_caller, require_roles
-from app.web.fields import EmptySchema, IdempotencyKeyHeaderSchema
-from app.web.http import load_body, load_query, refuse_query_parameters
+from app.web.fields import EmptySchema
+from app.web.http import (
+    idempotency_key_header,
+    load_body,
+    load_query,
+    refuse_query_parameters,
+)
 from app.web.openapi import Reply, documented
 from app.workflows.schemas import (
     WorkflowCreatedSchema,
@@ -40,14 +45,6 @@ def _service() -> WorkflowService:
     return service
 
 
-def _idempotency_key_header() -> str | None:
-    key = request.headers.get("Idempotency-Key")
-    if key is None:
-        return None
-    loaded: str = IdempotencyKeyHeaderSchema().load({"Idempotency-Key": key})["idempotency_key"]
-    return loaded
-
-
 @bp.post("/workflows")
 @documented("Enqueue a graph of jobs in one transaction: each job's depends_on names other "
             "jobs of the workflow by ref, or existing jobs by id.",
@@ -59,7 +56,7 @@ def _idempotency_key_header() -> str | None:
             errors=[409])
 @require_roles(Role.PRODUCER, Role.ADMIN)
 def create_workflow() -> Response:
-    header_key = _idempotency_key_header()
+    header_key = idempotency_key_header()
     body = load_body(_create_schema)
     view, replayed = _service().create(current_caller(), body, header_key)
     response = jsonify(represent_created(view))
