@@ -79,6 +79,7 @@ def upgrade() -> None:
         sa.Column("position", sa.SmallInteger(), nullable=False),
         sa.Column("ref", sa.String(100), nullable=False),
         sa.Column("job_id", Id, nullable=False),
+        sa.Column("met", sa.SmallInteger(), nullable=False),
         sa.PrimaryKeyConstraint("workflow_id", "position", name="pk_workflow_jobs"),
     )
     op.create_index("ix_workflow_jobs_job_id", "workflow_jobs", ["job_id"])

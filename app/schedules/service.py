@@ -384,7 +384,8 @@ class ScheduleService:
                     job_ids = [outcome.job.id for outcome in outcomes]
                     WorkflowRepository(tx.conn).add_workflow(
                         name=template.name, producer=caller.name, created_at=now,
-                        refs=list(zip(refs, job_ids, strict=True)))
+                        refs=[(ref, job_id, False)
+                              for ref, job_id in zip(refs, job_ids, strict=True)])
             except SlotTaken:
                 continue  # the slot's workflow exists, made by another process or host
             except ValidationFailed as exc:

@@ -234,7 +234,9 @@ Index("uq_workflows_producer_idempotency_key", workflows.c.producer,
       postgresql_where=text("idempotency_key IS NOT NULL"))
 Index("ix_workflows_producer_id", workflows.c.producer, workflows.c.id)
 
-# A workflow's jobs by ref, in request order (`position`).
+# A workflow's jobs by ref, in request order (`position`). `met` (1) marks a job the workflow
+# did not create: its item met a stored job (an idempotency replay, a unique twin), which the
+# workflow counts and waits on but never cancels.
 workflow_jobs = Table(
     "workflow_jobs",
     metadata,
@@ -242,6 +244,7 @@ workflow_jobs = Table(
     Column("position", SmallInteger, primary_key=True),
     Column("ref", String(100), nullable=False),
     Column("job_id", Id, nullable=False),
+    Column("met", SmallInteger, nullable=False),
 )
 Index("ix_workflow_jobs_job_id", workflow_jobs.c.job_id)
 

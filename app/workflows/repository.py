@@ -45,21 +45,24 @@ class WorkflowRepository:
             .returning(workflows.c.id)).scalar_one()
         return workflow_id
 
-    def add_workflow(self, *, name: str | None, producer: str, refs: Sequence[tuple[str, int]],
-                     created_at: int, idempotency_key: str | None = None,
+    def add_workflow(self, *, name: str | None, producer: str,
+                     refs: Sequence[tuple[str, int, bool]], created_at: int,
+                     idempotency_key: str | None = None,
                      request_fingerprint: str | None = None) -> int:
-        """Store a workflow and its jobs ((ref, job id) in request order); its id."""
+        """Store a workflow and its jobs ((ref, job id, whether the item met a stored job) in
+        request order); its id."""
         workflow_id = self.insert_workflow(
             name=name, producer=producer, idempotency_key=idempotency_key,
             request_fingerprint=request_fingerprint, created_at=created_at)
         self.add_jobs(workflow_id, refs)
         return workflow_id
 
-    def add_jobs(self, workflow_id: int, refs: Sequence[tuple[str, int]]) -> None:
-        """The workflow's jobs: (ref, job id) in request order."""
+    def add_jobs(self, workflow_id: int, refs: Sequence[tuple[str, int, bool]]) -> None:
+        """The workflow's jobs: (ref, job id, met) in request order."""
         self.conn.execute(insert(workflow_jobs), [
-            {"workflow_id": workflow_id, "position": position, "ref": ref, "job_id": job_id}
-            for position, (ref, job_id) in enumerate(refs)])
+            {"workflow_id": workflow_id, "position": position, "ref": ref, "job_id": job_id,
+             "met": int(met)}
+            for position, (ref, job_id, met) in enumerate(refs)])
 
     def get_workflow(self, workflow_id: int) -> Workflow | None:
         row = self.conn.execute(select(workflows).where(workflows.c.id == workflow_id)).first()
@@ -81,6 +84,16 @@ class WorkflowRepository:
                 .order_by(workflow_jobs.c.position))
         return [(ref, job_id, job_type, status)
                 for ref, job_id, job_type, status in self.conn.execute(stmt)]
+
+    def created_jobs_in(self, workflow_id: int, statuses: Collection[str]) -> list[int]:
+        """The ids of the jobs the workflow created (not those its items met) that are in
+        `statuses`, lowest first."""
+        stmt = (select(jobs.c.id)
+                .join(workflow_jobs, workflow_jobs.c.job_id == jobs.c.id)
+                .where(workflow_jobs.c.workflow_id == workflow_id,
+                       workflow_jobs.c.met == 0, jobs.c.status.in_(sorted(statuses)))
+                .order_by(jobs.c.id))
+        return list(self.conn.execute(stmt).scalars())
 
     def workflows_of_jobs(self, job_ids: Collection[int]) -> dict[int, int]:
         """The workflow each of these jobs is part of, by job id (a job of none left out):

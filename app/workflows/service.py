@@ -88,7 +88,7 @@ class WorkflowService:
             outcomes = self.jobs.enqueue_graph_in(tx, caller, graph)
             workflow_id = workflows.add_workflow(
                 name=body.get("name"), producer=caller.name, created_at=now,
-                refs=[(item["ref"], outcome.job.id)
+                refs=[(item["ref"], outcome.job.id, not outcome.created)
                       for item, outcome in zip(body["jobs"], outcomes, strict=True)],
                 idempotency_key=idempotency_key, request_fingerprint=fingerprint)
             return workflow_id, False
@@ -156,9 +156,10 @@ class WorkflowService:
         return self.jobs.uow.read(read)
 
     def cancel(self, caller: Caller, workflow_id: int) -> WorkflowView:
-        """Cancel every waiting and pending job of the workflow (its producer, admins); the
-        running ones finish. Jobs outside it that wait on the cancelled ones follow their
-        on_dependency_failure, in the same transaction."""
+        """Cancel every waiting and pending job the workflow created (its producer, admins);
+        the running ones finish, and a job one of its items met (stored before it, by
+        idempotency or unique key) is left alone. Jobs outside it that wait on the cancelled
+        ones follow their on_dependency_failure, in the same transaction."""
 
         def cancel_in(tx: JobsTx) -> None:
             tx.confirm(caller)
@@ -166,8 +167,9 @@ class WorkflowService:
             workflow = workflows.get_workflow(workflow_id)
             if workflow is None or not _may_see(caller, workflow):
                 raise NotFound("No such workflow.")
-            open_ids = [job_id for _ref, job_id, _type, status in workflows.jobs_of(workflow_id)
-                        if status in (JobStatus.WAITING, JobStatus.PENDING)]
+            # Jobs its items met (a replay, a unique twin) are not its own to cancel.
+            open_ids = workflows.created_jobs_in(
+                workflow_id, [JobStatus.WAITING.value, JobStatus.PENDING.value])
             now = self.clock.now_us()
             cancelled = tx.jobs.apply_transition_to_many(
                 Transition.CANCEL, open_ids, Transition.CANCEL.values(now_us=now))

@@ -105,3 +105,16 @@ def test_type_counts_show_waiting_jobs(api, producer, admin):
     # The process's first count is taken now, after the enqueue.
     counts = api.client.get("/types/pdf", headers=admin.headers).json["counts"]
     assert (counts["waiting"], counts["pending"]) == (2, 0)
+
+
+def test_a_workflows_cancel_leaves_alone_a_job_its_item_met(api, producer):
+    twin = api.enqueue(producer, type="pdf", unique={"key": "render"}).json["id"]
+    answer = api.client.post("/workflows", headers=producer.headers, json={"jobs": [
+        {"ref": "render", "type": "pdf", "unique": {"key": "render"}},
+        {"ref": "zip", "type": "sync", "depends_on": ["render"]}]})
+    ids = answer.json["jobs"]
+    assert ids["render"] == twin
+    cancelled = api.client.post(f"/workflows/{answer.json['id']}/cancel",
+                                headers=producer.headers).json
+    assert {job["ref"]: job["status"] for job in cancelled["jobs"]} == {
+        "render": "pending", "zip": "cancelled"}
