@@ -162,7 +162,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     # Told when a job of this process may have finished: the reads waiting for one wake.
     finished = JobSignal()
     uow = UnitOfWork(db, bind_jobs(HistoryRecorder(events=config["JOB_EVENTS"]),
-                                   keys.confirm_live),
+                                   keys.confirm_live, clock),
                      on_event=on_event, signals={FINISHED: finished.notify})
     jobs = JobService(uow, clock, settings, flow=flow, finished=finished)
     # Jobs released by their last dependency's end wake this process's waiting claims, as

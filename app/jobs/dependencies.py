@@ -24,13 +24,14 @@ from app.jobs.models import Job
 from app.jobs.repository import JobRepository
 from app.jobs.transitions import Transition
 
-# Records a transition made here: (transition, the jobs as it left them, each job's extra
-# event detail by id).
-Record = Callable[[Transition, list[Job], Mapping[int, Mapping[str, Any]]], None]
+# Records a transition made here: (transition, the jobs as it left them, when, each job's
+# extra event detail by id).
+Record = Callable[[Transition, list[Job], int, Mapping[int, Mapping[str, Any]]], None]
 
 
 def settle_dependents(jobs: JobRepository, dependencies: DependencyRepository,
-                      finished: Sequence[Job], now_us: int, record: Record) -> list[Job]:
+                      finished: Sequence[Job], now_us: int, clock: Callable[[], int],
+                      record: Record) -> list[Job]:
     """Apply the end of the `finished` jobs to the jobs waiting on them, transitively;
     returns the jobs released to pending. Its cost is that of the edges it applies, never
     of the dependents' other dependencies: the last of 100 dependencies to complete costs
@@ -51,6 +52,11 @@ def settle_dependents(jobs: JobRepository, dependencies: DependencyRepository,
             else:
                 counted.add(edge.job_id)
         dependencies.lock_dependents(counted | set(cancel_cause))
+        # The time read again now that the dependents are held: a lock waited for was held by
+        # another dependency's end, which has committed since, stamped with its own time. The
+        # release is stamped (and claimable from) no earlier than that, so that no attempt of
+        # the dependent is ever recorded before a dependency's end.
+        now_us = max(now_us, clock())
 
         # Only waiting jobs move (each statement says so): a dependent cancelled or released
         # already is left as it is.
@@ -58,13 +64,13 @@ def settle_dependents(jobs: JobRepository, dependencies: DependencyRepository,
             Transition.DEPENDENCY_CANCEL, sorted(cancel_cause),
             Transition.DEPENDENCY_CANCEL.values(now_us=now_us))
         if cancelled:
-            record(Transition.DEPENDENCY_CANCEL, cancelled, {
+            record(Transition.DEPENDENCY_CANCEL, cancelled, now_us, {
                 job.id: {"dependency": cancel_cause[job.id][0],
                          "dependency_status": cancel_cause[job.id][1]} for job in cancelled})
 
         released = jobs.release_ready(counted - set(cancel_cause), now_us)
         if released:
-            record(Transition.RELEASE, released, {})
+            record(Transition.RELEASE, released, now_us, {})
         released_all.extend(released)
         level = cancelled
     return released_all

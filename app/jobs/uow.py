@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from app.core.callers import Caller
+from app.core.clock import Clock
 from app.core.statuses import TERMINAL_STATUSES
 from app.jobs.dependencies import settle_dependents
 from app.jobs.dependency_repository import DependencyRepository
@@ -79,8 +80,10 @@ class JobsTx(Transaction):
     transaction's one connection."""
 
     def __init__(self, conn: Connection, recorder: HistoryRecorder,
-                 confirm_caller: CallerCheck) -> None:
+                 confirm_caller: CallerCheck, clock: Clock | None = None) -> None:
         super().__init__(conn)
+        # Read again once a transaction holds the rows it waited for (a dependents' release).
+        self.clock = clock or Clock()
         self.jobs = JobRepository(conn)
         self.dependencies = DependencyRepository(conn)
         self.history = HistoryRepository(conn)
@@ -111,9 +114,9 @@ class JobsTx(Transaction):
         finished = [job for job in jobs if job.status in TERMINAL_STATUSES]
         if finished:
             released = settle_dependents(
-                self.jobs, self.dependencies, finished, now_us,
-                lambda made, changed, extra: self._record(
-                    made, changed, actor=SERVICE_ACTOR, now_us=now_us, details=extra))
+                self.jobs, self.dependencies, finished, now_us, self.clock.now_us,
+                lambda made, changed, at, extra: self._record(
+                    made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra))
             self.events[CLAIMABLE] += len(released)
 
     def _record(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
@@ -132,7 +135,7 @@ class JobsTx(Transaction):
 JobsUnitOfWork = UnitOfWork[JobsTx]
 
 
-def bind_jobs(recorder: HistoryRecorder,
-              confirm_caller: CallerCheck = trust_caller) -> Callable[[Connection], JobsTx]:
+def bind_jobs(recorder: HistoryRecorder, confirm_caller: CallerCheck = trust_caller,
+              clock: Clock | None = None) -> Callable[[Connection], JobsTx]:
     """The factory app/storage/uow.py builds each job transaction with."""
-    return lambda conn: JobsTx(conn, recorder, confirm_caller)
+    return lambda conn: JobsTx(conn, recorder, confirm_caller, clock)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from app.core.clock import Clock
 from app.core.errors import IdempotencyKeyTaken, SlotTaken, UniqueScopeHeld
 from app.jobs.models import Job
 from app.jobs.transitions import Transition
@@ -181,6 +182,7 @@ class FakeTx(JobsTx):
         self.jobs = jobs  # type: ignore[assignment]
         self.timeline = timeline  # type: ignore[assignment]
         self.dependencies = FakeDependencies()  # type: ignore[assignment]
+        self.clock = Clock()
         self._confirm_caller = lambda _conn, _caller: None
 
 
