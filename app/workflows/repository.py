@@ -104,13 +104,6 @@ class WorkflowRepository:
                 .where(workflow_jobs.c.job_id.in_(sorted(job_ids))))
         return {int(job_id): int(workflow_id) for job_id, workflow_id in self.conn.execute(stmt)}
 
-    def workflow_of_job(self, job_id: int) -> Workflow | None:
-        """The workflow the job was enqueued in, if any (ix_workflow_jobs_job_id)."""
-        row = self.conn.execute(
-            select(workflows).join(workflow_jobs, workflow_jobs.c.workflow_id == workflows.c.id)
-            .where(workflow_jobs.c.job_id == job_id).limit(1)).first()
-        return None if row is None else _workflow(row)
-
     def statuses_of(self, workflow_ids: Collection[int]) -> dict[int, dict[str, int]]:
         """Each workflow's jobs counted by status."""
         if not workflow_ids:

@@ -100,6 +100,7 @@ class WorkflowService:
         """The workflow with its jobs, for its producer and admins; NotFound otherwise."""
 
         def read(tx: JobsTx) -> WorkflowView:
+            tx.confirm(caller)  # a key revoked since the request began reads nothing
             workflows = WorkflowRepository(tx.conn)
             workflow = workflows.get_workflow(workflow_id)
             if workflow is None or not _may_see(caller, workflow):
@@ -122,6 +123,7 @@ class WorkflowService:
         producer = None if caller.is_admin else caller.name
 
         def read(tx: JobsTx) -> tuple[list[WorkflowView], str | None]:
+            tx.confirm(caller)
             workflows = WorkflowRepository(tx.conn)
             page: list[WorkflowView] = []
             scanned, last_id = 0, after_id
@@ -150,7 +152,9 @@ class WorkflowService:
         see (a job's page links to it); None otherwise."""
 
         def read(tx: JobsTx) -> int | None:
-            workflow = WorkflowRepository(tx.conn).workflow_of_job(job_id)
+            workflows = WorkflowRepository(tx.conn)
+            workflow_id = workflows.workflows_of_jobs([job_id]).get(job_id)
+            workflow = None if workflow_id is None else workflows.get_workflow(workflow_id)
             return None if workflow is None or not _may_see(caller, workflow) else workflow.id
 
         return self.jobs.uow.read(read)

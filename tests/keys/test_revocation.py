@@ -29,6 +29,13 @@ REQUESTS = {
     "batch": lambda c, k: c.post("/jobs/batch", json={"jobs": [{"type": "email"}]},
                                  headers=k.headers),
     "claim for another role": lambda c, k: c.post("/jobs/claim", headers=k.headers),
+    "workflow": lambda c, k: c.post("/workflows", json={"jobs": [
+        {"ref": "a", "type": "email"}, {"ref": "b", "type": "pdf", "depends_on": ["a"]}]},
+        headers=k.headers),
+    "list workflows": lambda c, k: c.get("/workflows", headers=k.headers),
+    "get a workflow": lambda c, k: c.get("/workflows/1", headers=k.headers),
+    "cancel a workflow": lambda c, k: c.post("/workflows/1/cancel", headers=k.headers),
+    "dependencies": lambda c, k: c.get("/jobs/1/dependencies", headers=k.headers),
 }
 
 
