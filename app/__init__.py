@@ -28,6 +28,7 @@ from app.schedules.service import FiringSink, ScheduleService, ScheduleSettings
 from app.storage.engine import Database, make_engine
 from app.storage.uow import EventSink, UnitOfWork
 from app.types.flow import FlowControl, SkipSink
+from app.types.repository import key_modes_of
 from app.types.service import TypeService
 from app.web.auth import init_auth
 from app.web.problems import register_error_handlers
@@ -162,7 +163,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     # Told when a job of this process may have finished: the reads waiting for one wake.
     finished = JobSignal()
     uow = UnitOfWork(db, bind_jobs(HistoryRecorder(events=config["JOB_EVENTS"]),
-                                   keys.confirm_live, clock),
+                                   keys.confirm_live, clock, key_modes_of),
                      on_event=on_event, signals={FINISHED: finished.notify})
     jobs = JobService(uow, clock, settings, flow=flow, finished=finished)
     # Jobs released by their last dependency's end wake this process's waiting claims, as

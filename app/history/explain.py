@@ -24,6 +24,7 @@ from sqlalchemy import Connection
 from app.core.clock import MICROS, to_rfc3339
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.jobs.flow import running_by_type
+from app.jobs.key_repository import KeyRepository
 from app.jobs.models import BoundedCount, Job
 from app.jobs.repository import JobRepository
 from app.types.repository import TypeRepository
@@ -108,6 +109,49 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
     return reasons
 
 
+def key_reasons(conn: Connection, job: Job, now_us: int, cap: int) -> list[Reason]:
+    """Contract §16's reasons: a job held back by its ordered key (`key_blocked`, the failed
+    job that blocks the key; `key_turn`, the job whose turn it is), a failure that blocks its
+    key, and a due job of a fair type that waits for other keys' turns (`fair_share`, with
+    the keys ahead of it, at most `cap` of their jobs read)."""
+    keys = KeyRepository(conn)
+    key = job.concurrency_key
+    if job.status in (JobStatus.WAITING, JobStatus.FAILED) and key is not None:
+        turn = keys.turn_of_key(job.type, key)
+        if turn is None:
+            return []
+        if turn.job_id == job.id:
+            if not turn.blocked:
+                return []
+            return [_reason("key_blocked", f"Its failure blocks concurrency key {key} of "
+                            f"ordered type {job.type}: no later job of the key runs until an "
+                            "admin retries or cancels it.", job_id=job.id,
+                            concurrency_key=key, since=to_rfc3339(turn.since))]
+        if turn.blocked:
+            return [_reason("key_blocked", f"Job {turn.job_id} of its ordered key {key} "
+                            "failed and blocks the key (on_failure block): nothing more of "
+                            "the key runs until an admin retries or cancels that job.",
+                            job_id=turn.job_id, concurrency_key=key,
+                            since=to_rfc3339(turn.since))]
+        return [_reason("key_turn", f"Type {job.type} runs the jobs of each concurrency key "
+                        f"one at a time, in order: job {turn.job_id} of key {key} goes first.",
+                        job_id=turn.job_id, concurrency_key=key)]
+    if (job.status != JobStatus.PENDING or job.run_at > now_us or job.fair_round is None):
+        return []
+    ahead, more = keys.keys_ahead(job.type, job.priority, job.fair_round, job.created_at,
+                                  job.id, now_us, cap)
+    if not ahead:
+        return []
+    names = sorted({key for key in ahead if key is not None})
+    keyless = any(key is None for key in ahead)
+    count = f"at least {len(ahead)}" if more else str(len(ahead))
+    return [_reason("fair_share", f"Type {job.type} takes turns across concurrency keys: "
+                    f"{count} job(s) of {len(names) + keyless} other key(s) come first, in "
+                    f"their turns (round {job.fair_round}).", fair_round=job.fair_round,
+                    keys_ahead=names, keyless_ahead=keyless, count=len(ahead),
+                    count_capped=more)]
+
+
 def _reason(code: str, message: str, **evidence: Any) -> Reason:
     return {"code": code, "message": message, **evidence}
 
@@ -115,17 +159,19 @@ def _reason(code: str, message: str, **evidence: Any) -> Reason:
 def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
             ahead_of_type: BoundedCount | None, workers: Sequence[WorkerFacts],
             flow: Sequence[Reason] = (), names_workers: bool = False,
-            waiting_on: Sequence[int] = ()) -> Explanation:
+            waiting_on: Sequence[int] = (), keyed: Sequence[Reason] = ()) -> Explanation:
     """`ahead` and `ahead_of_type` count the due pending jobs before `job` in claim order
     (all types, and its own type), up to a cap; None when the job is not claimable.
     `names_workers` (admins) lists the worker keys' names in `no_worker_for_type`; without
     it the reason says what it says without naming other principals. `waiting_on`: the ids
-    of a waiting job's unfinished dependencies."""
+    of a waiting job's unfinished dependencies; `keyed`, the reasons of its key (§16,
+    `key_reasons`)."""
     if job.status in TERMINAL_STATUSES:
         return Explanation(job.id, job.status, False, [_reason(
             "finished", f"The job is {job.status}; it will not run again unless an admin "
             "retries it." if job.status != JobStatus.COMPLETED else
-            "The job is completed.", status=job.status, at=to_rfc3339(job.updated_at))])
+            "The job is completed.", status=job.status, at=to_rfc3339(job.updated_at)),
+            *keyed])
     if job.status == JobStatus.RUNNING:
         expires = job.lease_expires_at or 0
         message = (f"Worker {job.worker_id} holds it until {to_rfc3339(expires)}."
@@ -138,10 +184,11 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
 
     if job.status == JobStatus.WAITING:
         ids = list(waiting_on)
-        return Explanation(job.id, job.status, False, [_reason(
+        on_dependencies = [_reason(
             "waiting_on", f"It waits for {len(ids)} unfinished dependenc"
             f"{'y' if len(ids) == 1 else 'ies'} ({', '.join(map(str, ids))}): it becomes "
-            "pending when the last one completes.", ids=ids)])
+            "pending when the last one completes.", ids=ids)] if ids or not keyed else []
+        return Explanation(job.id, job.status, False, [*keyed, *on_dependencies])
 
     reasons: list[Reason] = []
     due = job.run_at <= now_us
@@ -152,6 +199,7 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
     # push_type says who takes the job, not what holds it back.
     pushed = any(reason["code"] == PUSH_TYPE for reason in flow)
     held = [reason for reason in flow if reason["code"] != PUSH_TYPE]
+    reasons += keyed
     if due and ahead is not None and ahead.value:
         of_type = ahead_of_type or BoundedCount(0, False)
         reasons.append(_reason(

@@ -8,7 +8,7 @@ from app.core.callers import Caller, Role
 from app.core.clock import Clock
 from app.core.errors import NotFound
 from app.core.statuses import JobStatus
-from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons
+from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons, key_reasons
 from app.jobs.dependency_repository import DependencyRepository
 from app.jobs.repository import JobRepository
 from app.jobs.service import JobService
@@ -98,6 +98,8 @@ class HistoryService:
             waiting_on = ([dep_id for dep_id, _cancel, resolved in DependencyRepository(conn)
                            .dependencies_of([job.id]).get(job.id, []) if not resolved]
                           if job.status == JobStatus.WAITING else [])
+            keyed = key_reasons(conn, job, now, self.ahead_limit)
         # Other keys' names are an admin's to see; a producer is told its own job's facts.
         return explain(job, now, ahead=ahead, ahead_of_type=ahead_of_type, workers=workers,
-                       flow=flow, names_workers=caller.is_admin, waiting_on=waiting_on)
+                       flow=flow, names_workers=caller.is_admin, waiting_on=waiting_on,
+                       keyed=keyed)

@@ -25,7 +25,8 @@ class Administration:
         self.bulk_batch_size = bulk_batch_size
 
     def cancel(self, caller: Caller, job_id: int) -> Job:
-        """pending → cancelled."""
+        """pending | waiting → cancelled; failed → cancelled when its failure blocks its
+        ordered key."""
         return self._admin_transition(caller, job_id, Transition.CANCEL)
 
     def retry(self, caller: Caller, job_id: int) -> Job:
@@ -121,17 +122,24 @@ class Administration:
         def transition_in(tx: JobsTx) -> Job:
             repo = tx.jobs_for(caller)
             now = self.clock.now_us()
-            job = self._transition_holding_keys(repo, job_id, transition,
-                                                transition.values(now_us=now))
+            made = transition
+            job = self._transition_holding_keys(repo, job_id, made, made.values(now_us=now))
+            if job is None and made is Transition.CANCEL:
+                # A failure that blocks its ordered key may be cancelled too (§16): its
+                # key's turn passes on.
+                failed = repo.get_job(job_id, for_update=True)
+                if failed is not None and tx.keys.blocks_its_key(failed):
+                    made = Transition.CANCEL_BLOCKING
+                    job = repo.apply_transition(made, job_id, made.values(now_us=now))
             if job is None:
                 current = repo.get_job(job_id)
                 if current is None:
                     raise NotFound("No such job.")
                 allowed = " or ".join(transition.from_statuses)
                 raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
-            if transition is Transition.RETRY:
+            if made is Transition.RETRY:
                 [job] = repo.wait_again([job])
-            tx.made(transition, [job], actor=caller.name, now_us=now)
+            tx.made(made, [job], actor=caller.name, now_us=now)
             return job
 
         return self.uow.run(transition_in)

@@ -300,6 +300,7 @@ class Enqueuing:
             except UniqueIndexRefused:
                 one_by_one = list(range(len(items)))
             else:
+                inserted = tx.entered(inserted, items[plain[0]][0].values["created_at"])
                 tx.timeline.enqueued(inserted, actors=[items[position][1] for position in plain])
                 tx.events["enqueued"] += len(inserted)
                 for position, job in zip(plain, inserted, strict=True):
@@ -325,6 +326,7 @@ def insert_or_meet(tx: JobsTx, new: NewJob, actor: str | None = None) -> Enqueue
         except (IdempotencyKeyTaken, UniqueScopeHeld):
             pass
         else:
+            [job] = tx.entered([job], values["created_at"])
             tx.timeline.enqueued([job], actor=actor)
             tx.events["enqueued"] += 1
             return Enqueued(job)
@@ -408,10 +410,11 @@ def _insert_or_meet_many(tx: JobsTx, items: list[NewJob],
     if before_insert is not None:
         before_insert(plan)
     inserted = repo.insert_jobs(plan.new_rows)
+    now = items[0].values["created_at"]
+    inserted = tx.entered(inserted, now)
     tx.timeline.enqueued(inserted)
     outcomes = [Enqueued(job, replayed=was_replayed, deduplicated=how)
                 for job, was_replayed, how in plan.results(inserted, replaced)]
-    now = items[0].values["created_at"]
     # In request order: each item that met a twin is told on the twin's timeline.
     for outcome in outcomes:
         if outcome.replayed:

@@ -60,6 +60,8 @@ class ClaimLimits:
     # The dispatcher's claim: only these types (the push types) may be taken. None: a
     # worker's claim.
     only: frozenset[str] | None = None
+    # Fair types (contract §16): their candidates are read in round order.
+    fair: frozenset[str] = frozenset()
 
     def allowed(self, wanted: Collection[str]) -> frozenset[str]:
         """Of the `wanted` types, those this claim may read."""
@@ -82,7 +84,7 @@ class ClaimLimits:
         twice). The claim then runs as it would without flow control, which keeps limits
         that are not reached cheap. The dispatcher's claim is always restricted: to the push
         types."""
-        if (self.only is not None or self.blocked or self.excluded
+        if (self.only is not None or self.blocked or self.excluded or self.fair
                 or any(budget < limit for budget in self.budgets.values())):
             return True
         if limit > 1:

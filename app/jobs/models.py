@@ -59,6 +59,7 @@ class Job:
     unique_while: int | None = None  # STATUS_BITS of the statuses in which the key is held
     schedule: str | None = None  # the schedule that enqueued it (app/schedules)
     scheduled_for: int | None = None  # the schedule's slot it was enqueued for
+    fair_round: int | None = None  # a fair type's pending job's round (app/jobs/key_rules.py)
 
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""

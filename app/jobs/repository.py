@@ -9,6 +9,8 @@ job's status goes through apply_transition or the claim, each made from its Tran
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -45,6 +47,7 @@ from app.storage.schema import (
     claim_order_columns,
     job_dependencies,
     jobs,
+    key_turns,
 )
 from app.storage.statements import DriverStatement
 
@@ -165,6 +168,18 @@ _candidates_one_type_by_key = (
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
 )
+# A fair type's candidates (contract §16), in round order: priority, then round, then claim
+# order, read through its own partial index (app/jobs/key_rules.py gives the rounds).
+_FAIR_ORDER = (jobs.c.priority.desc(), jobs.c.fair_round, jobs.c.created_at, jobs.c.id)
+_fair_candidates = (
+    select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
+    .where(jobs.c.status == _PENDING, jobs.c.fair_round.is_not(None),
+           jobs.c.run_at <= bindparam("now"), jobs.c.type == bindparam("type"))
+    .order_by(*_FAIR_ORDER)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+_fair_candidates_by_key = _fair_candidates.where(_not_a_full_key)
 _due_probe_one_type_by_key = (
     select(jobs.c.id)
     .where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"),
@@ -280,20 +295,30 @@ _no_unfinished_dependency = ~(select(job_dependencies.c.job_id)
                               .where(job_dependencies.c.job_id == jobs.c.id,
                                      job_dependencies.c.resolved == literal_column("0"))
                               .exists())
+# Nor is a job of an ordered key released while its key's turn is another job's (contract
+# §16): it waits for its turn, which app/jobs/key_rules.py passes on. Jobs of other types
+# and keyless jobs have no turn: the look-up by the table's key finds nothing.
+_not_behind_a_turn = ~(select(key_turns.c.job_id)
+                       .where(key_turns.c.type == jobs.c.type,
+                              key_turns.c.concurrency_key == jobs.c.concurrency_key,
+                              key_turns.c.job_id != jobs.c.id)
+                       .exists())
 _RELEASED_VALUES = Transition.RELEASE.values(
     now_us=bindparam("now"),
     run_at=case((jobs.c.run_at < bindparam("now"), bindparam("now")), else_=jobs.c.run_at))
 _release_one = DriverStatement(
     update(jobs)
     .where(jobs.c.id == bindparam("released_id"),
-           _status_is(*Transition.RELEASE.from_statuses), _no_unfinished_dependency)
+           _status_is(*Transition.RELEASE.from_statuses), _no_unfinished_dependency,
+           _not_behind_a_turn)
     .values(_RELEASED_VALUES)
     .returning(*jobs.c)
 )
 _release_many = (
     update(jobs)
     .where(jobs.c.id.in_(bindparam("released_ids", expanding=True)),
-           _status_is(*Transition.RELEASE.from_statuses), _no_unfinished_dependency)
+           _status_is(*Transition.RELEASE.from_statuses), _no_unfinished_dependency,
+           _not_behind_a_turn)
     .values(_RELEASED_VALUES)
     .returning(*jobs.c)
 )
@@ -679,13 +704,12 @@ class JobRepository:
                 types = limits.allowed(types)
             # Each type's candidates through its own index, then the most urgent of all of
             # them: one query over several types would have to read every pending job of
-            # those types to sort them.
-            candidates = [
-                row for job_type in sorted(types)
-                for row in self._candidates_of(job_type, params, limits)
-            ]
-            candidates.sort(key=claim_order_key)
-            chosen = [row.id for row in candidates[:limit]]
+            # those types to sort them. Merged, not sorted: a fair type's candidates keep
+            # their round order among themselves.
+            candidates = heapq.merge(*(
+                self._candidates_of(job_type, params, limits) for job_type in sorted(types)),
+                key=claim_order_key)
+            chosen = [row.id for row in itertools.islice(candidates, limit)]
             if not chosen:
                 return []
             rows = self.conn.execute(_claim_chosen, {**params, "ids": chosen}).all()
@@ -716,12 +740,15 @@ class JobRepository:
         if budget <= 0:
             return []
         full_keys = limits.full_keys(job_type)
+        fair = job_type in limits.fair
         if job_type not in limits.key_caps:
             return list(self.conn.execute(
-                _candidates_one_type, {**params, "type": job_type, "limit": budget}))
+                _fair_candidates if fair else _candidates_one_type,
+                {**params, "type": job_type, "limit": budget}))
+        by_key = _fair_candidates_by_key if fair else _candidates_one_type_by_key
         fetch = budget
         while True:
-            rows = list(self.conn.execute(_candidates_one_type_by_key, {
+            rows = list(self.conn.execute(by_key, {
                 **params, "type": job_type, "limit": fetch, "full_keys": full_keys}))
             chosen = limits.pick(job_type, rows, budget)
             if len(chosen) >= budget or len(rows) < fetch or fetch >= MAX_GATED_CANDIDATES:
@@ -745,8 +772,9 @@ class JobRepository:
         return None if row is None else _job(row)
 
     def release_ready(self, job_ids: Collection[int], now_us: int) -> list[Job]:
-        """Of these jobs, the waiting ones with no unfinished dependency left become pending
-        (Transition.RELEASE); returned by id."""
+        """Of these jobs, the waiting ones with no unfinished dependency left, and not behind
+        another job's turn in an ordered key, become pending (Transition.RELEASE); returned
+        by id."""
         if not job_ids:
             return []
         if len(job_ids) == 1:

@@ -51,9 +51,11 @@ class Retention:
     def _purge_batch(self, tx: JobsTx, *, statuses: list[str], cutoff: int, after_id: int,
                      limit: int) -> tuple[list[int], int | None]:
         # A job an unfinished job depends on is kept: its dependent still reads its result.
+        # So is a failure that blocks its ordered key: the key waits for its retry or cancel.
         deleted_ids, last = tx.jobs.delete_finished_jobs(
             statuses=statuses, updated_before_us=cutoff, after_id=after_id, limit=limit,
-            kept=tx.dependencies.depended_on_by_unfinished)
+            kept=lambda ids: (tx.dependencies.depended_on_by_unfinished(ids)
+                              | set(tx.keys.keys.turns_of_jobs(ids))))
         # A job's attempts, events and dependencies go with it, in the same transaction.
         tx.history.delete_history_of(deleted_ids)
         tx.dependencies.delete_edges_of(deleted_ids)

@@ -8,6 +8,9 @@ it, the columns it writes, and what it leaves on the job's timeline and in the m
        (a retry of a job with an unfinished dependency leaves it waiting instead)
     waiting --last dependency finished--> pending
     waiting --a dependency failed or was cancelled (on_dependency_failure cancel)--> cancelled
+    pending --hold: an earlier job of its ordered key is unfinished--> waiting
+    waiting --its ordered key's turn (and no dependency unfinished)--> pending
+    failed --cancel (admin), the failure blocking its ordered key--> cancelled
 
 The repository applies an edge (app/jobs/repository.py), the recorder writes what it records
 (app/jobs/timeline/recorder.py), the job service counts its metrics, and app/ops/metrics.py
@@ -162,6 +165,11 @@ def released(*, now_us: Any, run_at: Any) -> dict[str, Any]:
     return {"status": JobStatus.PENDING.value, "run_at": run_at, "updated_at": now_us}
 
 
+def held(*, now_us: int) -> dict[str, Any]:
+    """Behind an earlier job of its ordered key: waiting for its turn (contract §16)."""
+    return {"status": JobStatus.WAITING.value, "updated_at": now_us}
+
+
 def requeued(*, now_us: int) -> dict[str, Any]:
     """An admin's retry: pending with a fresh retry budget, claimable at once."""
     return {"status": JobStatus.PENDING.value, "retry_count": 0, "run_at": now_us,
@@ -269,6 +277,12 @@ class Transition(enum.Enum):
     RELEASE = Edge((JobStatus.WAITING,), Guard.ANYONE, released, Marks(EventName.READY))
     DEPENDENCY_CANCEL = Edge((JobStatus.WAITING,), Guard.ANYONE, cancelled,
                              Marks(EventName.CANCELLED, (JobMetric.DEPENDENCY_CANCELLED,)))
+    # Ordered keys (app/jobs/key_rules.py): a job whose key's turn another job holds waits,
+    # without an event of its own (the enqueue or retry that made it says so); its turn
+    # releases it (RELEASE). A failure that blocks its key may be cancelled by an admin.
+    HOLD = Edge((JobStatus.PENDING,), Guard.ANYONE, held, Marks(None))
+    CANCEL_BLOCKING = Edge((JobStatus.FAILED,), Guard.ANYONE, cancelled,
+                           Marks(EventName.CANCELLED, (JobMetric.CANCELLED,)))
     RETRY = Edge((JobStatus.FAILED, JobStatus.CANCELLED), Guard.ANYONE, requeued,
                  Marks(EventName.RETRIED, (JobMetric.REQUEUED,)))
     # A unique job's debounce: a pending twin takes a new request's payload, priority,

@@ -18,6 +18,8 @@ from app.core.clock import Clock
 from app.core.statuses import TERMINAL_STATUSES
 from app.jobs.dependencies import settle_dependents
 from app.jobs.dependency_repository import DependencyRepository
+from app.jobs.key_repository import KeyRepository
+from app.jobs.key_rules import KeyRules, ModeSource, no_modes
 from app.jobs.models import Job
 from app.jobs.repository import JobRepository
 from app.jobs.timeline.models import SERVICE_ACTOR
@@ -76,11 +78,13 @@ class Timeline:
 
 class JobsTx(Transaction):
     """A job transaction: `jobs` (JobRepository), `dependencies` (DependencyRepository),
-    `history` (HistoryRepository) and `timeline` (the history recorder), all on the
-    transaction's one connection."""
+    `keys` (the §16 rules of fair and ordered keys, app/jobs/key_rules.py), `history`
+    (HistoryRepository) and `timeline` (the history recorder), all on the transaction's one
+    connection."""
 
     def __init__(self, conn: Connection, recorder: HistoryRecorder,
-                 confirm_caller: CallerCheck, clock: Clock | None = None) -> None:
+                 confirm_caller: CallerCheck, clock: Clock | None = None,
+                 key_modes: ModeSource = no_modes) -> None:
         super().__init__(conn)
         # Read again once a transaction holds the rows it waited for (a dependents' release).
         self.clock = clock or Clock()
@@ -88,7 +92,16 @@ class JobsTx(Transaction):
         self.dependencies = DependencyRepository(conn)
         self.history = HistoryRepository(conn)
         self.timeline = Timeline(recorder, conn)
+        self.keys = KeyRules(self.jobs, KeyRepository(conn), key_modes,
+                             lambda made, changed, at, extra: self._record(
+                                 made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra))
         self._confirm_caller = confirm_caller
+
+    def entered(self, new: Sequence[Job], now_us: int) -> list[Job]:
+        """Jobs this transaction just inserted, before their enqueue is recorded: their
+        ordered key's turn (or held back behind it) and their fair round. Returns them as
+        they are now."""
+        return self.keys.entered(new, now_us)
 
     def confirm(self, caller: Caller) -> None:
         """Raise unless the caller's key is still live, in this transaction: a revoked key
@@ -111,13 +124,20 @@ class JobsTx(Transaction):
         event detail by job id."""
         self._record(transition, jobs, actor=actor, now_us=now_us, held_by=held_by,
                      details=details)
+        moves: list[tuple[Transition, Sequence[Job]]] = [(transition, jobs)]
         finished = [job for job in jobs if job.status in TERMINAL_STATUSES]
         if finished:
-            released = settle_dependents(
-                self.jobs, self.dependencies, finished, now_us, self.clock.now_us,
-                lambda made, changed, at, extra: self._record(
-                    made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra))
+
+            def record(made: Transition, changed: list[Job], at: int,
+                       extra: Mapping[int, Mapping[str, Any]]) -> None:
+                moves.append((made, changed))
+                self._record(made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra)
+
+            released = settle_dependents(self.jobs, self.dependencies, finished, now_us,
+                                         self.clock.now_us, record)
             self.events[CLAIMABLE] += len(released)
+        # Their keys' turns and rounds (app/jobs/key_rules.py), the cascade's moves included.
+        self.events[CLAIMABLE] += len(self.keys.after(moves, now_us))
 
     def _record(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
                 held_by: str | None = None,
@@ -136,6 +156,8 @@ JobsUnitOfWork = UnitOfWork[JobsTx]
 
 
 def bind_jobs(recorder: HistoryRecorder, confirm_caller: CallerCheck = trust_caller,
-              clock: Clock | None = None) -> Callable[[Connection], JobsTx]:
-    """The factory app/storage/uow.py builds each job transaction with."""
-    return lambda conn: JobsTx(conn, recorder, confirm_caller, clock)
+              clock: Clock | None = None,
+              key_modes: ModeSource = no_modes) -> Callable[[Connection], JobsTx]:
+    """The factory app/storage/uow.py builds each job transaction with; `key_modes` reads
+    which types are fair or ordered (app/types)."""
+    return lambda conn: JobsTx(conn, recorder, confirm_caller, clock, key_modes)

@@ -69,6 +69,9 @@ jobs = Table(
     # Appended by migration 0008 (schedules): the schedule that enqueued the job, and its slot.
     Column("schedule", String(100), nullable=True),
     Column("scheduled_for", Micros, nullable=True),
+    # Appended by migration 0016 (fair share): a fair type's pending job's round, which its
+    # claims take in order (app/jobs/key_rules.py); NULL for every other job.
+    Column("fair_round", BigInteger, nullable=True),
     # SQLite: never reuse an id, not even after the newest jobs are purged (the highest id
     # ever given is kept in sqlite_sequence). PostgreSQL's sequence never goes back anyway.
     sqlite_autoincrement=True,
@@ -193,6 +196,58 @@ Index("ix_jobs_worker_id_id", jobs.c.worker_id, jobs.c.id,
 Index("ix_jobs_waiting_type", jobs.c.type, sqlite_where=text("status = 'waiting'"),
       postgresql_where=text("status = 'waiting'"))
 
+# A fair type's claims read its pending jobs in round order (contract §16): priority first,
+# then the round, then claim order. Partial on the round: only a fair type's pending jobs
+# have one, so no other enqueue writes here.
+Index(
+    "ix_jobs_fair_order",
+    jobs.c.type,
+    jobs.c.priority.desc(),
+    jobs.c.fair_round,
+    jobs.c.created_at,
+    jobs.c.id,
+    jobs.c.run_at,
+    sqlite_where=text("status = 'pending' AND fair_round IS NOT NULL"),
+    postgresql_where=text("status = 'pending' AND fair_round IS NOT NULL"),
+)
+# A key's last round among its pending jobs: where its next job's round starts.
+Index(
+    "ix_jobs_fair_key",
+    jobs.c.type,
+    jobs.c.concurrency_key,
+    jobs.c.fair_round,
+    sqlite_where=text("status = 'pending' AND fair_round IS NOT NULL"),
+    postgresql_where=text("status = 'pending' AND fair_round IS NOT NULL"),
+)
+# An ordered key's next job: its oldest waiting one (contract §16). Waiting rows only.
+Index(
+    "ix_jobs_waiting_key",
+    jobs.c.type,
+    jobs.c.concurrency_key,
+    jobs.c.id,
+    sqlite_where=text("status = 'waiting' AND concurrency_key IS NOT NULL"),
+    postgresql_where=text("status = 'waiting' AND concurrency_key IS NOT NULL"),
+)
+
+# -- ordered keys (contract §16): the one job of each key whose turn it is -------------------
+# One row per (type, key) of an ordered type while the key has a job that is not finished,
+# or a failed one that blocks it: `job_id` is the job whose turn it is (pending, running,
+# waiting for its dependencies, or failed and `blocked`); the key's later jobs wait. Every
+# change of a key's turn takes this row's lock first (app/jobs/key_rules.py).
+key_turns = Table(
+    "key_turns",
+    metadata,
+    Column("type", String(100), primary_key=True),
+    Column("concurrency_key", String(255), primary_key=True),
+    Column("job_id", Id, nullable=False),
+    Column("blocked", SmallInteger, nullable=False),
+    Column("since", Micros, nullable=False),
+)
+Index("ix_key_turns_job_id", key_turns.c.job_id)
+Index("ix_key_turns_blocked", key_turns.c.blocked, key_turns.c.type,
+      key_turns.c.concurrency_key, sqlite_where=text("blocked = 1"),
+      postgresql_where=text("blocked = 1"))
+
 # -- workflows (contract §15): dependencies between jobs, and the graphs enqueued together ---
 # Kept beside the jobs table, not on it: the claim never reads them, so a job row stays as
 # narrow as it was, and a job without dependencies has no row here at all.
@@ -270,6 +325,11 @@ job_types = Table(
     Column("push_url", Text, nullable=True),
     Column("push_timeout_seconds", Integer, nullable=True),
     Column("push_secret", String(64), nullable=True),
+    # Fair share and ordered keys (migration 0016, contract §16): 'key' or NULL each, and
+    # what a failed job does to its ordered key ('skip' or 'block'; NULL: skip).
+    Column("fairness", String(8), nullable=True),
+    Column("ordering", String(8), nullable=True),
+    Column("on_failure", String(8), nullable=True),
 )
 
 # No AUTOINCREMENT here: a key's row is never deleted (revocation keeps it, so that its name

@@ -27,16 +27,18 @@ from app.storage.schema import (
     job_events,
     job_types,
     jobs,
+    key_turns,
     schedules,
     workflow_jobs,
     workflows,
 )
 
 # Copied in batches, in primary-key order. A job's history and its dependencies go with it,
-# and the workflows with their jobs by ref. key_activity (when each key was last seen, to a
-# minute) is left behind: the workers write it again within a minute of their first claim.
+# the workflows with their jobs by ref, and each ordered key's turn (key_turns) with its jobs.
+# key_activity (when each key was last seen, to a minute) is left behind: the workers write
+# it again within a minute of their first claim.
 TABLES: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, job_dependencies,
-                             workflows, workflow_jobs)
+                             workflows, workflow_jobs, key_turns)
 # The tables whose ids a sequence gives: the target's continues after the source's. (The
 # other two are keyed by the ids of the rows they belong to, and a position.)
 SEQUENCED: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, workflows)

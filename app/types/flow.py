@@ -63,6 +63,7 @@ def limits_for_claim(settings: Iterable[TypeSettings], running: RunningCounts, n
     key_running: dict[str, dict[str, int]] = {}
     tokens_now: dict[str, float] = {}
     bucket_at: dict[str, int] = {}
+    fair = frozenset(s.type for s in settings if s.is_fair and s.is_push == push)
     for s in settings:
         if s.is_push != push:
             continue
@@ -90,7 +91,8 @@ def limits_for_claim(settings: Iterable[TypeSettings], running: RunningCounts, n
             key_running[s.type] = {key: n for (t, key), n in running.items()
                                    if t == s.type and key is not None}
     return ClaimLimits(blocked, frozenset() if push else pushed, budgets, key_caps,
-                       key_running, tokens_now, bucket_at, only=pushed if push else None)
+                       key_running, tokens_now, bucket_at, only=pushed if push else None,
+                       fair=fair - frozenset(blocked))
 
 
 def buckets_after(limits: ClaimLimits,

@@ -12,6 +12,13 @@ from typing import Any
 from app.core.clock import MICROS
 from app.core.origins import push_origin
 from app.jobs.flow import RunningCounts, running_by_type
+from app.jobs.key_rules import KeyMode
+
+# The values of contract §16's settings (each may also be null).
+FAIRNESS_KEY = "key"
+ORDERING_KEY = "key"
+ON_FAILURE_BLOCK = "block"
+ON_FAILURE_SKIP = "skip"
 
 # A delivery's lease outlasts its timeout by this much: time to record the outcome.
 PUSH_LEASE_MARGIN_SECONDS = 30
@@ -41,6 +48,9 @@ class TypeSettings:
     push_url: str | None = None  # set: a push type, delivered by the dispatcher
     push_timeout_seconds: int | None = None
     push_secret: str | None = None
+    fairness: str | None = None  # "key": claims take turns across concurrency keys
+    ordering: str | None = None  # "key": one job per concurrency key at a time, in order
+    on_failure: str | None = None  # of an ordered key: "skip" (None) or "block"
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> TypeSettings:
@@ -65,10 +75,20 @@ class TypeSettings:
         return self.push_url is not None
 
     @property
+    def is_fair(self) -> bool:
+        return self.fairness == FAIRNESS_KEY
+
+    @property
     def is_limited(self) -> bool:
-        """A claim must look at this type's row: it is paused, limited, or pushed (which
-        only the dispatcher's claims take)."""
-        return self.paused or self.counts_running or self.is_push
+        """A claim must look at this type's row: it is paused, limited, pushed (which only
+        the dispatcher's claims take) or fair (whose claims read round order)."""
+        return self.paused or self.counts_running or self.is_push or self.is_fair
+
+    @property
+    def key_mode(self) -> KeyMode:
+        """Its settings of contract §16, as the job transactions apply them."""
+        return KeyMode(fair=self.is_fair, ordered=self.ordering == ORDERING_KEY,
+                       block_on_failure=self.on_failure == ON_FAILURE_BLOCK)
 
     def far_from_caps(self, running: RunningCounts, share: float) -> bool:
         """What runs of this type, and of each of its keys, is at most `share` of its cap."""

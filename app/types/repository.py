@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, or_, select, union_all, update
 
+from app.jobs.key_rules import KeyMode
 from app.storage.dialects import conflict_insert
 from app.storage.schema import job_types
 from app.storage.statements import DriverStatement
@@ -18,13 +19,21 @@ _counts_running = or_(
     job_types.c.max_running_per_key.is_not(None),
     job_types.c.rate_per_second.is_not(None),
 )
-_paused_or_pushed = or_(job_types.c.paused.is_(True), job_types.c.push_url.is_not(None))
+# A fair type is "limited" too: its claims read round order (contract §16).
+_paused_or_pushed = or_(job_types.c.paused.is_(True), job_types.c.push_url.is_not(None),
+                        job_types.c.fairness.is_not(None))
 _select_limited = select(job_types).where(or_(_paused_or_pushed, _counts_running))
 # Every claim asks; on most servers no type is limited. The names alone need no conversion,
 # so they are read on SQLite's driver cursor (app/storage/statements.py), and the whole rows,
 # through Core, only when there are some.
 _select_limited_names = DriverStatement(
     select(job_types.c.type).where(or_(_paused_or_pushed, _counts_running)))
+# Every enqueue and finishing transition asks which types are fair or ordered: a few rows
+# at most, read whole on the driver's cursor.
+_select_key_modes = DriverStatement(
+    select(job_types.c.type, job_types.c.fairness, job_types.c.ordering,
+           job_types.c.on_failure)
+    .where(or_(job_types.c.fairness.is_not(None), job_types.c.ordering.is_not(None))))
 _select_pushed = select(job_types).where(job_types.c.push_url.is_not(None)).order_by(
     job_types.c.type)
 
@@ -66,6 +75,11 @@ _spend_tokens_cte = (
 )
 
 
+def key_modes_of(conn: Connection, types: Collection[str]) -> dict[str, KeyMode]:
+    """The job transactions' ModeSource (app/jobs/key_rules.py)."""
+    return TypeRepository(conn).key_modes(types)
+
+
 class TypeRepository:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -76,6 +90,14 @@ class TypeRepository:
         if not _select_limited_names.rows(self.conn, {}):
             return []
         return [TypeSettings.from_row(row._mapping) for row in self.conn.execute(_select_limited)]
+
+    def key_modes(self, types: Collection[str]) -> dict[str, KeyMode]:
+        """The fair or ordered types among `types`, with their settings of contract §16."""
+        wanted = set(types)
+        return {job_type: TypeSettings(type=job_type, fairness=fairness, ordering=ordering,
+                                       on_failure=on_failure).key_mode
+                for job_type, fairness, ordering, on_failure
+                in _select_key_modes.rows(self.conn, {}) if job_type in wanted}
 
     def pushed_settings(self) -> list[TypeSettings]:
         """The rows of the push types, by type."""

@@ -9,7 +9,14 @@ from marshmallow import Schema, fields, validate
 from app.core.clock import to_rfc3339
 from app.core.limits import PUSH_TIMEOUT_SECONDS, PUSH_URL_CHARS, RATE, TYPE_LIMIT
 from app.core.redaction import display_url
-from app.types.models import PUSH_URL_PATTERN, TypeSettings
+from app.types.models import (
+    FAIRNESS_KEY,
+    ON_FAILURE_BLOCK,
+    ON_FAILURE_SKIP,
+    ORDERING_KEY,
+    PUSH_URL_PATTERN,
+    TypeSettings,
+)
 from app.types.service import TypeView
 from app.web.fields import StrictBoolean, StrictInteger, StrictNumber, StrictSchema, within
 
@@ -55,6 +62,18 @@ class TypePatchSchema(StrictSchema):
     push = fields.Nested(PushSchema, allow_none=True, metadata={
         "description": "Deliver the type's jobs to this endpoint (a push type); null: "
                        "workers claim them again."})
+    fairness = fields.String(allow_none=True, validate=validate.OneOf([FAIRNESS_KEY]), metadata={
+        "description": "\"key\": claims take the type's jobs round-robin across concurrency "
+                       "keys (jobs without a key form one key), within each priority; null: "
+                       "claim order."})
+    ordering = fields.String(allow_none=True, validate=validate.OneOf([ORDERING_KEY]), metadata={
+        "description": "\"key\": per concurrency key, one job at a time in enqueue order "
+                       "(later jobs wait); null: no order."})
+    on_failure = fields.String(
+        allow_none=True, validate=validate.OneOf([ON_FAILURE_SKIP, ON_FAILURE_BLOCK]),
+        metadata={"description": "An ordered key whose job failed: \"skip\" (default, null) "
+                                 "runs its next job; \"block\" runs nothing more until that "
+                                 "job is retried or cancelled."})
 
 
 class TypeCountsSchema(Schema):
@@ -90,6 +109,11 @@ class TypeSchema(Schema):
     rate_per_second = fields.Float(required=True, allow_none=True)
     burst = fields.Integer(required=True)
     push = fields.Nested(PushShownSchema, required=True, allow_none=True)
+    fairness = fields.String(required=True, allow_none=True)
+    ordering = fields.String(required=True, allow_none=True)
+    on_failure = fields.String(required=True)
+    blocked_keys = fields.Integer(required=True, metadata={
+        "description": "Ordered keys a failed job blocks now (on_failure block)."})
     counts = fields.Nested(TypeCountsSchema, required=True, metadata={
         "description": "completed, failed and cancelled may be a few seconds old."})
     oldest_claimable_age_seconds = fields.Float(required=True, allow_none=True)
@@ -111,6 +135,10 @@ def represent_type(view: TypeView) -> dict[str, Any]:
         "rate_per_second": s.rate_per_second,
         "burst": s.effective_burst,
         "push": _push_shown(s, view.new_secret),
+        "fairness": s.fairness,
+        "ordering": s.ordering,
+        "on_failure": s.on_failure or ON_FAILURE_SKIP,
+        "blocked_keys": view.blocked_keys,
         "counts": {"waiting": c.waiting, "pending": c.pending, "scheduled": c.scheduled,
                    "running": c.running,
                    "completed": c.completed, "failed": c.failed, "cancelled": c.cancelled},

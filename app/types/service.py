@@ -14,6 +14,8 @@ from app.core.errors import NotFound, ValidationFailed
 from app.core.statuses import JobStatus
 from app.jobs.counts import BacklogCounts, BacklogSnapshot
 from app.jobs.flow import running_by_type
+from app.jobs.key_repository import KeyRepository, KeyTurn
+from app.jobs.key_rules import change_modes
 from app.jobs.repository import JobRepository
 from app.storage.engine import Database
 from app.types.models import (
@@ -100,6 +102,7 @@ class TypeView:
     # The push signing secret this very change made (push set for the first time, or
     # rotated): shown once, in the PATCH's answer; None otherwise.
     new_secret: str | None = None
+    blocked_keys: int = 0  # ordered keys a failure blocks now
 
 
 class TypeService:
@@ -140,7 +143,11 @@ class TypeService:
                 values, secret = values | push_columns(current, patch["push"]), None
                 if values["push_secret"] != current.push_secret:
                     secret = values["push_secret"]
-            repo.save(current.changed(now, values))
+            changed = current.changed(now, values)
+            repo.save(changed)
+            if changed.key_mode != current.key_mode:
+                change_modes(JobRepository(conn), KeyRepository(conn), job_type,
+                             current.key_mode, changed.key_mode, now)
             return secret
 
         secret = self.db.run_write(change)
@@ -171,5 +178,12 @@ class TypeService:
         with self.db.read() as conn:
             stats = self._stats_in(conn, backlog)
             stored = TypeRepository(conn).settings_of(names)
+            blocked = KeyRepository(conn).count_blocked()
         return [TypeView(stored.get(name, defaults(name)), stats.counts_of(name),
-                         stats.oldest_claimable_age_seconds(name)) for name in names]
+                         stats.oldest_claimable_age_seconds(name),
+                         blocked_keys=blocked.get(name, 0)) for name in names]
+
+    def blocked_keys(self, limit: int = 50) -> list[KeyTurn]:
+        """Ordered keys a failed job blocks, longest blocked first (the dashboard's)."""
+        with self.db.read() as conn:
+            return KeyRepository(conn).blocked_turns(limit)

@@ -1,0 +1,243 @@
+"""Fair share and ordered keys (contract §16): what a job's entry and its transitions do to its
+key, in the same transaction.
+
+Ordered keys. Each key of an ordered type has at most one job whose turn it is (key_turns):
+the oldest job of the key not yet finished. Every later job of the key is stored `waiting`
+(held back), so the claim never sees it and its cost never grows with the key's backlog.
+When the turn's job completes, is cancelled, or fails under on_failure skip, the turn passes
+to the key's oldest waiting job, released at once unless a dependency still holds it. A
+failure under on_failure block keeps the turn, marked blocked, until an admin retries the
+job (the turn is its again) or cancels it (the turn passes on). A retry or an attempt's
+backoff keeps the turn: delays and retries hold the key's later jobs back. Every change of
+a key's turn takes the key's row lock first, so enqueues, reports and cancels of one key on
+several hosts take turns on it; keys never wait for each other.
+
+Fair share. A fair type's pending jobs carry a round, and its claims take them in priority,
+round, then claim order (start-time fair queueing, with one key per concurrency_key and one
+for the jobs without a key). A job entering pending gets the round after its key's last
+pending one, and never one earlier than the round being served now: a key with a million
+jobs holds rounds far ahead, so a new key's job is at most one job per other key from its
+turn, whatever the backlog. Numbering costs the entering job two index probes; the claim
+reads one index in that order, as it reads claim order for other types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from app.core.statuses import TERMINAL_STATUSES, JobStatus
+from app.jobs.key_repository import KeyRepository
+from app.jobs.models import Job
+from app.jobs.repository import JobRepository
+from app.jobs.transitions import Transition
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMode:
+    """A type's settings of contract §16."""
+
+    fair: bool = False
+    ordered: bool = False
+    block_on_failure: bool = False
+
+
+# The modes of these types, read in the transaction (types with neither left out).
+ModeSource = Callable[[Any, Collection[str]], Mapping[str, KeyMode]]
+# Records a transition made here: (transition, the jobs as it left them, when, each job's
+# extra event detail by id).
+Record = Callable[[Transition, list[Job], int, Mapping[int, Mapping[str, Any]]], None]
+
+
+def no_modes(_conn: Any, _types: Collection[str]) -> Mapping[str, KeyMode]:
+    """No type is fair or ordered (a unit of work built without the types' settings)."""
+    return {}
+
+
+class KeyRules:
+    """The rules of §16 in one job transaction. `modes` reads the types' modes on its
+    connection, once per transaction and type."""
+
+    def __init__(self, jobs: JobRepository, keys: KeyRepository, modes: ModeSource,
+                 record: Record) -> None:
+        self.jobs = jobs
+        self.keys = keys
+        self._modes = modes
+        self._record = record
+        self._known: dict[str, KeyMode] = {}
+
+    def modes_of(self, types: Collection[str]) -> dict[str, KeyMode]:
+        unknown = [t for t in types if t not in self._known]
+        if unknown:
+            found = self._modes(self.keys.conn, unknown)
+            for job_type in unknown:
+                self._known[job_type] = found.get(job_type, KeyMode())
+        return {t: self._known[t] for t in types}
+
+    def mode_of(self, job: Job) -> KeyMode:
+        return self.modes_of([job.type])[job.type]
+
+    # -- a job's entry --------------------------------------------------------------------
+
+    def entered(self, new: Sequence[Job], now_us: int) -> list[Job]:
+        """Jobs just inserted (in their request's order): each joins its ordered key (its
+        turn, or held back behind it) and, pending in a fair type, gets its round. Returns
+        them as they are now."""
+        if not new:
+            return []
+        modes = self.modes_of({job.type for job in new})
+        if not any(m.fair or m.ordered for m in modes.values()):
+            return list(new)
+        held = [job.id for job in sorted(new, key=lambda job: job.id)
+                if self._joins_behind(job, modes[job.type], now_us)]
+        current = self._apply(Transition.HOLD, held, now_us, list(new))
+        return self._numbered(current, modes, now_us)
+
+    def _joins_behind(self, job: Job, mode: KeyMode, now_us: int) -> bool:
+        """The job joins its ordered key: True when it must wait for another job's turn."""
+        if not mode.ordered or job.concurrency_key is None:
+            return False
+        holder = self.keys.take_turn(job.type, job.concurrency_key, job.id, now_us)
+        return holder != job.id and job.status == JobStatus.PENDING
+
+    # -- a transition's consequences ------------------------------------------------------
+
+    def after(self, moves: Sequence[tuple[Transition, Sequence[Job]]],
+              now_us: int) -> list[Job]:
+        """What the transitions made (each with the jobs as it left them, in order) do to
+        their keys: turns passed on, blocked or taken back, rounds given to jobs that became
+        pending. Returns the jobs a turn released to pending."""
+        relevant = [(t, job) for t, moved in moves for job in moved
+                    if t not in (Transition.CLAIM, Transition.HEARTBEAT)]
+        if not relevant:
+            return []
+        modes = self.modes_of({job.type for _t, job in relevant})
+        if not any(m.fair or m.ordered for m in modes.values()):
+            return []
+        released: list[Job] = []
+        entered_pending: list[Job] = []
+        for transition, job in relevant:
+            mode = modes[job.type]
+            if mode.ordered and job.concurrency_key is not None:
+                if job.status in TERMINAL_STATUSES:
+                    released += self._turn_ends(job, mode, now_us)
+                    continue
+                if transition is Transition.RETRY:
+                    job = self._rejoin(job, now_us)
+            if job.status == JobStatus.PENDING and job.fair_round is None:
+                entered_pending.append(job)
+        self._numbered(entered_pending + released, modes, now_us)
+        return released
+
+    def _turn_ends(self, job: Job, mode: KeyMode, now_us: int) -> list[Job]:
+        """The job finished: if the key's turn was its, the turn passes on (or, a failure
+        under block, stays with it, blocked)."""
+        key = job.concurrency_key or ""
+        turn = self.keys.lock_turn(job.type, key)
+        if turn is None or turn.job_id != job.id:
+            return []
+        if job.status == JobStatus.FAILED and mode.block_on_failure:
+            self.keys.set_blocked(job.type, key, job.id, True, now_us)
+            return []
+        return self._pass_turn(job, key, now_us)
+
+    def _pass_turn(self, job: Job, key: str, now_us: int) -> list[Job]:
+        while (next_id := self.keys.next_waiting(job.type, key)) is not None:
+            self.keys.pass_turn(job.type, key, next_id, now_us)
+            released = self.jobs.release_ready([next_id], now_us)
+            if released:
+                self._record(Transition.RELEASE, released, now_us,
+                             {next_id: {"key_turn_after": job.id}})
+                return released
+            following = self.jobs.get_job(next_id)
+            if following is not None and following.status == JobStatus.WAITING:
+                return []  # its turn, but a dependency still holds it
+            # It left waiting meanwhile (cancelled by another transaction): the next one.
+        self.keys.end_turns(job.type, key)
+        return []
+
+    def _rejoin(self, job: Job, now_us: int) -> Job:
+        """An admin's retry brought the job back: its turn again if it blocked the key,
+        else it joins the key as a new job would (its turn, or held back)."""
+        key = job.concurrency_key or ""
+        turn = self.keys.lock_turn(job.type, key)
+        if turn is not None and turn.job_id == job.id:
+            self.keys.set_blocked(job.type, key, job.id, False, now_us)
+            return job
+        if self._joins_behind(job, KeyMode(ordered=True), now_us):
+            return self._apply(Transition.HOLD, [job.id], now_us, [job])[0]
+        return job
+
+    # -- explain and the admin's cancel ---------------------------------------------------
+
+    def blocks_its_key(self, job: Job) -> bool:
+        """The job failed and its failure blocks its ordered key."""
+        if job.status != JobStatus.FAILED or job.concurrency_key is None:
+            return False
+        turn = self.keys.turn_of_key(job.type, job.concurrency_key)
+        return turn is not None and turn.job_id == job.id and turn.blocked
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _apply(self, transition: Transition, ids: list[int], now_us: int,
+               jobs: list[Job]) -> list[Job]:
+        """`transition` applied to the jobs `ids` names among `jobs`; all of `jobs` returned,
+        in their order, as they are now."""
+        if not ids:
+            return jobs
+        moved = {job.id: job for job in self.jobs.apply_transition_to_many(
+            transition, ids, transition.values(now_us=now_us))}
+        return [moved.get(job.id, job) for job in jobs]
+
+    def _numbered(self, jobs: list[Job], modes: Mapping[str, KeyMode],
+                  now_us: int) -> list[Job]:
+        """Each pending job of a fair type without a round gets the next of its key's, no
+        earlier than the round being served; all returned as they are now."""
+        serving: dict[str, int] = {}
+        last: dict[tuple[str, str | None], int] = {}
+        rounds: list[tuple[int, int]] = []
+        numbered: dict[int, Job] = {}
+        for job in sorted(jobs, key=lambda job: job.id):
+            if (not modes.get(job.type, KeyMode()).fair or job.status != JobStatus.PENDING
+                    or job.fair_round is not None or job.id in numbered):
+                continue
+            if job.type not in serving:
+                serving[job.type] = self.keys.head_round(job.type, now_us) or 0
+            lane = (job.type, job.concurrency_key)
+            if lane not in last:
+                stored = self.keys.last_round(job.type, job.concurrency_key)
+                last[lane] = -1 if stored is None else stored
+            fair_round = max(serving[job.type], last[lane] + 1)
+            last[lane] = fair_round
+            rounds.append((job.id, fair_round))
+            numbered[job.id] = replace(job, fair_round=fair_round)
+        self.keys.set_rounds(rounds)
+        return [numbered.get(job.id, job) for job in jobs]
+
+
+def change_modes(jobs: JobRepository, keys: KeyRepository, job_type: str, before: KeyMode,
+                 after: KeyMode, now_us: int) -> None:
+    """A type's settings of §16 changed (PATCH /types): its stored jobs are brought under the
+    new ones in the change's transaction, once; its cost is that of the type's unfinished
+    jobs. These moves record no event: the type's change is what made them."""
+    rules = KeyRules(jobs, keys, lambda _conn, _types: {job_type: after},
+                     lambda *_recorded: None)
+    if after.ordered and not before.ordered:
+        rules._apply(Transition.HOLD, keys.start_ordering(job_type, now_us), now_us, [])
+    elif before.ordered and not after.ordered:
+        jobs.release_ready(keys.stop_ordering(job_type), now_us)
+    elif after.ordered and before.block_on_failure and not after.block_on_failure:
+        # Keys blocked under "block" go on under "skip": each failure's turn passes on.
+        for turn in keys.blocked_turns_of(job_type):
+            failed = jobs.get_job(turn.job_id)
+            if failed is not None:
+                keys.lock_turn(job_type, turn.concurrency_key)
+                rules._pass_turn(failed, turn.concurrency_key, now_us)
+    if after.fair and not before.fair:
+        keys.number_rounds(job_type)
+    elif before.fair and not after.fair:
+        keys.forget_rounds(job_type)
+    elif after.fair:
+        # Jobs the change released: each numbered as it entered pending.
+        keys.number_rounds(job_type)
