@@ -217,12 +217,24 @@ _LIMIT = click.IntRange(TYPE_LIMIT.min, TYPE_LIMIT.max)
 @click.option("--clear-max-running-per-key", is_flag=True, help="remove the per-key cap")
 @click.option("--clear-rate", is_flag=True, help="remove the rate")
 @click.option("--clear-burst", is_flag=True, help="burst back to ceil(rate)")
+@click.option("--fairness", type=click.Choice(["key", "off"]),
+              help="key: claims take turns across concurrency keys")
+@click.option("--ordering", type=click.Choice(["key", "off"]),
+              help="key: one job per concurrency key at a time, in enqueue order")
+@click.option("--on-failure", type=click.Choice(["skip", "block"]),
+              help="an ordered key whose job failed: run its next job, or block the key")
 def types_set(job_type: str, paused: bool | None, max_running: int | None,
               max_running_per_key: int | None, rate: float | None, burst: int | None,
               clear_max_running: bool, clear_max_running_per_key: bool, clear_rate: bool,
-              clear_burst: bool) -> None:
+              clear_burst: bool, fairness: str | None, ordering: str | None,
+              on_failure: str | None) -> None:
     """Change a type's settings (the others stay); the next claim applies them."""
     patch: dict[str, object] = {}
+    for name, mode in (("fairness", fairness), ("ordering", ordering)):
+        if mode is not None:
+            patch[name] = None if mode == "off" else mode
+    if on_failure is not None:
+        patch["on_failure"] = on_failure
     for name, value, clear in (("max_running", max_running, clear_max_running),
                                ("max_running_per_key", max_running_per_key,
                                 clear_max_running_per_key),
@@ -245,7 +257,9 @@ def types_set(job_type: str, paused: bool | None, max_running: int | None,
     click.echo(f"{s.type}: paused={'yes' if s.paused else 'no'} "
                f"max_running={_limit_text(s.max_running)} "
                f"max_running_per_key={_limit_text(s.max_running_per_key)} "
-               f"rate_per_second={_limit_text(s.rate_per_second)} burst={_burst_text(s)}")
+               f"rate_per_second={_limit_text(s.rate_per_second)} burst={_burst_text(s)} "
+               f"fairness={s.fairness or 'off'} ordering={s.ordering or 'off'} "
+               f"on_failure={s.on_failure or 'skip'}")
 
 
 schedules_group = AppGroup("schedules", help="List, create, pause, resume and delete "

@@ -146,8 +146,8 @@ def key_reasons(conn: Connection, job: Job, now_us: int, cap: int) -> list[Reaso
     keyless = any(key is None for key in ahead)
     count = f"at least {len(ahead)}" if more else str(len(ahead))
     return [_reason("fair_share", f"Type {job.type} takes turns across concurrency keys: "
-                    f"{count} job(s) of {len(names) + keyless} other key(s) come first, in "
-                    f"their turns (round {job.fair_round}).", fair_round=job.fair_round,
+                    f"{count} job(s) of {len(names) + keyless} key(s) come first, in their "
+                    f"turns (its round is {job.fair_round}).", fair_round=job.fair_round,
                     keys_ahead=names, keyless_ahead=keyless, count=len(ahead),
                     count_capped=more)]
 
@@ -200,7 +200,9 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
     pushed = any(reason["code"] == PUSH_TYPE for reason in flow)
     held = [reason for reason in flow if reason["code"] != PUSH_TYPE]
     reasons += keyed
-    if due and ahead is not None and ahead.value:
+    # A fair type's claims read round order, not claim order: fair_share (in `keyed`) says
+    # what comes first there.
+    if due and ahead is not None and ahead.value and job.fair_round is None:
         of_type = ahead_of_type or BoundedCount(0, False)
         reasons.append(_reason(
             "jobs_ahead", f"{_at_least(ahead)} claimable job(s) come before it in claim order "

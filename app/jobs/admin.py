@@ -140,6 +140,9 @@ class Administration:
             if made is Transition.RETRY:
                 [job] = repo.wait_again([job])
             tx.made(made, [job], actor=caller.name, now_us=now)
+            if made is Transition.RETRY and job.concurrency_key is not None:
+                # Its ordered key's turn may be another job's: then it waits (KeyRules).
+                job = repo.get_job(job.id) or job
             return job
 
         return self.uow.run(transition_in)

@@ -10,19 +10,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     and_,
     bindparam,
     case,
+    column,
     delete,
     func,
     literal_column,
     select,
     union_all,
     update,
+    values,
 )
 
-from app.storage.dialects import conflict_insert_for
+from app.storage.dialects import conflict_insert_for, is_sqlite
 from app.storage.schema import job_dependencies, jobs, key_turns
 from app.storage.statements import DriverStatement
 
@@ -99,6 +102,9 @@ _last_round_of_key = DriverStatement(
 _last_round_keyless = DriverStatement(
     select(func.max(jobs.c.fair_round))
     .where(_HAS_ROUND, jobs.c.type == bindparam("type"), jobs.c.concurrency_key.is_(None)))
+# A batch's rounds in statements of this many rows (two parameters each: well under both
+# engines' limits on a statement's parameters).
+_ROUNDS_PER_STATEMENT = 500
 _set_round = DriverStatement(
     update(jobs).where(jobs.c.id == bindparam("job_id"), jobs.c.status == _PENDING)
     .values(fair_round=bindparam("new_round")))
@@ -265,9 +271,20 @@ class KeyRepository:
         return list(rows[:cap]), len(rows) > cap
 
     def set_rounds(self, rounds: Sequence[tuple[int, int]]) -> None:
-        """(job id, round) of pending jobs."""
-        _set_round.execute_many(self.conn, [{"job_id": job_id, "new_round": fair_round}
-                                            for job_id, fair_round in rounds])
+        """(job id, round) of pending jobs. On PostgreSQL one statement per chunk of a
+        batch's jobs: a round trip per job would cost more than the batch's own insert.
+        SQLite, in process, runs the one prepared statement per job (it has no VALUES with
+        named columns to join)."""
+        if len(rounds) == 1 or is_sqlite(self.conn):
+            _set_round.execute_many(self.conn, [{"job_id": job_id, "new_round": fair_round}
+                                                for job_id, fair_round in rounds])
+            return
+        for start in range(0, len(rounds), _ROUNDS_PER_STATEMENT):
+            chunk = values(column("job_id", BigInteger), column("new_round", BigInteger),
+                           name="numbered").data(list(rounds[start:start + _ROUNDS_PER_STATEMENT]))
+            self.conn.execute(update(jobs).where(jobs.c.id == chunk.c.job_id,
+                                                 jobs.c.status == _PENDING)
+                              .values(fair_round=chunk.c.new_round))
 
     def number_rounds(self, job_type: str) -> int:
         """Fairness was turned on: the type's pending jobs without a round are numbered per

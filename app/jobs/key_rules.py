@@ -55,6 +55,11 @@ def no_modes(_conn: Any, _types: Collection[str]) -> Mapping[str, KeyMode]:
     return {}
 
 
+# Transitions that end a job which was waiting (held behind its key's turn, or for its
+# dependencies): cancels.
+_ENDS_A_WAITING_JOB = frozenset({Transition.CANCEL, Transition.DEPENDENCY_CANCEL})
+
+
 class KeyRules:
     """The rules of §16 in one job transaction. `modes` reads the types' modes on its
     connection, once per transaction and type."""
@@ -121,7 +126,7 @@ class KeyRules:
             mode = modes[job.type]
             if mode.ordered and job.concurrency_key is not None:
                 if job.status in TERMINAL_STATUSES:
-                    released += self._turn_ends(job, mode, now_us)
+                    released += self._turn_ends(transition, job, mode, now_us)
                     continue
                 if transition is Transition.RETRY:
                     job = self._rejoin(job, now_us)
@@ -130,10 +135,19 @@ class KeyRules:
         self._numbered(entered_pending + released, modes, now_us)
         return released
 
-    def _turn_ends(self, job: Job, mode: KeyMode, now_us: int) -> list[Job]:
+    def _turn_ends(self, transition: Transition, job: Job, mode: KeyMode,
+                   now_us: int) -> list[Job]:
         """The job finished: if the key's turn was its, the turn passes on (or, a failure
         under block, stays with it, blocked)."""
         key = job.concurrency_key or ""
+        if transition in _ENDS_A_WAITING_JOB:
+            # Mostly a job held behind the turn, which moves nothing: looked at without the
+            # key's lock, which a turn being passed to this very job holds while it waits for
+            # the job's row (that turn then passes over it: see _pass_turn). Only the job
+            # whose turn it is can have it, and only its own end takes it away.
+            peek = self.keys.turn_of_key(job.type, key)
+            if peek is None or peek.job_id != job.id:
+                return []
         turn = self.keys.lock_turn(job.type, key)
         if turn is None or turn.job_id != job.id:
             return []
@@ -145,6 +159,10 @@ class KeyRules:
     def _pass_turn(self, job: Job, key: str, now_us: int) -> list[Job]:
         while (next_id := self.keys.next_waiting(job.type, key)) is not None:
             self.keys.pass_turn(job.type, key, next_id, now_us)
+            # Its row held first: a dependency's end releasing it concurrently (which holds
+            # the row from before its own release) has committed by then, and the release
+            # below, a statement of its own, sees both that end and this turn.
+            self.jobs.get_job(next_id, for_update=True)
             released = self.jobs.release_ready([next_id], now_us)
             if released:
                 self._record(Transition.RELEASE, released, now_us,

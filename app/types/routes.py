@@ -41,8 +41,8 @@ def get_type(job_type: str) -> Response:
 
 
 @bp.patch("/types/<job_type>")
-@documented("Change a job type's flow control (pause, running caps, rate) or push "
-            "delivery; from the next claim on.",
+@documented("Change a job type's flow control (pause, running caps, rate), its key modes "
+            "(fairness, ordering, on_failure) or push delivery; from the next claim on.",
             body=TypePatchSchema, body_required=True,
             replies=[Reply(200, "The type as changed.", TypeSchema)], errors=[404])
 @require_roles(Role.ADMIN)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from app.core.clock import Clock
 from app.core.errors import IdempotencyKeyTaken, SlotTaken, UniqueScopeHeld
+from app.jobs.key_rules import KeyRules, no_modes
 from app.jobs.models import Job
 from app.jobs.transitions import Transition
 from app.jobs.uniqueness import holds_key_in
@@ -184,6 +185,13 @@ class FakeTx(JobsTx):
         self.dependencies = FakeDependencies()  # type: ignore[assignment]
         self.clock = Clock()
         self._confirm_caller = lambda _conn, _caller: None
+        # No type is fair or ordered here: the key rules never reach for their repository.
+        self.keys = KeyRules(jobs, _NoKeyRepository(), no_modes,  # type: ignore[arg-type]
+                             lambda *_recorded: None)
+
+
+class _NoKeyRepository:
+    conn = None
 
 
 class FakeUnitOfWork:

@@ -66,7 +66,7 @@ def _noisy_then_quiet(api: Api, producer: Key, noisy: int) -> None:
 def test_with_fairness_every_key_takes_turns_however_large_the_first_keys_backlog(
         api, producer, worker, admin):
     patch(api, admin, fairness="key")
-    _noisy_then_quiet(api, producer, noisy=5000)
+    _noisy_then_quiet(api, producer, noisy=100_000)
 
     served = [claim_key(api, worker) for _ in range(110)]
     keys = [claimed[1] for claimed in served if claimed is not None]
@@ -290,3 +290,19 @@ def test_patch_refuses_unknown_modes(api, admin):
         response = api.client.patch("/types/email", json=body, headers=admin.headers)
         assert response.status_code == 422
         assert list(body)[0] in response.json["errors"]
+
+
+def test_a_retried_failure_whose_key_went_on_waits_for_the_turn_again(
+        api, producer, worker, admin):
+    patch(api, admin, ordering="key")  # on_failure skip: the key went on without it
+    first = api.enqueue(producer, type="email", concurrency_key="k", max_retries=0).json["id"]
+    second = api.enqueue(producer, type="email", concurrency_key="k").json["id"]
+    claim_key(api, worker)
+    api.fail(worker, first)
+    assert claim_key(api, worker) == (second, "k")
+
+    retried = api.retry(admin, first)
+    assert retried.status_code == 200 and retried.json["status"] == "waiting"
+    assert claim_key(api, worker) is None  # never two jobs of one key at once
+    api.complete(worker, second)
+    assert claim_key(api, worker) == (first, "k")

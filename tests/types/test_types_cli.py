@@ -68,3 +68,18 @@ def test_list_shows_the_finished_counts_and_no_burst_without_a_rate(runner, clie
     assert "burst=-" in result.output
     result = runner.invoke(args=["types", "set", "email", "--rate", "2.5"])
     assert "burst=3" in result.output
+
+
+def test_set_turns_fairness_and_ordering_on_and_off(runner, client, admin):
+    result = runner.invoke(args=["types", "set", "sync", "--fairness", "key", "--ordering",
+                                 "key", "--on-failure", "block"])
+    assert result.exit_code == 0, result.output
+    assert "fairness=key ordering=key on_failure=block" in result.output
+    shown = client.get("/types/sync", headers=admin.headers).json
+    assert (shown["fairness"], shown["ordering"], shown["on_failure"]) == ("key", "key", "block")
+
+    result = runner.invoke(args=["types", "set", "sync", "--fairness", "off", "--ordering",
+                                 "off"])
+    assert "fairness=off ordering=off on_failure=block" in result.output
+    bad = runner.invoke(args=["types", "set", "sync", "--ordering", "tenant"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
