@@ -4,6 +4,7 @@ cancels and mode changes, and what explain says."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from typing import Any
 
@@ -75,7 +76,7 @@ def test_with_fairness_every_key_takes_turns_however_large_the_first_keys_backlo
     # Between two turns of a key, every other key has at most one job.
     for key in ["A", *KEYS_AFTER]:
         turns = [n for n, k in enumerate(keys) if k == key]
-        for before, after in zip(turns, turns[1:], strict=False):
+        for before, after in itertools.pairwise(turns):
             assert all(count <= 1 for count in Counter(keys[before + 1:after]).values())
 
 
@@ -289,7 +290,7 @@ def test_patch_refuses_unknown_modes(api, admin):
     for body in ({"fairness": "tenant"}, {"ordering": True}, {"on_failure": "stop"}):
         response = api.client.patch("/types/email", json=body, headers=admin.headers)
         assert response.status_code == 422
-        assert list(body)[0] in response.json["errors"]
+        assert next(iter(body)) in response.json["errors"]
 
 
 def test_a_retried_failure_whose_key_went_on_waits_for_the_turn_again(
