@@ -11,6 +11,7 @@ from marshmallow import ValidationError, fields, validate
 
 from app.core.limits import CURSOR_CHARS, NAME_CHARS, TYPE_CHARS, Limit
 from app.core.statuses import JobStatus
+from app.types.models import FAIRNESS_KEY, ON_FAILURE_BLOCK, ON_FAILURE_SKIP, ORDERING_KEY
 from app.types.schemas import TypePatchSchema
 from app.web.fields import QueryInteger, QueryNumber, StrictSchema
 from app.web.problems import flatten_errors
@@ -49,6 +50,38 @@ def limits_patch(form: Mapping[str, str]) -> dict[str, Any]:
         given = _limits_form.load({name: text for name, text in texts.items() if text})
         loaded: dict[str, Any] = _patch_schema.load(
             {name: given.get(name) for name in LIMIT_FIELDS})
+    except ValidationError as error:
+        raise FormInvalid(flatten_errors(error.messages)) from None
+    return loaded
+
+
+# The key modes form's choices (contract §16). A select cannot send null, so "off" stands
+# for it; on_failure's null already means "skip", which the API takes as well.
+OFF = "off"
+KEY_MODE_CHOICES = {"fairness": (OFF, FAIRNESS_KEY), "ordering": (OFF, ORDERING_KEY),
+                    "on_failure": (ON_FAILURE_SKIP, ON_FAILURE_BLOCK)}
+
+
+class KeyModesFormSchema(StrictSchema):
+    """The key modes form's text, one of the choices it offers; TypePatchSchema then holds
+    the values to what the API accepts."""
+
+    fairness = fields.String(validate=validate.OneOf(KEY_MODE_CHOICES["fairness"]))
+    ordering = fields.String(validate=validate.OneOf(KEY_MODE_CHOICES["ordering"]))
+    on_failure = fields.String(validate=validate.OneOf(KEY_MODE_CHOICES["on_failure"]))
+
+
+_key_modes_form = KeyModesFormSchema()
+
+
+def key_modes_patch(form: Mapping[str, str]) -> dict[str, Any]:
+    """The PATCH a type's key modes form asks for: a field left out (or empty) is left as it
+    is; "off" clears the mode."""
+    texts = {name: form.get(name, "").strip() for name in KEY_MODE_CHOICES}
+    try:
+        given = _key_modes_form.load({name: text for name, text in texts.items() if text})
+        loaded: dict[str, Any] = _patch_schema.load(
+            {name: None if value == OFF else value for name, value in given.items()})
     except ValidationError as error:
         raise FormInvalid(flatten_errors(error.messages)) from None
     return loaded

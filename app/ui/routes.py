@@ -3,7 +3,7 @@ JSON API calls, render a template (or redirect after a form)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import Blueprint, current_app, flash, g, redirect, render_template, request, url_for
@@ -22,6 +22,7 @@ from app.history.schemas import (
     represent_worker,
 )
 from app.jobs.cursor import encode_cursor
+from app.jobs.key_repository import KeyTurn
 from app.jobs.models import Job, JobDependencies
 from app.jobs.schemas import BulkSchema, represent
 from app.jobs.transitions import Transition
@@ -31,11 +32,13 @@ from app.ui import session as ui_session
 from app.ui import throttle
 from app.ui.forms import (
     JOB_FILTER_STATUSES,
+    KEY_MODE_CHOICES,
     NEWEST_FIRST,
     SCHEDULED,
     WORKFLOW_FILTER_STATUSES,
     FormInvalid,
     job_filters,
+    key_modes_patch,
     limits_patch,
     workflow_filters,
 )
@@ -55,6 +58,7 @@ JOBS_PER_PAGE = 50
 _bulk_schema = BulkSchema()
 SCHEDULES_PER_PAGE = JOBS_PER_PAGE
 WORKFLOWS_PER_PAGE = JOBS_PER_PAGE
+BLOCKED_KEYS_SHOWN = 50
 _OPEN = frozenset({"ui.sign_in", "ui.static"})
 
 
@@ -158,10 +162,18 @@ def sign_out() -> Response:
 @bp.get("/")
 def overview() -> tuple[str, int]:
     services = _services()
-    return _page("overview.html",
-                 types=[represent_type(view) for view in services.types.list_types()],
-                 **_schedules_shown(),
+    types = [represent_type(view) for view in services.types.list_types()]
+    blocked = [_blocked_shown(turn) for turn in services.types.blocked_keys(BLOCKED_KEYS_SHOWN)]
+    # Counted and listed in two reads: the total said is never less than the rows shown.
+    blocked_total = max(len(blocked), sum(shown["blocked_keys"] for shown in types))
+    return _page("overview.html", types=types, blocked_keys=blocked,
+                 blocked_total=blocked_total, **_schedules_shown(),
                  workers=[represent_worker(worker) for worker in services.history.workers()])
+
+
+def _blocked_shown(turn: KeyTurn) -> dict[str, Any]:
+    return {"type": turn.type, "concurrency_key": turn.concurrency_key, "job_id": turn.job_id,
+            "since": to_rfc3339(turn.since)}
 
 
 @bp.get("/jobs")
@@ -256,13 +268,17 @@ def job(job_id: int) -> tuple[str, int]:
     services, caller = _services(), _caller()
     found = services.jobs.get_job(caller, job_id)
     shown = _shown(found, services.jobs.dependencies_of([found]))
-    return _page("job.html", job=shown,
+    explanation = represent_explanation(services.history.explain(caller, job_id))
+    # A failed job that blocks its ordered key may be cancelled too: that passes the turn on.
+    blocks_its_key = any(reason["code"] == "key_blocked" and reason.get("job_id") == job_id
+                         for reason in explanation["reasons"])
+    return _page("job.html", job=shown, blocks_its_key=blocks_its_key,
                  workflow_id=services.workflows.workflow_of_job(caller, job_id),
                  attempts=[represent_attempt(a, show_error=True)
                            for a in services.history.attempts(caller, job_id)],
                  events=[_event_shown(represent_event(e), shown["error"])
                          for e in services.history.events(caller, job_id)],
-                 explanation=represent_explanation(services.history.explain(caller, job_id)))
+                 explanation=explanation)
 
 
 def _event_shown(event: dict[str, Any], error: str | None) -> dict[str, Any]:
@@ -300,7 +316,8 @@ def cancel_job(job_id: int) -> Response:
 @bp.get("/types")
 def types() -> tuple[str, int]:
     return _page("types.html",
-                 types=[represent_type(view) for view in _services().types.list_types()])
+                 types=[represent_type(view) for view in _services().types.list_types()],
+                 key_mode_choices=KEY_MODE_CHOICES)
 
 
 @bp.post("/types/<job_type>/pause")
@@ -315,14 +332,26 @@ def resume_type(job_type: str) -> Response:
 
 @bp.post("/types/<job_type>/limits")
 def change_limits(job_type: str) -> Response:
+    return _change_type_by_form(job_type, limits_patch, f"{job_type}: limits changed.")
+
+
+@bp.post("/types/<job_type>/keys")
+def change_key_modes(job_type: str) -> Response:
+    return _change_type_by_form(job_type, key_modes_patch, f"{job_type}: key modes changed.")
+
+
+def _change_type_by_form(job_type: str, read: Callable[[Mapping[str, str]], dict[str, Any]],
+                         done: str) -> Response:
+    """Change a type as its form asks; a form it cannot use changes nothing and comes back
+    as messages on the types page, by field."""
     try:
-        patch = limits_patch(request.form)
+        patch = read(request.form)
     except FormInvalid as invalid:
         for name, messages in invalid.messages.items():
             for message in messages:
                 flash(f"{job_type}: {name}: {message}", "error")
         return redirect(url_for("ui.types"))
-    return _change_type(job_type, patch, f"{job_type}: limits changed.")
+    return _change_type(job_type, patch, done)
 
 
 def _change_type(job_type: str, patch: dict[str, Any], done: str) -> Response:

@@ -185,6 +185,7 @@ def _shot(browser: Any, name: str, engine: str, directory: Path) -> None:
 def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_and_signs_out(
         browser: Any, server: LiveServer, database_url: str, screenshots: Path) -> None:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
 
     engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
     producer = create_api_key(database_url, "shop", "producer")
@@ -259,6 +260,15 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
             browser.find_element(By.XPATH, f"{pdf_row}//button[normalize-space()='Save limits']"))
     pdf = requests.get(server.url_of("/types/pdf"), headers=bearer(admin), timeout=10).json()
     assert (pdf["max_running"], pdf["rate_per_second"], pdf["burst"]) == (3, 2.5, 3)
+    # Order a type's keys: the page comes back with the mode chosen.
+    ordering = f"{pdf_row}//select[@name='ordering']"
+    Select(browser.find_element(By.XPATH, ordering)).select_by_value("key")
+    _follow(browser, browser.find_element(
+        By.XPATH, f"{pdf_row}//button[normalize-space()='Save key modes']"))
+    assert "pdf: key modes changed." in browser.find_element(By.CSS_SELECTOR, ".messages").text
+    assert Select(browser.find_element(By.XPATH, ordering)).first_selected_option.text == "key"
+    assert requests.get(server.url_of("/types/pdf"), headers=bearer(admin),
+                        timeout=10).json()["ordering"] == "key"
     _shot(browser, "types", engine, screenshots)
     _follow(browser,
             browser.find_element(By.XPATH, f"{email_row}//button[normalize-space()='Resume']"))
