@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import column, event, table, text
+from sqlalchemy import column, event, select, table, text
 from sqlalchemy.exc import IntegrityError
 
+from app import create_app
+from app.core.callers import Role
+from app.core.clock import ManualClock
 from app.jobs.repository import (
     JobRepository,
     _candidates_one_type,
@@ -229,7 +232,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0015"
+        assert current_revision(conn) == head_revision() == "0016"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
@@ -245,7 +248,7 @@ def test_postgres_tables_carry_the_storage_parameters_of_0011(empty_db_url, engi
     database = Database(make_engine(empty_db_url))
     if engine_name == "sqlite":
         with database.read() as conn:
-            assert current_revision(conn) == "0015"
+            assert current_revision(conn) == "0016"
         database.engine.dispose()
         return
     with database.read() as conn:
@@ -415,6 +418,122 @@ def test_workflows_migration_keeps_the_stored_jobs_and_their_unique_keys(empty_d
     assert after[6][0] == waiting_id
     with pytest.raises(IntegrityError), engine.begin() as conn:  # still the scope's holder
         conn.execute(insert, {**waiting, "status": "pending"})
+    engine.dispose()
+
+
+def test_fair_share_and_ordered_keys_migration_keeps_the_stored_jobs_and_types(empty_db_url):
+    """0016 on a database 0015 filled: every job, dependency and type setting stays as it
+    was, no job has a round, no type is fair or ordered and no key has a turn; the upgraded
+    database then takes the new settings (turning ordering on holds each key's backlog behind
+    its turn, fairness numbers the pending jobs), and the way down makes the jobs held only
+    by their key's turn pending again, leaving a job a dependency holds waiting."""
+    upgrade(empty_db_url, "0015")
+    now = 1_800_000_000_000_000
+    job = {"type": "email", "payload": "{}", "priority": 10, "status": "pending",
+           "retry_count": 0, "max_retries": 3, "producer": "producer-1", "run_at": 0,
+           "claimed_at": None, "worker_id": None, "lease_expires_at": None,
+           "lease_token": None, "error": None, "created_at": 0, "updated_at": 0,
+           "concurrency_key": None}
+    rows = [  # ids 1 … 10, enqueued in this order
+        {**job, "status": "completed", "concurrency_key": "a"},
+        {**job, "status": "running", "concurrency_key": "a", "worker_id": "worker-1",
+         "claimed_at": now - 10_000_000, "lease_expires_at": now + 3_600_000_000,
+         "lease_token": "t"},
+        {**job, "concurrency_key": "a"},
+        {**job, "status": "waiting", "concurrency_key": "a"},  # waits for job 8
+        {**job, "concurrency_key": "b"},
+        {**job, "concurrency_key": "b", "priority": 20},
+        {**job, "status": "failed", "concurrency_key": "b", "retry_count": 3,
+         "error": "boom"},
+        {**job, "type": "pdf"},
+        {**job, "status": "cancelled", "concurrency_key": "c"},
+        job,  # without a key
+    ]
+    rows = [{**row, "created_at": n, "updated_at": n} for n, row in enumerate(rows, 1)]
+    type_rows = [
+        {"type": "email", "paused": False, "max_running": 5, "max_running_per_key": 2,
+         "rate_per_second": None, "burst": None, "updated_at": 1},
+        {"type": "pdf", "paused": True, "max_running": None, "max_running_per_key": None,
+         "rate_per_second": 2.5, "burst": 3, "updated_at": 2},
+    ]
+    engine = make_engine(empty_db_url, pooled=False)
+    with engine.begin() as conn:  # the tables as 0015 left them
+        conn.execute(table("jobs", *map(column, job)).insert(), rows)
+        conn.execute(text(
+            "INSERT INTO job_dependencies (job_id, position, depends_on_id, cancel_on_failure, "
+            "resolved) VALUES (4, 0, 8, 1, 0)"))
+        conn.execute(table("job_types", *map(column, type_rows[0])).insert(), type_rows)
+
+    jobs_0015 = table("jobs", column("id"), *map(column, job))
+    types_0015 = table("job_types", *map(column, type_rows[0]))
+
+    def stored(query: Any) -> list[tuple[Any, ...]]:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(
+                text(query) if isinstance(query, str) else query)]
+
+    def statuses() -> dict[int, tuple[str, int | None]]:
+        return {job_id: (status, fair_round) for job_id, status, fair_round
+                in stored("SELECT id, status, fair_round FROM jobs")}
+
+    jobs_before = stored(select(jobs_0015).order_by(jobs_0015.c.id))
+    dependencies_before = stored("SELECT * FROM job_dependencies")
+    types_before = stored(select(types_0015).order_by(types_0015.c.type))
+    assert len(jobs_before) == 10 and len(types_before) == 2
+
+    upgrade(empty_db_url)
+
+    assert stored(select(jobs_0015).order_by(jobs_0015.c.id)) == jobs_before
+    assert stored("SELECT * FROM job_dependencies") == dependencies_before
+    assert stored("SELECT DISTINCT fair_round FROM jobs") == [(None,)]
+    assert stored(select(types_0015).order_by(types_0015.c.type)) == types_before
+    assert stored("SELECT fairness, ordering, on_failure FROM job_types") == [
+        (None, None, None)] * 2
+    assert stored("SELECT * FROM key_turns") == []
+
+    application = create_app({"TESTING": True, "DATABASE_URL": empty_db_url,
+                              "JOB_TYPES": frozenset({"email", "pdf"}),
+                              "CLOCK": ManualClock(start_us=now), "DB_POOL_SIZE": 2})
+    keys = application.extensions["queuelog"].keys
+    admin = {"Authorization": f"Bearer {keys.create_key('admin-1', Role.ADMIN)}"}
+    worker = {"Authorization": f"Bearer {keys.create_key('worker-1', Role.WORKER)}"}
+    client = application.test_client()
+    shown = client.get("/types/email", headers=admin).json
+    assert {name: shown[name] for name in ("fairness", "ordering", "on_failure",
+                                           "blocked_keys", "max_running")} == {
+        "fairness": None, "ordering": None, "on_failure": "skip", "blocked_keys": 0,
+        "max_running": 5}
+
+    changed = client.patch("/types/email", json={"ordering": "key", "fairness": "key"},
+                           headers=admin)
+    assert changed.status_code == 200, changed.json
+    assert (changed.json["ordering"], changed.json["fairness"]) == ("key", "key")
+    # Each key's turn is its running job, else its oldest unfinished one (not its highest
+    # priority); the rest of the key waits. The key's and the keyless pending jobs are
+    # numbered, each its key's first round.
+    assert stored("SELECT type, concurrency_key, job_id, blocked FROM key_turns "
+                  "ORDER BY concurrency_key") == [("email", "a", 2, 0), ("email", "b", 5, 0)]
+    assert statuses() == {1: ("completed", None), 2: ("running", None), 3: ("waiting", None),
+                          4: ("waiting", None), 5: ("pending", 0), 6: ("waiting", None),
+                          7: ("failed", None), 8: ("pending", None), 9: ("cancelled", None),
+                          10: ("pending", 0)}
+    reasons = client.get("/jobs/3/explain", headers=admin).json["reasons"]
+    assert (reasons[0]["code"], reasons[0]["job_id"]) == ("key_turn", 2)
+
+    claimed = client.post("/jobs/claim-many", json={"max_jobs": 10, "types": ["email"]},
+                          headers=worker)
+    assert [claimed_job["id"] for claimed_job in claimed.json["jobs"]] == [5, 10]
+    assert client.post("/jobs/5/complete", json={}, headers=worker).status_code == 200
+    # Key b's turn passes to its next job.
+    again = client.post("/jobs/claim", json={"types": ["email"]}, headers=worker)
+    assert again.status_code == 200 and again.json["id"] == 6
+    application.extensions["queuelog"].db.engine.dispose()
+
+    command.downgrade(alembic_config(empty_db_url), "0015")
+
+    # Job 3 waited for its key's turn alone; job 4 still waits for job 8.
+    assert stored("SELECT id, status FROM jobs WHERE id IN (3, 4) ORDER BY id") == [
+        (3, "pending"), (4, "waiting")]
     engine.dispose()
 
 

@@ -242,3 +242,73 @@ def test_copy_carries_the_workflows_and_what_each_job_waits_for(source, empty_db
                         "done": "waiting"}
     assert api.get(producer, 26).json["waiting_on"] == 1  # 25 is still pending
     services.db.engine.dispose()
+
+
+@pytest.fixture
+def keyed_source(sqlite_template, tmp_path, clock):
+    """A SQLite queue of contract §16: "email" orders its keys and blocks one on a failure
+    (job 1 failed and blocks acct-1, whose job 2 waits; acct-2's job 3 has the turn, its job
+    4 waits); "pdf" is fair, with three jobs of key A enqueued before one of B (jobs 5 to 8)."""
+    path = tmp_path / "keyed.sqlite3"
+    shutil.copyfile(sqlite_template, path)
+    url = f"sqlite:///{path}"
+    application = create_app({"DATABASE_URL": url, "JOB_TYPES": JOB_TYPES, "CLOCK": clock,
+                              "TESTING": True})
+    services = application.extensions["queuelog"]
+    producer = Key("shop", services.keys.create_key("shop", Role.PRODUCER))
+    worker = Key("mailer", services.keys.create_key("mailer", Role.WORKER))
+    services.types.update_type("email", {"ordering": "key", "on_failure": "block"})
+    services.types.update_type("pdf", {"fairness": "key"})
+    api = Api(application.test_client())
+    failing = api.enqueue(producer, concurrency_key="acct-1", max_retries=0).json["id"]
+    claimed = api.claim(worker, types=["email"]).json
+    assert claimed["id"] == failing == 1
+    api.fail(worker, failing, lease_token=claimed["lease_token"])
+    statuses = [api.enqueue(producer, concurrency_key=key).json["status"]
+                for key in ("acct-1", "acct-2", "acct-2")]
+    assert statuses == ["waiting", "pending", "waiting"]
+    for key in ("A", "A", "A", "B"):
+        api.enqueue(producer, type="pdf", concurrency_key=key)
+    services.db.engine.dispose()
+    return url, producer, worker
+
+
+def test_copy_carries_ordered_keys_turns_and_fair_rounds(keyed_source, empty_db_url, runner,
+                                                         clock):
+    """The moved queue goes on where the old one was: a blocked key stays blocked until its
+    failure is retried, a held job keeps waiting for its turn, and a fair type's jobs are
+    claimed in the rounds they were given."""
+    source_url, _producer, worker = keyed_source
+
+    result = runner.invoke(args=["copy", "--from", source_url, "--to", empty_db_url,
+                                 "--batch-size", "3"])
+
+    assert result.exit_code == 0, result.output
+    copied = _rows(empty_db_url)
+    assert copied == _rows(source_url)
+    assert [turn[:4] for turn in copied["key_turns"]] == [("email", "acct-1", 1, 1),
+                                                           ("email", "acct-2", 3, 0)]
+
+    moved = create_app({"DATABASE_URL": empty_db_url, "JOB_TYPES": JOB_TYPES, "CLOCK": clock,
+                        "TESTING": True})
+    services = moved.extensions["queuelog"]
+    admin = Key("ops", services.keys.create_key("ops", Role.ADMIN))
+    api = Api(moved.test_client())
+    assert api.client.get("/types/email", headers=admin.headers).json["blocked_keys"] == 1
+    reason = api.client.get("/jobs/2/explain", headers=admin.headers).json["reasons"][0]
+    assert (reason["code"], reason["job_id"], reason["concurrency_key"]) == (
+        "key_blocked", 1, "acct-1")
+
+    # pdf: B's only job comes second, not after all of A's.
+    pdf = [api.claim(worker, types=["pdf"]).json for _ in range(4)]
+    assert [(job["id"], job["concurrency_key"]) for job in pdf] == [
+        (5, "A"), (8, "B"), (6, "A"), (7, "A")]
+    # email: acct-2's turn runs; acct-1 is blocked, and its failure's retry takes the turn.
+    assert api.claim(worker, types=["email"]).json["id"] == 3
+    assert api.claim(worker, types=["email"]).status_code == 204
+    assert api.retry(admin, 1).status_code == 200
+    first = api.claim(worker, types=["email"]).json
+    assert first["id"] == 1
+    assert api.complete(worker, 1, lease_token=first["lease_token"]).status_code == 200
+    assert api.claim(worker, types=["email"]).json["id"] == 2
+    services.db.engine.dispose()

@@ -42,6 +42,8 @@ EDGES: dict[Transition, tuple[set[JobStatus], Guard, bool, Outcome | None]] = {
     Transition.CANCEL: ({P, W}, Guard.ANYONE, False, None),
     Transition.RELEASE: ({W}, Guard.ANYONE, False, None),
     Transition.DEPENDENCY_CANCEL: ({W}, Guard.ANYONE, False, None),
+    Transition.HOLD: ({P}, Guard.ANYONE, False, None),
+    Transition.CANCEL_BLOCKING: ({F}, Guard.ANYONE, False, None),
     Transition.RETRY: ({F, X}, Guard.ANYONE, False, None),
     Transition.REPLACE: ({P}, Guard.ANYONE, False, None),
 }
@@ -98,6 +100,12 @@ CASES = [
          P, EventName.READY, (), {}),
     Case("dependency cancel", Transition.DEPENDENCY_CANCEL, WAITING_JOB, (), {"now_us": 10},
          X, EventName.CANCELLED, ("dependency_cancelled",), {}),
+    # Held behind its ordered key's turn (contract §16): no event of its own, the enqueue or
+    # retry that made it records one.
+    Case("hold", Transition.HOLD, PENDING_JOB, (), {"now_us": 10}, W, None, (), {}),
+    Case("cancel a failure that blocks its key", Transition.CANCEL_BLOCKING,
+         make_job(status="failed"), (), {"now_us": 10},
+         X, EventName.CANCELLED, ("cancelled",), {}),
     Case("retry a failed job", Transition.RETRY, make_job(status="failed"), (), {"now_us": 10},
          P, EventName.RETRIED, ("requeued",), {}),
     Case("retry a cancelled job", Transition.RETRY,
@@ -222,7 +230,7 @@ def test_every_transition_is_a_member_of_its_own():
     # Enum members with equal values are aliases of one another: each needs its own value.
     assert [t.name for t in Transition] == [
         "CLAIM", "HEARTBEAT", "COMPLETE", "FAIL", "RESCUE", "CANCEL", "RELEASE",
-        "DEPENDENCY_CANCEL", "RETRY", "REPLACE"]
+        "DEPENDENCY_CANCEL", "HOLD", "CANCEL_BLOCKING", "RETRY", "REPLACE"]
     assert len({t.value for t in Transition}) == len(list(Transition))
     assert Transition.FAIL is not Transition.HEARTBEAT
 
@@ -257,4 +265,5 @@ def test_a_rescue_cancel_or_retry_forgets_the_lease_token():
     assert Transition.RESCUE.values(make_job(), 1000)["lease_token"] is None
     assert Transition.CANCEL.values(now_us=1)["lease_token"] is None
     assert Transition.DEPENDENCY_CANCEL.values(now_us=1)["lease_token"] is None
+    assert Transition.CANCEL_BLOCKING.values(now_us=1)["lease_token"] is None
     assert Transition.RETRY.values(now_us=1)["lease_token"] is None
