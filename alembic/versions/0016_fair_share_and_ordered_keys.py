@@ -1,8 +1,9 @@
 """Fair share and ordered keys (contract §16).
 
-- jobs.fair_round (NULL but for a fair type's pending jobs) and its two partial indexes:
-  ix_jobs_fair_order, which a fair type's claims read in round order, and ix_jobs_fair_key,
-  where a key's next round starts. No stored job has a round, so both start empty.
+- jobs.fair_round (NULL but for a fair type's pending jobs; -1 for those not yet due) and its
+  partial indexes: ix_jobs_fair_order, which a fair type's claims read in round order,
+  ix_jobs_fair_key, where a key's next round starts, and ix_jobs_fair_deferred, the jobs to
+  number once due. No stored job has a round, so all three start empty.
 - ix_jobs_waiting_key: an ordered key's oldest waiting job, its next turn.
 - key_turns: the job whose turn it is in each ordered key, and whether a failure blocks it.
 - job_types.fairness, .ordering, .on_failure: NULL, the behaviour of every earlier release.
@@ -21,7 +22,8 @@ branch_labels = None
 depends_on = None
 
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-FAIR_ROWS = sa.text("status = 'pending' AND fair_round IS NOT NULL")
+FAIR_ROWS = sa.text("status = 'pending' AND fair_round >= 0")
+DEFERRED_FAIR_ROWS = sa.text("status = 'pending' AND fair_round < 0")
 WAITING_KEYED_ROWS = sa.text("status = 'waiting' AND concurrency_key IS NOT NULL")
 
 
@@ -33,6 +35,8 @@ def upgrade() -> None:
                      "run_at"], sqlite_where=FAIR_ROWS, postgresql_where=FAIR_ROWS)
     op.create_index("ix_jobs_fair_key", "jobs", ["type", "concurrency_key", "fair_round"],
                     sqlite_where=FAIR_ROWS, postgresql_where=FAIR_ROWS)
+    op.create_index("ix_jobs_fair_deferred", "jobs", ["type", "run_at"],
+                    sqlite_where=DEFERRED_FAIR_ROWS, postgresql_where=DEFERRED_FAIR_ROWS)
     op.create_index("ix_jobs_waiting_key", "jobs", ["type", "concurrency_key", "id"],
                     sqlite_where=WAITING_KEYED_ROWS, postgresql_where=WAITING_KEYED_ROWS)
     op.create_table(
@@ -64,6 +68,7 @@ def downgrade() -> None:
     op.drop_index("ix_key_turns_job_id", table_name="key_turns")
     op.drop_table("key_turns")
     op.drop_index("ix_jobs_waiting_key", table_name="jobs")
+    op.drop_index("ix_jobs_fair_deferred", table_name="jobs")
     op.drop_index("ix_jobs_fair_key", table_name="jobs")
     op.drop_index("ix_jobs_fair_order", table_name="jobs")
     with op.batch_alter_table("jobs") as batch:

@@ -4,7 +4,7 @@ One claim reads top to bottom, in one write transaction (`_claim_in`):
 
 1. rescue the expired leases, so a job whose worker died is claimable by this very claim;
 2. ask the flow-control policy (app/jobs/flow.py) what may run now: ClaimLimits, or None
-   when no limit concerns the claim;
+   when no limit concerns the claim; a fair type's jobs that came due are numbered;
 3. claim with the conditions the repository makes of those limits;
 4. settle: pay the rate tokens and, where writers run concurrently, check the claim under
    its types' row locks (LimitReached), restamping its jobs if it waited for a lock;
@@ -150,6 +150,10 @@ class ClaimService:
         if ask.push and limits is None:
             return _Attempt([], None, now)  # no flow control to tell push types apart
 
+        if limits is not None and limits.fair:
+            # A fair type's jobs that came due since they were enqueued take their turns
+            # from the round served now (app/jobs/key_rules.py).
+            tx.keys.number_due(limits.fair & limits.allowed(self._types_of(ask.wanted)), now)
         restricted = limits is not None and limits.restricts(ask.limit)
         jobs = repo.claim_next_jobs(
             now_us=now, worker=ask.caller.name, lease_expires_at=now + ask.lease_us,

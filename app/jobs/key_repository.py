@@ -32,7 +32,12 @@ from app.storage.statements import DriverStatement
 _PENDING: Any = literal_column("'pending'")
 _WAITING: Any = literal_column("'waiting'")
 _RUNNING: Any = literal_column("'running'")
-_HAS_ROUND = and_(jobs.c.status == _PENDING, jobs.c.fair_round.is_not(None))
+# Numbered pending jobs, as the partial indexes of round order say it (a literal 0: the
+# planners use a partial index only for the predicate's own text).
+_HAS_ROUND = and_(jobs.c.status == _PENDING, jobs.c.fair_round >= literal_column("0"))
+# Pending jobs of a fair type that were not due when they entered pending: numbered once due.
+DEFERRED_ROUND = -1
+_DEFERRED = and_(jobs.c.status == _PENDING, jobs.c.fair_round < literal_column("0"))
 # Named apart from the columns: an UPDATE reserves the columns' own names for its SET.
 _the_key = and_(key_turns.c.type == bindparam("turn_type"),
                 key_turns.c.concurrency_key == bindparam("turn_key"))
@@ -105,6 +110,12 @@ _last_round_keyless = DriverStatement(
 # A batch's rounds in statements of this many rows (two parameters each: well under both
 # engines' limits on a statement's parameters).
 _ROUNDS_PER_STATEMENT = 500
+_due_deferred = DriverStatement(
+    select(jobs.c.id)
+    .where(_DEFERRED, jobs.c.type == bindparam("type"), jobs.c.run_at <= bindparam("now"))
+    .order_by(jobs.c.run_at)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True))
 _set_round = DriverStatement(
     update(jobs).where(jobs.c.id == bindparam("job_id"), jobs.c.status == _PENDING)
     .values(fair_round=bindparam("new_round")))
@@ -246,6 +257,12 @@ class KeyRepository:
 
     # -- fair share -----------------------------------------------------------------------
 
+    def due_deferred(self, job_type: str, now_us: int, limit: int) -> list[int]:
+        """Up to `limit` of the type's unnumbered pending jobs now due, soonest due first
+        (those another claim holds are skipped on PostgreSQL)."""
+        return [int(row[0]) for row in _due_deferred.rows(
+            self.conn, {"type": job_type, "now": now_us, "limit": limit})]
+
     def head_round(self, job_type: str, now_us: int) -> int | None:
         """The round of the job a claim of the fair type takes next; None: none is due."""
         rows = _head_round.rows(self.conn, {"type": job_type, "now": now_us})
@@ -286,22 +303,28 @@ class KeyRepository:
                                                  jobs.c.status == _PENDING)
                               .values(fair_round=chunk.c.new_round))
 
-    def number_rounds(self, job_type: str) -> int:
-        """Fairness was turned on: the type's pending jobs without a round are numbered per
-        key in claim order (each key's first in round 0), as if enqueued fairly. Runs once,
-        in the change's transaction; returns how many were numbered."""
+    def number_rounds(self, job_type: str, now_us: int) -> int:
+        """Fairness was turned on: the type's due pending jobs without a round are numbered
+        per key in claim order (each key's first in round 0), as if enqueued fairly; those
+        not due yet wait unnumbered until they are. Runs once, in the change's transaction;
+        returns how many were numbered."""
+        unnumbered = and_(jobs.c.type == job_type, jobs.c.status == _PENDING,
+                          jobs.c.fair_round.is_(None))
         numbered = (select(jobs.c.id, (func.row_number().over(
             partition_by=jobs.c.concurrency_key,
             order_by=(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)) - 1).label("n"))
-            .where(jobs.c.type == job_type, jobs.c.status == _PENDING,
-                   jobs.c.fair_round.is_(None))
+            .where(unnumbered, jobs.c.run_at <= now_us)
             .subquery("numbered"))
         result = self.conn.execute(update(jobs).where(jobs.c.id == numbered.c.id)
                                    .values(fair_round=numbered.c.n))
+        self.conn.execute(update(jobs).where(unnumbered, jobs.c.run_at > now_us)
+                          .values(fair_round=DEFERRED_ROUND))
         return int(result.rowcount or 0)
 
     def forget_rounds(self, job_type: str) -> None:
         """Fairness was turned off: the type's pending jobs leave round order."""
-        self.conn.execute(update(jobs).where(jobs.c.type == job_type, _HAS_ROUND)
+        self.conn.execute(update(jobs).where(jobs.c.type == job_type,
+                                             jobs.c.status == _PENDING,
+                                             jobs.c.fair_round.is_not(None))
                           .values(fair_round=None))
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
-from app.jobs.key_repository import KeyRepository
+from app.jobs.key_repository import DEFERRED_ROUND, KeyRepository
 from app.jobs.models import Job
 from app.jobs.repository import JobRepository
 from app.jobs.transitions import Transition
@@ -54,6 +54,10 @@ def no_modes(_conn: Any, _types: Collection[str]) -> Mapping[str, KeyMode]:
     """No type is fair or ordered (a unit of work built without the types' settings)."""
     return {}
 
+
+# Jobs that came due numbered by one claim of a fair type, at most: its transaction stays
+# short however many come due at once.
+NUMBERED_PER_CLAIM = 100
 
 # Transitions that end a job which was waiting (held behind its key's turn, or for its
 # dependencies): cancels.
@@ -187,6 +191,16 @@ class KeyRules:
             return self._apply(Transition.HOLD, [job.id], now_us, [job])[0]
         return job
 
+    def number_due(self, fair_types: Collection[str], now_us: int) -> None:
+        """In a claim of these fair types, before it reads their round order: the jobs that
+        came due since they entered pending get their rounds now, as jobs entering pending
+        now would (at most NUMBERED_PER_CLAIM per type; the next claims number the rest)."""
+        for job_type in sorted(fair_types):
+            due = self.keys.due_deferred(job_type, now_us, NUMBERED_PER_CLAIM)
+            if due:
+                jobs = [replace(job, fair_round=None) for job in self.jobs.jobs_by_ids(due)]
+                self._numbered(jobs, {job_type: KeyMode(fair=True)}, now_us)
+
     # -- explain and the admin's cancel ---------------------------------------------------
 
     def blocks_its_key(self, job: Job) -> bool:
@@ -219,6 +233,11 @@ class KeyRules:
         for job in sorted(jobs, key=lambda job: job.id):
             if (not modes.get(job.type, KeyMode()).fair or job.status != JobStatus.PENDING
                     or job.fair_round is not None or job.id in numbered):
+                continue
+            if job.run_at > now_us:
+                # Numbered when it comes due (number_due), at the round served then.
+                rounds.append((job.id, DEFERRED_ROUND))
+                numbered[job.id] = replace(job, fair_round=DEFERRED_ROUND)
                 continue
             if job.type not in serving:
                 serving[job.type] = self.keys.head_round(job.type, now_us) or 0
@@ -253,9 +272,9 @@ def change_modes(jobs: JobRepository, keys: KeyRepository, job_type: str, before
                 keys.lock_turn(job_type, turn.concurrency_key)
                 rules._pass_turn(failed, turn.concurrency_key, now_us)
     if after.fair and not before.fair:
-        keys.number_rounds(job_type)
+        keys.number_rounds(job_type, now_us)
     elif before.fair and not after.fair:
         keys.forget_rounds(job_type)
     elif after.fair:
         # Jobs the change released: each numbered as it entered pending.
-        keys.number_rounds(job_type)
+        keys.number_rounds(job_type, now_us)

@@ -173,7 +173,7 @@ _candidates_one_type_by_key = (
 _FAIR_ORDER = (jobs.c.priority.desc(), jobs.c.fair_round, jobs.c.created_at, jobs.c.id)
 _fair_candidates = (
     select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
-    .where(jobs.c.status == _PENDING, jobs.c.fair_round.is_not(None),
+    .where(jobs.c.status == _PENDING, jobs.c.fair_round >= literal_column("0"),
            jobs.c.run_at <= bindparam("now"), jobs.c.type == bindparam("type"))
     .order_by(*_FAIR_ORDER)
     .limit(bindparam("limit"))
@@ -528,6 +528,13 @@ class JobRepository:
         stmt = _select_by_id_for_update if for_update else _select_by_id
         row = self.conn.execute(stmt, {"job_id": job_id}).first()
         return None if row is None else _job(row)
+
+    def jobs_by_ids(self, job_ids: Collection[int]) -> list[Job]:
+        """These jobs (those that exist), by id."""
+        if not job_ids:
+            return []
+        stmt = select(jobs).where(jobs.c.id.in_(sorted(job_ids))).order_by(jobs.c.id)
+        return [_job(row) for row in self.conn.execute(stmt)]
 
     def find_by_idempotency_key(self, producer: str, idempotency_key: str) -> Job | None:
         row = self.conn.execute(

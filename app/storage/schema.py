@@ -197,8 +197,8 @@ Index("ix_jobs_waiting_type", jobs.c.type, sqlite_where=text("status = 'waiting'
       postgresql_where=text("status = 'waiting'"))
 
 # A fair type's claims read its pending jobs in round order (contract §16): priority first,
-# then the round, then claim order. Partial on the round: only a fair type's pending jobs
-# have one, so no other enqueue writes here.
+# then the round, then claim order. Partial on the round: only a fair type's numbered pending
+# jobs have one (>= 0), so no other enqueue writes here.
 Index(
     "ix_jobs_fair_order",
     jobs.c.type,
@@ -207,8 +207,8 @@ Index(
     jobs.c.created_at,
     jobs.c.id,
     jobs.c.run_at,
-    sqlite_where=text("status = 'pending' AND fair_round IS NOT NULL"),
-    postgresql_where=text("status = 'pending' AND fair_round IS NOT NULL"),
+    sqlite_where=text("status = 'pending' AND fair_round >= 0"),
+    postgresql_where=text("status = 'pending' AND fair_round >= 0"),
 )
 # A key's last round among its pending jobs: where its next job's round starts.
 Index(
@@ -216,8 +216,19 @@ Index(
     jobs.c.type,
     jobs.c.concurrency_key,
     jobs.c.fair_round,
-    sqlite_where=text("status = 'pending' AND fair_round IS NOT NULL"),
-    postgresql_where=text("status = 'pending' AND fair_round IS NOT NULL"),
+    sqlite_where=text("status = 'pending' AND fair_round >= 0"),
+    postgresql_where=text("status = 'pending' AND fair_round >= 0"),
+)
+# A fair type's jobs that were not due when they entered pending wait unnumbered (round -1)
+# until they are: a claim of the type numbers those now due, in run_at order, at the round
+# then served (app/jobs/key_rules.py), so a key's jobs scheduled for later take their turns
+# when they come due rather than with the rounds of when they were enqueued.
+Index(
+    "ix_jobs_fair_deferred",
+    jobs.c.type,
+    jobs.c.run_at,
+    sqlite_where=text("status = 'pending' AND fair_round < 0"),
+    postgresql_where=text("status = 'pending' AND fair_round < 0"),
 )
 # An ordered key's next job: its oldest waiting one (contract §16). Waiting rows only.
 Index(

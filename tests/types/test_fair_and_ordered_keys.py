@@ -307,3 +307,16 @@ def test_a_retried_failure_whose_key_went_on_waits_for_the_turn_again(
     assert claim_key(api, worker) is None  # never two jobs of one key at once
     api.complete(worker, second)
     assert claim_key(api, worker) == (first, "k")
+
+
+def test_a_keys_delayed_jobs_take_turns_when_they_come_due_not_when_enqueued(
+        api, producer, worker, admin, clock):
+    patch(api, admin, fairness="key")
+    batch(api, producer, [{"type": "email", "concurrency_key": "A"}] * 60)
+    batch(api, producer, [{"type": "email", "concurrency_key": "B", "delay_seconds": 60}] * 20)
+    assert [claim_key(api, worker)[1] for _ in range(30)] == ["A"] * 30  # type: ignore[index]
+
+    clock.advance(61)
+    keys = [claim_key(api, worker)[1] for _ in range(20)]  # type: ignore[index]
+    # B's twenty did not jump A's queue in one burst: they alternate from the round served.
+    assert keys == ["A", "B"] * 10 or keys == ["B", "A"] * 10, keys
