@@ -202,9 +202,15 @@ class QueueGauges(Collector):
             "queuelog_type_oldest_claimable_age_seconds",
             "How long each type's oldest claimable job has been claimable; 0 when none is.",
             labels=("type",))
+        yield GaugeMetricFamily(
+            "queuelog_type_blocked_keys",
+            "Ordered keys of each configured type that a failed job blocks (on_failure "
+            "block): nothing more of such a key runs until the job is retried or cancelled.",
+            labels=("type",))
 
     def collect(self) -> Iterable[Metric]:
-        up, jobs, oldest_age, type_pending, type_running, type_oldest = self._families()
+        (up, jobs, oldest_age, type_pending, type_running, type_oldest,
+         type_blocked) = self._families()
         try:
             stats = self.types.stats()
         except SQLAlchemyError as exc:
@@ -225,7 +231,8 @@ class QueueGauges(Collector):
             type_running.add_metric([job_type], counts.running)
             type_oldest.add_metric([job_type],
                                    stats.oldest_claimable_age_seconds(job_type) or 0.0)
-        return [up, jobs, oldest_age, type_pending, type_running, type_oldest]
+            type_blocked.add_metric([job_type], stats.blocked_keys.get(job_type, 0))
+        return [up, jobs, oldest_age, type_pending, type_running, type_oldest, type_blocked]
 
 
 bp = Blueprint("metrics", __name__)

@@ -4,7 +4,7 @@ of /metrics). The flow control every claim asks is app/types/flow.py."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Connection
@@ -68,6 +68,8 @@ class TypeStats:
     now_us: int
     backlog: BacklogSnapshot
     running: Mapping[str, int]
+    # Ordered keys a failure blocks, by type (their partial index: as few as the blocks).
+    blocked_keys: Mapping[str, int] = field(default_factory=dict)
 
     def types(self) -> set[str]:
         """Every type with a job stored, configured or not."""
@@ -171,17 +173,17 @@ class TypeService:
 
     def _stats_in(self, conn: Connection, backlog: BacklogSnapshot) -> TypeStats:
         now = self.clock.now_us()
-        return TypeStats(now, backlog, running_by_type(JobRepository(conn).count_running()))
+        return TypeStats(now, backlog, running_by_type(JobRepository(conn).count_running()),
+                         KeyRepository(conn).count_blocked())
 
     def _views(self, names: list[str]) -> list[TypeView]:
         backlog = self.counts.get()
         with self.db.read() as conn:
             stats = self._stats_in(conn, backlog)
             stored = TypeRepository(conn).settings_of(names)
-            blocked = KeyRepository(conn).count_blocked()
         return [TypeView(stored.get(name, defaults(name)), stats.counts_of(name),
                          stats.oldest_claimable_age_seconds(name),
-                         blocked_keys=blocked.get(name, 0)) for name in names]
+                         blocked_keys=stats.blocked_keys.get(name, 0)) for name in names]
 
     def blocked_keys(self, limit: int = 50) -> list[KeyTurn]:
         """Ordered keys a failed job blocks, longest blocked first (the dashboard's)."""

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Api, Key
+from tests.ops.test_metrics import scrape
 
 
 @pytest.fixture
@@ -196,11 +197,15 @@ def test_block_stops_the_key_until_the_failure_is_retried(api, producer, worker,
     assert (reason["code"], reason["job_id"]) == ("key_blocked", first)
     assert explain(api, admin, first)["reasons"][1]["code"] == "key_blocked"
     assert patch(api, admin)["blocked_keys"] == 1
+    metrics = scrape(api.client, admin)
+    assert metrics.value("queuelog_type_blocked_keys", type="email") == 1
+    assert metrics.value("queuelog_type_blocked_keys", type="pdf") == 0
 
     assert api.retry(admin, first).status_code == 200
     assert claim_key(api, worker) == (first, "k")
     api.complete(worker, first)
     assert claim_key(api, worker) == (second, "k")
+    assert scrape(api.client, admin).value("queuelog_type_blocked_keys", type="email") == 0
 
 
 def test_block_stops_the_key_until_the_failure_is_cancelled(api, producer, worker, admin):
