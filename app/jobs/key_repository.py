@@ -25,7 +25,7 @@ from sqlalchemy import (
     values,
 )
 
-from app.storage.dialects import conflict_insert_for, is_sqlite
+from app.storage.dialects import conflict_insert_for, is_sqlite, writers_serialised
 from app.storage.schema import job_dependencies, jobs, key_turns
 from app.storage.statements import DriverStatement
 
@@ -83,6 +83,8 @@ _next_waiting = DriverStatement(
            jobs.c.type == bindparam("type"), jobs.c.concurrency_key == bindparam("key"))
     .order_by(jobs.c.id)
     .limit(1))
+_lock_job = DriverStatement(select(jobs.c.id).where(jobs.c.id == bindparam("job_id"))
+                            .with_for_update())
 _pass_turn = DriverStatement(update(key_turns).where(_the_key).values(
     job_id=bindparam("next_id"), blocked=literal_column("0"), since=bindparam("now")))
 _end_turn = DriverStatement(delete(key_turns).where(_the_key))
@@ -169,6 +171,12 @@ class KeyRepository:
         rows = _lock_turn.rows(self.conn, {"turn_type": job_type, "turn_key": key})
         return _turn(rows[0]) if rows else None
 
+    def hold_job_row(self, job_id: int) -> None:
+        """Wait for, and take, the job's row lock to the end of the transaction (PostgreSQL;
+        SQLite's writers take turns already)."""
+        if not writers_serialised(self.conn):
+            _lock_job.rows(self.conn, {"job_id": job_id})
+
     def next_waiting(self, job_type: str, key: str) -> int | None:
         """The key's oldest waiting job: the next whose turn it is."""
         rows = _next_waiting.rows(self.conn, {"type": job_type, "key": key})
@@ -217,11 +225,13 @@ class KeyRepository:
                                             key_turns.c.blocked == literal_column("1"))
         return [_turn(row) for row in self.conn.execute(stmt)]
 
-    def start_ordering(self, job_type: str, now_us: int) -> list[int]:
+    def start_ordering(self, job_type: str, now_us: int) -> int:
         """Ordering was turned on: each key of the type with unfinished jobs gets its turn
         (its oldest running job, else its oldest unfinished one), and its other pending jobs
-        are returned to be held back. Runs once, in the change's transaction: its cost is
-        that of the type's unfinished keyed jobs."""
+        wait behind it (Transition.HOLD's change, in one statement: a backlog of a million
+        is too many for a list of ids; a waiting job holds its unique key as a pending one
+        does, so no unique index is met). Runs once, in the change's transaction: its cost
+        is that of the type's unfinished keyed jobs. Returns how many jobs wait now."""
         unfinished = and_(jobs.c.type == job_type, jobs.c.concurrency_key.is_not(None),
                           jobs.c.status.in_([_PENDING, _RUNNING, _WAITING]))
         turns = (select(jobs.c.type, jobs.c.concurrency_key,
@@ -236,24 +246,28 @@ class KeyRepository:
                 .on_conflict_do_nothing(),
                 [{"type": t, "concurrency_key": k, "job_id": j, "blocked": 0,
                   "since": now_us} for t, k, j in rows])
-        held = select(jobs.c.id).where(
-            unfinished, jobs.c.status == _PENDING,
-            jobs.c.id.not_in(select(key_turns.c.job_id).where(key_turns.c.type == job_type)))
-        return list(self.conn.execute(held.order_by(jobs.c.id)).scalars())
+        held = (update(jobs)
+                .where(unfinished, jobs.c.status == _PENDING,
+                       jobs.c.id.not_in(select(key_turns.c.job_id)
+                                        .where(key_turns.c.type == job_type)))
+                .values(status=_WAITING, updated_at=now_us))
+        return int(self.conn.execute(held).rowcount or 0)
 
-    def stop_ordering(self, job_type: str) -> list[int]:
-        """Ordering was turned off: the type's turns are forgotten; returned, the waiting
-        jobs of its keys that no dependency holds back, to be released."""
+    def stop_ordering(self, job_type: str, now_us: int) -> int:
+        """Ordering was turned off: the type's turns are forgotten, and the waiting jobs of
+        its keys that no dependency holds back become pending (Transition.RELEASE's change,
+        claimable from now at the earliest), in one statement. Returns how many."""
         self.conn.execute(delete(key_turns).where(key_turns.c.type == job_type))
         unfinished_dependency = (select(job_dependencies.c.job_id)
                                  .where(job_dependencies.c.job_id == jobs.c.id,
                                         job_dependencies.c.resolved == literal_column("0"))
                                  .exists())
-        stmt = (select(jobs.c.id)
+        stmt = (update(jobs)
                 .where(jobs.c.type == job_type, jobs.c.status == _WAITING,
                        jobs.c.concurrency_key.is_not(None), ~unfinished_dependency)
-                .order_by(jobs.c.id))
-        return list(self.conn.execute(stmt).scalars())
+                .values(status=_PENDING, updated_at=now_us,
+                        run_at=case((jobs.c.run_at < now_us, now_us), else_=jobs.c.run_at)))
+        return int(self.conn.execute(stmt).rowcount or 0)
 
     # -- fair share -----------------------------------------------------------------------
 

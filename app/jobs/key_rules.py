@@ -166,7 +166,7 @@ class KeyRules:
             # Its row held first: a dependency's end releasing it concurrently (which holds
             # the row from before its own release) has committed by then, and the release
             # below, a statement of its own, sees both that end and this turn.
-            self.jobs.get_job(next_id, for_update=True)
+            self.keys.hold_job_row(next_id)
             released = self.jobs.release_ready([next_id], now_us)
             if released:
                 self._record(Transition.RELEASE, released, now_us,
@@ -261,9 +261,9 @@ def change_modes(jobs: JobRepository, keys: KeyRepository, job_type: str, before
     rules = KeyRules(jobs, keys, lambda _conn, _types: {job_type: after},
                      lambda *_recorded: None)
     if after.ordered and not before.ordered:
-        rules._apply(Transition.HOLD, keys.start_ordering(job_type, now_us), now_us, [])
+        keys.start_ordering(job_type, now_us)
     elif before.ordered and not after.ordered:
-        jobs.release_ready(keys.stop_ordering(job_type), now_us)
+        keys.stop_ordering(job_type, now_us)
     elif after.ordered and before.block_on_failure and not after.block_on_failure:
         # Keys blocked under "block" go on under "skip": each failure's turn passes on.
         for turn in keys.blocked_turns_of(job_type):

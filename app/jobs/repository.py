@@ -13,11 +13,10 @@ import heapq
 import itertools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     Connection,
-    Row,
     String,
     and_,
     bindparam,
@@ -180,6 +179,27 @@ _fair_candidates = (
     .with_for_update(skip_locked=True)
 )
 _fair_candidates_by_key = _fair_candidates.where(_not_a_full_key)
+
+
+class Candidate(NamedTuple):
+    """A pending job a claim may take, with what choosing among candidates reads."""
+
+    id: int
+    priority: int
+    created_at: int
+    concurrency_key: str | None = None
+
+
+# The same candidates read on SQLite's driver cursor (app/storage/statements.py): a claim of
+# a type under flow control reads one per type, where the claim of any type runs one
+# statement in all.
+_driver_candidates_one_type = DriverStatement(_candidates_one_type)
+_driver_fair_candidates = DriverStatement(_fair_candidates)
+
+
+def _candidates(conn: Connection, stmt: DriverStatement,
+                params: Mapping[str, Any]) -> list[Candidate]:
+    return [Candidate(*row) for row in stmt.rows(conn, params)]
 _due_probe_one_type_by_key = (
     select(jobs.c.id)
     .where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"),
@@ -281,6 +301,13 @@ def _claim_next_any_type() -> Any:
 
 _claim_any_type = DriverStatement(_claim_next_any_type())
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
+# One job chosen (a claim of one): on SQLite's driver cursor, as the claim of any type is.
+_claim_chosen_one = DriverStatement(
+    update(jobs)
+    .where(jobs.c.id == bindparam("chosen_id"), _CLAIMABLE_ROW)
+    .values(_CLAIMED_VALUES)
+    .returning(*jobs.c)
+)
 _claim_chosen = (
     update(jobs)
     .where(jobs.c.id.in_(bindparam("ids", expanding=True)), _CLAIMABLE_ROW)
@@ -719,7 +746,10 @@ class JobRepository:
             chosen = [row.id for row in itertools.islice(candidates, limit)]
             if not chosen:
                 return []
-            rows = self.conn.execute(_claim_chosen, {**params, "ids": chosen}).all()
+            if len(chosen) == 1:
+                rows = _claim_chosen_one.rows(self.conn, {**params, "chosen_id": chosen[0]})
+            else:
+                rows = self.conn.execute(_claim_chosen, {**params, "ids": chosen}).all()
         claimed = [_job(row) for row in rows]
         # RETURNING gives no order; hand the jobs out in claim order.
         claimed.sort(key=claim_order_key)
@@ -738,20 +768,21 @@ class JobRepository:
         return [by_id[job.id] for job in claimed]
 
     def _candidates_of(self, job_type: str, params: dict[str, Any],
-                       limits: ClaimLimits | None) -> list[Row[Any]]:
+                       limits: ClaimLimits | None) -> list[Any]:
         """One type's candidates in claim order: within its budget, as LIMIT; without its
         full keys, as a condition; a key met more often than its cap allows passed over."""
         if limits is None:
-            return list(self.conn.execute(_candidates_one_type, {**params, "type": job_type}))
+            return _candidates(self.conn, _driver_candidates_one_type,
+                               {**params, "type": job_type})
         budget = limits.budget(job_type, params["limit"])
         if budget <= 0:
             return []
         full_keys = limits.full_keys(job_type)
         fair = job_type in limits.fair
         if job_type not in limits.key_caps:
-            return list(self.conn.execute(
-                _fair_candidates if fair else _candidates_one_type,
-                {**params, "type": job_type, "limit": budget}))
+            return _candidates(
+                self.conn, _driver_fair_candidates if fair else _driver_candidates_one_type,
+                {**params, "type": job_type, "limit": budget})
         by_key = _fair_candidates_by_key if fair else _candidates_one_type_by_key
         fetch = budget
         while True:

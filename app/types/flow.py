@@ -166,6 +166,12 @@ class FlowControl:
         for their whole transaction. True when it locked rows, for which it may have waited:
         the claim holds what it needs from then on.
         """
+        limited = {job.type for job in claimed} & (
+            set(limits.budgets) | set(limits.key_caps) | set(limits.tokens))
+        if not limited:
+            # No cap or rate concerns what it claimed (a fair type's, say): nothing to pay or
+            # to check, as for a type without settings.
+            return False
         if not (check and claimed and not writers_serialised(conn)):
             TypeRepository(conn).save_buckets(buckets_after(limits,
                                                             (job.type for job in claimed)))

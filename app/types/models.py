@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -55,6 +55,13 @@ class TypeSettings:
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> TypeSettings:
         return cls(**row)
+
+    @classmethod
+    def from_values(cls, values: Sequence[Any]) -> TypeSettings:
+        """From a job_types row's values in column order (the driver's tuple, where SQLite
+        gives `paused` as 0 or 1)."""
+        settings = cls(*values)
+        return replace(settings, paused=bool(settings.paused))
 
     @property
     def effective_burst(self) -> int:

@@ -6,7 +6,16 @@ import functools
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, or_, select, union_all, update
+from sqlalchemy import (
+    Connection,
+    Integer,
+    bindparam,
+    or_,
+    select,
+    type_coerce,
+    union_all,
+    update,
+)
 
 from app.jobs.key_rules import KeyMode
 from app.storage.dialects import conflict_insert
@@ -22,7 +31,12 @@ _counts_running = or_(
 # A fair type is "limited" too: its claims read round order (contract §16).
 _paused_or_pushed = or_(job_types.c.paused.is_(True), job_types.c.push_url.is_not(None),
                         job_types.c.fairness.is_not(None))
-_select_limited = select(job_types).where(or_(_paused_or_pushed, _counts_running))
+# Read on SQLite's driver cursor too: `paused` as the integer it is stored as (a Boolean
+# column's conversion would send the statement through Core), made a bool by from_values.
+_select_limited = DriverStatement(
+    select(*(type_coerce(column, Integer) if column.name == "paused" else column
+             for column in job_types.c))
+    .where(or_(_paused_or_pushed, _counts_running)))
 # Every claim asks; on most servers no type is limited. The names alone need no conversion,
 # so they are read on SQLite's driver cursor (app/storage/statements.py), and the whole rows,
 # through Core, only when there are some.
@@ -89,7 +103,7 @@ class TypeRepository:
         claim must look at (a table of one row per configured type at most)."""
         if not _select_limited_names.rows(self.conn, {}):
             return []
-        return [TypeSettings.from_row(row._mapping) for row in self.conn.execute(_select_limited)]
+        return [TypeSettings.from_values(row) for row in _select_limited.rows(self.conn, {})]
 
     def key_modes(self, types: Collection[str]) -> dict[str, KeyMode]:
         """The fair or ordered types among `types`, with their settings of contract §16."""
