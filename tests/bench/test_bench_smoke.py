@@ -26,13 +26,15 @@ SCRIPTS = {
     "memory": ("== Memory: one gunicorn worker", "peak (VmHWM) after"),
     "flow": ("== Flow control: limited claims and GET /types", "limits configured, not reached"),
     "workflows": ("== Workflows: dependency wake-up, enqueue, fan-in", "workflow / batch"),
+    "keys": ("== Fair share and ordered keys: claim cost", "fairness on / off, claims"),
     "dashboard": ("== Dashboard: page times", "jobs, no filter"),
     "push": ("== Push delivery: the dispatcher vs a plain HTTP loop", "dispatch / plain"),
     "bloat": ("== Bloat: claim rate after a million jobs cycled", "after 500 jobs cycled"),
 }
 # The scripts that measure PostgreSQL beside SQLite do so here too when the tests have a
 # PostgreSQL server (smoke sizes: a few seconds more each).
-ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "flow", "workflows", "bloat"})
+ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "flow", "workflows", "keys",
+                            "bloat"})
 
 
 def run_bench(*argv: str, tmp_path: Path,
