@@ -31,17 +31,14 @@ _counts_running = or_(
 # A fair type is "limited" too: its claims read round order (contract §16).
 _paused_or_pushed = or_(job_types.c.paused.is_(True), job_types.c.push_url.is_not(None),
                         job_types.c.fairness.is_not(None))
-# Read on SQLite's driver cursor too: `paused` as the integer it is stored as (a Boolean
-# column's conversion would send the statement through Core), made a bool by from_values.
+# Every claim asks; on most servers no type is limited, and the answer is no row. Read in one
+# statement, on SQLite's driver cursor too: `paused` as the integer it is stored as (a
+# Boolean column's conversion would send the statement through Core), made a bool by
+# from_values.
 _select_limited = DriverStatement(
     select(*(type_coerce(column, Integer) if column.name == "paused" else column
              for column in job_types.c))
     .where(or_(_paused_or_pushed, _counts_running)))
-# Every claim asks; on most servers no type is limited. The names alone need no conversion,
-# so they are read on SQLite's driver cursor (app/storage/statements.py), and the whole rows,
-# through Core, only when there are some.
-_select_limited_names = DriverStatement(
-    select(job_types.c.type).where(or_(_paused_or_pushed, _counts_running)))
 # Every enqueue and finishing transition asks which types are fair or ordered: a few rows
 # at most, read whole on the driver's cursor.
 _select_key_modes = DriverStatement(
@@ -101,8 +98,6 @@ class TypeRepository:
     def limited_settings(self) -> list[TypeSettings]:
         """The rows of every type that is paused, pushed or has a cap or a rate: the few a
         claim must look at (a table of one row per configured type at most)."""
-        if not _select_limited_names.rows(self.conn, {}):
-            return []
         return [TypeSettings.from_values(row) for row in _select_limited.rows(self.conn, {})]
 
     def key_modes(self, types: Collection[str]) -> dict[str, KeyMode]:
