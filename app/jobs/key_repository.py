@@ -225,13 +225,13 @@ class KeyRepository:
                                             key_turns.c.blocked == literal_column("1"))
         return [_turn(row) for row in self.conn.execute(stmt)]
 
-    def start_ordering(self, job_type: str, now_us: int) -> int:
+    def start_ordering(self, job_type: str, now_us: int) -> None:
         """Ordering was turned on: each key of the type with unfinished jobs gets its turn
         (its oldest running job, else its oldest unfinished one), and its other pending jobs
         wait behind it (Transition.HOLD's change, in one statement: a backlog of a million
         is too many for a list of ids; a waiting job holds its unique key as a pending one
         does, so no unique index is met). Runs once, in the change's transaction: its cost
-        is that of the type's unfinished keyed jobs. Returns how many jobs wait now."""
+        is that of the type's unfinished keyed jobs."""
         unfinished = and_(jobs.c.type == job_type, jobs.c.concurrency_key.is_not(None),
                           jobs.c.status.in_([_PENDING, _RUNNING, _WAITING]))
         turns = (select(jobs.c.type, jobs.c.concurrency_key,
@@ -251,12 +251,12 @@ class KeyRepository:
                        jobs.c.id.not_in(select(key_turns.c.job_id)
                                         .where(key_turns.c.type == job_type)))
                 .values(status=_WAITING, updated_at=now_us))
-        return int(self.conn.execute(held).rowcount or 0)
+        self.conn.execute(held)
 
-    def stop_ordering(self, job_type: str, now_us: int) -> int:
+    def stop_ordering(self, job_type: str, now_us: int) -> None:
         """Ordering was turned off: the type's turns are forgotten, and the waiting jobs of
         its keys that no dependency holds back become pending (Transition.RELEASE's change,
-        claimable from now at the earliest), in one statement. Returns how many."""
+        claimable from now at the earliest), in one statement."""
         self.conn.execute(delete(key_turns).where(key_turns.c.type == job_type))
         unfinished_dependency = (select(job_dependencies.c.job_id)
                                  .where(job_dependencies.c.job_id == jobs.c.id,
@@ -267,7 +267,7 @@ class KeyRepository:
                        jobs.c.concurrency_key.is_not(None), ~unfinished_dependency)
                 .values(status=_PENDING, updated_at=now_us,
                         run_at=case((jobs.c.run_at < now_us, now_us), else_=jobs.c.run_at)))
-        return int(self.conn.execute(stmt).rowcount or 0)
+        self.conn.execute(stmt)
 
     # -- fair share -----------------------------------------------------------------------
 
@@ -317,11 +317,10 @@ class KeyRepository:
                                                  jobs.c.status == _PENDING)
                               .values(fair_round=chunk.c.new_round))
 
-    def number_rounds(self, job_type: str, now_us: int) -> int:
+    def number_rounds(self, job_type: str, now_us: int) -> None:
         """Fairness was turned on: the type's due pending jobs without a round are numbered
         per key in claim order (each key's first in round 0), as if enqueued fairly; those
-        not due yet wait unnumbered until they are. Runs once, in the change's transaction;
-        returns how many were numbered."""
+        not due yet wait unnumbered until they are. Runs once, in the change's transaction."""
         unnumbered = and_(jobs.c.type == job_type, jobs.c.status == _PENDING,
                           jobs.c.fair_round.is_(None))
         numbered = (select(jobs.c.id, (func.row_number().over(
@@ -329,11 +328,10 @@ class KeyRepository:
             order_by=(jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id)) - 1).label("n"))
             .where(unnumbered, jobs.c.run_at <= now_us)
             .subquery("numbered"))
-        result = self.conn.execute(update(jobs).where(jobs.c.id == numbered.c.id)
-                                   .values(fair_round=numbered.c.n))
+        self.conn.execute(update(jobs).where(jobs.c.id == numbered.c.id)
+                          .values(fair_round=numbered.c.n))
         self.conn.execute(update(jobs).where(unnumbered, jobs.c.run_at > now_us)
                           .values(fair_round=DEFERRED_ROUND))
-        return int(result.rowcount or 0)
 
     def forget_rounds(self, job_type: str) -> None:
         """Fairness was turned off: the type's pending jobs leave round order."""

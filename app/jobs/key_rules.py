@@ -203,6 +203,11 @@ class KeyRules:
 
     # -- explain and the admin's cancel ---------------------------------------------------
 
+    def holding_turns(self, job_ids: Collection[int]) -> set[int]:
+        """Of these jobs, those whose key's turn it is (purge keeps them: a failure that
+        blocks its key waits there for its retry or cancel)."""
+        return set(self.keys.turns_of_jobs(job_ids))
+
     def blocks_its_key(self, job: Job) -> bool:
         """The job failed and its failure blocks its ordered key."""
         if job.status != JobStatus.FAILED or job.concurrency_key is None:

@@ -55,7 +55,7 @@ class Retention:
         deleted_ids, last = tx.jobs.delete_finished_jobs(
             statuses=statuses, updated_before_us=cutoff, after_id=after_id, limit=limit,
             kept=lambda ids: (tx.dependencies.depended_on_by_unfinished(ids)
-                              | set(tx.keys.keys.turns_of_jobs(ids))))
+                              | tx.keys.holding_turns(ids)))
         # A job's attempts, events and dependencies go with it, in the same transaction.
         tx.history.delete_history_of(deleted_ids)
         tx.dependencies.delete_edges_of(deleted_ids)
