@@ -325,3 +325,74 @@ def test_a_keys_delayed_jobs_take_turns_when_they_come_due_not_when_enqueued(
     keys = [claim_key(api, worker)[1] for _ in range(20)]  # type: ignore[index]
     # B's twenty did not jump A's queue in one burst: they alternate from the round served.
     assert keys == ["A", "B"] * 10 or keys == ["B", "A"] * 10, keys
+
+
+def test_a_bulk_cancel_of_the_turns_job_passes_the_turn(api, producer, worker, admin):
+    patch(api, admin, ordering="key")
+    first = api.enqueue(producer, type="email", concurrency_key="k").json["id"]
+    second = api.enqueue(producer, type="email", concurrency_key="k").json["id"]
+    response = api.client.post("/jobs/cancel-many", json={"ids": [first]},
+                               headers=admin.headers)
+    assert response.status_code == 200 and response.json["ids"] == [first]
+    assert claim_key(api, worker) == (second, "k")
+
+
+def test_a_dependencys_failure_cancelling_the_turns_job_passes_the_turn(
+        api, producer, worker, admin):
+    patch(api, admin, ordering="key")
+    gate = api.enqueue(producer, type="pdf", max_retries=0).json["id"]
+    first = api.enqueue(producer, type="email", concurrency_key="k",
+                        depends_on=[gate]).json["id"]
+    second = api.enqueue(producer, type="email", concurrency_key="k").json["id"]
+    assert claim_key(api, worker, types=["pdf"]) == (gate, None)
+    api.fail(worker, gate)
+    assert api.get(admin, first).json["status"] == "cancelled"
+    assert claim_key(api, worker, types=["email"]) == (second, "k")
+
+
+def test_a_schedules_jobs_of_an_ordered_key_wait_for_their_turn(api, admin, worker, clock):
+    patch(api, admin, ordering="key")
+    created = api.client.post("/schedules", json={
+        "name": "tick", "cron": "* * * * *", "catch_up": "all",
+        "job": {"type": "email", "concurrency_key": "k"}}, headers=admin.headers)
+    assert created.status_code == 201, created.json
+    clock.advance(180)
+    assert api.client.application.extensions["queuelog"].schedules.fire_due() >= 2
+    made = sorted(job["id"] for job in api.list(admin, type="email").json["jobs"])
+    assert [api.get(admin, i).json["status"] for i in made][:2] == ["pending", "waiting"]
+    assert claim_key(api, worker) == (made[0], "k")
+    assert claim_key(api, worker) is None
+
+
+def _nested(depth: int) -> Any:
+    value: Any = {}
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("body", [
+    {"fairness": "\uff4b\uff45\uff59"},  # "key" in fullwidth letters
+    {"ordering": "KEY"},
+    {"on_failure": "\u0660"},  # an Arabic-Indic digit zero
+    {"fairness": 10 ** 400},
+    {"ordering": _nested(100)},
+    {"fairness": "key", "tenant_field": 1},
+])
+def test_hostile_mode_bodies_are_422s_that_change_nothing(api, admin, body):
+    response = api.client.patch("/types/email", json=body, headers=admin.headers)
+    assert response.status_code == 422, response.json
+    shown = api.client.get("/types/email", headers=admin.headers).json
+    assert (shown["fairness"], shown["ordering"], shown["on_failure"]) == (None, None, "skip")
+
+
+def test_a_revoked_key_changes_no_mode(api, make_key, producer, worker):
+    doomed = make_key("admin-2", "admin")
+    api.client.application.extensions["queuelog"].keys.revoke_key("admin-2")
+    response = api.client.patch("/types/email", json={"ordering": "key"},
+                                headers=doomed.headers)
+    assert response.status_code == 401
+    first = api.enqueue(producer, type="email", concurrency_key="k").json["id"]
+    second = api.enqueue(producer, type="email", concurrency_key="k").json["id"]
+    claimed = {claim_key(api, worker), claim_key(api, worker)}  # unordered: both at once
+    assert claimed == {(first, "k"), (second, "k")}
