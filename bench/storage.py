@@ -34,6 +34,7 @@ from app.jobs.uow import bind_jobs
 from app.storage.engine import Database, make_engine
 from app.storage.schema import jobs
 from app.storage.uow import UnitOfWork
+from app.types.repository import key_modes_of
 from bench.data import migrated_database, scratch_directory
 from bench.report import Report, Table, Target, run_script
 from bench.stats import Spread, percentile
@@ -125,7 +126,8 @@ class ServiceWay(RepositoryWay):
 
     def __init__(self, url: str, synchronous: str) -> None:
         super().__init__(url, synchronous)
-        self.service = JobService(UnitOfWork(self.db, bind_jobs(HistoryRecorder())), Clock(),
+        self.service = JobService(UnitOfWork(self.db, bind_jobs(
+            HistoryRecorder(), key_modes=key_modes_of)), Clock(),
                                   QueueSettings(
                                       job_types=frozenset({"email"}), lease_seconds=300,
                                       max_payload_bytes=65_536, backoff=Backoff(1.0, 3600.0),
