@@ -161,7 +161,7 @@ def test_the_schema_check_catches_a_job_missing_a_field() -> None:
            "run_at": "2026-11-30T06:00:00.000000Z", "claimed_at": None, "worker_id": None,
            "lease_expires_at": None, "result": None, "created_at": "2026-11-30T06:00:00.000000Z",
            "updated_at": "2026-11-30T06:00:00.000000Z", "unique_key": None, "schedule": None,
-           "scheduled_for": None}
+           "scheduled_for": None, "timeout_seconds": None, "expires_at": None}
     schema = _schema_of(job)
     assert schema is not None and not schema.validate(job)
     del job["scheduled_for"]

@@ -59,6 +59,8 @@ REF_CHARS = Limit[int]("REF_CHARS", 1, 100, "characters",
                        "a job's ref within a workflow or a batch ([A-Za-z0-9._-])")
 WORKFLOW_NAME_CHARS = Limit[int]("WORKFLOW_NAME_CHARS", 1, 100, "characters",
                                  "a workflow's name (printable ASCII)")
+PROGRESS_MESSAGE_CHARS = Limit[int]("PROGRESS_MESSAGE_CHARS", 0, 200, "characters",
+                                    "a heartbeat's progress message")
 
 # -- how many ----------------------------------------------------------------------------------
 RETRIES = Limit[int]("RETRIES", 0, 25, "retries", "a job's max_retries", default=3)
@@ -81,6 +83,9 @@ PAGE_BYTES = Limit[int]("PAGE_BYTES", 0, 4 * 1024 * 1024, "bytes",
 CATCH_UP = Limit[int]("CATCH_UP", 0, 100, "jobs",
                       "the jobs one firing of a schedule enqueues (catch_up all): the newest "
                       "slots")
+# JSON numbers beyond 2**53 - 1 lose their exactness in most clients' parsers.
+PROGRESS_COUNT = Limit[int]("PROGRESS_COUNT", 0, 2**53 - 1, "units",
+                            "a heartbeat's progress done and total (done <= total)")
 # Rows of the operator's bulk commands, taken in one transaction each.
 BATCH_ROWS = Limit[int]("BATCH_ROWS", 1, 100_000, "rows",
                         "`queuelog purge --batch-size` and `queuelog copy --batch-size` (the "
@@ -109,13 +114,18 @@ RESULT_WAIT_SECONDS = Limit[float]("RESULT_WAIT_SECONDS", 0, 60, "seconds",
                                    "finish", default=0.0)
 PUSH_TIMEOUT_SECONDS = Limit[int]("PUSH_TIMEOUT_SECONDS", 1, 900, "seconds",
                                   "a push delivery's time limit", default=30)
+TIMEOUT_SECONDS = Limit[int]("TIMEOUT_SECONDS", 1, 7 * _DAY_SECONDS, "seconds",
+                             "a job's timeout_seconds: how long one attempt may run")
+EXPIRES_IN_SECONDS = Limit[int]("EXPIRES_IN_SECONDS", 1, _YEAR_SECONDS, "seconds",
+                                "a job's expires_in_seconds (and how far ahead its expires_at "
+                                "may be)")
 
 LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     JOB_ID, TYPE_CHARS, NAME_CHARS, KEY_CHARS, LEASE_TOKEN_CHARS, CURSOR_CHARS, TOKEN_CHARS,
     ERROR_CHARS, STORED_ERROR_CHARS, CRON_CHARS, TIMEZONE_CHARS, PUSH_URL_CHARS, REF_CHARS,
-    WORKFLOW_NAME_CHARS, RETRIES, BATCH_JOBS, WORKFLOW_JOBS, DEPENDENCIES, CLAIM_JOBS,
-    CLAIM_TYPES, COMPLETE_ITEMS, BULK_JOBS, PAGE_ITEMS,
-    PAGE_BYTES, CATCH_UP, BATCH_ROWS, TYPE_LIMIT, RATE,
+    WORKFLOW_NAME_CHARS, PROGRESS_MESSAGE_CHARS, RETRIES, BATCH_JOBS, WORKFLOW_JOBS,
+    DEPENDENCIES, CLAIM_JOBS, CLAIM_TYPES, COMPLETE_ITEMS, BULK_JOBS, PAGE_ITEMS,
+    PAGE_BYTES, PROGRESS_COUNT, CATCH_UP, BATCH_ROWS, TYPE_LIMIT, RATE,
     LEASE_SECONDS, DELAY_SECONDS, UNIQUE_PERIOD_SECONDS, RETRY_IN_SECONDS, CLAIM_WAIT_SECONDS,
-    RESULT_WAIT_SECONDS, PUSH_TIMEOUT_SECONDS,
+    RESULT_WAIT_SECONDS, PUSH_TIMEOUT_SECONDS, TIMEOUT_SECONDS, EXPIRES_IN_SECONDS,
 )

@@ -1,18 +1,30 @@
 """An admin's transitions: cancel and retry one job, or every job filters name (bulk, a
-batch per transaction)."""
+batch per transaction). A producer may cancel its own jobs too; a running job's cancel is a
+request its holder is told of (contract §17)."""
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 from app.core.callers import Caller
 from app.core.clock import Clock
 from app.core.errors import Conflict, NotFound, UniqueConflict, UniqueScopeHeld
-from app.jobs.models import Job
+from app.core.statuses import JobStatus
+from app.jobs.models import Job, JobControls
+from app.jobs.reads import visible_to
 from app.jobs.repository import JobRepository
 from app.jobs.transitions import Transition
 from app.jobs.uow import JobsTx, JobsUnitOfWork
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """A cancel's answer: the job, and for a running one its controls (the request)."""
+
+    job: Job
+    controls: JobControls | None = None
 
 
 class Administration:
@@ -24,10 +36,29 @@ class Administration:
         self.clock = clock
         self.bulk_batch_size = bulk_batch_size
 
-    def cancel(self, caller: Caller, job_id: int) -> Job:
-        """pending | waiting → cancelled; failed → cancelled when its failure blocks its
-        ordered key."""
-        return self._admin_transition(caller, job_id, Transition.CANCEL)
+    def cancel(self, caller: Caller, job_id: int) -> Cancelled:
+        """pending | waiting → cancelled; running: its cancel requested (its holder's next
+        heartbeat is told, and its report or its lease's expiry ends it cancelled); failed
+        → cancelled when its failure blocks its ordered key (admins). A producer may
+        cancel its own jobs; another's is not found."""
+
+        def cancel_in(tx: JobsTx) -> Cancelled:
+            repo = tx.jobs_for(caller)
+            job = repo.get_job(job_id, for_update=True)
+            if job is None or not visible_to(caller, job) or (
+                    not caller.is_admin and job.producer != caller.name):
+                raise NotFound("No such job.")
+            if job.status != JobStatus.RUNNING:
+                return Cancelled(self._transition_in(tx, caller, job_id, Transition.CANCEL))
+            controls = tx.controls.controls_of([job_id]).get(job_id)
+            if controls is None or not controls.cancel_requested:
+                now = self.clock.now_us()
+                tx.controls.request_cancel(job_id, by=caller.name, now_us=now)
+                tx.timeline.cancel_requested(job, actor=caller.name, now_us=now)
+                controls = tx.controls.controls_of([job_id])[job_id]
+            return Cancelled(job, controls)
+
+        return self.uow.run(cancel_in)
 
     def retry(self, caller: Caller, job_id: int) -> Job:
         """failed | cancelled → pending, with a fresh retry budget, claimable at once; or
@@ -74,6 +105,7 @@ class Administration:
                                                   transition.values(now_us=now))
             if transition is Transition.RETRY:
                 moved = repo.wait_again(moved)
+                tx.controls.forget_cancel_requests([job.id for job in moved])
             tx.made(transition, moved, actor=caller.name, now_us=now)
             return chosen, moved
 
@@ -118,34 +150,39 @@ class Administration:
         return changed
 
     def _admin_transition(self, caller: Caller, job_id: int, transition: Transition) -> Job:
+        return self.uow.run(lambda tx: self._transition_in(tx, caller, job_id, transition))
 
-        def transition_in(tx: JobsTx) -> Job:
-            repo = tx.jobs_for(caller)
-            now = self.clock.now_us()
-            made = transition
-            job = self._transition_holding_keys(repo, job_id, made, made.values(now_us=now))
-            if job is None and made is Transition.CANCEL:
-                # A failure that blocks its ordered key may be cancelled too (§16): its
-                # key's turn passes on.
-                failed = repo.get_job(job_id, for_update=True)
-                if failed is not None and tx.keys.blocks_its_key(failed):
-                    made = Transition.CANCEL_BLOCKING
-                    job = repo.apply_transition(made, job_id, made.values(now_us=now))
-            if job is None:
-                current = repo.get_job(job_id)
-                if current is None:
-                    raise NotFound("No such job.")
-                allowed = " or ".join(transition.from_statuses)
-                raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
-            if made is Transition.RETRY:
-                [job] = repo.wait_again([job])
-            tx.made(made, [job], actor=caller.name, now_us=now)
-            if made is Transition.RETRY and job.concurrency_key is not None:
-                # Its ordered key's turn may be another job's: then it waits (KeyRules).
-                job = repo.get_job(job.id) or job
-            return job
-
-        return self.uow.run(transition_in)
+    def _transition_in(self, tx: JobsTx, caller: Caller, job_id: int,
+                       transition: Transition) -> Job:
+        repo = tx.jobs_for(caller)
+        now = self.clock.now_us()
+        made = transition
+        job = self._transition_holding_keys(repo, job_id, made, made.values(now_us=now))
+        if job is None and made is Transition.CANCEL and caller.is_admin:
+            # A failure that blocks its ordered key may be cancelled too (§16): its
+            # key's turn passes on.
+            failed = repo.get_job(job_id, for_update=True)
+            if failed is not None and tx.keys.blocks_its_key(failed):
+                made = Transition.CANCEL_BLOCKING
+                job = repo.apply_transition(made, job_id, made.values(now_us=now))
+        if job is None:
+            current = repo.get_job(job_id)
+            if current is None:
+                raise NotFound("No such job.")
+            allowed = " or ".join(transition.from_statuses)
+            if transition is Transition.CANCEL:
+                allowed = "pending, waiting or running"
+            raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
+        if made is Transition.RETRY:
+            [job] = repo.wait_again([job])
+            # A request that outlived its job (a complete raced it) does not stop the
+            # retry's run.
+            tx.controls.forget_cancel_requests([job.id])
+        tx.made(made, [job], actor=caller.name, now_us=now)
+        if made is Transition.RETRY and job.concurrency_key is not None:
+            # Its ordered key's turn may be another job's: then it waits (KeyRules).
+            job = repo.get_job(job.id) or job
+        return job
 
     @staticmethod
     def _transition_holding_keys(repo: JobRepository, job_id: int, transition: Transition,

@@ -2,7 +2,8 @@
 
 One claim reads top to bottom, in one write transaction (`_claim_in`):
 
-1. rescue the expired leases, so a job whose worker died is claimable by this very claim;
+1. sweep (app/jobs/sweeps.py): rescue the expired leases, so a job whose worker died is
+   claimable by this very claim, and cancel the jobs past their expiry;
 2. ask the flow-control policy (app/jobs/flow.py) what may run now: ClaimLimits, or None
    when no limit concerns the claim; a fair type's jobs that came due are numbered;
 3. claim with the conditions the repository makes of those limits;
@@ -18,6 +19,7 @@ and it peeks (`_may_claim_now`) every POLL_SECONDS for the other processes' work
 
 from __future__ import annotations
 
+import random
 import secrets
 import time
 from collections.abc import Iterable
@@ -25,26 +27,24 @@ from dataclasses import dataclass
 
 from app.core.callers import Caller
 from app.core.clock import MICROS, Clock
-from app.jobs.attempts import end_attempt
 from app.jobs.flow import ClaimLimits, FlowPolicy, LimitReached
 from app.jobs.intake import require_configured_types
 from app.jobs.models import Job
 from app.jobs.settings import QueueSettings
-from app.jobs.timeline.models import SERVICE_ACTOR
+from app.jobs.sweeps import cancel_expired_jobs, rescue_expired_leases
 from app.jobs.transitions import Transition
 from app.jobs.uow import JobsTx, JobsUnitOfWork
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
 
-# Expired leases rescued by one claim at most, so one claim's transaction stays short.
-RESCUE_BATCH = 100
-
 
 @dataclass(frozen=True)
 class Claimed:
-    """A job this claim took, and the lease token the worker's reports on it carry."""
+    """A job this claim took, the lease token the worker's reports on it carry, and the
+    checkpoint its previous attempt saved (compact JSON; None: none)."""
 
     job: Job
     lease_token: str
+    checkpoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,16 +65,20 @@ class _Attempt:
     jobs: list[Job]
     limits: ClaimLimits | None
     now_us: int
+    checkpoints: dict[int, str]
 
 
 class ClaimService:
     """The claim use cases: claim, await_claim (JobService composes them)."""
 
     def __init__(self, uow: JobsUnitOfWork, clock: Clock, settings: QueueSettings,
-                 signal: JobSignal, flow: FlowPolicy | None = None) -> None:
+                 signal: JobSignal, flow: FlowPolicy | None = None,
+                 rng: random.Random | None = None) -> None:
         self.uow = uow
         self.clock = clock
         self.settings = settings
+        # Draws the backoff of an attempt that timed out.
+        self.rng = rng
         # Told when this process enqueued (JobService): waiting claims look again.
         self.signal = signal
         # None: no flow control at all (services built without the type settings).
@@ -131,7 +135,8 @@ class ClaimService:
         if self.flow is not None:
             # Outside the write lock: what only metrics and last_claim_at need.
             self.flow.claimed(done.limits, done.jobs, done.now_us)
-        return [Claimed(job, job.lease_token or "") for job in done.jobs]
+        return [Claimed(job, job.lease_token or "", done.checkpoints.get(job.id))
+                for job in done.jobs]
 
     def _claim_in(self, tx: JobsTx, ask: _Ask, nonce: str, *, optimistic: bool) -> _Attempt:
         """One attempt, in its write transaction; `nonce` begins its lease tokens.
@@ -139,7 +144,8 @@ class ClaimService:
         (where writers run concurrently)."""
         repo = tx.jobs_for(ask.caller)
         now = self.clock.now_us()
-        rescue_expired_leases(tx, now)
+        rescue_expired_leases(tx, now, self.settings.backoff, self.rng)
+        cancel_expired_jobs(tx, now)
 
         limits = None if self.flow is None else self.flow.limits(
             tx.conn, ask.wanted, now, lock=not optimistic, push=ask.push)
@@ -148,14 +154,14 @@ class ClaimService:
             # the claim holds what it needs from now.
             now = self.clock.now_us()
         if ask.push and limits is None:
-            return _Attempt([], None, now)  # no flow control to tell push types apart
+            return _Attempt([], None, now, {})  # no flow control to tell push types apart
 
         if limits is not None and limits.fair:
             # A fair type's jobs that came due since they were enqueued take their turns
             # from the round served now (app/jobs/key_rules.py).
             tx.keys.number_due(limits.fair & limits.allowed(self._types_of(ask.wanted)), now)
         restricted = limits is not None and limits.restricts(ask.limit)
-        jobs = repo.claim_next_jobs(
+        jobs, checkpoints = repo.claim_next_jobs(
             now_us=now, worker=ask.caller.name, lease_expires_at=now + ask.lease_us,
             nonce=nonce, limit=ask.limit,
             types=self._types_of(ask.wanted) if restricted else ask.wanted,
@@ -167,6 +173,11 @@ class ClaimService:
             # claimed, and leased, from the moment it holds them.
             held_at = self.clock.now_us()
             if held_at != now:
+                if any(job.expires_at is not None and job.expires_at <= held_at
+                       for job in jobs):
+                    # A job expired while this claim waited for its locks: it was not
+                    # claimed in time, so the claim is made again, under the locks.
+                    raise LimitReached()
                 now = held_at
                 jobs = repo.restamp_claimed(jobs, now_us=now,
                                             lease_expires_at=now + ask.lease_us)
@@ -174,7 +185,7 @@ class ClaimService:
         # Recorded once the stamps are final, so the timeline reads as they do.
         tx.made(Transition.CLAIM, jobs, actor=ask.caller.name, now_us=now)
         tx.timeline.seen(ask.caller.name, now, claimed=True)
-        return _Attempt(jobs, limits, now)
+        return _Attempt(jobs, limits, now, checkpoints)
 
     def _types_of(self, wanted: frozenset[str] | None) -> frozenset[str]:
         """The types a claim of `wanted` ones (None: any) reads under flow control."""
@@ -209,13 +220,3 @@ def claimable_types(caller: Caller, requested: Iterable[str] | None) -> frozense
         return requested_set
     return requested_set & caller.allowed_types
 
-
-def rescue_expired_leases(tx: JobsTx, now: int) -> None:
-    """A lease that ran out is a failed attempt whose worker is presumed dead: back to
-    pending (or failed, with no retries left), up to RESCUE_BATCH of them."""
-    for job in tx.jobs.find_expired_leases(now, RESCUE_BATCH):
-        rescued = end_attempt(tx.jobs, Transition.RESCUE, job,
-                              Transition.RESCUE.values(job, now))
-        if rescued is not None:
-            tx.made(Transition.RESCUE, [rescued], actor=SERVICE_ACTOR, now_us=now,
-                    held_by=job.worker_id)

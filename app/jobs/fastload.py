@@ -15,14 +15,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.core.limits import BATCH_JOBS, DELAY_SECONDS, KEY_CHARS, RETRIES, TYPE_CHARS, Limit
+from app.core.limits import (
+    BATCH_JOBS,
+    DELAY_SECONDS,
+    EXPIRES_IN_SECONDS,
+    KEY_CHARS,
+    RETRIES,
+    TIMEOUT_SECONDS,
+    TYPE_CHARS,
+    Limit,
+)
 from app.core.priorities import Priority
 from app.jobs.schemas import BatchEnqueueSchema
 from app.web.fields import PRINTABLE_ASCII
 
 # The fields a plain job may hold, and the defaults EnqueueSchema loads for those missing.
 _PLAIN_FIELDS = frozenset({"type", "payload", "priority", "max_retries", "delay_seconds",
-                           "idempotency_key", "concurrency_key", "run_at", "unique"})
+                           "idempotency_key", "concurrency_key", "run_at", "unique",
+                           "timeout_seconds", "expires_at", "expires_in_seconds"})
 _batch_schema = BatchEnqueueSchema()
 
 
@@ -67,6 +77,10 @@ def _plain_job(job: Any) -> dict[str, Any]:
         "delay_seconds": _optional_integer(job.get("delay_seconds"), DELAY_SECONDS),
         "idempotency_key": _key(job.get("idempotency_key")),
         "concurrency_key": _key(job.get("concurrency_key")),
+        "timeout_seconds": _optional_integer(job.get("timeout_seconds"), TIMEOUT_SECONDS),
+        "expires_at": _none(job.get("expires_at")),
+        "expires_in_seconds": _optional_integer(job.get("expires_in_seconds"),
+                                                EXPIRES_IN_SECONDS),
     }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from app.core.callers import Caller
 from app.core.clock import MICROS
 from app.core.errors import Forbidden, UniqueConflict, ValidationFailed
-from app.core.limits import DELAY_SECONDS
+from app.core.limits import DELAY_SECONDS, EXPIRES_IN_SECONDS
 from app.core.priorities import Priority
 from app.core.statuses import JobStatus
 from app.jobs.models import Job
@@ -27,8 +27,9 @@ from app.jobs.uniqueness import (
     resolve_unique,
 )
 
-# run_at may be as far ahead as delay_seconds may say.
+# run_at may be as far ahead as delay_seconds may say; expires_at as expires_in_seconds.
 _RUN_AT_AHEAD_US = DELAY_SECONDS.max * MICROS
+_EXPIRES_AHEAD_US = EXPIRES_IN_SECONDS.max * MICROS
 
 
 @dataclass(frozen=True)
@@ -116,12 +117,14 @@ def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
         run_at = now + request["delay_seconds"] * MICROS
         schedule = ["delay_seconds", request["delay_seconds"]]
 
+    expires_at, expiry = _expiry(request, now, run_at)
     concurrency_key = request.get("concurrency_key")
     fingerprint = None
     if idempotency_key is not None:
         fingerprint = request_fingerprint(job_type, request["payload"], priority,
                                           request["max_retries"], schedule, concurrency_key,
-                                          dependencies_as_sent(request))
+                                          dependencies_as_sent(request),
+                                          _controls_as_sent(request, expiry))
     unique = None
     if request.get("unique") is not None:
         unique = resolve_unique(request["unique"], job_type, request["payload"], run_at)
@@ -147,8 +150,38 @@ def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
         "updated_at": now,
         "concurrency_key": concurrency_key,
         **(NOT_UNIQUE_COLUMNS if unique is None else unique.columns),
+        "timeout_seconds": request.get("timeout_seconds"),
+        "expires_at": expires_at,
     }
     return NewJob(values, unique, scheduled=schedule is not None)
+
+
+def _expiry(request: dict[str, Any], now: int, run_at: int) -> tuple[int | None, list[Any] | None]:
+    """The job's expires_at (µs, None: none) and the expiry as sent (for the fingerprint)."""
+    if request.get("expires_in_seconds") is not None:
+        seconds = request["expires_in_seconds"]
+        expires_at, field, expiry = now + seconds * MICROS, "expires_in_seconds", [
+            "expires_in_seconds", seconds]
+    elif request.get("expires_at") is not None:
+        expires_at, field = request["expires_at"], "expires_at"
+        expiry = ["expires_at", expires_at]
+        if not now < expires_at <= now + _EXPIRES_AHEAD_US:
+            raise ValidationFailed("expires_at is out of range.", errors={
+                "expires_at": ["Must be in the future, within a year from now."]})
+    else:
+        return None, None
+    if expires_at <= run_at:
+        # It could never be claimed: said at once rather than stored to be cancelled.
+        raise ValidationFailed(f"The job would expire before it is due ({field}).", errors={
+            field: ["Must fall after the job's run_at (or delay_seconds)."]})
+    return expires_at, expiry
+
+
+def _controls_as_sent(request: dict[str, Any], expiry: list[Any] | None) -> list[Any] | None:
+    """A request's timeout_seconds and expiry as sent (None without either)."""
+    if request.get("timeout_seconds") is None and expiry is None:
+        return None
+    return [request.get("timeout_seconds"), expiry]
 
 
 def dependencies_as_sent(request: dict[str, Any]) -> list[Any] | None:
@@ -161,17 +194,20 @@ def dependencies_as_sent(request: dict[str, Any]) -> list[Any] | None:
 def request_fingerprint(job_type: str, payload: dict[str, Any], priority: int,
                         max_retries: int, schedule: list[Any] | None,
                         concurrency_key: str | None = None,
-                        dependencies: list[Any] | None = None) -> str:
+                        dependencies: list[Any] | None = None,
+                        controls: list[Any] | None = None) -> str:
     """What makes two requests "the same request": type, canonical payload (keys sorted,
-    compact), effective priority, max_retries, the schedule as sent, the concurrency key and
-    the dependencies. A request without a concurrency key or dependencies fingerprints as it
-    did before those fields existed, so replays of jobs stored earlier are still
+    compact), effective priority, max_retries, the schedule as sent, the concurrency key, the
+    dependencies, and the timeout and expiry as sent. A request without the later fields
+    fingerprints as it did before they existed, so replays of jobs stored earlier are still
     recognised."""
     fields: list[Any] = [job_type, payload, int(priority), max_retries, schedule]
     if concurrency_key is not None:
         fields.append(["concurrency_key", concurrency_key])
     if dependencies is not None:
         fields.append(["depends_on", dependencies])
+    if controls is not None:
+        fields.append(["controls", controls])
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -191,11 +227,12 @@ def replayed(twin: Job, values: dict[str, Any], position: int | None = None) -> 
 
 def replacement_values(new: NewJob) -> dict[str, Any]:
     """What `replace` (debounce) changes on the pending twin: the new payload, priority,
-    max_retries and while set, and the new schedule when one was named. Its id, idempotency
-    key, producer and created_at stay."""
+    max_retries, while set, timeout and expiry, and the new schedule when one was named. Its
+    id, idempotency key, producer and created_at stay."""
     values = new.values
     replacement = {name: values[name] for name in
-                   ("payload", "priority", "max_retries", "unique_while", "updated_at")}
+                   ("payload", "priority", "max_retries", "unique_while", "updated_at",
+                    "timeout_seconds", "expires_at")}
     if new.scheduled:
         replacement["run_at"] = values["run_at"]
     return replacement

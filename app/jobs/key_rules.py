@@ -61,7 +61,8 @@ NUMBERED_PER_CLAIM = 100
 
 # Transitions that end a job which was waiting (held behind its key's turn, or for its
 # dependencies): cancels.
-_ENDS_A_WAITING_JOB = frozenset({Transition.CANCEL, Transition.DEPENDENCY_CANCEL})
+_ENDS_A_WAITING_JOB = frozenset({Transition.CANCEL, Transition.DEPENDENCY_CANCEL,
+                                 Transition.EXPIRE})
 
 
 class KeyRules:

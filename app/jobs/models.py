@@ -10,6 +10,7 @@ from app.core.clock import MICROS
 from app.core.statuses import JobStatus
 
 LEASE_EXPIRED_ERROR = "lease expired"
+TIMED_OUT_ERROR = "timed out"
 
 @dataclass(frozen=True, slots=True)
 class BoundedCount:
@@ -60,6 +61,8 @@ class Job:
     schedule: str | None = None  # the schedule that enqueued it (app/schedules)
     scheduled_for: int | None = None  # the schedule's slot it was enqueued for
     fair_round: int | None = None  # a fair type's pending job's round (app/jobs/key_rules.py)
+    timeout_seconds: int | None = None  # each attempt's limit from its claim (contract §17)
+    expires_at: int | None = None  # not claimed by then, it is not run (contract §17)
 
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""
@@ -89,9 +92,49 @@ class Job:
         return (self.status == JobStatus.PENDING and self.claimed_at is None
                 and (retry_in_us is None or self.run_at - self.updated_at == retry_in_us))
 
+    def shows_stop(self, worker: str, lease_token: str, *, result: str | None = None,
+                   error: str | None = None) -> bool:
+        """True when this job is as a report by `worker` under `lease_token` left it while
+        its cancel was requested (cancelled, with the complete's `result` or the fail's
+        `error` as stored): a repeat of that report, answered again."""
+        return (self.status == JobStatus.CANCELLED and self.worker_id == worker
+                and self.lease_token == lease_token and self.result == result
+                and self.error == error)
+
     @property
     def has_retries_left(self) -> bool:
         return self.retry_count < self.max_retries
+
+    @property
+    def attempt_deadline(self) -> int | None:
+        """When the running attempt is over (claimed_at + timeout_seconds); None: never."""
+        if self.timeout_seconds is None or self.claimed_at is None:
+            return None
+        return self.claimed_at + self.timeout_seconds * MICROS
+
+    def timed_out_at(self, now_us: int) -> bool:
+        """True when the running attempt has passed its deadline by `now_us`."""
+        deadline = self.attempt_deadline
+        return deadline is not None and now_us >= deadline
+
+
+@dataclass(frozen=True, slots=True)
+class JobControls:
+    """What a running job's holder and its readers share beside the job row (contract §17):
+    a cancel request (when and by whom), the last progress reported, and whether a
+    checkpoint is saved. Times are microseconds since the epoch."""
+
+    job_id: int
+    cancel_requested_at: int | None = None
+    cancel_requested_by: str | None = None
+    progress_done: int | None = None
+    progress_total: int | None = None
+    progress_message: str | None = None
+    progress_at: int | None = None
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.cancel_requested_at is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from app.core.clock import Clock
 from app.core.errors import NotFound
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.jobs.cursor import decode_cursor, encode_cursor
-from app.jobs.models import Job, JobDependencies
+from app.jobs.models import Job, JobControls, JobDependencies
 from app.jobs.uow import JobsTx, JobsUnitOfWork
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
 
@@ -78,6 +78,15 @@ class JobReads:
                     sum(1 for _id, _cancel, resolved in edges if not resolved),
                     edges[0][1])
                 for job_id, edges in found.items()}
+
+    def controls_of(self, jobs: list[Job]) -> dict[int, JobControls]:
+        """The controls (cancel request, progress) of these jobs, by id; a job without any is
+        left out. Only a job in (or after) an attempt shows them, which its claimed_at or
+        retry_count says (an admin's retry starts it afresh): no read for the others."""
+        ran = [job.id for job in jobs if job.claimed_at is not None or job.retry_count > 0]
+        if not ran:
+            return {}
+        return self.uow.read(lambda tx: tx.controls.controls_of(ran))
 
     def dependencies_shown(self, caller: Caller, job_id: int) -> list[Job]:
         """The jobs `job_id` depends on, in depends_on order, for the worker holding it (or

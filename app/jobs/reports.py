@@ -1,11 +1,14 @@
-"""A worker's reports on the job it holds: heartbeat, complete (one or several), fail; and
-the refusals of those it does not hold, each recorded as a report_refused event."""
+"""A worker's reports on the job it holds: heartbeat (with its progress and checkpoint),
+complete (one or several), fail; and the refusals of those it does not hold, each recorded as
+a report_refused event. A report on a job whose cancel was requested ends it cancelled
+(Transition.STOP), whatever it reports (contract §17)."""
 
 from __future__ import annotations
 
 import logging
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -16,7 +19,7 @@ from app.core.errors import Conflict, NotFound, QueueError
 from app.core.redaction import redact_error
 from app.jobs.attempts import end_attempt
 from app.jobs.intake import sized_json
-from app.jobs.models import Job
+from app.jobs.models import Job, JobControls
 from app.jobs.settings import QueueSettings
 from app.jobs.transitions import Transition, refusal
 from app.jobs.uow import JobsTx, JobsUnitOfWork
@@ -36,6 +39,24 @@ class ReportRefused(Conflict):
         self.worker = worker
 
 
+@dataclass(frozen=True)
+class Progress:
+    """What a heartbeat reports besides being alive: its progress (done, total), its message
+    (as sent) and its checkpoint (a JSON object), each None when not sent."""
+
+    done_total: tuple[int, int] | None = None
+    message: str | None = None
+    checkpoint: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Beat:
+    """A heartbeat's answer: the job, and its controls (its cancel requested? its progress)."""
+
+    job: Job
+    controls: JobControls
+
+
 class WorkerReports:
     """`settings`: the lease a heartbeat extends by default, the largest result, the backoff
     of a failed attempt; `rng` draws the backoff's jitter."""
@@ -48,24 +69,36 @@ class WorkerReports:
         self.rng = rng
 
     def heartbeat(self, caller: Caller, job_id: int, *, lease_token: str | None,
-                  lease_seconds: int | None) -> Job:
-        """Extend the caller's live lease on the job."""
+                  lease_seconds: int | None, progress: Progress | None = None) -> Beat:
+        """Extend the caller's live lease on the job (never past its attempt's deadline) and
+        store what it reports of its progress; the answer says whether its cancel was
+        requested. Progress is not an event: a heartbeat writes no history."""
         lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
+        progress = progress or Progress()
+        message = None if progress.message is None else redact_error(progress.message)
+        checkpoint = self._stored_checkpoint(progress.checkpoint)
 
-        def heartbeat_in(tx: JobsTx) -> Job:
+        def heartbeat_in(tx: JobsTx) -> Beat:
             repo = tx.jobs_for(caller)
             now = self.clock.now_us()
             values = Transition.HEARTBEAT.values(now_us=now, lease_expires_at=now + lease_us)
-            job = repo.apply_transition(Transition.HEARTBEAT, job_id, values,
-                                        worker=caller.name, now_us=now,
-                                        lease_token=lease_token)
-            if job is None:
+            beat = repo.extend_lease(job_id, values, worker=caller.name, now_us=now,
+                                     lease_token=lease_token)
+            if beat is None:
                 self._refuse_report(repo.get_job(job_id), caller, now, lease_token)
+            job, controls = beat
+            reported = tx.controls.report(job_id, now_us=now, progress=progress.done_total,
+                                          message=message, checkpoint=checkpoint)
             tx.made(Transition.HEARTBEAT, [job], actor=caller.name, now_us=now)
             tx.timeline.seen(caller.name, now, claimed=False)
-            return job
+            return Beat(job, reported or controls)
 
         return self._report("heartbeat", caller, job_id, heartbeat_in)
+
+    def _stored_checkpoint(self, checkpoint: dict[str, Any] | None) -> str | None:
+        if checkpoint is None:
+            return None
+        return sized_json(checkpoint, "checkpoint", self.settings.max_payload_bytes)
 
     def complete(self, caller: Caller, job_id: int, *, lease_token: str | None,
                  result: dict[str, Any] | None, delivered: int | None = None) -> Job:
@@ -97,6 +130,7 @@ class WorkerReports:
             # together (one executemany per history table rather than two statements a job).
             now = self.clock.now_us()
             completed: list[Job] = []
+            stopped: list[Job] = []
             # Taken in id order, as every transaction that locks several jobs takes them
             # (an enqueue locking the dependencies it names, say): none waits for another
             # in a circle on PostgreSQL.
@@ -105,10 +139,12 @@ class WorkerReports:
                 try:
                     answers[position] = (job_id, self._complete_in(
                         tx, caller, job_id, item.get("lease_token"), results[position],
-                        item.get("delivered"), now=now, completed=completed))
+                        item.get("delivered"), now=now, completed=completed, stopped=stopped))
                 except (NotFound, Conflict) as problem:
                     answers[position] = (job_id, problem)
             tx.made(Transition.COMPLETE, completed, actor=caller.name, now_us=now)
+            for job in stopped:
+                self._record_stop(tx, job, caller, now)
             return [answer for answer in answers if answer is not None]
 
         answers = self.uow.run(complete_each)
@@ -124,9 +160,11 @@ class WorkerReports:
 
     def _complete_in(self, tx: JobsTx, caller: Caller, job_id: int,
                      lease_token: str | None, stored_result: str | None,
-                     delivered: int | None, *, now: int, completed: list[Job]) -> Job:
+                     delivered: int | None, *, now: int, completed: list[Job],
+                     stopped: list[Job]) -> Job:
         """Complete one job at `now`; the job completed is added to `completed`, for the
-        caller to hand to `tx.made` with the others, in the same transaction."""
+        caller to hand to `tx.made` with the others, in the same transaction (or, its cancel
+        requested, the job cancelled to `stopped`)."""
         repo = tx.jobs
         job = repo.apply_transition(
             Transition.COMPLETE, job_id,
@@ -138,31 +176,74 @@ class WorkerReports:
                 tx.timeline.delivered(job, delivered, actor=caller.name, now_us=now)
             completed.append(job)
             return job
+        # Refused the plain edge: its cancel was requested, or the caller does not hold it.
+        if tx.controls.cancel_requested_by(job_id) is not None:
+            made = Transition.STOP
+            job = repo.apply_transition(made, job_id, made.values(now_us=now,
+                                                                  result=stored_result),
+                                        worker=caller.name, now_us=now, lease_token=lease_token)
+            if job is not None:
+                if delivered is not None:
+                    tx.timeline.delivered(job, delivered, actor=caller.name, now_us=now)
+                stopped.append(job)
+                return job
         current = repo.get_job(job_id)
-        if (current is not None and lease_token is not None
-                and current.shows_complete(caller.name, lease_token, stored_result)):
+        if current is not None and lease_token is not None and (
+                current.shows_complete(caller.name, lease_token, stored_result)
+                or current.shows_stop(caller.name, lease_token, result=stored_result)):
             return current
         return self._refuse_report(current, caller, now, lease_token)
 
+    @staticmethod
+    def _record_stop(tx: JobsTx, job: Job, caller: Caller, now: int) -> None:
+        """The job ended cancelled on its holder's report: the request is settled, and the
+        event names who asked."""
+        requested_by = tx.controls.cancel_requested_by(job.id)
+        tx.controls.forget_cancel_requests([job.id])
+        tx.made(Transition.STOP, [job], actor=caller.name, now_us=now,
+                details={job.id: {"cancel_requested_by": requested_by}})
+
     def fail(self, caller: Caller, job_id: int, *, lease_token: str | None, error: str,
-             retry_in_seconds: int | None, delivered: int | None = None) -> Job:
+             retry_in_seconds: int | None, delivered: int | None = None,
+             checkpoint: dict[str, Any] | None = None) -> Job:
         """Record a failed attempt: pending again after a backoff, or failed when none are
-        left. A repeat of a fail that landed (same lease token, error and retry_in_seconds)
-        answers the job as that one left it. `delivered`: as for complete."""
+        left (cancelled, when its cancel was requested). A repeat of a fail that landed (same
+        lease token, error and retry_in_seconds) answers the job as that one left it.
+        `delivered`: as for complete. `checkpoint`: saved for the next attempt."""
         # PostgreSQL text cannot hold NUL; an error message is diagnostics, so it is kept with
         # each NUL shown as U+FFFD rather than refused, on every engine alike.
         error = redact_error(error).replace("\x00", "\ufffd")
         retry_in_us = None if retry_in_seconds is None else retry_in_seconds * MICROS
+        stored_checkpoint = self._stored_checkpoint(checkpoint)
 
         def fail_in(tx: JobsTx) -> Job:
             repo = tx.jobs_for(caller)
             now = self.clock.now_us()
             job = repo.get_job(job_id, for_update=True)
             if job is None or not job.is_held_by(caller.name, now, lease_token):
-                if (job is not None and lease_token is not None
-                        and job.shows_fail(caller.name, lease_token, error, retry_in_us)):
+                if job is not None and lease_token is not None and (
+                        job.shows_fail(caller.name, lease_token, error, retry_in_us)
+                        or job.shows_stop(caller.name, lease_token, error=error)):
                     return job
                 return self._refuse_report(job, caller, now, lease_token)
+            tx.controls.report(job_id, now_us=now, progress=None, message=None,
+                               checkpoint=stored_checkpoint)
+            if tx.controls.cancel_requested_by(job_id) is not None:
+                # Its row is held: a cancel requested by now is seen, one requested later
+                # finds the job no longer running.
+                made = Transition.STOP
+                stopped = repo.apply_transition(made, job_id, made.values(now_us=now,
+                                                                          error=error),
+                                                worker=caller.name, now_us=now,
+                                                lease_token=lease_token)
+                if stopped is None:
+                    raise ReportRefused("The job changed while this request ran; its lease "
+                                        "is gone.", job_id=job_id, worker=caller.name)
+                if delivered is not None:
+                    tx.timeline.delivered(stopped, delivered, actor=caller.name, now_us=now)
+                self._record_stop(tx, stopped, caller, now)
+                tx.timeline.seen(caller.name, now, claimed=False)
+                return stopped
             if retry_in_us is None:
                 delay = self.settings.backoff.delay_us(job.retry_count, self.rng)
             else:

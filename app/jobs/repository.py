@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     String,
     and_,
@@ -35,9 +36,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
+from app.core.clock import MICROS
 from app.core.statuses import STATUS_BITS, JobStatus, claim_order_key
+from app.jobs.control_repository import (
+    CANCEL_REQUESTED,
+    CHECKPOINT,
+    CONTROLS_OF_ROW,
+    controls_from,
+)
 from app.jobs.flow import ClaimLimits
-from app.jobs.models import BoundedCount, Job, PendingSummary
+from app.jobs.models import BoundedCount, Job, JobControls, PendingSummary
 from app.jobs.transitions import Transition
 from app.storage.dialects import conflict_insert_for, writers_serialised
 from app.storage.integrity import refused_in_savepoint, unique_indexes_translated
@@ -62,6 +70,9 @@ def _status_is_of(table: Any, statuses: Collection[JobStatus]) -> Any:
 
 
 _CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
+# A job past its expires_at is never handed out (contract §17): every claim's candidates and
+# its UPDATE say so, at the claim's own moment; the claim's sweep cancels such jobs.
+_NOT_EXPIRED = or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > bindparam("now"))
 # Listed with their status as a literal, which matches their partial indexes of ids
 # (ix_jobs_failed_id, ix_jobs_cancelled_id): few among many stored, found at once. The other
 # statuses stay bound: completed and pending jobs are common, found soonest walking the ids,
@@ -100,10 +111,29 @@ _select_expired_leases = DriverStatement(
 )
 
 
+def _capped_lease(claimed_at: Any, wanted: Any) -> Any:
+    """The lease `wanted`, but never past the attempt's deadline, claimed_at +
+    timeout_seconds (contract §17): the claim's and every heartbeat's."""
+    deadline = claimed_at + cast(jobs.c.timeout_seconds, BigInteger) * MICROS
+    return case((and_(jobs.c.timeout_seconds.is_not(None), deadline < wanted), deadline),
+                else_=wanted)
+
+
+# Unclaimed jobs past their expiry, through their partial index (its predicate's own text).
+_select_expired_unclaimed = (
+    select(jobs.c.id)
+    .where(jobs.c.status.in_([literal_column("'pending'"), literal_column("'waiting'")]),
+           jobs.c.expires_at.is_not(None), jobs.c.expires_at <= bindparam("now"))
+    .order_by(jobs.c.expires_at)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+
+
 def _pending_due(restricted_to_one_type: bool) -> Any:
     """Pending jobs that are due, in claim order (of one type: read through its own index)."""
     stmt = select(jobs.c.id, jobs.c.priority, jobs.c.created_at).where(
-        _CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"))
+        _CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), _NOT_EXPIRED)
     if restricted_to_one_type:
         stmt = stmt.where(jobs.c.type == bindparam("type"))
     return stmt.order_by(*_CLAIM_ORDER)
@@ -162,7 +192,7 @@ _not_a_full_key = or_(jobs.c.concurrency_key.is_(None),
 _candidates_one_type_by_key = (
     select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
     .where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"),
-           jobs.c.type == bindparam("type"), _not_a_full_key)
+           jobs.c.type == bindparam("type"), _not_a_full_key, _NOT_EXPIRED)
     .order_by(*_CLAIM_ORDER)
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
@@ -173,7 +203,7 @@ _FAIR_ORDER = (jobs.c.priority.desc(), jobs.c.fair_round, jobs.c.created_at, job
 _fair_candidates = (
     select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
     .where(jobs.c.status == _PENDING, jobs.c.fair_round >= literal_column("0"),
-           jobs.c.run_at <= bindparam("now"), jobs.c.type == bindparam("type"))
+           jobs.c.run_at <= bindparam("now"), jobs.c.type == bindparam("type"), _NOT_EXPIRED)
     .order_by(*_FAIR_ORDER)
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
@@ -203,7 +233,7 @@ def _candidates(conn: Connection, stmt: DriverStatement,
 _due_probe_one_type_by_key = (
     select(jobs.c.id)
     .where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"),
-           jobs.c.type == bindparam("type"), _not_a_full_key)
+           jobs.c.type == bindparam("type"), _not_a_full_key, _NOT_EXPIRED)
     .order_by(*_CLAIM_ORDER)
     .limit(1)
 )
@@ -270,7 +300,7 @@ _count_finished = (
 _CLAIMED_VALUES = Transition.CLAIM.values(
     now_us=bindparam("now"),
     worker=bindparam("worker"),
-    lease_expires_at=bindparam("lease_expires_at"),
+    lease_expires_at=_capped_lease(bindparam("now"), bindparam("lease_expires_at")),
     # One token per job and attempt: the claim's random nonce, then the job's id.
     lease_token=bindparam("nonce", type_=String) + "." + cast(jobs.c.id, String),
 )
@@ -284,7 +314,7 @@ def _claim_next_any_type() -> Any:
     # so one claim would take more jobs than its LIMIT.
     candidates = (
         select(jobs.c.id)
-        .where(_CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"))
+        .where(_CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), _NOT_EXPIRED)
         .order_by(*_CLAIM_ORDER)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
@@ -295,24 +325,26 @@ def _claim_next_any_type() -> Any:
         update(jobs)
         .where(jobs.c.id.in_(select(candidates.c.id)), _CLAIMABLE_ROW)
         .values(_CLAIMED_VALUES)
-        .returning(*jobs.c)
+        .returning(*_CLAIMED_COLUMNS)
     )
 
 
+# A claimed job comes back with the checkpoint its previous attempt saved (contract §17).
+_CLAIMED_COLUMNS = (*jobs.c, CHECKPOINT)
 _claim_any_type = DriverStatement(_claim_next_any_type())
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
 # One job chosen (a claim of one): on SQLite's driver cursor, as the claim of any type is.
 _claim_chosen_one = DriverStatement(
     update(jobs)
-    .where(jobs.c.id == bindparam("chosen_id"), _CLAIMABLE_ROW)
+    .where(jobs.c.id == bindparam("chosen_id"), _CLAIMABLE_ROW, _NOT_EXPIRED)
     .values(_CLAIMED_VALUES)
-    .returning(*jobs.c)
+    .returning(*_CLAIMED_COLUMNS)
 )
 _claim_chosen = (
     update(jobs)
-    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), _CLAIMABLE_ROW)
+    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), _CLAIMABLE_ROW, _NOT_EXPIRED)
     .values(_CLAIMED_VALUES)
-    .returning(*jobs.c)
+    .returning(*_CLAIMED_COLUMNS)
 )
 
 # A waiting job whose every dependency has finished becomes pending (Transition.RELEASE): the
@@ -364,7 +396,8 @@ _wait_again = (
 _restamp_claimed = (
     update(jobs)
     .where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.status == _RUNNING)
-    .values(claimed_at=bindparam("now"), lease_expires_at=bindparam("lease_expires_at"),
+    .values(claimed_at=bindparam("now"),
+            lease_expires_at=_capped_lease(bindparam("now"), bindparam("lease_expires_at")),
             updated_at=bindparam("now"))
     .returning(*jobs.c)
 )
@@ -383,11 +416,20 @@ def _transition_update(transition: Transition, columns: frozenset[str],
                        jobs.c.lease_expires_at > bindparam("now")]
     if fenced:
         conditions.append(jobs.c.lease_token == bindparam("held_lease_token"))
+    if transition is Transition.COMPLETE:
+        # A job whose cancel was requested ends cancelled, not completed (Transition.STOP).
+        conditions.append(~CANCEL_REQUESTED)
+    values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in sorted(columns)}
+    returned: tuple[Any, ...] = tuple(jobs.c)
+    if transition is Transition.HEARTBEAT:
+        values["lease_expires_at"] = _capped_lease(jobs.c.claimed_at,
+                                                   bindparam("new_lease_expires_at"))
+        returned += CONTROLS_OF_ROW
     return DriverStatement(
         update(jobs)
         .where(jobs.c.id == bindparam("job_id"), *conditions)
-        .values({name: bindparam(f"new_{name}") for name in sorted(columns)})
-        .returning(*jobs.c)
+        .values(values)
+        .returning(*returned)
     )
 
 
@@ -403,8 +445,19 @@ def _new_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return {f"new_{name}": value for name, value in values.items()}
 
 
+_JOB_COLUMNS = len(jobs.c)
+
+
 def _job(row: Any) -> Job:
-    return Job(*row)
+    return Job(*row[:_JOB_COLUMNS])
+
+
+class ClaimedRows(NamedTuple):
+    """What a claim took: its jobs in claim order, and the checkpoints their previous
+    attempts saved (compact JSON, by job id; a job without one is not in it)."""
+
+    jobs: list[Job]
+    checkpoints: dict[int, str]
 
 
 # The columns that tell a batch's rows apart, checked against the rows sent.
@@ -652,6 +705,7 @@ class JobRepository:
                 _due_probe_one_type, {"now": now_us, "type": job_type}).first() is not None
         stmt = (select(jobs.c.id)
                 .where(jobs.c.status == _PENDING, jobs.c.run_at <= now_us,
+                       or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > now_us),
                        jobs.c.type == job_type,
                        jobs.c.concurrency_key.in_(sorted(concurrency_keys)))
                 .limit(1))
@@ -717,8 +771,9 @@ class JobRepository:
 
     def claim_next_jobs(self, *, now_us: int, worker: str, lease_expires_at: int, nonce: str,
                         limit: int, types: Collection[str] | None,
-                        limits: ClaimLimits | None = None) -> list[Job]:
-        """Mark up to `limit` claimable jobs running for `worker`, returned in claim order.
+                        limits: ClaimLimits | None = None) -> ClaimedRows:
+        """Mark up to `limit` claimable jobs running for `worker`, returned in claim order
+        with their checkpoints.
 
         `types=None` means any type. Under flow control's `limits` (with `types` then the
         wanted ones, every configured type when any is), each of the types they allow is
@@ -745,7 +800,7 @@ class JobRepository:
                 key=claim_order_key)
             chosen = [row.id for row in itertools.islice(candidates, limit)]
             if not chosen:
-                return []
+                return ClaimedRows([], {})
             if len(chosen) == 1:
                 rows = _claim_chosen_one.rows(self.conn, {**params, "chosen_id": chosen[0]})
             else:
@@ -753,7 +808,7 @@ class JobRepository:
         claimed = [_job(row) for row in rows]
         # RETURNING gives no order; hand the jobs out in claim order.
         claimed.sort(key=claim_order_key)
-        return claimed
+        return ClaimedRows(claimed, {row[0]: row[-1] for row in rows if row[-1] is not None})
 
     def restamp_claimed(self, claimed: list[Job], *, now_us: int,
                         lease_expires_at: int) -> list[Job]:
@@ -808,6 +863,25 @@ class JobRepository:
                   "held_lease_token": lease_token, **_new_values(values)}
         row = stmt.first(self.conn, params)
         return None if row is None else _job(row)
+
+    def extend_lease(self, job_id: int, values: Mapping[str, Any], *, worker: str,
+                     now_us: int, lease_token: str | None) -> tuple[Job, JobControls] | None:
+        """A heartbeat (Transition.HEARTBEAT's `values`), its lease capped at the attempt's
+        deadline: the job and its controls (its cancel requested?); None when the worker
+        does not hold it."""
+        stmt = _transition_update(Transition.HEARTBEAT, frozenset(values),
+                                  fenced=lease_token is not None)
+        row = stmt.first(self.conn, {"job_id": job_id, "worker": worker, "now": now_us,
+                                     "held_lease_token": lease_token, **_new_values(values)})
+        if row is None:
+            return None
+        return _job(row), controls_from(job_id, row[_JOB_COLUMNS:])
+
+    def find_expired_unclaimed(self, now_us: int, limit: int) -> list[int]:
+        """Ids of pending or waiting jobs past their expires_at, soonest expired first
+        (locked on PostgreSQL; those another transaction holds are left to it)."""
+        return list(self.conn.execute(_select_expired_unclaimed,
+                                      {"now": now_us, "limit": limit}).scalars())
 
     def release_ready(self, job_ids: Collection[int], now_us: int) -> list[Job]:
         """Of these jobs, the waiting ones with no unfinished dependency left, and not behind

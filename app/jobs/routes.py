@@ -12,7 +12,8 @@ from app.core.errors import Forbidden, QueueError, ValidationFailed
 from app.jobs.claim import Claimed
 from app.jobs.enqueue import Enqueued
 from app.jobs.fastload import load_batch
-from app.jobs.models import JobDependencies
+from app.jobs.models import JobControls, JobDependencies
+from app.jobs.reports import Progress
 from app.jobs.schemas import (
     BatchEnqueueSchema,
     BatchJobListSchema,
@@ -86,18 +87,23 @@ def _service() -> JobService:
 
 
 _WAITS_FOR_NOTHING: dict[int, JobDependencies] = {}
+_NO_CONTROLS: dict[int, JobControls] = {}
 
 
 def _job_response(job: Any, status: int = 200, lease_token: str | None = None, *,
                   with_dependencies: bool = False,
-                  dependencies: Mapping[int, JobDependencies] | None = None) -> Response:
+                  dependencies: Mapping[int, JobDependencies] | None = None,
+                  controls: Mapping[int, JobControls] | None = None,
+                  checkpoint: str | bool | None = False) -> Response:
     """The job as the caller may see it; `with_dependencies` reads and shows what it waits
-    for (reads and enqueues; a worker's claim and reports leave that out), or `dependencies`
-    says it."""
+    for and its controls (reads and enqueues; a worker's claim and reports leave those out),
+    or `dependencies` and `controls` say them. `checkpoint`: a claim's (False: none shown)."""
     if with_dependencies:
         dependencies = _service().dependencies_of([job])
+        controls = _service().controls_of([job])
     response = jsonify(represent(job, show_error=current_caller().is_admin,
-                                 lease_token=lease_token, dependencies=dependencies))
+                                 lease_token=lease_token, dependencies=dependencies,
+                                 controls=controls, checkpoint=checkpoint))
     response.status_code = status
     return response
 
@@ -133,7 +139,9 @@ def claim_job() -> Response:
     answer = _claim(load_body(_claim_schema), limit=1)
     if not answer.value:
         return _say_not_waited(no_content(), answer)
-    return _job_response(answer.value[0].job, lease_token=answer.value[0].lease_token)
+    claimed = answer.value[0]
+    return _job_response(claimed.job, lease_token=claimed.lease_token,
+                         checkpoint=claimed.checkpoint)
 
 
 @bp.post("/jobs/claim-many")
@@ -148,7 +156,8 @@ def claim_many_jobs() -> Response:
     body = load_body(_claim_many_schema)
     answer = _claim(body, limit=body["max_jobs"])
     return _say_not_waited(
-        jsonify({"jobs": [represent(c.job, show_error=False, lease_token=c.lease_token)
+        jsonify({"jobs": [represent(c.job, show_error=False, lease_token=c.lease_token,
+                                    checkpoint=c.checkpoint)
                           for c in answer.value]}), answer)
 
 
@@ -167,9 +176,11 @@ def enqueue_batch() -> Response:
     body = load_batch(json_body())
     results = _service().enqueue_many(current_caller(), body["jobs"])
     show_error = current_caller().is_admin
-    dependencies = _service().dependencies_of([outcome.job for outcome in results])
+    stored = [outcome.job for outcome in results]
+    dependencies = _service().dependencies_of(stored)
+    controls = _service().controls_of(stored)
     response = jsonify({"jobs": [represent(outcome.job, show_error=show_error,
-                                           dependencies=dependencies)
+                                           dependencies=dependencies, controls=controls)
                                  | {"replayed": outcome.replayed,
                                     "deduplicated": outcome.deduplicated.wire}
                                  for outcome in results]})
@@ -241,7 +252,8 @@ def enqueue_job() -> Response:
     plain = outcome.created and not body.get("depends_on")
     response = _job_response(outcome.job, 201 if outcome.created else 200,
                              with_dependencies=not plain,
-                             dependencies=_WAITS_FOR_NOTHING if plain else None)
+                             dependencies=_WAITS_FOR_NOTHING if plain else None,
+                             controls=_NO_CONTROLS if plain else None)
     response.headers["Location"] = url_for("jobs.get_job", job_id=outcome.job.id)
     if outcome.replayed:
         response.headers["Idempotent-Replayed"] = "true"
@@ -268,7 +280,8 @@ def list_jobs() -> Response:
         current_caller(), status=query.get("status"), job_type=query.get("type"),
         limit=query["limit"], cursor=query.get("cursor"))
     return Response(render_job_page(page, next_cursor, show_error=current_caller().is_admin,
-                                    dependencies=_service().dependencies_of(page)),
+                                    dependencies=_service().dependencies_of(page),
+                                    controls=_service().controls_of(page)),
                     mimetype="application/json")
 
 
@@ -298,14 +311,20 @@ def job_dependencies(job_id: int) -> Response:
 
 
 @bp.post("/jobs/<id:job_id>/heartbeat")
-@documented("Extend the lease on a job the caller holds.",
+@documented("Extend the lease on a job the caller holds (never past its timeout_seconds), "
+            "and report its progress and checkpoint; the answer says whether its cancel was "
+            "requested.",
             body=HeartbeatSchema, replies=[_JOB], errors=[404, 409])
 @require_roles(Role.WORKER)
 def heartbeat_job(job_id: int) -> Response:
     body = load_body(_heartbeat_schema)
-    return _job_response(_service().heartbeat(
+    progress = body.get("progress")
+    beat = _service().heartbeat(
         current_caller(), job_id, lease_token=body.get("lease_token"),
-        lease_seconds=body.get("lease_seconds")))
+        lease_seconds=body.get("lease_seconds"), progress=Progress(
+            None if progress is None else (progress["done"], progress["total"]),
+            body.get("message"), body.get("checkpoint")))
+    return _job_response(beat.job, controls={job_id: beat.controls})
 
 
 @bp.post("/jobs/<id:job_id>/complete")
@@ -326,16 +345,22 @@ def fail_job(job_id: int) -> Response:
     body = load_body(_fail_schema)
     return _job_response(_service().fail(
         current_caller(), job_id, lease_token=body.get("lease_token"), error=body["error"],
-        retry_in_seconds=body.get("retry_in_seconds")))
+        retry_in_seconds=body.get("retry_in_seconds"), checkpoint=body.get("checkpoint")))
 
 
 @bp.post("/jobs/<id:job_id>/cancel")
-@documented("Cancel a pending or waiting job.",
+@documented("Cancel a pending or waiting job; for a running one, ask its worker to stop "
+            "(cancel_requested): its report, or its lease's expiry, ends it cancelled. "
+            "Admins, and the producer of the job.",
             body=EmptySchema, replies=[_JOB], errors=[404, 409])
-@require_roles(Role.ADMIN)
+@require_roles(Role.PRODUCER, Role.ADMIN)
 def cancel_job(job_id: int) -> Response:
     load_body(_no_body_schema)
-    return _job_response(_service().cancel(current_caller(), job_id), with_dependencies=True)
+    cancelled = _service().cancel(current_caller(), job_id)
+    if cancelled.controls is None:
+        return _job_response(cancelled.job, with_dependencies=True)
+    return _job_response(cancelled.job, dependencies=_service().dependencies_of([cancelled.job]),
+                         controls={job_id: cancelled.controls})
 
 
 @bp.post("/jobs/<id:job_id>/retry")

@@ -25,23 +25,27 @@ from app.core.limits import (
     DELAY_SECONDS,
     DEPENDENCIES,
     ERROR_CHARS,
+    EXPIRES_IN_SECONDS,
     JOB_ID,
     KEY_CHARS,
     LEASE_SECONDS,
     LEASE_TOKEN_CHARS,
     NAME_CHARS,
     PAGE_BYTES,
+    PROGRESS_COUNT,
+    PROGRESS_MESSAGE_CHARS,
     REF_CHARS,
     RESULT_WAIT_SECONDS,
     RETRIES,
     RETRY_IN_SECONDS,
+    TIMEOUT_SECONDS,
     TYPE_CHARS,
     UNIQUE_PERIOD_SECONDS,
 )
 from app.core.priorities import PRIORITY_LABELS, Priority
 from app.core.statuses import JobStatus
 from app.jobs.cursor import encode_cursor
-from app.jobs.models import Job, JobDependencies
+from app.jobs.models import Job, JobControls, JobDependencies
 from app.jobs.uniqueness import DEFAULT_WHILE, WHILE_STATUSES, OnConflict, while_set_problem
 from app.web.fields import (
     PRINTABLE_ASCII_TEXT,
@@ -185,13 +189,30 @@ class EnqueueSchema(StrictSchema):
         validate=validate.OneOf([choice.value for choice in OnDependencyFailure]),
         metadata={"description": "What a dependency that ends failed or cancelled does: "
                                  "cancel this job (default), or count as finished (run)."})
+    timeout_seconds = StrictInteger(
+        load_default=None, allow_none=True, validate=within(TIMEOUT_SECONDS),
+        metadata={"description": "How long one attempt may run, from its claim: no lease or "
+                                 "heartbeat runs past it, and an attempt still running then "
+                                 "fails with error \"timed out\" (retried per max_retries)."})
+    expires_at = Timestamp(load_default=None, allow_none=True, metadata={
+        "format": "date-time",
+        "description": "Not claimed by then, the job is not run: it is cancelled (event "
+                       "detail reason expired). In the future, within a year, after run_at."})
+    expires_in_seconds = StrictInteger(
+        load_default=None, allow_none=True, validate=within(EXPIRES_IN_SECONDS),
+        metadata={"description": "expires_at as seconds from now."})
 
-    # For /openapi.json: the rule _one_schedule enforces, said in JSON Schema, and a whole
-    # example (field examples would be combined into a body that breaks that rule).
+    # For /openapi.json: the rules _one_schedule and _one_expiry enforce, said in JSON Schema,
+    # and a whole example (field examples would be combined into a body that breaks them).
     openapi_extra: ClassVar[dict[str, Any]] = {
-        "not": {"required": ["run_at", "delay_seconds"],
-                "properties": {"run_at": {"type": "string"},
-                               "delay_seconds": {"type": "integer"}}},
+        "allOf": [
+            {"not": {"required": ["run_at", "delay_seconds"],
+                     "properties": {"run_at": {"type": "string"},
+                                    "delay_seconds": {"type": "integer"}}}},
+            {"not": {"required": ["expires_at", "expires_in_seconds"],
+                     "properties": {"expires_at": {"type": "string"},
+                                    "expires_in_seconds": {"type": "integer"}}}},
+        ],
         "example": {"type": "email", "payload": {"to": "ada@example.com"},
                     "priority": "high", "max_retries": 5, "delay_seconds": 30},
     }
@@ -200,6 +221,12 @@ class EnqueueSchema(StrictSchema):
     def _one_schedule(self, data: dict[str, Any], **_: Any) -> None:
         if data.get("run_at") is not None and data.get("delay_seconds") is not None:
             raise ValidationError("Give run_at or delay_seconds, not both.", "delay_seconds")
+
+    @validates_schema
+    def _one_expiry(self, data: dict[str, Any], **_: Any) -> None:
+        if data.get("expires_at") is not None and data.get("expires_in_seconds") is not None:
+            raise ValidationError("Give expires_at or expires_in_seconds, not both.",
+                                  "expires_in_seconds")
 
 
 class ListQuerySchema(PageQuerySchema):
@@ -276,10 +303,34 @@ class LeaseFencedSchema(StrictSchema):
     lease_token = non_empty_text(LEASE_TOKEN_CHARS)
 
 
+class ProgressSchema(StrictSchema):
+    done = StrictInteger(required=True, validate=within(PROGRESS_COUNT))
+    total = StrictInteger(required=True, validate=within(PROGRESS_COUNT))
+
+    @validates_schema
+    def _done_within_total(self, data: dict[str, Any], **_: Any) -> None:
+        if data.get("done", 0) > data.get("total", 0):
+            raise ValidationError("done must not be greater than total.", "done")
+
+
+def _checkpoint_field() -> fields.Dict:
+    return fields.Dict(load_default=None, allow_none=True, metadata={
+        "description": "Any JSON object within the payload limit: the next attempt's claim "
+                       "carries it, so that it resumes rather than starts over."})
+
+
 class HeartbeatSchema(LeaseFencedSchema):
-    openapi_extra: ClassVar[dict[str, Any]] = {"example": {"lease_seconds": 120}}
+    openapi_extra: ClassVar[dict[str, Any]] = {"example": {
+        "lease_seconds": 120, "progress": {"done": 420, "total": 1000},
+        "message": "importing rows", "checkpoint": {"next_row": 420}}}
 
     lease_seconds = StrictInteger(validate=within(LEASE_SECONDS))
+    progress = fields.Nested(ProgressSchema, load_default=None, metadata={
+        "description": "Shown on the job (and the dashboard's bar); not an event."})
+    message = fields.String(load_default=None, validate=length_within(PROGRESS_MESSAGE_CHARS),
+                            metadata={"description": "Shown with the progress, its secrets "
+                                                     "masked as an error's are."})
+    checkpoint = _checkpoint_field()
 
 
 class CompleteSchema(LeaseFencedSchema):
@@ -303,6 +354,14 @@ class FailSchema(LeaseFencedSchema):
 
     error = fields.String(required=True, validate=length_within(ERROR_CHARS))
     retry_in_seconds = StrictInteger(validate=within(RETRY_IN_SECONDS))
+    checkpoint = _checkpoint_field()
+
+
+class ShownProgressSchema(Schema):
+    done = fields.Integer(required=True)
+    total = fields.Integer(required=True)
+    message = fields.String(required=True, allow_none=True)
+    at = fields.String(required=True, metadata={"format": "date-time"})
 
 
 class JobSchema(Schema):
@@ -342,6 +401,16 @@ class JobSchema(Schema):
     on_dependency_failure = fields.String(allow_none=True, metadata={
         "enum": [*(choice.value for choice in OnDependencyFailure), None],
         "description": "null without dependencies."})
+    timeout_seconds = fields.Integer(required=True, allow_none=True)
+    expires_at = fields.String(required=True, allow_none=True, metadata={"format": "date-time"})
+    cancel_requested = fields.Boolean(metadata={
+        "description": "A running job whose cancel was asked for: its worker should stop. "
+                       "Shown on reads, enqueues, the cancel's and the heartbeat's answers."})
+    progress = fields.Nested(ShownProgressSchema, allow_none=True, metadata={
+        "description": "The last progress its worker reported (null: none). Shown where "
+                       "cancel_requested is."})
+    checkpoint = fields.Dict(allow_none=True, metadata={
+        "description": "Only in a claim's answer: what the previous attempt saved."})
 
 
 class BatchJobSchema(JobSchema):
@@ -394,11 +463,14 @@ class JobListSchema(Schema):
 
 
 def represent(job: Job, *, show_error: bool, lease_token: str | None = None,
-              dependencies: Mapping[int, JobDependencies] | None = None) -> dict[str, Any]:
+              dependencies: Mapping[int, JobDependencies] | None = None,
+              controls: Mapping[int, JobControls] | None = None,
+              checkpoint: str | bool | None = False) -> dict[str, Any]:
     """The job as JobSchema describes it. Built by hand: this runs on every response.
     `dependencies` (by job id; a job without any is not in it) adds depends_on, waiting_on
     and on_dependency_failure; without it, as on the worker's claim and reports, they are
-    left out."""
+    left out. `controls` likewise adds cancel_requested and progress. `checkpoint` (compact
+    JSON, or None) is a claim's: False leaves it out."""
     shown: dict[str, Any] = {
         "id": job.id,
         "type": job.type,
@@ -419,7 +491,13 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None,
         "unique_key": job.unique_key,
         "schedule": job.schedule,
         "scheduled_for": to_rfc3339(job.scheduled_for),
+        "timeout_seconds": job.timeout_seconds,
+        "expires_at": to_rfc3339(job.expires_at),
     }
+    if controls is not None:
+        shown.update(_shown_controls(job, controls.get(job.id)))
+    if checkpoint is not False:
+        shown["checkpoint"] = None if checkpoint is None else json.loads(str(checkpoint))
     if dependencies is not None:
         waits = dependencies.get(job.id)
         if waits is None:
@@ -437,11 +515,26 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None,
     return shown
 
 
+def _shown_controls(job: Job, controls: JobControls | None) -> dict[str, Any]:
+    if controls is None:
+        return {"cancel_requested": False, "progress": None}
+    progress = None
+    if controls.progress_at is not None:
+        progress = {"done": controls.progress_done, "total": controls.progress_total,
+                    "message": controls.progress_message,
+                    "at": to_rfc3339(controls.progress_at)}
+    # A request outlives the job only where a complete raced it (PostgreSQL): it is moot then.
+    requested = controls.cancel_requested and job.status == JobStatus.RUNNING
+    return {"cancel_requested": requested, "progress": progress}
+
+
 def render_job_page(page: list[Job], next_cursor: str | None, *, show_error: bool,
                     dependencies: Mapping[int, JobDependencies],
+                    controls: Mapping[int, JobControls],
                     max_bytes: int = PAGE_BYTES.max) -> bytes:
     """GET /jobs's body (JobListSchema), cut to `max_bytes` as render_page says."""
     return render_page("jobs", page, lambda job: represent(job, show_error=show_error,
-                                                           dependencies=dependencies),
+                                                           dependencies=dependencies,
+                                                           controls=controls),
                        lambda job: encode_cursor(job.id), next_cursor,
                        longest_cursor=encode_cursor(JOB_ID.max), max_bytes=max_bytes)

@@ -51,11 +51,12 @@ class JobService:
         self.list_jobs = reads.list_jobs
         self.running_by_worker = reads.running_by_worker
         self.dependencies_of = reads.dependencies_of
+        self.controls_of = reads.controls_of
         self.dependencies_shown = reads.dependencies_shown
         self.prepare_graph = enqueuing.prepare_graph
         self.enqueue_graph_in = enqueuing.enqueue_graph_in
         # flow None: no flow control at all (services built without the type settings).
-        claims = ClaimService(uow, clock, settings, self.signal, flow)
+        claims = ClaimService(uow, clock, settings, self.signal, flow, rng)
         self.claim = claims.claim
         self.await_claim = claims.await_claim
         self.heartbeat = reports.heartbeat

@@ -11,6 +11,9 @@ it, the columns it writes, and what it leaves on the job's timeline and in the m
     pending --hold: an earlier job of its ordered key is unfinished--> waiting
     waiting --its ordered key's turn (and no dependency unfinished)--> pending
     failed --cancel (admin), the failure blocking its ordered key--> cancelled
+    running --its cancel requested: the holder reports, or its lease expires--> cancelled
+    running --past claimed_at + timeout_seconds (timed out), retries left--> pending | failed
+    pending | waiting --past its expires_at, never claimed (expired)--> cancelled
 
 The repository applies an edge (app/jobs/repository.py), the recorder writes what it records
 (app/jobs/timeline/recorder.py), the job service counts its metrics, and app/ops/metrics.py
@@ -34,7 +37,7 @@ from typing import Any
 
 from app.core.clock import to_rfc3339
 from app.core.statuses import JobStatus
-from app.jobs.models import LEASE_EXPIRED_ERROR, Job
+from app.jobs.models import LEASE_EXPIRED_ERROR, TIMED_OUT_ERROR, Job
 from app.jobs.timeline.models import EventName, Outcome
 
 
@@ -53,6 +56,8 @@ class JobMetric(enum.StrEnum):
     REQUEUED = "requeued"
     CANCELLED = "cancelled"
     DEPENDENCY_CANCELLED = "dependency_cancelled"
+    TIMED_OUT = "timed_out"
+    EXPIRED = "expired"
 
 
 # The help text of each counter (/metrics).
@@ -68,10 +73,14 @@ JOB_METRICS: Mapping[JobMetric, str] = {
                               "did not hold the job).",
     JobMetric.REQUEUED: "Failed or cancelled jobs an admin sent back to pending (retry, "
                         "single or bulk).",
-    JobMetric.CANCELLED: "Pending or waiting jobs an admin or a producer cancelled (single, "
-                         "bulk, or a workflow's cancel).",
+    JobMetric.CANCELLED: "Jobs an admin or a producer cancelled (single, bulk, or a "
+                         "workflow's cancel; a running job once its cancel took effect).",
     JobMetric.DEPENDENCY_CANCELLED: "Waiting jobs cancelled because a dependency failed or "
                                     "was cancelled (on_dependency_failure cancel).",
+    JobMetric.TIMED_OUT: "Attempts that ran past their job's timeout_seconds (each also "
+                         "counted as retried or failed).",
+    JobMetric.EXPIRED: "Jobs cancelled because their expires_at passed before a claim took "
+                       "them.",
 }
 
 
@@ -94,6 +103,8 @@ def refusal(job: Job, worker: str, now_us: int, lease_token: str | None) -> str:
     if job.worker_id != worker:
         return "The job is held by another worker."
     if job.lease_expires_at is None or job.lease_expires_at <= now_us:
+        if job.timed_out_at(now_us):
+            return "The attempt ran past the job's timeout_seconds."
         return "The lease on this job has expired."
     if lease_token is not None and lease_token != job.lease_token:
         return "The lease token names an earlier attempt."
@@ -153,8 +164,30 @@ def lease_expired(job: Job, now_us: int) -> dict[str, Any]:
         "lease_token": None}
 
 
+def timed_out(job: Job, now_us: int, retry_delay_us: int) -> dict[str, Any]:
+    # A failed attempt like a worker's fail, with the usual backoff; the worker may still be
+    # running it, so no lease token is kept for a late report to be taken as a repeat.
+    return after_failure(job, now_us, TIMED_OUT_ERROR, retry_delay_us) | {"lease_token": None}
+
+
 def cancelled(*, now_us: int) -> dict[str, Any]:
     return {"status": JobStatus.CANCELLED.value, "lease_token": None, "updated_at": now_us}
+
+
+def abandoned(*, now_us: int) -> dict[str, Any]:
+    """A running job whose cancel was requested and whose holder never reported: cancelled
+    at its lease's expiry. No report made it, so no lease token is kept."""
+    return {"status": JobStatus.CANCELLED.value, "lease_expires_at": None, "lease_token": None,
+            "updated_at": now_us}
+
+
+def stopped(*, now_us: int, result: str | None = None,
+            error: str | None = None) -> dict[str, Any]:
+    """A running job whose cancel was requested, ended by its holder's report: cancelled,
+    whatever it reported (its result or error kept, for the record). The lease token stays,
+    so that a repeat of the report is recognised."""
+    return {"status": JobStatus.CANCELLED.value, "lease_expires_at": None, "result": result,
+            "error": error, "updated_at": now_us}
 
 
 def released(*, now_us: Any, run_at: Any) -> dict[str, Any]:
@@ -202,6 +235,10 @@ def _error_detail(job: Job, _held_by: str | None) -> Mapping[str, Any]:
 
 def _retry_detail(job: Job, _held_by: str | None) -> Mapping[str, Any]:
     return {"error": job.error, "run_at": to_rfc3339(job.run_at)}
+
+
+def _expired_detail(job: Job, _held_by: str | None) -> Mapping[str, Any]:
+    return {"reason": "expired", "expires_at": to_rfc3339(job.expires_at)}
 
 
 def _rescue_detail(job: Job, held_by: str | None) -> Mapping[str, Any]:
@@ -283,6 +320,26 @@ class Transition(enum.Enum):
     HOLD = Edge((JobStatus.PENDING,), Guard.ANYONE, held, Marks(None))
     CANCEL_BLOCKING = Edge((JobStatus.FAILED,), Guard.ANYONE, cancelled,
                            Marks(EventName.CANCELLED, (JobMetric.CANCELLED,)))
+    # Running jobs under control (contract §17). A running job's cancel is a request (its
+    # record is app/jobs/controls.py's): its holder's report, or its lease's expiry, ends it
+    # cancelled (the event names who asked). An attempt past its timeout_seconds is over, a
+    # failed attempt retried per the budget; a job still unclaimed past its expires_at is
+    # cancelled.
+    STOP = Edge((JobStatus.RUNNING,), Guard.LEASE_HOLDER, stopped,
+                Marks(EventName.CANCELLED, (JobMetric.CANCELLED,)),
+                closes_attempt=Outcome.CANCELLED)
+    STOP_UNREPORTED = Edge((JobStatus.RUNNING,), Guard.ANYONE, abandoned,
+                           Marks(EventName.CANCELLED, (JobMetric.CANCELLED,), _rescue_detail),
+                           closes_attempt=Outcome.CANCELLED)
+    TIME_OUT = Edge((JobStatus.RUNNING,), Guard.ANYONE, timed_out,
+                    Marks(EventName.FAILED, (JobMetric.TIMED_OUT, JobMetric.FAILED),
+                          _error_detail),
+                    marks_if_pending=Marks(EventName.RETRY_SCHEDULED,
+                                           (JobMetric.TIMED_OUT, JobMetric.RETRY_SCHEDULED),
+                                           _retry_detail),
+                    closes_attempt=Outcome.TIMED_OUT)
+    EXPIRE = Edge((JobStatus.PENDING, JobStatus.WAITING), Guard.ANYONE, cancelled,
+                  Marks(EventName.CANCELLED, (JobMetric.EXPIRED,), _expired_detail))
     RETRY = Edge((JobStatus.FAILED, JobStatus.CANCELLED), Guard.ANYONE, requeued,
                  Marks(EventName.RETRIED, (JobMetric.REQUEUED,)))
     # A unique job's debounce: a pending twin takes a new request's payload, priority,

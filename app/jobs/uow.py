@@ -16,6 +16,7 @@ from sqlalchemy import Connection
 from app.core.callers import Caller
 from app.core.clock import Clock
 from app.core.statuses import TERMINAL_STATUSES
+from app.jobs.control_repository import ControlRepository
 from app.jobs.dependencies import settle_dependents
 from app.jobs.dependency_repository import DependencyRepository
 from app.jobs.key_repository import KeyRepository
@@ -67,6 +68,9 @@ class Timeline:
     def delivered(self, job: Job, status: int, *, actor: str, now_us: int) -> None:
         self._recorder.delivered(self._conn, job, status, actor=actor, now_us=now_us)
 
+    def cancel_requested(self, job: Job, *, actor: str, now_us: int) -> None:
+        self._recorder.cancel_requested(self._conn, job, actor=actor, now_us=now_us)
+
     def report_refused(self, job_id: int, *, worker: str, report: str, reason: str,
                        now_us: int) -> None:
         self._recorder.report_refused(self._conn, job_id, worker=worker, report=report,
@@ -78,6 +82,7 @@ class Timeline:
 
 class JobsTx(Transaction):
     """A job transaction: `jobs` (JobRepository), `dependencies` (DependencyRepository),
+    `controls` (ControlRepository: §17's cancel requests, progress and checkpoints),
     `keys` (the §16 rules of fair and ordered keys, app/jobs/key_rules.py), `history`
     (HistoryRepository) and `timeline` (the history recorder), all on the transaction's one
     connection."""
@@ -90,6 +95,7 @@ class JobsTx(Transaction):
         self.clock = clock or Clock()
         self.jobs = JobRepository(conn)
         self.dependencies = DependencyRepository(conn)
+        self.controls = ControlRepository(conn)
         self.history = HistoryRepository(conn)
         self.timeline = Timeline(recorder, conn)
         self.keys = KeyRules(self.jobs, KeyRepository(conn), key_modes,

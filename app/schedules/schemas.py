@@ -38,13 +38,14 @@ WORKFLOW_JOBS_FIELD = "workflow.jobs"
 
 class JobTemplateSchema(EnqueueSchema):
     """The job each slot enqueues: a POST /jobs body without run_at and delay_seconds (the
-    slot is the job's time), without idempotency_key (each slot is a job of its own; the
+    slot is the job's time; so, without expires_at: expires_in_seconds counts from the
+    slot's enqueue), without idempotency_key (each slot is a job of its own; the
     schedule and slot are its key) and without depends_on (a job that waits for others is a
     workflow template's: its jobs name each other)."""
 
     class Meta:
         exclude = ("run_at", "delay_seconds", "idempotency_key", "depends_on",
-                   "on_dependency_failure")
+                   "on_dependency_failure", "expires_at")
 
     openapi_extra: ClassVar[dict[str, Any]] = {"example": _EXAMPLE_JOB}
 
@@ -57,7 +58,7 @@ class WorkflowJobTemplateSchema(WorkflowJobSchema):
     on the same job, long finished or purged)."""
 
     class Meta:
-        exclude = ("run_at", "delay_seconds", "idempotency_key", "unique")
+        exclude = ("run_at", "delay_seconds", "idempotency_key", "unique", "expires_at")
 
     openapi_extra: ClassVar[dict[str, Any]] = {"example": _EXAMPLE_WORKFLOW["jobs"][1]}
 

@@ -72,6 +72,12 @@ jobs = Table(
     # Appended by migration 0016 (fair share): a fair type's pending job's round, which its
     # claims take in order (app/jobs/key_rules.py); NULL for every other job.
     Column("fair_round", BigInteger, nullable=True),
+    # Appended by migration 0017 (running jobs, contract §17): read by the claim, which caps
+    # an attempt's lease at claimed_at + timeout_seconds and never hands out a job past its
+    # expires_at. What only a running job's holder and its readers need (progress, a
+    # checkpoint, a cancel request) lives in job_controls.
+    Column("timeout_seconds", Integer, nullable=True),
+    Column("expires_at", Micros, nullable=True),
     # SQLite: never reuse an id, not even after the newest jobs are purged (the highest id
     # ever given is kept in sqlite_sequence). PostgreSQL's sequence never goes back anyway.
     sqlite_autoincrement=True,
@@ -238,6 +244,34 @@ Index(
     jobs.c.id,
     sqlite_where=text("status = 'waiting' AND concurrency_key IS NOT NULL"),
     postgresql_where=text("status = 'waiting' AND concurrency_key IS NOT NULL"),
+)
+
+# Jobs with an expiry that no claim has taken yet: each claim cancels those past it (contract
+# §17) through this index, which holds no other row.
+Index(
+    "ix_jobs_expires_at",
+    jobs.c.expires_at,
+    sqlite_where=text("status IN ('pending', 'waiting') AND expires_at IS NOT NULL"),
+    postgresql_where=text("status IN ('pending', 'waiting') AND expires_at IS NOT NULL"),
+)
+
+# -- running jobs under control (contract §17) ------------------------------------------------
+# Beside the jobs table, not on it: the claim never reads these (but for the checkpoint of
+# the job it hands out, one look-up by key), and a job that never used them has no row here.
+# A cancel request lasts until the job ends cancelled; the progress is the last one reported
+# (a heartbeat's); the checkpoint the last one saved (a heartbeat's or a fail's), handed to
+# the next attempt.
+job_controls = Table(
+    "job_controls",
+    metadata,
+    Column("job_id", Id, primary_key=True),
+    Column("cancel_requested_at", Micros, nullable=True),
+    Column("cancel_requested_by", String(100), nullable=True),
+    Column("progress_done", BigInteger, nullable=True),
+    Column("progress_total", BigInteger, nullable=True),
+    Column("progress_message", Text, nullable=True),
+    Column("progress_at", Micros, nullable=True),
+    Column("checkpoint", Text, nullable=True),
 )
 
 # -- ordered keys (contract §16): the one job of each key whose turn it is -------------------

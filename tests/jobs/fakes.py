@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from app.core.clock import Clock
 from app.core.errors import IdempotencyKeyTaken, SlotTaken, UniqueScopeHeld
 from app.jobs.key_rules import KeyRules, no_modes
-from app.jobs.models import Job
+from app.jobs.models import Job, JobControls
 from app.jobs.transitions import Transition
 from app.jobs.uniqueness import holds_key_in
 from app.jobs.uow import FINISHED, JobsTx
@@ -32,9 +32,11 @@ _FIELDS = [field.name for field in dataclasses.fields(Job)]
 class FakeJobs:
     """The jobs table and the JobRepository calls the enqueue and report use cases make."""
 
-    def __init__(self) -> None:
+    def __init__(self, controls: FakeControls | None = None) -> None:
         self.rows: dict[int, Job] = {}
         self.next_id = 1
+        # The job controls the statements read beside the row (a cancel request).
+        self.controls = controls or FakeControls()
 
     # -- the unique indexes ---------------------------------------------------------------
 
@@ -124,7 +126,22 @@ class FakeJobs:
                 return None
         if lease_token is not None and job.lease_token != lease_token:
             return None
+        if (transition is Transition.COMPLETE
+                and self.controls.cancel_requested_by(job_id) is not None):
+            return None
         return self._store(dataclasses.replace(job, **values))
+
+    def extend_lease(self, job_id: int, values: Mapping[str, Any], *, worker: str,
+                     now_us: int, lease_token: str | None) -> tuple[Job, JobControls] | None:
+        job = self.rows.get(job_id)
+        deadline = None if job is None else job.attempt_deadline
+        if deadline is not None:
+            values = {**values, "lease_expires_at": min(values["lease_expires_at"], deadline)}
+        beat = self.apply_transition(Transition.HEARTBEAT, job_id, values,
+                                     lease_token=lease_token, worker=worker, now_us=now_us)
+        if beat is None:
+            return None
+        return beat, self.controls.controls_of([job_id]).get(job_id, JobControls(job_id))
 
     # -- for the tests: a job as a claim leaves it ----------------------------------------
 
@@ -166,6 +183,49 @@ class FakeTimeline:
         pass  # a worker's last sign of life: no rule hangs on it
 
 
+class FakeControls:
+    """The job_controls table: cancel requests, progress and checkpoints, by job id."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, JobControls] = {}
+        self.checkpoints: dict[int, str] = {}
+
+    def controls_of(self, job_ids: Collection[int]) -> dict[int, JobControls]:
+        return {job_id: self.rows[job_id] for job_id in job_ids if job_id in self.rows}
+
+    def cancel_requested_by(self, job_id: int) -> str | None:
+        controls = self.rows.get(job_id)
+        return None if controls is None else controls.cancel_requested_by
+
+    def request_cancel(self, job_id: int, *, by: str, now_us: int) -> None:
+        self.rows[job_id] = dataclasses.replace(
+            self.rows.get(job_id, JobControls(job_id)), cancel_requested_at=now_us,
+            cancel_requested_by=by)
+
+    def forget_cancel_requests(self, job_ids: Collection[int]) -> None:
+        for job_id in job_ids:
+            if job_id in self.rows:
+                self.rows[job_id] = dataclasses.replace(
+                    self.rows[job_id], cancel_requested_at=None, cancel_requested_by=None)
+
+    def report(self, job_id: int, *, now_us: int, progress: tuple[int, int] | None,
+               message: str | None, checkpoint: str | None) -> JobControls | None:
+        if checkpoint is not None:
+            self.checkpoints[job_id] = checkpoint
+        changes: dict[str, Any] = {}
+        if progress is not None or message is not None:
+            changes["progress_at"] = now_us
+        if message is not None:
+            changes["progress_message"] = message
+        if progress is not None:
+            changes["progress_done"], changes["progress_total"] = progress
+        if not changes and checkpoint is None:
+            return None
+        self.rows[job_id] = dataclasses.replace(self.rows.get(job_id, JobControls(job_id)),
+                                                **changes)
+        return self.rows[job_id]
+
+
 class FakeDependencies:
     """A store without dependencies between jobs: no job's end concerns another."""
 
@@ -181,6 +241,7 @@ class FakeTx(JobsTx):
         self.conn = None  # type: ignore[assignment]
         self.events = Counter()
         self.jobs = jobs  # type: ignore[assignment]
+        self.controls = jobs.controls  # type: ignore[assignment]
         self.timeline = timeline  # type: ignore[assignment]
         self.dependencies = FakeDependencies()  # type: ignore[assignment]
         self.clock = Clock()
@@ -210,12 +271,15 @@ class FakeUnitOfWork:
 
     def run(self, work: Callable[[FakeTx], T]) -> T:
         rows, next_id = dict(self.jobs.rows), self.jobs.next_id
+        controls = self.jobs.controls
+        kept = dict(controls.rows), dict(controls.checkpoints)
         told = list(self.timeline.told)
         tx = FakeTx(self.jobs, self.timeline)
         try:
             result = work(tx)
         except Exception:
             self.jobs.rows, self.jobs.next_id = rows, next_id
+            controls.rows, controls.checkpoints = kept
             self.timeline.told = told
             raise
         # As UnitOfWork.publish: FINISHED is a signal (it wakes waiting reads), no metric.

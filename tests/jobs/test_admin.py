@@ -10,11 +10,13 @@ def test_cancel_turns_a_pending_job_cancelled(api, producer, admin):
     assert cancelled.status_code == 200 and cancelled.json["status"] == "cancelled"
 
 
-def test_cancel_of_a_running_job_is_409_and_leaves_it_running(api, producer, worker, admin):
+def test_cancel_of_a_running_job_requests_it_and_leaves_it_running(api, producer, worker,
+                                                                    admin):
     job_id = api.enqueue(producer).json["id"]
     api.claim(worker)
     response = api.cancel(admin, job_id)
-    assert response.status_code == 409
+    assert response.status_code == 200
+    assert (response.json["status"], response.json["cancel_requested"]) == ("running", True)
     assert api.get(admin, job_id).json["status"] == "running"
 
 

@@ -10,6 +10,7 @@ be what the model holds.
        ^                  |--fail / lease expired, retries left--> pending (retry_count + 1)
        |                  '--fail / lease expired, none left-----> failed
        '--retry (admin)-- failed | cancelled <--cancel (admin)-- pending
+    running --cancel (admin): requested; the holder's report or the lease's expiry--> cancelled
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class ModelJob:
     lease_expires_at: int | None = None
     lease_token: str | None = None
     error: str | None = None
+    cancel_requested: bool = False
     past_tokens: list[str] = field(default_factory=list)
     # The complete or fail that left the job as it is: (action, worker, token, body, delay),
     # the token being the lease's it landed under, whether or not the report carried it: the
@@ -82,10 +84,18 @@ class ModelJob:
             return worker == last_worker and body == last_body
         if body["error"] != last_body["error"]:
             return False
-        if self.status == "failed":
+        if self.status in ("failed", "cancelled"):
             return worker == last_worker
         return ("retry_in_seconds" not in body
                 or body["retry_in_seconds"] * MICROS == delay_us)
+
+    def stopped(self, error: str | None) -> None:
+        """Its cancel was requested: cancelled, whatever it reported (or at lease expiry)."""
+        self.status, self.error, self.lease_expires_at = "cancelled", error, None
+        self.cancel_requested = False
+        if self.lease_token is not None:
+            self.past_tokens.append(self.lease_token)
+        self.lease_token = None
 
     def attempt_failed(self, now: int, error: str, delay_us: int) -> None:
         """A failed attempt (by `fail` or an expired lease): pending again or failed."""
@@ -183,7 +193,11 @@ class QueueMachine(RuleBasedStateMachine):
     def rescue_expired_leases(self) -> None:
         for job in self.model.values():
             if job.status == "running" and job.lease_expires_at <= self.now:  # type: ignore[operator]
-                job.attempt_failed(self.now, "lease expired", 0)
+                if job.cancel_requested:
+                    job.stopped(job.error)  # its last error, if any, stays
+                    job.last_report = None
+                else:
+                    job.attempt_failed(self.now, "lease expired", 0)
 
     # -- producers and admins -------------------------------------------------------------
 
@@ -214,6 +228,12 @@ class QueueMachine(RuleBasedStateMachine):
     def cancel(self, job_id: int) -> None:
         response = self.post(f"/jobs/{job_id}/cancel", "admin")
         job = self.model.get(job_id)
+        if job is not None and job.status == "running":
+            # A request (contract §17): the job runs on until its holder reports.
+            assert response.status_code == 200, response.get_json()
+            assert response.get_json()["cancel_requested"] is True
+            job.cancel_requested = True
+            return
         if job is None or job.status != "pending":
             self.expect_not_held(response, job_id)
             return
@@ -283,9 +303,11 @@ class QueueMachine(RuleBasedStateMachine):
         body: dict[str, Any] = {}
         if lease_seconds is not None:
             body["lease_seconds"] = lease_seconds
-        _, job = self.report("heartbeat", job_id, worker, self.token_for(job_id, token), body)
+        response, job = self.report("heartbeat", job_id, worker,
+                                    self.token_for(job_id, token), body)
         if job is None:
             return
+        assert response.get_json()["cancel_requested"] is job.cancel_requested
         job.lease_expires_at = self.now + (lease_seconds or LEASE_SECONDS) * MICROS
 
     @rule(job_id=st.one_of(jobs, st.just(UNKNOWN_ID)),
@@ -299,6 +321,12 @@ class QueueMachine(RuleBasedStateMachine):
             return
         assert response.get_json()["result"] == {"ok": job_id}
         held_token = job.lease_token
+        if job.cancel_requested:
+            job.stopped(None)
+            if held_token is not None:
+                job.last_report = ("complete", worker, held_token,
+                                   {"result": {"ok": job_id}}, 0)
+            return
         job.status, job.lease_expires_at = "completed", None
         if held_token is not None:
             job.past_tokens.append(held_token)
@@ -319,6 +347,13 @@ class QueueMachine(RuleBasedStateMachine):
         if job is None:
             return
         shown = response.get_json()
+        held_token = job.lease_token
+        if job.cancel_requested:
+            assert shown["status"] == "cancelled"
+            job.stopped(error)
+            if held_token is not None:
+                job.last_report = ("fail", worker, held_token, body, 0)
+            return
         if retry_in_seconds is not None:
             delay_us = retry_in_seconds * MICROS
         else:
@@ -327,7 +362,6 @@ class QueueMachine(RuleBasedStateMachine):
             delay_us = parse_rfc3339(shown["run_at"]) - self.now
             if job.retry_count < job.max_retries:
                 assert ceiling / 2 - 1 <= delay_us <= ceiling + 1, (delay_us, ceiling)
-        held_token = job.lease_token
         job.attempt_failed(self.now, error, delay_us)
         if held_token is not None:
             job.last_report = ("fail", worker, held_token, body, delay_us)

@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from app.core.clock import to_rfc3339
 from app.core.statuses import JobStatus
-from app.jobs.models import LEASE_EXPIRED_ERROR, Job
+from app.jobs.models import LEASE_EXPIRED_ERROR, TIMED_OUT_ERROR, Job
 from app.jobs.repository import _transition_update
 from app.jobs.timeline.models import EventName, Outcome
 from app.jobs.transitions import (
@@ -44,6 +44,10 @@ EDGES: dict[Transition, tuple[set[JobStatus], Guard, bool, Outcome | None]] = {
     Transition.DEPENDENCY_CANCEL: ({W}, Guard.ANYONE, False, None),
     Transition.HOLD: ({P}, Guard.ANYONE, False, None),
     Transition.CANCEL_BLOCKING: ({F}, Guard.ANYONE, False, None),
+    Transition.STOP: ({R}, Guard.LEASE_HOLDER, False, Outcome.CANCELLED),
+    Transition.STOP_UNREPORTED: ({R}, Guard.ANYONE, False, Outcome.CANCELLED),
+    Transition.TIME_OUT: ({R}, Guard.ANYONE, False, Outcome.TIMED_OUT),
+    Transition.EXPIRE: ({P, W}, Guard.ANYONE, False, None),
     Transition.RETRY: ({F, X}, Guard.ANYONE, False, None),
     Transition.REPLACE: ({P}, Guard.ANYONE, False, None),
 }
@@ -106,6 +110,27 @@ CASES = [
     Case("cancel a failure that blocks its key", Transition.CANCEL_BLOCKING,
          make_job(status="failed"), (), {"now_us": 10},
          X, EventName.CANCELLED, ("cancelled",), {}),
+    # Running jobs under control (contract §17): the event of a stop names who asked for it
+    # from the detail its caller gives (the request's record), not from the edge.
+    Case("stop: the holder reports after its cancel was requested", Transition.STOP,
+         RUNNING_JOB, (), {"now_us": 10, "error": "stopping"},
+         X, EventName.CANCELLED, ("cancelled",), {}),
+    Case("stop: the lease ran out after its cancel was requested", Transition.STOP_UNREPORTED,
+         RUNNING_JOB, (), {"now_us": 10},
+         X, EventName.CANCELLED, ("cancelled",),
+         {"worker": "w", "status": "cancelled", "run_at": None}),
+    Case("time out, retries left", Transition.TIME_OUT, RUNNING_JOB, (RUNNING_JOB, 10, 5), {},
+         P, EventName.RETRY_SCHEDULED, ("timed_out", "retried"),
+         {"error": "timed out", "run_at": to_rfc3339(15)}),
+    Case("time out, none left", Transition.TIME_OUT, LAST_TRY, (LAST_TRY, 10, 5), {},
+         F, EventName.FAILED, ("timed_out", "failed"), {"error": "timed out"}),
+    Case("expire", Transition.EXPIRE, dataclasses.replace(PENDING_JOB, expires_at=9),
+         (), {"now_us": 10}, X, EventName.CANCELLED, ("expired",),
+         {"reason": "expired", "expires_at": to_rfc3339(9)}),
+    Case("expire a waiting job", Transition.EXPIRE,
+         dataclasses.replace(WAITING_JOB, expires_at=9), (), {"now_us": 10},
+         X, EventName.CANCELLED, ("expired",),
+         {"reason": "expired", "expires_at": to_rfc3339(9)}),
     Case("retry a failed job", Transition.RETRY, make_job(status="failed"), (), {"now_us": 10},
          P, EventName.RETRIED, ("requeued",), {}),
     Case("retry a cancelled job", Transition.RETRY,
@@ -201,16 +226,39 @@ def test_an_edge_is_never_applied_from_a_status_it_does_not_list(transition: Tra
     (make_job(status="completed"), None, "The job is completed, not running."),
     (make_job(worker_id="other"), None, "The job is held by another worker."),
     (make_job(lease_expires_at=50), None, "The lease on this job has expired."),
+    (make_job(lease_expires_at=50, claimed_at=0, timeout_seconds=1), None,
+     "The lease on this job has expired."),
+    (make_job(lease_expires_at=50, claimed_at=0, timeout_seconds=1), None,
+     "The attempt ran past the job's timeout_seconds."),
     (make_job(), "old", "The lease token names an earlier attempt."),
     (make_job(), "t", "The job changed while this request ran."),
-], ids=["not running", "another worker", "expired", "earlier attempt", "changed"])
+], ids=["not running", "another worker", "expired", "expired before the deadline",
+        "past the deadline", "earlier attempt", "changed"])
 def test_the_lease_holder_guard_names_why_it_refuses(job: Job, lease_token: str | None,
                                                      reason: str):
-    assert refusal(job, "w", 50, lease_token) == reason
+    # The deadline of the two cases with a timeout is claimed_at + 1 s: 1,000,000 µs.
+    now = 1_000_000 if "timeout_seconds" in reason else 50
+    assert refusal(job, "w", now, lease_token) == reason
 
 
 def test_a_rescue_records_the_lease_expired_error():
     assert moved(CASES[5]).error == LEASE_EXPIRED_ERROR
+
+
+def test_a_timed_out_attempt_records_its_error_and_forgets_its_lease_token():
+    # Its worker may still be running it: a late report must not pass for a repeat.
+    timed_out = Transition.TIME_OUT.values(RUNNING_JOB, 10, 5)
+    assert timed_out["error"] == TIMED_OUT_ERROR and timed_out["lease_token"] is None
+
+
+def test_a_stop_keeps_what_its_holder_reported_and_its_token_for_a_repeat():
+    stopped = make_job(**Transition.STOP.values(now_us=5, result='{"partial":1}'))
+    assert stopped.status == JobStatus.CANCELLED and stopped.result == '{"partial":1}'
+    assert stopped.shows_stop("w", "t", result='{"partial":1}')
+    assert not stopped.shows_stop("w", "older", result='{"partial":1}')
+    assert not stopped.shows_stop("w", "t", result=None)  # another body
+    assert not stopped.shows_stop("w", "t", error="boom")  # a fail is not this complete
+    assert Transition.STOP_UNREPORTED.values(now_us=5)["lease_token"] is None
 
 
 def test_after_failure_requeues_while_retries_are_left():
@@ -230,14 +278,15 @@ def test_every_transition_is_a_member_of_its_own():
     # Enum members with equal values are aliases of one another: each needs its own value.
     assert [t.name for t in Transition] == [
         "CLAIM", "HEARTBEAT", "COMPLETE", "FAIL", "RESCUE", "CANCEL", "RELEASE",
-        "DEPENDENCY_CANCEL", "HOLD", "CANCEL_BLOCKING", "RETRY", "REPLACE"]
+        "DEPENDENCY_CANCEL", "HOLD", "CANCEL_BLOCKING", "STOP", "STOP_UNREPORTED", "TIME_OUT",
+        "EXPIRE", "RETRY", "REPLACE"]
     assert len({t.value for t in Transition}) == len(list(Transition))
     assert Transition.FAIL is not Transition.HEARTBEAT
 
 
 def test_only_a_workers_reports_need_the_lease_holder():
     assert {t for t in Transition if t.by_lease_holder} == {
-        Transition.HEARTBEAT, Transition.COMPLETE, Transition.FAIL}
+        Transition.HEARTBEAT, Transition.COMPLETE, Transition.FAIL, Transition.STOP}
 
 
 def test_a_report_keeps_its_lease_token_so_that_a_repeat_is_recognised():

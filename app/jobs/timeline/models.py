@@ -12,6 +12,8 @@ class Outcome(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     LEASE_EXPIRED = "lease_expired"
+    CANCELLED = "cancelled"  # its cancel was requested while it ran (contract §17)
+    TIMED_OUT = "timed_out"  # it ran past its job's timeout_seconds
 
 
 class EventName(enum.StrEnum):
@@ -28,6 +30,7 @@ class EventName(enum.StrEnum):
     REPLACED = "replaced"  # a unique enqueue's debounce gave this pending job its request
     DELIVERED = "delivered"  # the dispatcher's POST got an answer (its status in detail)
     READY = "ready"  # a waiting job's last dependency finished: pending
+    CANCEL_REQUESTED = "cancel_requested"  # of a running job; its holder is told (§17)
 
 
 # The actor of the service's own acts (a lease rescue).

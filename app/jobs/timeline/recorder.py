@@ -99,6 +99,15 @@ class HistoryRecorder:
                 "job_id": job.id, "at": now_us, "event": EventName.DELIVERED.value,
                 "actor": actor, "detail": _detail(status_code=status)}])
 
+    def cancel_requested(self, conn: Connection, job: Job, *, actor: str,
+                         now_us: int) -> None:
+        """Record that `actor` asked for the running job's cancel (its end, later, records
+        the cancelled event)."""
+        if self.events:
+            HistoryRepository(conn).add_events([{
+                "job_id": job.id, "at": now_us, "event": EventName.CANCEL_REQUESTED.value,
+                "actor": actor, "detail": _detail(worker=job.worker_id)}])
+
     def report_refused(self, conn: Connection, job_id: int, *, worker: str, report: str,
                        reason: str, now_us: int) -> None:
         """Record a heartbeat, complete or fail refused with 409 (in a transaction of its own:
