@@ -537,6 +537,76 @@ def test_fair_share_and_ordered_keys_migration_keeps_the_stored_jobs_and_types(e
     engine.dispose()
 
 
+def test_running_jobs_migration_keeps_the_stored_jobs_and_lets_them_be_controlled(
+        empty_db_url, engine_name):
+    """0017 on a database 0016 filled: every job stays as it was, none has a timeout, an
+    expiry or controls; the upgraded service then cancels a running job stored before (its
+    heartbeat is told, its report ends it cancelled), takes a new job's timeout and expiry,
+    and the way down drops what 0017 added and keeps the jobs."""
+    upgrade(empty_db_url, "0016")
+    now = 1_800_000_000_000_000
+    job = {"type": "email", "payload": "{}", "priority": 10, "status": "pending",
+           "retry_count": 0, "max_retries": 3, "producer": "producer-1", "run_at": 0,
+           "claimed_at": None, "worker_id": None, "lease_expires_at": None,
+           "lease_token": None, "error": None, "created_at": 0, "updated_at": 0,
+           "concurrency_key": None, "fair_round": None}
+    rows = [
+        {**job, "status": "completed"},
+        {**job, "status": "running", "worker_id": "worker-1", "claimed_at": now - 10_000_000,
+         "lease_expires_at": now + 3_600_000_000, "lease_token": "t"},
+        job,
+        {**job, "status": "failed", "retry_count": 3, "error": "boom"},
+    ]
+    rows = [{**row, "created_at": n, "updated_at": n} for n, row in enumerate(rows, 1)]
+    engine = make_engine(empty_db_url, pooled=False)
+    with engine.begin() as conn:  # the table as 0016 left it
+        conn.execute(table("jobs", *map(column, job)).insert(), rows)
+    jobs_0016 = table("jobs", column("id"), *map(column, job))
+
+    def stored(query: Any) -> list[tuple[Any, ...]]:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(
+                text(query) if isinstance(query, str) else query)]
+
+    before = stored(select(jobs_0016).order_by(jobs_0016.c.id))
+
+    upgrade(empty_db_url)
+
+    assert stored(select(jobs_0016).order_by(jobs_0016.c.id)) == before
+    assert stored("SELECT DISTINCT timeout_seconds, expires_at FROM jobs") == [(None, None)]
+    assert stored("SELECT * FROM job_controls") == []
+    if engine_name == "postgresql":
+        [(options,)] = stored("SELECT reloptions FROM pg_class WHERE relname = 'job_controls'")
+        assert "fillfactor=70" in options
+
+    application = create_app({"TESTING": True, "DATABASE_URL": empty_db_url,
+                              "JOB_TYPES": frozenset({"email"}),
+                              "CLOCK": ManualClock(start_us=now), "DB_POOL_SIZE": 2})
+    keys = application.extensions["queuelog"].keys
+    admin = {"Authorization": f"Bearer {keys.create_key('admin-1', Role.ADMIN)}"}
+    worker = {"Authorization": f"Bearer {keys.create_key('worker-1', Role.WORKER)}"}
+    client = application.test_client()
+    assert client.get("/jobs/2", headers=admin).json["cancel_requested"] is False
+    assert client.post("/jobs/2/cancel", headers=admin).json["cancel_requested"] is True
+    beat = client.post("/jobs/2/heartbeat", json={"progress": {"done": 1, "total": 2}},
+                       headers=worker)
+    assert beat.json["cancel_requested"] is True
+    assert client.post("/jobs/2/fail", json={"error": "stopping"},
+                       headers=worker).json["status"] == "cancelled"
+    new = client.post("/jobs", json={"type": "email", "timeout_seconds": 30,
+                                     "expires_in_seconds": 60}, headers=admin).json
+    assert (new["timeout_seconds"], new["expires_at"]) == (30, "2027-01-15T08:01:00.000000Z")
+    claimed = client.post("/jobs/claim", json={}, headers=worker).json
+    assert claimed["id"] == 3 and claimed["checkpoint"] is None
+    application.extensions["queuelog"].db.engine.dispose()
+
+    command.downgrade(alembic_config(empty_db_url), "0016")
+
+    assert [row[:2] for row in stored("SELECT id, status FROM jobs ORDER BY id")] == [
+        (1, "completed"), (2, "cancelled"), (3, "running"), (4, "failed"), (5, "pending")]
+    engine.dispose()
+
+
 def test_a_postgres_write_undone_to_break_a_deadlock_is_run_again(postgres_server):
     """Two writes that lock two rows in opposite orders: PostgreSQL undoes one of them to break
     the deadlock, and Database.run_write runs it again, so both land. (SQLite serialises its
