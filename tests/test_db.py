@@ -574,9 +574,9 @@ def test_running_jobs_migration_keeps_the_stored_jobs_and_lets_them_be_controlle
 
     assert stored(select(jobs_0016).order_by(jobs_0016.c.id)) == before
     assert stored("SELECT DISTINCT timeout_seconds, expires_at FROM jobs") == [(None, None)]
-    assert stored("SELECT * FROM job_controls") == []
+    assert stored("SELECT * FROM job_checkpoints") == []
     if engine_name == "postgresql":
-        [(options,)] = stored("SELECT reloptions FROM pg_class WHERE relname = 'job_controls'")
+        [(options,)] = stored("SELECT reloptions FROM pg_class WHERE relname = 'job_checkpoints'")
         assert "fillfactor=70" in options
 
     application = create_app({"TESTING": True, "DATABASE_URL": empty_db_url,

@@ -50,13 +50,10 @@ class Administration:
                 raise NotFound("No such job.")
             if job.status != JobStatus.RUNNING:
                 return Cancelled(self._transition_in(tx, caller, job_id, Transition.CANCEL))
-            controls = tx.controls.controls_of([job_id]).get(job_id)
-            if controls is None or not controls.cancel_requested:
-                now = self.clock.now_us()
-                tx.controls.request_cancel(job_id, by=caller.name, now_us=now)
+            now = self.clock.now_us()
+            if tx.controls.request_cancel(job_id, by=caller.name, now_us=now):
                 tx.timeline.cancel_requested(job, actor=caller.name, now_us=now)
-                controls = tx.controls.controls_of([job_id])[job_id]
-            return Cancelled(job, controls)
+            return Cancelled(job, tx.controls.controls_of([job_id])[job_id])
 
         return self.uow.run(cancel_in)
 

@@ -18,6 +18,7 @@ from app.core.clock import MICROS, Clock
 from app.core.errors import Conflict, NotFound, QueueError
 from app.core.redaction import redact_error
 from app.jobs.attempts import end_attempt
+from app.jobs.control_repository import progress_columns
 from app.jobs.intake import sized_json
 from app.jobs.models import Job, JobControls
 from app.jobs.settings import QueueSettings
@@ -82,16 +83,18 @@ class WorkerReports:
             repo = tx.jobs_for(caller)
             now = self.clock.now_us()
             values = Transition.HEARTBEAT.values(now_us=now, lease_expires_at=now + lease_us)
+            # Progress rides on the heartbeat's own UPDATE: no statement, no page more.
+            values |= progress_columns(now, progress.done_total, message)
             beat = repo.extend_lease(job_id, values, worker=caller.name, now_us=now,
                                      lease_token=lease_token)
             if beat is None:
                 self._refuse_report(repo.get_job(job_id), caller, now, lease_token)
             job, controls = beat
-            reported = tx.controls.report(job_id, now_us=now, progress=progress.done_total,
-                                          message=message, checkpoint=checkpoint)
+            if checkpoint is not None:
+                tx.controls.save_checkpoint(job_id, checkpoint, now)
             tx.made(Transition.HEARTBEAT, [job], actor=caller.name, now_us=now)
             tx.timeline.seen(caller.name, now, claimed=False)
-            return Beat(job, reported or controls)
+            return Beat(job, controls)
 
         return self._report("heartbeat", caller, job_id, heartbeat_in)
 
@@ -226,8 +229,8 @@ class WorkerReports:
                         or job.shows_stop(caller.name, lease_token, error=error)):
                     return job
                 return self._refuse_report(job, caller, now, lease_token)
-            tx.controls.report(job_id, now_us=now, progress=None, message=None,
-                               checkpoint=stored_checkpoint)
+            if stored_checkpoint is not None:
+                tx.controls.save_checkpoint(job_id, stored_checkpoint, now)
             if tx.controls.cancel_requested_by(job_id) is not None:
                 # Its row is held: a cancel requested by now is seen, one requested later
                 # finds the job no longer running.

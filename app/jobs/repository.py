@@ -8,6 +8,7 @@ job's status goes through apply_transition or the claim, each made from its Tran
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -38,12 +39,7 @@ from sqlalchemy.exc import DBAPIError
 
 from app.core.clock import MICROS
 from app.core.statuses import STATUS_BITS, JobStatus, claim_order_key
-from app.jobs.control_repository import (
-    CANCEL_REQUESTED,
-    CHECKPOINT,
-    CONTROLS_OF_ROW,
-    controls_from,
-)
+from app.jobs.control_repository import CHECKPOINT, CONTROL_COLUMNS, controls_from
 from app.jobs.flow import ClaimLimits
 from app.jobs.models import BoundedCount, Job, JobControls, PendingSummary
 from app.jobs.transitions import Transition
@@ -57,6 +53,12 @@ from app.storage.schema import (
     key_turns,
 )
 from app.storage.statements import DriverStatement
+
+# The columns of the Job record, the first of the table's: what every statement here reads of
+# a job. The later ones (a cancel request, progress) only the reads that show them ask for,
+# so that the claim never reads them (app/jobs/control_repository.py).
+JOB_COLUMNS = tuple(jobs.c)[:len(dataclasses.fields(Job))]
+assert [column.name for column in JOB_COLUMNS] == [f.name for f in dataclasses.fields(Job)]
 
 
 def _status_is(*statuses: JobStatus) -> Any:
@@ -87,23 +89,23 @@ _RUNNING: Any = literal_column("'running'")
 _FINISHED: list[Any] = [literal_column(f"'{status.value}'") for status in
              (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)]
 
-_select_by_id = select(jobs).where(jobs.c.id == bindparam("job_id"))
+_select_by_id = select(*JOB_COLUMNS).where(jobs.c.id == bindparam("job_id"))
 _select_by_id_for_update = _select_by_id.with_for_update()
-_select_by_idempotency_key = select(jobs).where(
+_select_by_idempotency_key = select(*JOB_COLUMNS).where(
     jobs.c.producer == bindparam("producer"),
     jobs.c.idempotency_key == bindparam("idempotency_key"),
 )
 # The predicate is the unique index's own text, so the look-up reads that index.
 _unique_holder = text(UNIQUE_HOLDER_PREDICATE)
 _not_unique_holder = text(f"NOT ({UNIQUE_HOLDER_PREDICATE})")
-_select_unique_holder = select(jobs).where(
+_select_unique_holder = select(*JOB_COLUMNS).where(
     jobs.c.producer == bindparam("producer"),
     jobs.c.unique_scope == bindparam("unique_scope"),
     _unique_holder,
 )
 # SKIP LOCKED: a lease another claim is rescuing right now is simply left to that claim.
 _select_expired_leases = DriverStatement(
-    select(jobs)
+    select(*JOB_COLUMNS)
     .where(_RESCUABLE_ROW, jobs.c.lease_expires_at <= bindparam("now"))
     .order_by(jobs.c.lease_expires_at)
     .limit(bindparam("limit"))
@@ -330,7 +332,7 @@ def _claim_next_any_type() -> Any:
 
 
 # A claimed job comes back with the checkpoint its previous attempt saved (contract §17).
-_CLAIMED_COLUMNS = (*jobs.c, CHECKPOINT)
+_CLAIMED_COLUMNS = (*JOB_COLUMNS, CHECKPOINT)
 _claim_any_type = DriverStatement(_claim_next_any_type())
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
 # One job chosen (a claim of one): on SQLite's driver cursor, as the claim of any type is.
@@ -371,7 +373,7 @@ _release_one = DriverStatement(
            _status_is(*Transition.RELEASE.from_statuses), _no_unfinished_dependency,
            _not_behind_a_turn)
     .values(_RELEASED_VALUES)
-    .returning(*jobs.c)
+    .returning(*JOB_COLUMNS)
 )
 _release_many = (
     update(jobs)
@@ -379,7 +381,7 @@ _release_many = (
            _status_is(*Transition.RELEASE.from_statuses), _no_unfinished_dependency,
            _not_behind_a_turn)
     .values(_RELEASED_VALUES)
-    .returning(*jobs.c)
+    .returning(*JOB_COLUMNS)
 )
 
 # A job an admin's retry made pending, with a dependency still unfinished (it was cancelled
@@ -389,7 +391,7 @@ _wait_again = (
     .where(jobs.c.id.in_(bindparam("retried_ids", expanding=True)),
            jobs.c.status == _PENDING, ~_no_unfinished_dependency)
     .values(status=literal_column("'waiting'"))
-    .returning(*jobs.c)
+    .returning(*JOB_COLUMNS)
 )
 
 # The claim's own stamps moved to the moment it held its locks (JobService.claim).
@@ -399,7 +401,7 @@ _restamp_claimed = (
     .values(claimed_at=bindparam("now"),
             lease_expires_at=_capped_lease(bindparam("now"), bindparam("lease_expires_at")),
             updated_at=bindparam("now"))
-    .returning(*jobs.c)
+    .returning(*JOB_COLUMNS)
 )
 
 
@@ -418,13 +420,15 @@ def _transition_update(transition: Transition, columns: frozenset[str],
         conditions.append(jobs.c.lease_token == bindparam("held_lease_token"))
     if transition is Transition.COMPLETE:
         # A job whose cancel was requested ends cancelled, not completed (Transition.STOP).
-        conditions.append(~CANCEL_REQUESTED)
+        conditions.append(jobs.c.cancel_requested_at.is_(None))
     values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in sorted(columns)}
-    returned: tuple[Any, ...] = tuple(jobs.c)
+    returned: tuple[Any, ...] = JOB_COLUMNS
     if transition is Transition.HEARTBEAT:
+        # Its lease capped at the attempt's deadline; its progress, if any, among `columns`;
+        # and its controls returned (its cancel requested?).
         values["lease_expires_at"] = _capped_lease(jobs.c.claimed_at,
                                                    bindparam("new_lease_expires_at"))
-        returned += CONTROLS_OF_ROW
+        returned += CONTROL_COLUMNS
     return DriverStatement(
         update(jobs)
         .where(jobs.c.id == bindparam("job_id"), *conditions)
@@ -438,14 +442,14 @@ def _insert_statement(dialect: str, skip_conflicts: bool) -> DriverStatement:
     stmt = conflict_insert_for(dialect, jobs)
     if skip_conflicts:
         stmt = stmt.on_conflict_do_nothing()
-    return DriverStatement(stmt.returning(*jobs.c))
+    return DriverStatement(stmt.returning(*JOB_COLUMNS))
 
 
 def _new_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return {f"new_{name}": value for name, value in values.items()}
 
 
-_JOB_COLUMNS = len(jobs.c)
+_JOB_COLUMNS = len(JOB_COLUMNS)
 
 
 def _job(row: Any) -> Job:
@@ -613,7 +617,7 @@ class JobRepository:
         """These jobs (those that exist), by id."""
         if not job_ids:
             return []
-        stmt = select(jobs).where(jobs.c.id.in_(sorted(job_ids))).order_by(jobs.c.id)
+        stmt = select(*JOB_COLUMNS).where(jobs.c.id.in_(sorted(job_ids))).order_by(jobs.c.id)
         return [_job(row) for row in self.conn.execute(stmt)]
 
     def find_by_idempotency_key(self, producer: str, idempotency_key: str) -> Job | None:
@@ -634,7 +638,7 @@ class JobRepository:
         """The producer's jobs holding these unique scopes now, by scope."""
         if not scopes:
             return {}
-        stmt = select(jobs).where(jobs.c.producer == producer,
+        stmt = select(*JOB_COLUMNS).where(jobs.c.producer == producer,
                                   jobs.c.unique_scope.in_(list(scopes)), _unique_holder)
         return {job.unique_scope or "": job for job in map(_job, self.conn.execute(stmt))}
 
@@ -646,9 +650,11 @@ class JobRepository:
         after_id 0 then means from the newest), narrowed by the filters that are not None;
         `run_after` keeps the jobs whose run_at is later."""
         if descending:
-            stmt = select(jobs).where(jobs.c.id < after_id) if after_id else select(jobs)
+            stmt = select(*JOB_COLUMNS)
+            if after_id:
+                stmt = stmt.where(jobs.c.id < after_id)
         else:
-            stmt = select(jobs).where(jobs.c.id > after_id)
+            stmt = select(*JOB_COLUMNS).where(jobs.c.id > after_id)
         if run_after is not None:
             stmt = stmt.where(jobs.c.run_at > run_after)
         if producer is not None:
@@ -670,7 +676,7 @@ class JobRepository:
         """The producer's jobs with these idempotency keys, by key."""
         if not keys:
             return {}
-        stmt = select(jobs).where(jobs.c.producer == producer,
+        stmt = select(*JOB_COLUMNS).where(jobs.c.producer == producer,
                                   jobs.c.idempotency_key.in_(list(keys)))
         # Every row found has a key: it was found by its key.
         return {job.idempotency_key or "": job for job in map(_job, self.conn.execute(stmt))}
@@ -866,9 +872,9 @@ class JobRepository:
 
     def extend_lease(self, job_id: int, values: Mapping[str, Any], *, worker: str,
                      now_us: int, lease_token: str | None) -> tuple[Job, JobControls] | None:
-        """A heartbeat (Transition.HEARTBEAT's `values`), its lease capped at the attempt's
-        deadline: the job and its controls (its cancel requested?); None when the worker
-        does not hold it."""
+        """A heartbeat (Transition.HEARTBEAT's `values`, with its progress's columns when it
+        reports any), its lease capped at the attempt's deadline: the job and its controls
+        (its cancel requested?); None when the worker does not hold it."""
         stmt = _transition_update(Transition.HEARTBEAT, frozenset(values),
                                   fenced=lease_token is not None)
         row = stmt.first(self.conn, {"job_id": job_id, "worker": worker, "now": now_us,
@@ -952,7 +958,7 @@ class JobRepository:
         stmt = (update(jobs)
                 .where(jobs.c.id.in_(ids), _status_is(*transition.from_statuses),
                        ~_takes_a_held_key(transition, JobStatus(values["status"]), ids))
-                .values(dict(values)).returning(*jobs.c))
+                .values(dict(values)).returning(*JOB_COLUMNS))
         return sorted((_job(row) for row in self.conn.execute(stmt)), key=lambda job: job.id)
 
     # -- retention ------------------------------------------------------------------------

@@ -56,11 +56,11 @@ class Retention:
             statuses=statuses, updated_before_us=cutoff, after_id=after_id, limit=limit,
             kept=lambda ids: (tx.dependencies.depended_on_by_unfinished(ids)
                               | tx.keys.holding_turns(ids)))
-        # A job's attempts, events, dependencies and controls go with it, in the same
+        # A job's attempts, events, dependencies and checkpoint go with it, in the same
         # transaction.
         tx.history.delete_history_of(deleted_ids)
         tx.dependencies.delete_edges_of(deleted_ids)
-        tx.controls.delete_controls_of(deleted_ids)
+        tx.controls.delete_checkpoints_of(deleted_ids)
         for cleanup in self.cleanups:
             cleanup(tx, deleted_ids)
         return deleted_ids, last

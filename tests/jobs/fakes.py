@@ -135,13 +135,18 @@ class FakeJobs:
                      now_us: int, lease_token: str | None) -> tuple[Job, JobControls] | None:
         job = self.rows.get(job_id)
         deadline = None if job is None else job.attempt_deadline
+        lease = dict(values)
+        progress = {name: lease.pop(name) for name in list(lease) if name not in _FIELDS}
         if deadline is not None:
-            values = {**values, "lease_expires_at": min(values["lease_expires_at"], deadline)}
-        beat = self.apply_transition(Transition.HEARTBEAT, job_id, values,
+            lease["lease_expires_at"] = min(lease["lease_expires_at"], deadline)
+        beat = self.apply_transition(Transition.HEARTBEAT, job_id, lease,
                                      lease_token=lease_token, worker=worker, now_us=now_us)
         if beat is None:
             return None
-        return beat, self.controls.controls_of([job_id]).get(job_id, JobControls(job_id))
+        if progress:  # columns of the row beside the Job record's
+            self.controls.rows[job_id] = dataclasses.replace(
+                self.controls.rows.get(job_id, JobControls(job_id)), **progress)
+        return beat, self.controls.rows.get(job_id, JobControls(job_id))
 
     # -- for the tests: a job as a claim leaves it ----------------------------------------
 
@@ -184,7 +189,7 @@ class FakeTimeline:
 
 
 class FakeControls:
-    """The job_controls table: cancel requests, progress and checkpoints, by job id."""
+    """The jobs' controls (cancel requests, progress) and checkpoints, by job id."""
 
     def __init__(self) -> None:
         self.rows: dict[int, JobControls] = {}
@@ -197,10 +202,13 @@ class FakeControls:
         controls = self.rows.get(job_id)
         return None if controls is None else controls.cancel_requested_by
 
-    def request_cancel(self, job_id: int, *, by: str, now_us: int) -> None:
+    def request_cancel(self, job_id: int, *, by: str, now_us: int) -> bool:
+        if self.cancel_requested_by(job_id) is not None:
+            return False
         self.rows[job_id] = dataclasses.replace(
             self.rows.get(job_id, JobControls(job_id)), cancel_requested_at=now_us,
             cancel_requested_by=by)
+        return True
 
     def forget_cancel_requests(self, job_ids: Collection[int]) -> None:
         for job_id in job_ids:
@@ -208,22 +216,8 @@ class FakeControls:
                 self.rows[job_id] = dataclasses.replace(
                     self.rows[job_id], cancel_requested_at=None, cancel_requested_by=None)
 
-    def report(self, job_id: int, *, now_us: int, progress: tuple[int, int] | None,
-               message: str | None, checkpoint: str | None) -> JobControls | None:
-        if checkpoint is not None:
-            self.checkpoints[job_id] = checkpoint
-        changes: dict[str, Any] = {}
-        if progress is not None or message is not None:
-            changes["progress_at"] = now_us
-        if message is not None:
-            changes["progress_message"] = message
-        if progress is not None:
-            changes["progress_done"], changes["progress_total"] = progress
-        if not changes and checkpoint is None:
-            return None
-        self.rows[job_id] = dataclasses.replace(self.rows.get(job_id, JobControls(job_id)),
-                                                **changes)
-        return self.rows[job_id]
+    def save_checkpoint(self, job_id: int, checkpoint: str, now_us: int) -> None:
+        self.checkpoints[job_id] = checkpoint
 
 
 class FakeDependencies:
