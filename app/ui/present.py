@@ -88,10 +88,18 @@ def counts_text(counts: dict[str, int]) -> str:
     return " · ".join(f"{n} {status}" for status, n in counts.items() if n) or "no jobs"
 
 
+def percent(progress: dict[str, Any] | None) -> str:
+    """A job's progress (as the API shows it) as a whole percentage, `42 %`, rounded down so
+    that 100 % means done; "" when it says no share (no counts, or a total of 0)."""
+    if not progress or progress["done"] is None or not progress["total"]:
+        return ""
+    return f"{progress['done'] * 100 // progress['total']} %"
+
+
 def register_filters(app: Flask) -> None:
     for name, fn in (("utc", utc), ("age", age), ("duration", duration),
                      ("json_text", json_text), ("limits", limits), ("counts_text", counts_text),
-                     ("last_line", last_line), ("in_zone", in_zone)):
+                     ("last_line", last_line), ("in_zone", in_zone), ("percent", percent)):
         app.add_template_filter(fn, name)
     # The limits' bounds, from their one home, for the forms' inputs to offer:
     # `{{ bounds.TYPE_LIMIT.max }}` (the `limits` filter shows a type's settings).

@@ -14,16 +14,17 @@ from werkzeug.wrappers import Response
 from app.core.callers import Caller, Role
 from app.core.clock import to_rfc3339
 from app.core.errors import QueueError
-from app.core.statuses import TERMINAL_STATUSES
+from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.history.schemas import (
     represent_attempt,
     represent_event,
     represent_explanation,
     represent_worker,
 )
+from app.jobs.admin import Cancelled
 from app.jobs.cursor import encode_cursor
 from app.jobs.key_repository import KeyTurn
-from app.jobs.models import Job, JobDependencies
+from app.jobs.models import Job, JobControls, JobDependencies
 from app.jobs.schemas import BulkSchema, represent
 from app.jobs.transitions import Transition
 from app.schedules.schemas import represent_schedule
@@ -43,6 +44,7 @@ from app.ui.forms import (
     workflow_filters,
 )
 from app.ui.graph_drawing import NODE_HEIGHT, NODE_WIDTH, GraphJob, draw, why_not_drawn
+from app.ui.present import utc
 from app.ui.security import CSRFRefused, check_csrf
 from app.web.problems import flatten_errors, problem_type_of
 from app.workflows.schemas import represent_summary, represent_workflow
@@ -201,8 +203,11 @@ def jobs() -> tuple[str, int]:
         next_cursor = following
         previous_cursor = encode_cursor(page[0].id) if page and "cursor" in filters else None
     shown = {name: value for name, value in filters.items() if name not in ("cursor", "before")}
-    return _page("jobs.html", jobs=[_shown(job) for job in page], filters=shown,
-                 next_cursor=next_cursor, previous_cursor=previous_cursor, messages={},
+    # The page's progress and cancel requests in one read, not one per job.
+    controls = services.jobs.controls_of(page)
+    return _page("jobs.html", jobs=[_shown(job, controls=controls) for job in page],
+                 filters=shown, next_cursor=next_cursor, previous_cursor=previous_cursor,
+                 messages={},
                  job_types=sorted(services.types.job_types), statuses=JOB_FILTER_STATUSES,
                  bulk=_bulk_actions(shown))
 
@@ -267,7 +272,8 @@ def _bulk_filters(action: str, given: Any) -> dict[str, Any]:
 def job(job_id: int) -> tuple[str, int]:
     services, caller = _services(), _caller()
     found = services.jobs.get_job(caller, job_id)
-    shown = _shown(found, services.jobs.dependencies_of([found]))
+    controls = services.jobs.controls_of([found])
+    shown = _shown(found, services.jobs.dependencies_of([found]), controls)
     explanation = represent_explanation(services.history.explain(caller, job_id))
     # A failed job that blocks its ordered key may be cancelled too: that passes the turn on.
     blocks_its_key = any(reason["code"] == "key_blocked" and reason.get("job_id") == job_id
@@ -278,7 +284,26 @@ def job(job_id: int) -> tuple[str, int]:
                            for a in services.history.attempts(caller, job_id)],
                  events=[_event_shown(represent_event(e), shown["error"])
                          for e in services.history.events(caller, job_id)],
-                 explanation=explanation)
+                 explanation=explanation,
+                 cancel_request=_cancel_request(shown, controls.get(job_id)),
+                 attempt_deadline=_attempt_deadline(found))
+
+
+def _cancel_request(shown: dict[str, Any], controls: JobControls | None
+                    ) -> dict[str, Any] | None:
+    """Who asked a running job's cancel and when; None when none is pending. A request
+    that outlived its job (a complete raced it) is moot, as the API's cancel_requested says."""
+    if not shown.get("cancel_requested") or controls is None:
+        return None
+    return {"by": controls.cancel_requested_by,
+            "at": to_rfc3339(controls.cancel_requested_at)}
+
+
+def _attempt_deadline(job: Job) -> str | None:
+    """When the running attempt is over (its claim plus timeout_seconds); None otherwise."""
+    if job.status != JobStatus.RUNNING:
+        return None
+    return to_rfc3339(job.attempt_deadline)
 
 
 def _event_shown(event: dict[str, Any], error: str | None) -> dict[str, Any]:
@@ -290,14 +315,15 @@ def _event_shown(event: dict[str, Any], error: str | None) -> dict[str, Any]:
     return event
 
 
-def _shown(job: Job, dependencies: Mapping[int, JobDependencies] | None = None
-           ) -> dict[str, Any]:
+def _shown(job: Job, dependencies: Mapping[int, JobDependencies] | None = None,
+           controls: Mapping[int, JobControls] | None = None) -> dict[str, Any]:
     # As the API shows it to an admin, with the producer too (the API's representation
     # leaves it out: a producer sees only its own jobs); with `dependencies` (a job's page),
-    # its depends_on, waiting_on and on_dependency_failure too.
+    # its depends_on, waiting_on and on_dependency_failure too; with `controls`, its
+    # progress and cancel_requested.
     # Finished is when a job reached its end: nothing but a retry changes it after that.
     finished = to_rfc3339(job.updated_at) if job.status in TERMINAL_STATUSES else None
-    return represent(job, show_error=True, dependencies=dependencies) | {
+    return represent(job, show_error=True, dependencies=dependencies, controls=controls) | {
         "producer": job.producer, "finished_at": finished}
 
 
@@ -309,8 +335,20 @@ def retry_job(job_id: int) -> Response:
 
 @bp.post("/jobs/<id:job_id>/cancel")
 def cancel_job(job_id: int) -> Response:
-    return _act(lambda: _services().jobs.cancel(_caller(), job_id), "Cancelled.",
+    return _act(lambda: _services().jobs.cancel(_caller(), job_id), _cancel_said,
                 url_for("ui.job", job_id=job_id))
+
+
+def _cancel_said(cancelled: Cancelled) -> str:
+    """What a cancel did: a pending or waiting job (or a failed one blocking its key) is
+    cancelled at once; a running one's cancel is only requested of its worker."""
+    if cancelled.controls is None:
+        return "Cancelled."
+    asked = cancelled.controls
+    return (f"Cancel requested (by {asked.cancel_requested_by}, "
+            f"{utc(to_rfc3339(asked.cancel_requested_at))}): the worker will be told at its "
+            "next heartbeat; the job ends cancelled when it reports, or when its lease "
+            "expires.")
 
 
 @bp.get("/types")
@@ -359,14 +397,15 @@ def _change_type(job_type: str, patch: dict[str, Any], done: str) -> Response:
                 url_for("ui.types"))
 
 
-def _act(action: Any, done: str, then: str) -> Response:
-    """Run a form's action; its refusal (a 404, a 409) becomes a message on the next page."""
+def _act(action: Callable[[], Any], done: str | Callable[[Any], str], then: str) -> Response:
+    """Run a form's action; its refusal (a 404, a 409) becomes a message on the next page.
+    `done` is the message of its success, or makes it from what the action returned."""
     try:
-        action()
+        answer = action()
     except QueueError as refused:
         flash(refused.detail, "error")
     else:
-        flash(done, "ok")
+        flash(done if isinstance(done, str) else done(answer), "ok")
     return redirect(then)
 
 

@@ -351,6 +351,64 @@ def test_bulk_retry_of_the_filtered_jobs_asks_first_and_a_wrong_path_is_the_dash
     assert browser.find_element(By.LINK_TEXT, "Jobs")  # the dashboard's page, signed in
 
 
+def test_an_operator_watches_a_running_jobs_progress_and_requests_its_cancel(
+        browser: Any, server: LiveServer, database_url: str, screenshots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "importer", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    enqueued = requests.post(server.url_of("/jobs"), headers=bearer(producer), timeout=10,
+                             json={"type": "email", "payload": {"file": "invoices.csv"},
+                                   "timeout_seconds": 3600})
+    job_id: int = enqueued.json()["id"]
+    claimed = requests.post(server.url_of("/jobs/claim"), headers=bearer(worker),
+                            timeout=10).json()
+    assert claimed["id"] == job_id
+    beat_url, lease = server.url_of(f"/jobs/{job_id}/heartbeat"), claimed["lease_token"]
+    beat = requests.post(beat_url, headers=bearer(worker), timeout=10, json={
+        "lease_token": lease, "progress": {"done": 42, "total": 120},
+        "message": "importing invoices.csv"})
+    assert beat.status_code == 200, beat.text
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+
+    # The list shows the job's share; its page, a bar the browser draws at 42 of 120.
+    browser.get(server.url_of("/ui/jobs"))
+    row = browser.find_element(By.XPATH, f"//th[normalize-space()='{job_id}']/..")
+    assert row.find_element(By.TAG_NAME, "progress").get_dom_attribute("value") == "42"
+    assert "35 %" in row.text
+    _follow(browser, row.find_element(By.LINK_TEXT, str(job_id)))
+    bar = browser.find_element(By.ID, "job-progress")
+    assert bar.tag_name == "progress" and bar.is_displayed()
+    assert (bar.get_dom_attribute("value"), bar.get_dom_attribute("max")) == ("42", "120")
+    assert abs(float(bar.get_property("position")) - 42 / 120) < 1e-9
+    assert browser.find_element(By.ID, "progress-count").text == "42 / 120"
+    assert browser.find_element(By.ID, "progress-message").text == "importing invoices.csv"
+    assert "1 h an attempt (3600 s)" in browser.find_element(By.ID, "timeout").text
+    _shot(browser, "running-job", engine, screenshots)
+
+    # Its cancel is a request: the job runs on until its worker, told at its next heartbeat,
+    # reports; then it ends cancelled, its last progress still shown.
+    _click_button(browser, "Request cancel")
+    assert "Cancel requested (by ops" in browser.find_element(By.CSS_SELECTOR, ".messages").text
+    assert "Cancel requested by ops" in browser.find_element(By.ID, "cancel-requested").text
+    # Asked once: no second request is offered (looked for in the source, as a missing
+    # element would be waited for).
+    assert ">Request cancel</button>" not in browser.page_source
+    told = requests.post(beat_url, headers=bearer(worker), timeout=10,
+                         json={"lease_token": lease}).json()
+    assert (told["status"], told["cancel_requested"]) == ("running", True)
+    stopped = requests.post(server.url_of(f"/jobs/{job_id}/fail"), headers=bearer(worker),
+                            timeout=10, json={"lease_token": lease, "error": "stopped"})
+    assert stopped.json()["status"] == "cancelled"
+    browser.refresh()
+    assert browser.find_element(By.CSS_SELECTOR, "h1 span").text == "cancelled"
+    assert browser.find_element(By.ID, "job-progress").get_dom_attribute("value") == "42"
+    assert 'id="cancel-requested"' not in browser.page_source
+
+
 # An order's workflow, run part way so that its drawing has a job in every status.
 ORDER_WORKFLOW: dict[str, Any] = {"name": "order-1001", "jobs": [
     {"ref": "validate", "type": "email"},
