@@ -358,8 +358,9 @@ class FailSchema(LeaseFencedSchema):
 
 
 class ShownProgressSchema(Schema):
-    done = fields.Integer(required=True)
-    total = fields.Integer(required=True)
+    # null while only a message was reported
+    done = fields.Integer(required=True, allow_none=True)
+    total = fields.Integer(required=True, allow_none=True)
     message = fields.String(required=True, allow_none=True)
     at = fields.String(required=True, metadata={"format": "date-time"})
 
