@@ -25,10 +25,17 @@ from queuelog_client.errors import (
     WaitTimeout,
 )
 from queuelog_client.signature import SignatureError, verify_signature
-from queuelog_client.worker import ClaimedJob, RetryLater, Worker, load_handler
+from queuelog_client.worker import (
+    CancelRequested,
+    ClaimedJob,
+    RetryLater,
+    Worker,
+    load_handler,
+)
 
 __all__ = [
     "BadRequest",
+    "CancelRequested",
     "ClaimedJob",
     "Client",
     "Conflict",

@@ -206,7 +206,10 @@ class Client:
                 concurrency_key: str | None = None,
                 unique: Mapping[str, Any] | None = None,
                 depends_on: Iterable[int] | None = None,
-                on_dependency_failure: str | None = None) -> Job:
+                on_dependency_failure: str | None = None,
+                timeout_seconds: int | None = None,
+                expires_at: datetime | str | None = None,
+                expires_in_seconds: int | None = None) -> Job:
         """Enqueue one job and return it, with `"replayed": True` when the server already
         held a job with this idempotency key (generated when not given).
 
@@ -223,8 +226,14 @@ class Client:
         `depends_on`: ids of jobs (the producer's own) that must finish first; the job is
         `waiting` until they have. `on_dependency_failure`: "cancel" (the server's default:
         a dependency that fails or is cancelled cancels this job) or "run" (it counts as
-        finished)."""
+        finished).
+
+        `timeout_seconds`: each attempt is over that long after its claim (neither lease nor
+        heartbeat runs past it): a failed attempt, error "timed out", retried per the
+        budget. `expires_at` (a timezone-aware datetime) or `expires_in_seconds`, not both:
+        a job not yet claimed by then is cancelled instead of run."""
         body = _enqueue_body(type, payload, priority, max_retries, run_at, delay_seconds)
+        body |= _running_limits(timeout_seconds, expires_at, expires_in_seconds)
         if concurrency_key is not None:
             body["concurrency_key"] = concurrency_key
         if unique is not None:
@@ -245,7 +254,8 @@ class Client:
     def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
         """Enqueue several jobs in one transaction (all or none) and return them in order,
         each with `"replayed"` and `"deduplicated"`. Each item is a POST /jobs body (`type`,
-        `payload`, `unique`, …); items without an `idempotency_key` get a fresh one. An item
+        `payload`, `unique`, `timeout_seconds`, `expires_at` as a datetime or a string, …);
+        items without an `idempotency_key` get a fresh one. An item
         whose unique key an earlier item of the batch holds meets that item's job. An item
         may carry a `ref`, and its `depends_on` may name the refs of earlier items beside
         job ids."""
@@ -401,10 +411,19 @@ class Client:
         return self._long_poll(wait_seconds, ask)
 
     def heartbeat(self, job_id: int, lease_token: str | None = None, *,
-                  lease_seconds: int | None = None) -> Job:
-        body: dict[str, Any] = _fenced(lease_token)
-        if lease_seconds is not None:
-            body["lease_seconds"] = lease_seconds
+                  lease_seconds: int | None = None, progress: tuple[int, int] | None = None,
+                  message: str | None = None,
+                  checkpoint: Mapping[str, Any] | None = None) -> Job:
+        """Extend the lease (by `lease_seconds`, or the server's default) and return the job.
+        Its `"cancel_requested"` says whether someone asked for the job's cancel: the
+        handler should stop (whatever it reports then, the job ends cancelled).
+
+        `progress`, a (done, total) pair, and `message` are shown in the job's `"progress"`;
+        `checkpoint`, a JSON object, is stored (durably, once this returns) and handed to
+        the job's next attempt in its claim's `"checkpoint"`. Conflict (409) when the lease
+        was lost."""
+        body = _fenced(lease_token) | _heartbeat_fields(lease_seconds, progress, message,
+                                                        checkpoint)
         return self._object("POST", f"/jobs/{int(job_id)}/heartbeat", body)
 
     def complete(self, job_id: int, lease_token: str | None = None, *,
@@ -423,18 +442,30 @@ class Client:
         return results
 
     def fail(self, job_id: int, lease_token: str | None = None, *, error: str,
-             retry_in_seconds: int | None = None) -> Job:
+             retry_in_seconds: int | None = None,
+             checkpoint: Mapping[str, Any] | None = None) -> Job:
         """Report a failed attempt: the job is pending again (after the backoff, or after
-        `retry_in_seconds`) or failed when its retries are spent."""
+        `retry_in_seconds`) or failed when its retries are spent; "cancelled" when its
+        cancel was requested meanwhile. `checkpoint` (a JSON object) is handed to the next
+        attempt, as a heartbeat's is."""
         body = _fenced(lease_token) | {"error": error}
         if retry_in_seconds is not None:
             body["retry_in_seconds"] = retry_in_seconds
+        if checkpoint is not None:
+            body["checkpoint"] = dict(checkpoint)
         return self._object("POST", f"/jobs/{int(job_id)}/fail", body)
 
-    # -- admins -------------------------------------------------------------------------------
+    # -- admins, and producers for their own jobs ----------------------------------------------
 
     def cancel(self, job_id: int) -> Job:
+        """Cancel a job (admins, or the producer that owns it; another producer's job is
+        NotFound). A pending or waiting job is cancelled at once. A running job only has its
+        cancel requested: it stays "running" with `"cancel_requested": True` until the worker
+        holding it reports (or its lease runs out), and then ends "cancelled", never retried.
+        Asking again changes nothing."""
         return self._object("POST", f"/jobs/{int(job_id)}/cancel", {})
+
+    # -- admins -------------------------------------------------------------------------------
 
     def retry(self, job_id: int) -> Job:
         return self._object("POST", f"/jobs/{int(job_id)}/retry", {})
@@ -595,16 +626,17 @@ def _query(**parameters: Any) -> str:
 
 def _job_fields(job: Mapping[str, Any]) -> dict[str, Any]:
     """A POST /jobs body given as a mapping (an item of a batch or a workflow), ready to
-    send: a datetime `run_at` as RFC 3339."""
+    send: a datetime `run_at` or `expires_at` as RFC 3339."""
     item = dict(job)
-    if isinstance(item.get("run_at"), datetime):
-        item["run_at"] = _rfc3339(item["run_at"])
+    for name in ("run_at", "expires_at"):
+        if isinstance(item.get(name), datetime):
+            item[name] = _rfc3339(item[name], name)
     return item
 
 
-def _rfc3339(moment: datetime) -> str:
+def _rfc3339(moment: datetime, name: str = "run_at") -> str:
     if moment.tzinfo is None:
-        raise ValueError("run_at must be timezone-aware (a naive datetime is ambiguous)")
+        raise ValueError(f"{name} must be timezone-aware (a naive datetime is ambiguous)")
     return moment.isoformat()
 
 
@@ -621,6 +653,39 @@ def _enqueue_body(type: str, payload: Mapping[str, Any] | None, priority: str | 
     if delay_seconds is not None:
         body["delay_seconds"] = delay_seconds
     return body
+
+
+def _running_limits(timeout_seconds: int | None, expires_at: datetime | str | None,
+                    expires_in_seconds: int | None) -> dict[str, Any]:
+    """The enqueue fields that bound a job's running: each attempt's timeout, and when the
+    job expires unclaimed. Giving both expiries is left to the server to refuse (422 naming
+    them), as run_at with delay_seconds is."""
+    fields: dict[str, Any] = {}
+    if timeout_seconds is not None:
+        fields["timeout_seconds"] = timeout_seconds
+    if expires_at is not None:
+        fields["expires_at"] = (_rfc3339(expires_at, "expires_at")
+                                if isinstance(expires_at, datetime) else expires_at)
+    if expires_in_seconds is not None:
+        fields["expires_in_seconds"] = expires_in_seconds
+    return fields
+
+
+def _heartbeat_fields(lease_seconds: int | None, progress: tuple[int, int] | None,
+                      message: str | None,
+                      checkpoint: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A heartbeat's body beside its lease token: only what was given."""
+    fields: dict[str, Any] = {}
+    if lease_seconds is not None:
+        fields["lease_seconds"] = lease_seconds
+    if progress is not None:
+        done, total = progress
+        fields["progress"] = {"done": done, "total": total}
+    if message is not None:
+        fields["message"] = message
+    if checkpoint is not None:
+        fields["checkpoint"] = dict(checkpoint)
+    return fields
 
 
 def _claim_body(types: Iterable[str] | None, lease_seconds: int | None,

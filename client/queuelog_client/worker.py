@@ -8,6 +8,11 @@ report sent again after its answer was lost gets the same 200 as the first. A 40
 lease was lost (the job went back to the queue and another attempt owns it), which is logged
 and dropped.
 
+Long jobs: a handler reports progress (job.progress: kept, and carried by the next heartbeat,
+which comes sooner when the last progress sent is over a second old), saves checkpoints
+(job.checkpoint: a heartbeat of its own, sent at once) and learns from the heartbeats' answers
+that its job's cancel was requested (job.cancel_requested, job.raise_if_cancel_requested()).
+
 Stopping (stop(), SIGTERM or SIGINT): no new claim is made; the jobs held finish within the
 grace period, after which those still running are failed with `retry_in_seconds=0` so
 another worker takes them at once. A second signal ends the grace period now.
@@ -19,12 +24,13 @@ import enum
 import functools
 import importlib
 import logging
+import math
 import random
 import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
@@ -40,7 +46,7 @@ from queuelog_client.errors import (
     ValidationFailed,
 )
 
-__all__ = ["ClaimedJob", "Handler", "RetryLater", "Worker", "load_handler"]
+__all__ = ["CancelRequested", "ClaimedJob", "Handler", "RetryLater", "Worker", "load_handler"]
 
 log = logging.getLogger("queuelog_client.worker")
 
@@ -57,6 +63,16 @@ RECONNECT_BACKOFF_SECONDS = 0.25
 RECONNECT_BACKOFF_MAX_SECONDS = 5.0
 # After the grace period: how long the last fail reports and reporting threads may take.
 FINAL_REPORT_SECONDS = 5.0
+# A heartbeat carries new progress at most this often beyond its usual pace: prompt enough to
+# watch, and a handler calling job.progress() in a tight loop still sends a request a second.
+PROGRESS_EVERY_SECONDS = 1.0
+# The server's bounds of a heartbeat's progress (tests/client/test_running_jobs.py checks
+# them against /openapi.json): done and total within JSON's exact integers, a message cut.
+MAX_PROGRESS = 2**53 - 1
+MAX_PROGRESS_MESSAGE_CHARS = 200
+# How long job.checkpoint() keeps trying a server that does not answer when the lease is
+# not known (a ClaimedJob made by hand); the runner's jobs try for their lease.
+CHECKPOINT_TRY_SECONDS = 30.0
 
 _UNREACHABLE = (ServerUnreachable, ServerError)
 
@@ -71,15 +87,33 @@ class RetryLater(Exception):
         super().__init__(self.reason)
 
 
+class CancelRequested(Exception):
+    """Raised by job.raise_if_cancel_requested() once the job's cancel was requested. The
+    runner reports it as a failure, which the server turns into the cancel."""
+
+
 class ClaimedJob(dict[str, Any]):
     """The job a handler receives: the claimed job's fields as a dict (without its lease
-    token), and `dependencies()`."""
+    token; `job["checkpoint"]` is what an earlier attempt saved, or None), `dependencies()`,
+    and for long jobs `progress()`, `checkpoint()`, `cancel_requested` and
+    `raise_if_cancel_requested()`.
 
-    def __init__(self, fields: Job, client: Client) -> None:
-        super().__init__(fields)
+    The dict's own `"cancel_requested"` and `"progress"` are the claim's; the properties and
+    methods are live."""
+
+    def __init__(self, fields: Job, client: Client, *, lease_seconds: int | None = None,
+                 beat_soon: Callable[[float], None] | None = None) -> None:
+        super().__init__({name: value for name, value in fields.items()
+                          if name != "lease_token"})
         self._client = client
+        self._lease_token: str | None = fields.get("lease_token")
+        self._lease_seconds = lease_seconds
         self._dependencies: list[dict[str, Any]] | None = None
         self._lock = threading.Lock()
+        self._cancel_requested = threading.Event()
+        # The runner's heartbeat thread: "beat for this job at this monotonic time".
+        self._beat_soon = beat_soon
+        self._progress = _ProgressMailbox()
 
     def dependencies(self) -> list[dict[str, Any]]:
         """The jobs this one depends on, in its `depends_on` order, each `{"id", "type",
@@ -91,6 +125,57 @@ class ClaimedJob(dict[str, Any]):
             if self._dependencies is None:
                 self._dependencies = self._client.dependencies(int(self["id"]))
             return list(self._dependencies)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once a heartbeat's answer (the runner's, or a checkpoint's) said the job's
+        cancel was requested: the handler should stop soon. Whatever it then returns or
+        raises, the job ends cancelled. Heard within one heartbeat interval (a third of the
+        lease); never with `Worker(heartbeat=False)`."""
+        return self._cancel_requested.is_set()
+
+    def raise_if_cancel_requested(self) -> None:
+        """Raise CancelRequested when the job's cancel was requested."""
+        if self._cancel_requested.is_set():
+            raise CancelRequested(f"job {self['id']} was cancelled while it ran")
+
+    def progress(self, done: int, total: int, message: str | None = None) -> None:
+        """Record how far the job is (0 <= done <= total), shown in the job's `"progress"`;
+        `message` is cut at MAX_PROGRESS_MESSAGE_CHARS. Never waits on the network: the
+        runner's heartbeats carry the latest progress, one of them sooner than usual when
+        the last progress sent is over PROGRESS_EVERY_SECONDS old. Cheap enough to call for
+        every item."""
+        for name, value in (("done", done), ("total", total)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"progress {name} must be an int, not {type(value).__name__}")
+        if not 0 <= done <= total <= MAX_PROGRESS:
+            raise ValueError(f"progress must be 0 <= done <= total <= {MAX_PROGRESS}, "
+                             f"not {done}/{total}")
+        if message is not None:
+            message = str(message)[:MAX_PROGRESS_MESSAGE_CHARS]
+        due = self._progress.record(done, total, message, time.monotonic())
+        if due is not None and self._beat_soon is not None:
+            self._beat_soon(due)
+
+    def checkpoint(self, state: Mapping[str, Any]) -> None:
+        """Save `state` (a JSON object) for the job's next attempt, which finds it in
+        `job["checkpoint"]`: a heartbeat sent now, durable once this returns. Raises
+        Conflict when the lease was lost (another attempt owns the job: stop),
+        ValidationFailed when the server refuses the state (larger than a payload may be),
+        and ServerUnreachable when the server did not answer for as long as the lease."""
+        body = dict(state)
+        within = float(self._lease_seconds or CHECKPOINT_TRY_SECONDS)
+        answer = _until_answered(lambda: self._client.heartbeat(
+            int(self["id"]), self._lease_token, lease_seconds=self._lease_seconds,
+            checkpoint=body), within)
+        self._heard(answer)
+
+    def _heard(self, answer: Job) -> bool:
+        """Take a heartbeat's answer; True when it newly says the cancel was requested."""
+        if answer.get("cancel_requested") and not self._cancel_requested.is_set():
+            self._cancel_requested.set()
+            return True
+        return False
 
     def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
         # Pickled (handed to a process pool, say) or copied, it becomes a plain dict: its
@@ -110,6 +195,66 @@ def load_handler(spec: str) -> Handler:
         raise ValueError(f"{spec} is not callable")
     handler: Handler = target
     return handler
+
+
+class _ProgressMailbox:
+    """The latest progress a handler recorded, and what the heartbeats have carried of it.
+
+    `record` answers when a heartbeat should carry it only while none is planned already, so
+    a tight loop of job.progress() touches the runner's lock once per beat, not per call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: tuple[dict[str, int], str | None] | None = None
+        self._recorded = 0  # calls of record(), numbering each progress
+        self._sent = 0  # the number of the last progress a heartbeat delivered
+        self._sent_at = -math.inf
+        self._beat_planned = False
+
+    def record(self, done: int, total: int, message: str | None, now: float) -> float | None:
+        """Keep this progress; the monotonic time a heartbeat should carry it, or None when
+        a beat is planned already."""
+        with self._lock:
+            self._latest = ({"done": done, "total": total}, message)
+            self._recorded += 1
+            if self._beat_planned:
+                return None
+            self._beat_planned = True
+            return max(now, self._sent_at + PROGRESS_EVERY_SECONDS)
+
+    def unsent(self) -> tuple[int, dict[str, int] | None, str | None]:
+        """(its number, progress, message) of the latest progress not yet delivered, or
+        (0, None, None)."""
+        with self._lock:
+            if self._latest is None or self._recorded == self._sent:
+                return 0, None, None
+            return self._recorded, *self._latest
+
+    def delivered(self, number: int, now: float) -> float | None:
+        """A heartbeat took progress `number` (0: none). When the next should carry a newer
+        one recorded meanwhile, or None."""
+        with self._lock:
+            if number > self._sent:
+                self._sent, self._sent_at = number, now
+            if self._recorded == self._sent:
+                self._beat_planned = False
+                return None
+            self._beat_planned = True
+            return max(now, self._sent_at + PROGRESS_EVERY_SECONDS)
+
+
+def _until_answered(send: Callable[[], Job], within: float) -> Job:
+    """send() again while the server is unreachable, for up to `within` seconds."""
+    deadline = time.monotonic() + within
+    backoff = RECONNECT_BACKOFF_SECONDS
+    while True:
+        try:
+            return send()
+        except _UNREACHABLE:
+            if time.monotonic() + backoff > deadline:
+                raise
+            time.sleep(backoff)
+            backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_SECONDS)
 
 
 class _JobState(enum.Enum):
@@ -132,9 +277,10 @@ class _Report(enum.Enum):
 @dataclass
 class _HeldJob:
     job: Job
+    view: ClaimedJob  # what the handler holds
     lease_token: str | None
     lease_seconds: int
-    next_heartbeat: float
+    next_heartbeat: float  # monotonic; inf once heartbeats stopped (lost lease, disabled)
     state: _JobState = _JobState.RUNNING
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -147,9 +293,12 @@ class Worker:
     """Runs `handler` on the jobs of `types` (None: any type the key allows).
 
     The handler receives the job as a dict (a ClaimedJob: `job.dependencies()` reads what
-    the jobs it depends on produced) and returns a JSON object or None, stored as the
+    the jobs it depends on produced; `job.progress()`, `job.checkpoint()` and
+    `job.cancel_requested` serve long jobs) and returns a JSON object or None, stored as the
     job's result. An exception fails the job with "Type: message" (the traceback is logged
-    here, never sent); `RetryLater(seconds)` asks for a retry after that many seconds.
+    here, never sent); `RetryLater(seconds)` asks for a retry after that many seconds. A job
+    whose cancel was requested while it ran ends cancelled whatever the handler reports
+    (counted in stats["cancelled"]).
 
     `token` defaults to QUEUELOG_TOKEN. `lease_seconds` defaults to the server's. A claim
     waits up to `wait_seconds` for work, so a stop may take that long to be noticed: the
@@ -177,7 +326,8 @@ class Worker:
         # Few attempts inside the client: the worker's own loops keep retrying, while
         # watching for a stop, for as long as the server stays away.
         self.client = Client(url, token, timeout=timeout, max_attempts=2)
-        self.stats = {"claimed": 0, "completed": 0, "failed": 0, "lost": 0, "abandoned": 0}
+        self.stats = {"claimed": 0, "completed": 0, "failed": 0, "cancelled": 0, "lost": 0,
+                      "abandoned": 0}
 
         self._held: dict[int, _HeldJob] = {}
         self._changed = threading.Condition()  # a slot freed, a stop, a new heartbeat due
@@ -294,8 +444,12 @@ class Worker:
 
     def _start(self, job: Job) -> None:
         lease = self.lease_seconds or _lease_of(job)
-        held = _HeldJob(job=job, lease_token=job.get("lease_token"), lease_seconds=lease,
-                        next_heartbeat=time.monotonic() + lease / 3)
+        view = ClaimedJob(job, self.client, lease_seconds=lease,
+                          beat_soon=lambda when: self._beat_soon(int(job["id"]), when))
+        held = _HeldJob(job=job, view=view, lease_token=job.get("lease_token"),
+                        lease_seconds=lease,
+                        next_heartbeat=time.monotonic() + lease / 3 if self.heartbeat_enabled
+                        else math.inf)
         with self._changed:
             self._held[held.id] = held
             self.stats["claimed"] += 1
@@ -308,11 +462,9 @@ class Worker:
 
     def _run_job(self, held: _HeldJob) -> None:
         try:
-            view = ClaimedJob({k: v for k, v in held.job.items() if k != "lease_token"},
-                              self.client)
             retry_in: int | None = None
             try:
-                result = self.handler(view)
+                result = self.handler(held.view)
                 if result is not None and not isinstance(result, dict):
                     raise TypeError(f"the handler returned {type(result).__name__}; "
                                     "a result must be a dict or None")
@@ -320,6 +472,9 @@ class Worker:
             except RetryLater as request:
                 error, retry_in, result = f"RetryLater: {request.reason}", request.seconds, None
                 log.info("job %s asks to be retried in %d s", held.id, request.seconds)
+            except CancelRequested as stop:
+                error, result = _describe(stop), None
+                log.info("job %s stopped: its cancel was requested", held.id)
             except BaseException as exc:  # any failure of the handler, SystemExit too
                 error, result = _describe(exc), None
                 log.error("job %s failed:\n%s", held.id,
@@ -353,50 +508,59 @@ class Worker:
             self._report_fail(held, f"result rejected by the server: {exc.detail} "
                                     f"{exc.errors or ''}".rstrip(), None)
             return
-        if outcome:
+        if outcome is not None and not self._cancelled(held, outcome):
             self._count("completed")
             log.info("job %s completed", held.id)
 
     def _report_fail(self, held: _HeldJob, error: str, retry_in: int | None) -> None:
-        if self._report(held, _Report.FAIL,
-                        lambda: self.client.fail(held.id, held.lease_token,
-                                                 error=error[:MAX_ERROR_CHARS],
-                                                 retry_in_seconds=retry_in)):
+        outcome = self._report(held, _Report.FAIL,
+                               lambda: self.client.fail(held.id, held.lease_token,
+                                                        error=error[:MAX_ERROR_CHARS],
+                                                        retry_in_seconds=retry_in))
+        if outcome is not None and not self._cancelled(held, outcome):
             self._count("failed")
 
-    def _report(self, held: _HeldJob, report: _Report, send: Callable[[], Job]) -> bool:
-        """Send until the server answers. True when it took the report (a repeat after a
-        lost answer included); False when the lease was lost (409/404) or the grace period
-        ran out. ValidationFailed of a complete is raised: the caller fails the job."""
+    def _cancelled(self, held: _HeldJob, outcome: Job) -> bool:
+        """Whether the server turned the report into the cancel it was asked for."""
+        if outcome.get("status") != "cancelled":
+            return False
+        self._count("cancelled")
+        log.info("job %s cancelled on request", held.id)
+        return True
+
+    def _report(self, held: _HeldJob, report: _Report, send: Callable[[], Job]) -> Job | None:
+        """Send until the server answers. The job it answered with when it took the report
+        (a repeat after a lost answer included); None when the lease was lost (409/404) or
+        the grace period ran out. ValidationFailed of a complete is raised: the caller fails
+        the job."""
         what = report.value
         backoff = RECONNECT_BACKOFF_SECONDS
         while True:
             try:
-                send()
-                return True
+                return send()
             except (Conflict, NotFound) as exc:
                 self._count("lost")
                 log.warning("job %s: %s refused, the lease was lost (%s); another attempt "
                             "owns the job", held.id, what, exc.detail)
-                return False
+                return None
             except ValidationFailed as exc:
                 if report is _Report.COMPLETE:
                     raise  # the result was refused: the caller fails the job instead
                 log.error("job %s: %s refused: %s", held.id, what, exc)
-                return False
+                return None
             except _UNREACHABLE as exc:
                 if self._past_deadline(backoff):
                     log.error("job %s: could not %s before the grace period ended (%s); "
                               "the job returns to the queue when its lease expires",
                               held.id, what, _short(exc))
-                    return False
+                    return None
                 log.warning("job %s: %s failed, server unreachable, retrying in %.1f s (%s)",
                             held.id, what, backoff, _short(exc))
                 time.sleep(backoff)
                 backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_SECONDS)
             except ProblemError as exc:
                 log.error("job %s: %s refused: %s", held.id, what, exc)
-                return False
+                return None
 
     def _past_deadline(self, margin: float = 0.0) -> bool:
         deadline = self._deadline
@@ -422,26 +586,58 @@ class Worker:
                     continue
                 due = [h for h in due if h.next_heartbeat <= now]
             for held in due:
-                if self.heartbeat_enabled:
-                    self._beat(held)
-                else:
-                    held.next_heartbeat = float("inf")
+                self._beat(held)
+
+    def _beat_soon(self, job_id: int, when: float) -> None:
+        """A handler's new progress: beat for its job at `when` if none comes sooner."""
+        with self._changed:
+            held = self._held.get(job_id)
+            # inf: this job's heartbeats stopped (lease lost, or heartbeat=False) and
+            # progress must not restart them.
+            if held is None or not math.isfinite(held.next_heartbeat):
+                return
+            if when < held.next_heartbeat:
+                held.next_heartbeat = when
+                self._changed.notify_all()
 
     def _beat(self, held: _HeldJob) -> None:
         interval = held.lease_seconds / 3
+        number, progress, message = held.view._progress.unsent()
         try:
-            self.client.heartbeat(held.id, held.lease_token, lease_seconds=held.lease_seconds)
-            held.next_heartbeat = time.monotonic() + interval
+            answer = self.client.heartbeat(
+                held.id, held.lease_token, lease_seconds=held.lease_seconds,
+                progress=None if progress is None else (progress["done"], progress["total"]),
+                message=message)
         except _UNREACHABLE as exc:
             # Sooner than usual: the lease runs out while the server is away.
-            held.next_heartbeat = time.monotonic() + min(interval, 1.0)
+            self._plan_beat(held, time.monotonic() + min(interval, 1.0))
             log.warning("job %s: heartbeat failed, server unreachable (%s)", held.id,
                         _short(exc))
+            return
+        except ValidationFailed as exc:
+            # A body the server refused (progress it would not take, say), not a lost lease:
+            # drop that progress and beat again soon, as after a failed beat.
+            held.view._progress.delivered(number, time.monotonic())
+            self._plan_beat(held, time.monotonic() + min(interval, 1.0))
+            log.error("job %s: heartbeat refused: %s", held.id, exc)
+            return
         except ProblemError as exc:
-            held.next_heartbeat = float("inf")
+            with self._changed:
+                held.next_heartbeat = math.inf
             if held.state is _JobState.RUNNING:
                 log.warning("job %s: heartbeat refused, the lease is lost (%s); the handler "
                             "runs on but its outcome will be refused", held.id, exc.detail)
+            return
+        now = time.monotonic()
+        newer_progress = held.view._progress.delivered(number, now)
+        self._plan_beat(held, min(now + interval, newer_progress or math.inf))
+        if held.view._heard(answer):
+            log.info("job %s: cancel requested; job.cancel_requested is now True", held.id)
+
+    def _plan_beat(self, held: _HeldJob, when: float) -> None:
+        with self._changed:
+            if math.isfinite(held.next_heartbeat):
+                held.next_heartbeat = when
 
     # -- stopping --------------------------------------------------------------------------
 
