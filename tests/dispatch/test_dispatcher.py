@@ -259,3 +259,45 @@ def test_max_running_of_a_push_type_holds(client, api, admin, producer, dispatch
                    "every completion")
         running.stop()
     assert receiver.max_running <= 2 and len(receiver.received) == 12
+
+
+def test_the_dispatcher_never_delivers_an_expired_job_and_cancels_it(
+        client, api, admin, producer, dispatching):
+    """Contract §17 on the push path: a job past its expires_at is not sent; the
+    dispatcher's claim cancels it (detail reason expired) and delivers the others."""
+    with Receiver() as receiver:
+        receiver.secret = make_push(client, admin, receiver.url, paused=True)
+        expired = api.enqueue(producer, type="email", expires_in_seconds=1).json["id"]
+        kept = api.enqueue(producer, type="email").json["id"]
+        time.sleep(1.1)  # the wall clock: the dispatcher's
+        client.patch("/types/email", headers=admin.headers, json={"paused": False})
+        running = dispatching()
+        wait_until(lambda: job_of(api, admin, kept)["status"] == "completed", "delivery")
+        running.stop()
+
+    assert [delivery.job_id for delivery in receiver.received] == [kept]
+    assert job_of(api, admin, expired)["status"] == "cancelled"
+    assert events_of(client, admin, expired)[-1]["detail"]["reason"] == "expired"
+
+
+def test_a_push_jobs_delivery_is_cut_at_its_attempts_deadline(
+        client, api, admin, producer, dispatching):
+    """timeout_seconds caps the dispatcher's lease, and so the delivery's time limit: a
+    receiver slower than the job's deadline is not waited for past it."""
+    def slow(_received: Received) -> Reply:
+        time.sleep(12)
+        return Reply(200, b"{}")
+
+    with Receiver(answer=slow) as receiver:
+        receiver.secret = make_push(client, admin, receiver.url, timeout_seconds=60)
+        job_id = api.enqueue(producer, type="email", timeout_seconds=8,
+                             max_retries=0).json["id"]
+        started = time.monotonic()
+        running = dispatching()
+        wait_until(lambda: job_of(api, admin, job_id)["status"] == "failed", "the cut",
+                   timeout=30)
+        waited = time.monotonic() - started
+        running.stop()
+
+    assert waited < 12  # not the receiver's 12 s, nor the type's 60 s
+    assert "timed out" in job_of(api, admin, job_id)["error"]
