@@ -147,7 +147,7 @@ class Runner:
             began = time.perf_counter()
             claimed = JobRepository(conn).claim_next_jobs(
                 now_us=now, worker="worker-1", lease_expires_at=now + LEASE_US,
-                nonce=secrets.token_hex(16), limit=1, types=self.case.types)
+                nonce=secrets.token_hex(16), limit=1, types=self.case.types).jobs
             inside.append(time.perf_counter() - began)
             return claimed
 

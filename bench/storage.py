@@ -102,7 +102,7 @@ class RepositoryWay:
             now = now_us()
             return JobRepository(conn).claim_next_jobs(
                 now_us=now, worker=WORKER.name, lease_expires_at=now + LEASE_US,
-                nonce=secrets.token_hex(16), limit=1, types=None)
+                nonce=secrets.token_hex(16), limit=1, types=None).jobs
         job = self.db.run_write(claim_in)[0]
         self.held.append((job.id, job.lease_token))
 

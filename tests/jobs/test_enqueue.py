@@ -44,6 +44,10 @@ def test_enqueue_answers_201_with_the_job_and_its_location(api, producer, clock)
         "depends_on": [],
         "waiting_on": 0,
         "on_dependency_failure": None,
+        "timeout_seconds": None,
+        "expires_at": None,
+        "cancel_requested": False,
+        "progress": None,
     }
     assert "error" not in job and "lease_token" not in job
     assert RFC3339_UTC.match(job["created_at"])
