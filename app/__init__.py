@@ -127,7 +127,9 @@ def start_scheduler(app: Flask) -> None:
         return
     from app.schedules.ticker import Ticker
 
-    app.extensions["queuelog_ticker"] = Ticker(app.extensions["queuelog"].schedules).start()
+    services = app.extensions["queuelog"]
+    app.extensions["queuelog_ticker"] = Ticker(
+        services.schedules, chores=[services.jobs.reservations.release_overdue]).start()
 
 
 def stop_scheduler(app: Flask) -> None:
@@ -156,8 +158,9 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         bulk_batch_size=config["BULK_BATCH_SIZE"],
         max_waiting_claims=config["MAX_WAITING_CLAIMS"],
         max_waiting_requests=config["MAX_WAITING_REQUESTS"],
+        check_url_prefixes=config["CHECK_URL_ORIGINS"],
     )
-    keys = KeyService(db, clock)
+    keys = KeyService(db, clock, check_url_prefixes=config["CHECK_URL_ORIGINS"])
     counts = BacklogCounts(db, clock, config["TYPE_COUNTS_MAX_AGE_SECONDS"])
     flow = FlowControl(db, clock, on_skip=on_skip)
     # Told when a job of this process may have finished: the reads waiting for one wake.
@@ -179,7 +182,8 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
                           push_origins=config["PUSH_ALLOWED_ORIGINS"]),
         history=HistoryService(db, clock, jobs, keys, ahead_limit=config["EXPLAIN_AHEAD_LIMIT"]),
         schedules=ScheduleService(
-            db, clock, jobs, IntakeRules(settings.job_types, settings.max_payload_bytes),
+            db, clock, jobs, IntakeRules(settings.job_types, settings.max_payload_bytes,
+                        settings.check_url_prefixes),
             ScheduleSettings(allow_seconds=config["SCHEDULE_SECONDS"],
                              grace_seconds=config["SCHEDULE_GRACE_SECONDS"]),
             on_fired=on_fired),

@@ -27,10 +27,12 @@ from flask.cli import AppGroup, FlaskGroup, ScriptInfo, with_appcontext
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from app.config import ConfigError
 from app.core.callers import Role
 from app.core.errors import NotFound, QueueError
 from app.core.limits import BATCH_ROWS, RATE, TYPE_LIMIT
 from app.core.priorities import Priority
+from app.core.redaction import display_url
 from app.core.statuses import TERMINAL_STATUSES
 from app.keys.service import KeyCommandError
 from app.storage.engine import DatabaseSetupError, explain_database_error, shown_url, sqlite_path
@@ -117,7 +119,24 @@ def db_upgrade(revision: str) -> None:
     click.echo(f"database at {revision}")
 
 
-keys_group = AppGroup("keys", help="Create, list and revoke API keys.")
+keys_group = AppGroup("keys", help="Create, list and revoke API keys; set a producer key's "
+                                     "check url and check secret.")
+
+
+def _key_call(call: Callable[[], Any]) -> Any:
+    """Run a key command; its refusal (a KeyCommandError, or a check url's ValidationFailed)
+    as one line."""
+    try:
+        return call()
+    except KeyCommandError as exc:
+        raise click.ClickException(str(exc)) from None
+    except QueueError as problem:
+        raise click.ClickException(problem.detail) from None
+
+
+def _sign_hint(name: str) -> str:
+    return (f"its checks are signed once `queuelog keys check-secret {name}` makes a check "
+            "secret")
 
 
 @keys_group.command("create")
@@ -127,43 +146,76 @@ keys_group = AppGroup("keys", help="Create, list and revoke API keys.")
                                                   case_sensitive=False),
               help="highest priority a producer may enqueue at (default medium)")
 @click.option("--types", help="comma-separated job types this key is limited to")
-def keys_create(name: str, role: str, max_priority: str | None, types: str | None) -> None:
+@click.option("--check-url", metavar="URL",
+              help="a producer's: asked about its reservations left unanswered; must start "
+                   "with one of QUEUELOG_CHECK_URL_ORIGINS")
+def keys_create(name: str, role: str, max_priority: str | None, types: str | None,
+                check_url: str | None) -> None:
     """Create a key; its token is printed once, alone on the last line."""
-    try:
-        token = _services().keys.create_key(
-            name, Role(role),
-            max_priority=Priority.from_label(max_priority) if max_priority else None,
-            job_types=types.split(",") if types else None,
-            known_types=current_app.config["JOB_TYPES"],
-        )
-    except KeyCommandError as exc:
-        raise click.ClickException(str(exc)) from None
+    token = _key_call(lambda: _services().keys.create_key(
+        name, Role(role),
+        max_priority=Priority.from_label(max_priority) if max_priority else None,
+        job_types=types.split(",") if types else None,
+        known_types=current_app.config["JOB_TYPES"],
+        check_url=check_url,
+    ))
+    if check_url is not None:
+        click.echo(f"check url set: {display_url(check_url)}; {_sign_hint(name)}")
     click.echo(f"created {role} key {name!r}; its token is shown once, store it now:")
     click.echo(token)
 
 
 @keys_group.command("list")
 def keys_list() -> None:
-    """List keys (never their tokens). max_priority is a producer's ceiling: "-" for others."""
+    """List keys (never their tokens). max_priority is a producer's ceiling: "-" for others.
+    check_url, a producer's, in its display form (no credentials, no query values)."""
     keys = _services().keys.list_keys()
-    click.echo(f"{'name':<24} {'role':<9} {'max_priority':<13} {'types':<24} status")
+    click.echo(f"{'name':<24} {'role':<9} {'max_priority':<13} {'types':<24} {'status':<8} "
+               "check_url")
     for key in keys:
         status = "revoked" if key.revoked_at is not None else "live"
         ceiling = (Priority(key.max_priority).label if key.role == Role.PRODUCER.value
                    else "-")
+        check = display_url(key.check_url) if key.check_url else ""
         click.echo(f"{key.name:<24} {key.role:<9} {ceiling:<13} "
-                   f"{key.job_types or '*':<24} {status}")
+                   f"{key.job_types or '*':<24} {status:<8} {check}".rstrip())
 
 
 @keys_group.command("revoke")
 @click.argument("name")
 def keys_revoke(name: str) -> None:
     """Revoke a key; the next request with it is refused."""
-    try:
-        _services().keys.revoke_key(name)
-    except KeyCommandError as exc:
-        raise click.ClickException(str(exc)) from None
+    _key_call(lambda: _services().keys.revoke_key(name))
     click.echo(f"revoked {name!r}")
+
+
+@keys_group.command("set-check-url")
+@click.argument("name")
+@click.argument("url", required=False)
+@click.option("--clear", is_flag=True, help="remove the key's check url")
+def keys_set_check_url(name: str, url: str | None, clear: bool) -> None:
+    """Set producer key NAME's check url to URL, or --clear it. Reservations made from now
+    on take it; those made before keep theirs."""
+    if clear == (url is not None):
+        raise click.ClickException("give the check url, or --clear to remove it (not both)")
+    key = _key_call(lambda: _services().keys.set_check_url(name, url))
+    if url is None:
+        click.echo(f"check url of {name!r} cleared: its reservations from now on without a "
+                   "check url of their own are released at their deadline if left unanswered")
+        return
+    hint = "" if key.check_secret else f"; {_sign_hint(name)}"
+    click.echo(f"check url of {name!r} set: {display_url(url)}{hint}")
+
+
+@keys_group.command("check-secret")
+@click.argument("name")
+def keys_check_secret(name: str) -> None:
+    """Give producer key NAME a new check secret, printed once, alone on the last line; the
+    one before stops signing its checks at once."""
+    secret = _key_call(lambda: _services().keys.rotate_check_secret(name))
+    click.echo(f"new check secret of {name!r} (the one before no longer signs its checks); "
+               "it is shown once, store it now:")
+    click.echo(secret)
 
 
 types_group = AppGroup("types", help="Read and change job types' flow control.")
@@ -560,14 +612,15 @@ _FLASK_OPTIONS = frozenset({"app", "debug", "env_file"})
 
 
 class _QueuelogGroup(FlaskGroup):
-    """FlaskGroup whose commands' database mistakes are one line (click's "Error: …" on
-    stderr, exit 1), not a traceback. The app is built inside invoke (when a command is
-    looked up), so a URL it cannot use is caught here too."""
+    """FlaskGroup whose commands' database and settings mistakes are one line (click's
+    "Error: …" on stderr, exit 1), not a traceback. The app is built inside invoke (when a
+    command is looked up), so a URL it cannot use, or a QUEUELOG_ variable it cannot read
+    (ConfigError names it), is caught here too."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except DatabaseSetupError as exc:
+        except (DatabaseSetupError, ConfigError) as exc:
             raise click.ClickException(str(exc)) from None
         except DBAPIError as exc:
             url = ctx.ensure_object(ScriptInfo).load_app().config["DATABASE_URL"]
@@ -579,7 +632,7 @@ class _QueuelogGroup(FlaskGroup):
         # and the help lists what needs no app (the worker).
         try:
             ctx.ensure_object(ScriptInfo).load_app()
-        except DatabaseSetupError as exc:
+        except (DatabaseSetupError, ConfigError) as exc:
             click.echo(f"Error: {exc}", err=True)
             return sorted(click.Group.list_commands(self, ctx))
         return super().list_commands(ctx)

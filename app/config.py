@@ -67,6 +67,20 @@ def _push_origins(text: str) -> frozenset[str]:
     return frozenset(origins)
 
 
+def _check_url_prefixes(text: str) -> tuple[str, ...]:
+    prefixes = []
+    for part in (part.strip() for part in text.split(",")):
+        if not part:
+            continue
+        if push_origin(part) is None or "@" in part or "?" in part or "#" in part:
+            raise ValueError(f"{part!r} is not a url prefix: give scheme://host[:port][/path] "
+                             "(http or https), comma-separated")
+        prefixes.append(part)
+    if not prefixes:
+        raise ValueError("lists no prefix; unset it to allow no check url")
+    return tuple(prefixes)
+
+
 def _sqlite_synchronous(text: str) -> str:
     value = text.strip().upper()
     if value not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
@@ -156,6 +170,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("PUSH_ALLOWED_ORIGINS", None, _push_origins,
             "comma-separated scheme://host[:port] a push url may name (PATCH /types answers "
             "422 for another; a type set before is refused delivery); unset: any"),
+    Setting("CHECK_URL_ORIGINS", (), _check_url_prefixes,
+            "comma-separated url prefixes (scheme://host[:port][/path]) a reservation's check "
+            "url must start with (POST /jobs and `queuelog keys` answer 422 or refuse "
+            "another); unset: no check url is allowed, and reservations left unanswered are "
+            "released at their deadline"),
     Setting("DISPATCH_CONCURRENCY", 16, _int_in(1, 256),
             "deliveries the dispatcher makes at once (its --concurrency default)"),
     Setting("DISPATCH_GRACE_SECONDS", 20.0, _float_in(0, 900),
@@ -200,6 +219,9 @@ def normalise(config: dict[str, Any]) -> None:
     origins = config.get("PUSH_ALLOWED_ORIGINS")
     if isinstance(origins, str):
         config["PUSH_ALLOWED_ORIGINS"] = _push_origins(origins)
+    prefixes = config.get("CHECK_URL_ORIGINS")
+    if isinstance(prefixes, str):
+        config["CHECK_URL_ORIGINS"] = _check_url_prefixes(prefixes)
     job_types = config.get("JOB_TYPES")
     if isinstance(job_types, str):
         config["JOB_TYPES"] = _job_types(job_types)

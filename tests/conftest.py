@@ -94,7 +94,8 @@ def _empty_postgres(url: str) -> None:
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE jobs, api_keys, job_types, job_attempts, job_events, "
                           "key_activity, schedules, ui_sessions, ui_sign_in_failures, "
-                          "job_dependencies, workflows, workflow_jobs, key_turns, job_checkpoints "
+                          "job_dependencies, workflows, workflow_jobs, key_turns, job_checkpoints, "
+                          "job_reservations "
                           "RESTART IDENTITY"))
     engine.dispose()
 

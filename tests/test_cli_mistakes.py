@@ -233,3 +233,40 @@ def test_serve_from_a_checkout_serves_the_default_database_it_names(tmp_path) ->
             for leftover in default.parent.glob("queuelog.sqlite3*"):
                 leftover.unlink()
     assert stderr.splitlines()[0].startswith(f"queuelog: serving sqlite:///{default} ")
+
+
+@pytest.fixture(scope="module")
+def keys_database(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A migrated SQLite database holding a producer key (billing) and a worker key
+    (renderer); the mistakes below change nothing in it."""
+    where = tmp_path_factory.mktemp("keys")
+    env = _migrated(where)
+    for name, role in (("billing", "producer"), ("renderer", "worker")):
+        assert run(["keys", "create", name, "--role", role], where, **env).returncode == 0
+    return env
+
+
+CHECK_URL = "https://shop.example/queuelog/check"
+ORIGINS = {"QUEUELOG_CHECK_URL_ORIGINS": "https://shop.example/queuelog/"}
+CHECK_KEY_MISTAKES = [
+    ("unknown-key", ["check-secret", "nobody"], {}, ["no key named 'nobody'"]),
+    ("not-a-producer", ["set-check-url", "renderer", "--clear"], {},
+     ["'renderer' has the role worker", "only a producer key"]),
+    ("refused-url", ["create", "shop", "--role", "producer", "--check-url",
+                     "https://shop.example.evil/queuelog/check"], ORIGINS,
+     ["The check url is refused", "QUEUELOG_CHECK_URL_ORIGINS"]),
+    ("no-check-url-origins", ["set-check-url", "billing", CHECK_URL], {},
+     ["The check url is refused", "QUEUELOG_CHECK_URL_ORIGINS is not set"]),
+    ("malformed-check-url-origins", ["check-secret", "billing"],
+     {"QUEUELOG_CHECK_URL_ORIGINS": "shop.example"},
+     ["QUEUELOG_CHECK_URL_ORIGINS", "is not a url prefix"]),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "env_extra", "phrases"), CHECK_KEY_MISTAKES,
+                         ids=[m[0] for m in CHECK_KEY_MISTAKES])
+def test_a_check_url_or_check_secret_mistake_is_one_line(tmp_path, keys_database, name, args,
+                                                         env_extra, phrases) -> None:
+    result = run(["keys", *args], tmp_path, **keys_database, **env_extra)
+    assert_one_line_mistake(result, *phrases)
+    assert "qlchk_" not in result.stderr

@@ -232,7 +232,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0017"
+        assert current_revision(conn) == head_revision() == "0018"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
@@ -248,7 +248,7 @@ def test_postgres_tables_carry_the_storage_parameters_of_0011(empty_db_url, engi
     database = Database(make_engine(empty_db_url))
     if engine_name == "sqlite":
         with database.read() as conn:
-            assert current_revision(conn) == "0017"
+            assert current_revision(conn) == "0018"
         database.engine.dispose()
         return
     with database.read() as conn:
@@ -604,6 +604,55 @@ def test_running_jobs_migration_keeps_the_stored_jobs_and_lets_them_be_controlle
 
     assert [row[:2] for row in stored("SELECT id, status FROM jobs ORDER BY id")] == [
         (1, "completed"), (2, "cancelled"), (3, "running"), (4, "failed"), (5, "pending")]
+    engine.dispose()
+
+
+def test_reserved_jobs_migration_keeps_jobs_and_keys_and_takes_reservations(empty_db_url):
+    """0018 on a database 0017 filled: every job and key stays as it was, no key has a check,
+    no reservation exists; the upgraded service reserves, confirms and releases; the way
+    down releases (cancels) a job still reserved, which an older release could never run."""
+    upgrade(empty_db_url, "0017")
+    now = 1_800_000_000_000_000
+    job = {"type": "email", "payload": "{}", "priority": 10, "status": "pending",
+           "retry_count": 0, "max_retries": 3, "producer": "producer-1", "run_at": 0,
+           "claimed_at": None, "worker_id": None, "lease_expires_at": None,
+           "lease_token": None, "error": None, "created_at": 1, "updated_at": 1}
+    engine = make_engine(empty_db_url, pooled=False)
+    with engine.begin() as conn:  # the tables as 0017 left them
+        conn.execute(table("jobs", *map(column, job)).insert(),
+                     [job, {**job, "status": "completed", "created_at": 2}])
+    jobs_0017 = table("jobs", column("id"), *map(column, job))
+
+    def stored(query: Any) -> list[tuple[Any, ...]]:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(
+                text(query) if isinstance(query, str) else query)]
+
+    before = stored(select(jobs_0017).order_by(jobs_0017.c.id))
+    upgrade(empty_db_url)
+
+    assert stored(select(jobs_0017).order_by(jobs_0017.c.id)) == before
+    assert stored("SELECT * FROM job_reservations") == []
+    application = create_app({"TESTING": True, "DATABASE_URL": empty_db_url,
+                              "JOB_TYPES": frozenset({"email"}),
+                              "CLOCK": ManualClock(start_us=now), "DB_POOL_SIZE": 2})
+    keys = application.extensions["queuelog"].keys
+    producer = {"Authorization": f"Bearer {keys.create_key('producer-1', Role.PRODUCER)}"}
+    assert stored("SELECT check_url, check_secret FROM api_keys") == [(None, None)]
+    client = application.test_client()
+    reserve = {"type": "email", "reserve": {"confirm_within_seconds": 60}}
+    confirmed = client.post("/jobs", json=reserve, headers=producer).json["id"]
+    released = client.post("/jobs", json=reserve, headers=producer).json["id"]
+    left = client.post("/jobs", json=reserve, headers=producer).json["id"]
+    assert client.post(f"/jobs/{confirmed}/confirm", headers=producer).json["status"] == "pending"
+    assert client.post(f"/jobs/{released}/release",
+                       headers=producer).json["status"] == "cancelled"
+    application.extensions["queuelog"].db.engine.dispose()
+
+    command.downgrade(alembic_config(empty_db_url), "0017")
+
+    assert stored("SELECT id, status FROM jobs ORDER BY id")[-3:] == [
+        (confirmed, "pending"), (released, "cancelled"), (left, "cancelled")]
     engine.dispose()
 
 

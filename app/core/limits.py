@@ -114,6 +114,9 @@ RESULT_WAIT_SECONDS = Limit[float]("RESULT_WAIT_SECONDS", 0, 60, "seconds",
                                    "finish", default=0.0)
 PUSH_TIMEOUT_SECONDS = Limit[int]("PUSH_TIMEOUT_SECONDS", 1, 900, "seconds",
                                   "a push delivery's time limit", default=30)
+CONFIRM_WITHIN_SECONDS = Limit[int]("CONFIRM_WITHIN_SECONDS", 1, _DAY_SECONDS, "seconds",
+                                    "a reserve's confirm_within_seconds: how long its "
+                                    "producer has to confirm or release it")
 TIMEOUT_SECONDS = Limit[int]("TIMEOUT_SECONDS", 1, 7 * _DAY_SECONDS, "seconds",
                              "a job's timeout_seconds: how long one attempt may run")
 EXPIRES_IN_SECONDS = Limit[int]("EXPIRES_IN_SECONDS", 1, _YEAR_SECONDS, "seconds",
@@ -128,4 +131,5 @@ LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     PAGE_BYTES, PROGRESS_COUNT, CATCH_UP, BATCH_ROWS, TYPE_LIMIT, RATE,
     LEASE_SECONDS, DELAY_SECONDS, UNIQUE_PERIOD_SECONDS, RETRY_IN_SECONDS, CLAIM_WAIT_SECONDS,
     RESULT_WAIT_SECONDS, PUSH_TIMEOUT_SECONDS, TIMEOUT_SECONDS, EXPIRES_IN_SECONDS,
+    CONFIRM_WITHIN_SECONDS,
 )

@@ -1,6 +1,7 @@
-"""The origin a push url sends to: one rule for the operator's allow list (app/config.py) and
-for delivery (app/types, app/dispatch). A leaf: it imports nothing of queuelog's, so the
-settings table can use it without joining the packages above it."""
+"""The urls queuelog calls, and the origin a push url sends to: one rule for the operator's
+allow lists (app/config.py) and for delivery and checks (app/types, app/jobs, app/dispatch).
+A leaf: it imports nothing of queuelog's, so the settings table can use it without joining
+the packages above it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,21 @@ from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+_PORT = (r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}"
+         r"|[1-9][0-9]{0,3})")
+# A url queuelog calls (a push endpoint, a reservation's check): http or https; optional
+# user:pass@ (sent as Basic auth); a host name or IPv4 address; an optional port 1..65535;
+# then path and query in printable ASCII, no fragment (it is never sent). Percent-encode
+# anything else. Strict on purpose: the pattern
+# is also the API's documented one, so what it admits is exactly what is accepted.
+HTTP_URL_PATTERN = (
+    r"^[Hh][Tt][Tt][Pp][Ss]?://"
+    r"(?:[A-Za-z0-9._~%!$&'()*+,;=:-]+@)?"
+    r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?"
+    rf"(?::{_PORT})?"
+    r"(?:[/?][!$-~]*)?\Z"
+)
 
 
 def push_origin(url: str) -> str | None:
@@ -22,3 +38,28 @@ def push_origin(url: str) -> str | None:
     if scheme not in _DEFAULT_PORTS or not parsed.host:
         return None
     return f"{scheme}://{parsed.host.lower()}:{parsed.port or _DEFAULT_PORTS[scheme]}"
+
+
+def check_url_refusal(url: str, prefixes: tuple[str, ...]) -> str | None:
+    """Why a reservation's check url may not be asked (None: it may): it must start with one
+    of the operator's prefixes (QUEUELOG_CHECK_URL_ORIGINS), compared as the origin the
+    client connects to and then the path, so that neither a look-alike host
+    ("https://shop.example.evil/") nor a user:pass@ part passes for a listed one."""
+    origin = push_origin(url)
+    if origin is None:
+        return "it names no http or https host"
+    if not prefixes:
+        return "QUEUELOG_CHECK_URL_ORIGINS is not set: the operator allows no check url"
+    path = _path_of(url)
+    for prefix in prefixes:
+        if push_origin(prefix) == origin and path.startswith(_path_of(prefix)):
+            return None
+    return "it does not start with one of QUEUELOG_CHECK_URL_ORIGINS (the operator's list)"
+
+
+def _path_of(url: str) -> str:
+    try:
+        parsed = parse_url(url.strip())
+    except LocationParseError:
+        return ""
+    return parsed.path or "/"

@@ -7,6 +7,9 @@ from typing import Any
 
 
 class JobStatus(enum.StrEnum):
+    # Stored by a producer's reserve, until it confirms (pending) or releases (cancelled)
+    # it (contract §18): never claimed, never pushed.
+    RESERVED = "reserved"
     # Waiting for its dependencies (contract §15): never claimed, never pushed.
     WAITING = "waiting"
     PENDING = "pending"
@@ -17,13 +20,15 @@ class JobStatus(enum.StrEnum):
 
 
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
-UNFINISHED_STATUSES = frozenset({JobStatus.WAITING, JobStatus.PENDING, JobStatus.RUNNING})
+UNFINISHED_STATUSES = frozenset({JobStatus.RESERVED, JobStatus.WAITING, JobStatus.PENDING,
+                                 JobStatus.RUNNING})
 
 # Each status's bit in a job's `unique_while` mask (the statuses in which it holds its unique
 # key). Stored, and spelled into the unique index's predicate: never renumber. A waiting job
 # holds its key as a pending one does (the same bit, by design, not by accident): a while
 # set always holds pending, so a job waiting for its dependencies is one more queued copy of
-# the work, and its release to pending changes nothing the index sees.
+# the work, and its release to pending changes nothing the index sees. A reserved job holds
+# no unique key (a reserve may not name one): it has no bit, and the index none for it.
 STATUS_BITS: dict[JobStatus, int] = {
     JobStatus.WAITING: 1,
     JobStatus.PENDING: 1,

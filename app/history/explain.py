@@ -182,6 +182,11 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
             "running", message, worker_id=job.worker_id, claimed_at=to_rfc3339(job.claimed_at),
             lease_expires_at=to_rfc3339(expires), lease_expired=expires <= now_us)])
 
+    if job.status == JobStatus.RESERVED:
+        return Explanation(job.id, job.status, False, [_reason(
+            "reserved", "It is reserved: it waits for its producer's confirm (after its own "
+            "commit) or release, or for its deadline's check; never claimed until "
+            "confirmed.")])
     if job.status == JobStatus.WAITING:
         ids = list(waiting_on)
         on_dependencies = [_reason(

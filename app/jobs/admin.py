@@ -15,6 +15,7 @@ from app.core.statuses import JobStatus
 from app.jobs.models import Job, JobControls
 from app.jobs.reads import visible_to
 from app.jobs.repository import JobRepository
+from app.jobs.reservations import decide
 from app.jobs.transitions import Transition
 from app.jobs.uow import JobsTx, JobsUnitOfWork
 
@@ -48,6 +49,12 @@ class Administration:
             if job is None or not visible_to(caller, job) or (
                     not caller.is_admin and job.producer != caller.name):
                 raise NotFound("No such job.")
+            if job.status == JobStatus.RESERVED:
+                # A reserved job's cancel is its release (contract §18), by the canceller.
+                released = decide(tx, job_id, Transition.RELEASE_RESERVATION,
+                                  actor=caller.name, now_us=self.clock.now_us(),
+                                  detail={"by": "cancel"})
+                return Cancelled(released or job)
             if job.status != JobStatus.RUNNING:
                 return Cancelled(self._transition_in(tx, caller, job_id, Transition.CANCEL))
             now = self.clock.now_us()

@@ -38,6 +38,8 @@ class BacklogSnapshot:
     finished: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # type -> count of its jobs waiting for dependencies.
     waiting: Mapping[str, int] = field(default_factory=dict)
+    # type -> count of its reserved jobs (contract §18).
+    reserved: Mapping[str, int] = field(default_factory=dict)
 
     def pending_of(self, job_type: str) -> PendingSummary:
         return self.pending.get(job_type, PendingSummary(0, 0, None))
@@ -50,7 +52,7 @@ class BacklogSnapshot:
 
     def types(self) -> set[str]:
         """Every type with a pending or finished job stored."""
-        return (set(self.pending) | set(self.waiting)
+        return (set(self.pending) | set(self.waiting) | set(self.reserved)
                 | {job_type for job_type, _status in self.finished})
 
 
@@ -96,7 +98,7 @@ class BacklogCounts:
                 now = self.clock.now_us()
                 repo = JobRepository(conn)
                 value = BacklogSnapshot(now, repo.pending_by_type(now), repo.count_finished(),
-                                        repo.count_waiting())
+                                        repo.count_waiting(), repo.count_reserved())
             with self._lock:
                 self._value, self._counted_at = value, started
             return value

@@ -326,7 +326,12 @@ def insert_or_meet(tx: JobsTx, new: NewJob, actor: str | None = None) -> Enqueue
         except (IdempotencyKeyTaken, UniqueScopeHeld):
             pass
         else:
-            [job] = tx.entered([job], values["created_at"])
+            if new.reservation is None:
+                [job] = tx.entered([job], values["created_at"])
+            else:  # it joins its key and its round once confirmed (app/jobs/reservations.py)
+                tx.reservations.add(job.id, producer=values["producer"],
+                                    confirm_by=new.reservation.confirm_by,
+                                    check_url=new.reservation.check_url)
             tx.timeline.enqueued([job], actor=actor)
             tx.events["enqueued"] += 1
             return Enqueued(job)

@@ -16,6 +16,7 @@ from app.core.callers import Caller
 from app.core.clock import MICROS
 from app.core.errors import Forbidden, UniqueConflict, ValidationFailed
 from app.core.limits import DELAY_SECONDS, EXPIRES_IN_SECONDS
+from app.core.origins import check_url_refusal
 from app.core.priorities import Priority
 from app.core.statuses import JobStatus
 from app.jobs.models import Job
@@ -38,6 +39,7 @@ class IntakeRules:
 
     job_types: frozenset[str]
     max_payload_bytes: int
+    check_url_prefixes: tuple[str, ...] = ()
 
 
 def compact_json(value: Any) -> str:
@@ -72,13 +74,23 @@ def require_configured_types(configured: frozenset[str], requested: Iterable[str
 
 
 @dataclass(frozen=True)
+class NewReservation:
+    """A reserve's deadline (µs) and its own check url (None: its key's, if any)."""
+
+    confirm_by: int
+    check_url: str | None
+
+
+@dataclass(frozen=True)
 class NewJob:
-    """A validated enqueue request: the row it stores, its unique options, and whether it
-    named a schedule (a replacing request without one keeps its twin's run_at)."""
+    """A validated enqueue request: the row it stores, its unique options, whether it
+    named a schedule (a replacing request without one keeps its twin's run_at), and its
+    reservation when it is reserved."""
 
     values: dict[str, Any]
     unique: UniqueRequest | None
     scheduled: bool
+    reservation: NewReservation | None = None
 
 
 def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
@@ -118,13 +130,15 @@ def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
         schedule = ["delay_seconds", request["delay_seconds"]]
 
     expires_at, expiry = _expiry(request, now, run_at)
+    reservation = _reservation(rules, request, now)
     concurrency_key = request.get("concurrency_key")
     fingerprint = None
     if idempotency_key is not None:
         fingerprint = request_fingerprint(job_type, request["payload"], priority,
                                           request["max_retries"], schedule, concurrency_key,
                                           dependencies_as_sent(request),
-                                          _controls_as_sent(request, expiry))
+                                          _controls_as_sent(request, expiry),
+                                          request.get("reserve"))
     unique = None
     if request.get("unique") is not None:
         unique = resolve_unique(request["unique"], job_type, request["payload"], run_at)
@@ -133,7 +147,7 @@ def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
         "type": job_type,
         "payload": payload,
         "priority": int(priority),
-        "status": JobStatus.PENDING.value,
+        "status": (JobStatus.PENDING if reservation is None else JobStatus.RESERVED).value,
         "retry_count": 0,
         "max_retries": request["max_retries"],
         "producer": caller.name,
@@ -153,7 +167,26 @@ def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
         "timeout_seconds": request.get("timeout_seconds"),
         "expires_at": expires_at,
     }
-    return NewJob(values, unique, scheduled=schedule is not None)
+    return NewJob(values, unique, scheduled=schedule is not None, reservation=reservation)
+
+
+def _reservation(rules: IntakeRules, request: dict[str, Any],
+                 now: int) -> NewReservation | None:
+    reserve = request.get("reserve")
+    if reserve is None:
+        return None
+    for excluded in ("unique", "depends_on"):
+        if request.get(excluded):
+            raise ValidationFailed(f"A reserved job takes no {excluded}.", errors={
+                "reserve": [f"Not with {excluded}: a reservation is one job's, confirmed on "
+                            "its own."]})
+    check_url = reserve.get("check_url")
+    if check_url is not None:
+        refused = check_url_refusal(check_url, rules.check_url_prefixes)
+        if refused is not None:
+            raise ValidationFailed(f"reserve.check_url is refused: {refused}.", errors={
+                "reserve.check_url": [f"Refused: {refused}."]})
+    return NewReservation(now + reserve["confirm_within_seconds"] * MICROS, check_url)
 
 
 def _expiry(request: dict[str, Any], now: int, run_at: int) -> tuple[int | None, list[Any] | None]:
@@ -195,7 +228,8 @@ def request_fingerprint(job_type: str, payload: dict[str, Any], priority: int,
                         max_retries: int, schedule: list[Any] | None,
                         concurrency_key: str | None = None,
                         dependencies: list[Any] | None = None,
-                        controls: list[Any] | None = None) -> str:
+                        controls: list[Any] | None = None,
+                        reserve: dict[str, Any] | None = None) -> str:
     """What makes two requests "the same request": type, canonical payload (keys sorted,
     compact), effective priority, max_retries, the schedule as sent, the concurrency key, the
     dependencies, and the timeout and expiry as sent. A request without the later fields
@@ -208,6 +242,8 @@ def request_fingerprint(job_type: str, payload: dict[str, Any], priority: int,
         fields.append(["depends_on", dependencies])
     if controls is not None:
         fields.append(["controls", controls])
+    if reserve is not None:
+        fields.append(["reserve", reserve])
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

@@ -293,6 +293,12 @@ _count_waiting = (
     .where(jobs.c.status == literal_column("'waiting'"))
     .group_by(jobs.c.type)
 )
+# Every type's reserved jobs, from their partial index alone.
+_count_reserved = (
+    select(jobs.c.type, func.count())
+    .where(jobs.c.status == literal_column("'reserved'"))
+    .group_by(jobs.c.type)
+)
 _count_finished = (
     select(jobs.c.type, jobs.c.status, func.count())
     .where(jobs.c.status.in_(_FINISHED))
@@ -743,6 +749,10 @@ class JobRepository:
     def count_waiting(self) -> dict[str, int]:
         """Waiting jobs by type, from their partial index."""
         return {job_type: count for job_type, count in self.conn.execute(_count_waiting)}
+
+    def count_reserved(self) -> dict[str, int]:
+        """Reserved jobs by type, from their partial index."""
+        return {job_type: count for job_type, count in self.conn.execute(_count_reserved)}
 
     def count_finished(self) -> dict[tuple[str, str], int]:
         """Completed, failed and cancelled jobs by (type, status), from their partial index."""

@@ -56,11 +56,12 @@ class Retention:
             statuses=statuses, updated_before_us=cutoff, after_id=after_id, limit=limit,
             kept=lambda ids: (tx.dependencies.depended_on_by_unfinished(ids)
                               | tx.keys.holding_turns(ids)))
-        # A job's attempts, events, dependencies and checkpoint go with it, in the same
-        # transaction.
+        # A job's attempts, events, dependencies, checkpoint and reservation go with it, in
+        # the same transaction.
         tx.history.delete_history_of(deleted_ids)
         tx.dependencies.delete_edges_of(deleted_ids)
         tx.controls.delete_checkpoints_of(deleted_ids)
+        tx.reservations.delete_reservations_of(deleted_ids)
         for cleanup in self.cleanups:
             cleanup(tx, deleted_ids)
         return deleted_ids, last

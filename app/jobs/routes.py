@@ -363,6 +363,28 @@ def cancel_job(job_id: int) -> Response:
                          controls={job_id: cancelled.controls})
 
 
+@bp.post("/jobs/<id:job_id>/confirm")
+@documented("Confirm a reserved job after your own commit: pending (a repeat: 200 again).",
+            body=EmptySchema, replies=[_JOB], errors=[404, 409])
+@require_roles(Role.PRODUCER, Role.ADMIN)
+def confirm_job(job_id: int) -> Response:
+    load_body(_no_body_schema)
+    # A reserved job names no dependency and never ran: nothing more to read for its answer.
+    return _job_response(_service().confirm(current_caller(), job_id),
+                         dependencies=_WAITS_FOR_NOTHING, controls=_NO_CONTROLS)
+
+
+@bp.post("/jobs/<id:job_id>/release")
+@documented("Release a reserved job (your transaction rolled back): cancelled (a repeat: "
+            "200 again).",
+            body=EmptySchema, replies=[_JOB], errors=[404, 409])
+@require_roles(Role.PRODUCER, Role.ADMIN)
+def release_job(job_id: int) -> Response:
+    load_body(_no_body_schema)
+    return _job_response(_service().release(current_caller(), job_id),
+                         dependencies=_WAITS_FOR_NOTHING, controls=_NO_CONTROLS)
+
+
 @bp.post("/jobs/<id:job_id>/retry")
 @documented("Send a failed or cancelled job back to pending, with a fresh retry budget.",
             body=EmptySchema, replies=[_JOB], errors=[404, 409])

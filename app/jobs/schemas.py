@@ -22,6 +22,7 @@ from app.core.limits import (
     CLAIM_TYPES,
     CLAIM_WAIT_SECONDS,
     COMPLETE_ITEMS,
+    CONFIRM_WITHIN_SECONDS,
     DELAY_SECONDS,
     DEPENDENCIES,
     ERROR_CHARS,
@@ -34,6 +35,7 @@ from app.core.limits import (
     PAGE_BYTES,
     PROGRESS_COUNT,
     PROGRESS_MESSAGE_CHARS,
+    PUSH_URL_CHARS,
     REF_CHARS,
     RESULT_WAIT_SECONDS,
     RETRIES,
@@ -42,6 +44,7 @@ from app.core.limits import (
     TYPE_CHARS,
     UNIQUE_PERIOD_SECONDS,
 )
+from app.core.origins import HTTP_URL_PATTERN
 from app.core.priorities import PRIORITY_LABELS, Priority
 from app.core.statuses import JobStatus
 from app.jobs.cursor import encode_cursor
@@ -123,6 +126,25 @@ class UniqueSchema(StrictSchema):
             raise ValidationError(problem, "while")
 
 
+class ReserveSchema(StrictSchema):
+    """`reserve` on POST /jobs (contract §18): the job is stored reserved, never claimed,
+    until its producer confirms or releases it."""
+
+    confirm_within_seconds = StrictInteger(
+        required=True, validate=within(CONFIRM_WITHIN_SECONDS),
+        metadata={"description": "The deadline: unanswered by then, the job is released, or "
+                                 "its check url is asked."})
+    check_url = fields.String(validate=[
+        validate.Length(max=PUSH_URL_CHARS.max),
+        validate.Regexp(HTTP_URL_PATTERN, error="An http or https URL: a host name or IPv4 "
+                        "address, an optional port 1-65535, then printable ASCII and no "
+                        "fragment (percent-encode the rest).")],
+        metadata={"description": "Asked (GET, signed) after the deadline whether the "
+                                 "producer committed; must start with one of the operator's "
+                                 "QUEUELOG_CHECK_URL_ORIGINS. Default: the producer key's. "
+                                 "Never shown."})
+
+
 class OnDependencyFailure(enum.StrEnum):
     CANCEL = "cancel"
     RUN = "run"
@@ -201,6 +223,10 @@ class EnqueueSchema(StrictSchema):
     expires_in_seconds = StrictInteger(
         load_default=None, allow_none=True, validate=within(EXPIRES_IN_SECONDS),
         metadata={"description": "expires_at as seconds from now."})
+    reserve = fields.Nested(ReserveSchema, load_default=None, allow_none=True, metadata={
+        "description": "Store the job reserved: it waits for POST /jobs/{id}/confirm (after "
+                       "the producer's own commit) or /release. Not with unique or "
+                       "depends_on."})
 
     # For /openapi.json: the rules _one_schedule and _one_expiry enforce, said in JSON Schema,
     # and a whole example (field examples would be combined into a body that breaks them).
@@ -265,8 +291,12 @@ class BulkResultSchema(Schema):
 
 
 class GraphItemSchema(EnqueueSchema):
-    """A job of a batch or a workflow: a POST /jobs body, a ref its fellow items may name in
-    their depends_on, and depends_on naming ids and refs."""
+    """A job of a batch or a workflow: a POST /jobs body (but reserve: a reservation is one
+    job's, confirmed on its own), a ref its fellow items may name in their depends_on, and
+    depends_on naming ids and refs."""
+
+    class Meta:
+        exclude = ("reserve",)
 
     ref = ref_field(metadata={"description": "A name for this job, unique in the request, "
                                              "that other items' depends_on may use."})

@@ -1,6 +1,6 @@
 """The job use cases behind one name: JobService composes the modules that hold them
-(enqueue, reads, claim, reports, admin, retention) so that routes, schedules, dispatch, the
-dashboard and history call `service.enqueue(...)` and the like.
+(enqueue, reads, claim, reports, admin, reservations, retention) so that routes,
+schedules, dispatch, the dashboard and history call `service.enqueue(...)` and the like.
 
 Nothing here sees the HTTP request: handlers pass plain values and the authenticated caller.
 """
@@ -17,6 +17,7 @@ from app.jobs.flow import FlowPolicy
 from app.jobs.intake import IntakeRules
 from app.jobs.reads import JobReads
 from app.jobs.reports import WorkerReports
+from app.jobs.reservations import Reservations
 from app.jobs.retention import Retention
 from app.jobs.settings import QueueSettings
 from app.jobs.uow import JobsUnitOfWork
@@ -34,7 +35,8 @@ class JobService:
         self.clock = clock
         self.settings = settings
         self.signal = JobSignal()
-        intake = IntakeRules(settings.job_types, settings.max_payload_bytes)
+        intake = IntakeRules(settings.job_types, settings.max_payload_bytes,
+                             settings.check_url_prefixes)
         enqueuing = Enqueuing(uow, clock, intake, self.signal)
         reads = JobReads(uow, clock, finished or JobSignal(),
                          WaitingBudget(settings.max_waiting_requests))
@@ -67,6 +69,10 @@ class JobService:
         self.retry = admin.retry
         self.cancel_many = admin.cancel_many
         self.retry_many = admin.retry_many
+        reservations = Reservations(uow, clock)
+        self.reservations = reservations
+        self.confirm = reservations.confirm
+        self.release = reservations.release
         retention = Retention(uow, clock, settings.bulk_batch_size)
         self.purge = retention.purge
         self.on_purged = retention.on_purged

@@ -14,6 +14,8 @@ it, the columns it writes, and what it leaves on the job's timeline and in the m
     running --its cancel requested: the holder reports, or its lease expires--> cancelled
     running --past claimed_at + timeout_seconds (timed out), retries left--> pending | failed
     pending | waiting --past its expires_at, never claimed (expired)--> cancelled
+    reserved --confirm (its producer, or its check's answer)--> pending
+    reserved --release (its producer, its check's answer, or its deadline)--> cancelled
 
 The repository applies an edge (app/jobs/repository.py), the recorder writes what it records
 (app/jobs/timeline/recorder.py), the job service counts its metrics, and app/ops/metrics.py
@@ -58,6 +60,8 @@ class JobMetric(enum.StrEnum):
     DEPENDENCY_CANCELLED = "dependency_cancelled"
     TIMED_OUT = "timed_out"
     EXPIRED = "expired"
+    CONFIRMED = "confirmed"
+    RELEASED = "released"
 
 
 # The help text of each counter (/metrics).
@@ -81,6 +85,10 @@ JOB_METRICS: Mapping[JobMetric, str] = {
                          "counted as retried or failed).",
     JobMetric.EXPIRED: "Jobs cancelled because their expires_at passed before a claim took "
                        "them.",
+    JobMetric.CONFIRMED: "Reserved jobs confirmed (by their producer or their check's "
+                         "answer): pending.",
+    JobMetric.RELEASED: "Reserved jobs released (by their producer, their check's answer or "
+                        "their deadline): cancelled.",
 }
 
 
@@ -201,6 +209,11 @@ def released(*, now_us: Any, run_at: Any) -> dict[str, Any]:
 def held(*, now_us: int) -> dict[str, Any]:
     """Behind an earlier job of its ordered key: waiting for its turn (contract §16)."""
     return {"status": JobStatus.WAITING.value, "updated_at": now_us}
+
+
+def confirmed(*, now_us: int) -> dict[str, Any]:
+    """A reserved job confirmed: pending, due from its run_at (as its enqueue scheduled it)."""
+    return {"status": JobStatus.PENDING.value, "updated_at": now_us}
 
 
 def requeued(*, now_us: int) -> dict[str, Any]:
@@ -340,6 +353,12 @@ class Transition(enum.Enum):
                     closes_attempt=Outcome.TIMED_OUT)
     EXPIRE = Edge((JobStatus.PENDING, JobStatus.WAITING), Guard.ANYONE, cancelled,
                   Marks(EventName.CANCELLED, (JobMetric.EXPIRED,), _expired_detail))
+    # Reserved jobs (contract §18; app/jobs/reservations.py): the first of a producer's
+    # confirm or release, its check's answer and its deadline decides; the event says which.
+    CONFIRM = Edge((JobStatus.RESERVED,), Guard.ANYONE, confirmed,
+                   Marks(EventName.CONFIRMED, (JobMetric.CONFIRMED,)))
+    RELEASE_RESERVATION = Edge((JobStatus.RESERVED,), Guard.ANYONE, cancelled,
+                               Marks(EventName.RELEASED, (JobMetric.RELEASED,)))
     RETRY = Edge((JobStatus.FAILED, JobStatus.CANCELLED), Guard.ANYONE, requeued,
                  Marks(EventName.RETRIED, (JobMetric.REQUEUED,)))
     # A unique job's debounce: a pending twin takes a new request's payload, priority,

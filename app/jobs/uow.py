@@ -23,6 +23,7 @@ from app.jobs.key_repository import KeyRepository
 from app.jobs.key_rules import KeyRules, ModeSource, no_modes
 from app.jobs.models import Job
 from app.jobs.repository import JobRepository
+from app.jobs.reservation_repository import ReservationRepository
 from app.jobs.timeline.models import SERVICE_ACTOR
 from app.jobs.timeline.recorder import HistoryRecorder
 from app.jobs.timeline.repository import HistoryRepository
@@ -83,6 +84,7 @@ class Timeline:
 class JobsTx(Transaction):
     """A job transaction: `jobs` (JobRepository), `dependencies` (DependencyRepository),
     `controls` (ControlRepository: §17's cancel requests, progress and checkpoints),
+    `reservations` (ReservationRepository: §18's reserved jobs),
     `keys` (the §16 rules of fair and ordered keys, app/jobs/key_rules.py), `history`
     (HistoryRepository) and `timeline` (the history recorder), all on the transaction's one
     connection."""
@@ -96,6 +98,7 @@ class JobsTx(Transaction):
         self.jobs = JobRepository(conn)
         self.dependencies = DependencyRepository(conn)
         self.controls = ControlRepository(conn)
+        self.reservations = ReservationRepository(conn)
         self.history = HistoryRepository(conn)
         self.timeline = Timeline(recorder, conn)
         self.keys = KeyRules(self.jobs, KeyRepository(conn), key_modes,

@@ -46,6 +46,14 @@ class KeyRepository:
     def list_keys(self) -> list[ApiKey]:
         return [ApiKey(*row) for row in self.conn.execute(select(api_keys).order_by(api_keys.c.id))]
 
+    def set_check_url(self, name: str, check_url: str | None) -> None:
+        self.conn.execute(update(api_keys).where(api_keys.c.name == name)
+                          .values(check_url=check_url))
+
+    def set_check_secret(self, name: str, check_secret: str) -> None:
+        self.conn.execute(update(api_keys).where(api_keys.c.name == name)
+                          .values(check_secret=check_secret))
+
     def revoke_key(self, name: str, now_us: int) -> bool:
         """False when there is no live key of that name."""
         result = self.conn.execute(

@@ -45,7 +45,7 @@ class JobTemplateSchema(EnqueueSchema):
 
     class Meta:
         exclude = ("run_at", "delay_seconds", "idempotency_key", "depends_on",
-                   "on_dependency_failure", "expires_at")
+                   "on_dependency_failure", "expires_at", "reserve")
 
     openapi_extra: ClassVar[dict[str, Any]] = {"example": _EXAMPLE_JOB}
 

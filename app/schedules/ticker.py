@@ -1,6 +1,8 @@
 """The ticker: a thread in each server process that fires the due schedules about twice a
-second. Started where the app is served (wsgi.py, under QUEUELOG_SCHEDULER), never by the
-factory: tests fire by hand (ScheduleService.fire_due) with a clock they move.
+second, and runs the service's other timed chores with them (the release of reservations
+left unanswered past their deadline, app/jobs/reservations.py). Started where the app is
+served (wsgi.py, under QUEUELOG_SCHEDULER), never by the factory: tests fire by hand
+(ScheduleService.fire_due) with a clock they move.
 
 Every process runs one; the database decides which of them fires a slot (see service.py),
 so adding processes or hosts adds no duplicates, and any one of them alive keeps schedules
@@ -12,6 +14,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -25,9 +28,12 @@ STOP_TIMEOUT_SECONDS = 5.0
 
 
 class Ticker:
-    def __init__(self, schedules: ScheduleService, interval: float = TICK_SECONDS) -> None:
+    def __init__(self, schedules: ScheduleService, interval: float = TICK_SECONDS,
+                 chores: Sequence[Callable[[], object]] = ()) -> None:
         self.schedules = schedules
         self.interval = interval
+        # Run each tick after the schedules fire, each on its own: one failing stops none.
+        self.chores = [schedules.fire_due, *chores]
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
@@ -57,18 +63,21 @@ class Ticker:
             self.tick()
 
     def tick(self) -> None:
-        """One round: fire what is due; log (once per outage) and carry on if it fails."""
-        try:
-            self.schedules.fire_due()
-        except SQLAlchemyError as exc:
-            if not self._failing:
-                log.warning("schedules: the database did not answer (%s); retrying every "
-                            "%.1f s", type(exc).__name__, self.interval)
-            self._failing = True
-            return
-        except Exception:
-            log.exception("schedules: firing failed; retrying next tick")
-            return
+        """One round: fire what is due, then the chores; log (once per outage) and carry on
+        if one fails."""
+        for chore in self.chores:
+            try:
+                chore()
+            except SQLAlchemyError as exc:
+                if not self._failing:
+                    log.warning("schedules: the database did not answer (%s); retrying every "
+                                "%.1f s", type(exc).__name__, self.interval)
+                self._failing = True
+                return
+            except Exception:
+                log.exception("schedules: %s failed; retrying next tick",
+                              getattr(chore, "__name__", "a chore"))
+                return
         if self._failing:
             log.warning("schedules: the database answers again; firing resumed")
             self._failing = False

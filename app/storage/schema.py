@@ -276,6 +276,30 @@ job_checkpoints = Table(
     Column("saved_at", Micros, nullable=False),
 )
 
+# The reserved jobs of each type, which GET /types counts (contract §18).
+Index("ix_jobs_reserved_type", jobs.c.type,
+      sqlite_where=text("status = 'reserved'"), postgresql_where=text("status = 'reserved'"))
+
+# -- reserved jobs (contract §18) --------------------------------------------------------------
+# A reservation of each job reserved, kept once it is resolved (its outcome, for a repeat of
+# the confirm or release that resolved it). `check_url` is the reserve's own or its
+# producer key's, as they were at the reserve; without one the ticker releases the job at
+# `confirm_by`, with one the dispatcher asks it from then on, at `next_check_at`.
+job_reservations = Table(
+    "job_reservations",
+    metadata,
+    Column("job_id", Id, primary_key=True),
+    Column("confirm_by", Micros, nullable=False),
+    Column("check_url", Text, nullable=True),
+    Column("checks", Integer, nullable=False),
+    Column("next_check_at", Micros, nullable=False),
+    Column("outcome", String(16), nullable=True),
+    Column("resolved_at", Micros, nullable=True),
+)
+# The unresolved reservations, soonest due first: what the ticker and the dispatcher read.
+Index("ix_job_reservations_due", job_reservations.c.next_check_at,
+      sqlite_where=text("outcome IS NULL"), postgresql_where=text("outcome IS NULL"))
+
 # -- ordered keys (contract §16): the one job of each key whose turn it is -------------------
 # One row per (type, key) of an ordered type while the key has a job that is not finished,
 # or a failed one that blocks it: `job_id` is the job whose turn it is (pending, running,
@@ -392,6 +416,11 @@ api_keys = Table(
     Column("job_types", Text, nullable=True),  # comma-separated; NULL means every type
     Column("created_at", Micros, nullable=False),
     Column("revoked_at", Micros, nullable=True),
+    # Appended by migration 0018 (reserved jobs): a producer key's check url, asked about its
+    # reservations left unanswered, and the secret its checks are signed with (kept to sign,
+    # as a push type's secret is; shown once, by `queuelog keys check-secret`).
+    Column("check_url", Text, nullable=True),
+    Column("check_secret", String(64), nullable=True),
 )
 
 

@@ -26,6 +26,7 @@ from app.storage.schema import (
     job_checkpoints,
     job_dependencies,
     job_events,
+    job_reservations,
     job_types,
     jobs,
     key_turns,
@@ -36,11 +37,12 @@ from app.storage.schema import (
 
 # Copied in batches, in primary-key order. A job's history and its dependencies go with it,
 # the workflows with their jobs by ref, each ordered key's turn (key_turns) and each job's
-# checkpoint with its jobs.
+# checkpoint and reservation with its jobs.
 # key_activity (when each key was last seen, to a minute) is left behind: the workers write
 # it again within a minute of their first claim.
 TABLES: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, job_dependencies,
-                             workflows, workflow_jobs, key_turns, job_checkpoints)
+                             workflows, workflow_jobs, key_turns, job_checkpoints,
+                             job_reservations)
 # The tables whose ids a sequence gives: the target's continues after the source's. (The
 # other two are keyed by the ids of the rows they belong to, and a position.)
 SEQUENCED: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, workflows)

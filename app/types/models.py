@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core.clock import MICROS
-from app.core.origins import push_origin
+from app.core.origins import HTTP_URL_PATTERN, push_origin
 from app.jobs.flow import RunningCounts, running_by_type
 from app.jobs.key_rules import KeyMode
 
@@ -153,19 +153,8 @@ class TypeSettings:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
-_PORT = (r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}"
-         r"|[1-9][0-9]{0,3})")
-# A push endpoint: http or https; optional user:pass@ (sent as Basic auth); a host name or
-# IPv4 address; an optional port 1..65535; then path and query in printable ASCII, no
-# fragment (it is never sent). Percent-encode anything else. Strict on purpose: the pattern
-# is also the API's documented one, so what it admits is exactly what is accepted.
-PUSH_URL_PATTERN = (
-    r"^[Hh][Tt][Tt][Pp][Ss]?://"
-    r"(?:[A-Za-z0-9._~%!$&'()*+,;=:-]+@)?"
-    r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?"
-    rf"(?::{_PORT})?"
-    r"(?:[/?][!$-~]*)?\Z"
-)
+# A push endpoint: an http(s) url as app/core/origins.py states it (a check url too).
+PUSH_URL_PATTERN = HTTP_URL_PATTERN
 
 
 def push_origin_refusal(url: str, allowed: frozenset[str] | None) -> str | None:

@@ -77,6 +77,8 @@ class TypePatchSchema(StrictSchema):
 
 
 class TypeCountsSchema(Schema):
+    reserved = fields.Integer(required=True, metadata={
+        "description": "Jobs reserved and not yet confirmed or released (never claimed)."})
     waiting = fields.Integer(required=True, metadata={
         "description": "Jobs waiting for their dependencies (never claimed until they end)."})
     pending = fields.Integer(required=True)
@@ -139,8 +141,8 @@ def represent_type(view: TypeView) -> dict[str, Any]:
         "ordering": s.ordering,
         "on_failure": s.on_failure or ON_FAILURE_SKIP,
         "blocked_keys": view.blocked_keys,
-        "counts": {"waiting": c.waiting, "pending": c.pending, "scheduled": c.scheduled,
-                   "running": c.running,
+        "counts": {"reserved": c.reserved, "waiting": c.waiting, "pending": c.pending,
+                   "scheduled": c.scheduled, "running": c.running,
                    "completed": c.completed, "failed": c.failed, "cancelled": c.cancelled},
         "oldest_claimable_age_seconds": view.oldest_claimable_age_seconds,
         "last_claim_at": to_rfc3339(s.last_claim_at),

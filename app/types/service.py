@@ -41,6 +41,7 @@ def push_columns(current: TypeSettings, push: Mapping[str, Any] | None) -> dict[
 
 @dataclass(frozen=True)
 class TypeCounts:
+    reserved: int
     waiting: int
     pending: int
     scheduled: int
@@ -79,6 +80,7 @@ class TypeStats:
         summary = self.backlog.pending_of(job_type)
         finished = self.backlog.finished
         return TypeCounts(
+            reserved=self.backlog.reserved.get(job_type, 0),
             waiting=self.backlog.waiting.get(job_type, 0),
             pending=summary.pending, scheduled=summary.scheduled,
             running=self.running.get(job_type, 0),

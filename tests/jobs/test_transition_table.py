@@ -30,6 +30,7 @@ from tests.jobs.test_models import make_job
 
 W, P, R, C, F, X = (JobStatus.WAITING, JobStatus.PENDING, JobStatus.RUNNING,
                     JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+V = JobStatus.RESERVED
 
 # Each edge as the contract has it: its from-statuses and guard, and whether it opens an
 # attempt or the outcome it closes one with.
@@ -48,6 +49,8 @@ EDGES: dict[Transition, tuple[set[JobStatus], Guard, bool, Outcome | None]] = {
     Transition.STOP_UNREPORTED: ({R}, Guard.ANYONE, False, Outcome.CANCELLED),
     Transition.TIME_OUT: ({R}, Guard.ANYONE, False, Outcome.TIMED_OUT),
     Transition.EXPIRE: ({P, W}, Guard.ANYONE, False, None),
+    Transition.CONFIRM: ({V}, Guard.ANYONE, False, None),
+    Transition.RELEASE_RESERVATION: ({V}, Guard.ANYONE, False, None),
     Transition.RETRY: ({F, X}, Guard.ANYONE, False, None),
     Transition.REPLACE: ({P}, Guard.ANYONE, False, None),
 }
@@ -131,6 +134,12 @@ CASES = [
          dataclasses.replace(WAITING_JOB, expires_at=9), (), {"now_us": 10},
          X, EventName.CANCELLED, ("expired",),
          {"reason": "expired", "expires_at": to_rfc3339(9)}),
+    # Reserved jobs (contract §18): who decided is the detail the caller gives.
+    Case("confirm", Transition.CONFIRM, dataclasses.replace(PENDING_JOB, status="reserved"),
+         (), {"now_us": 10}, P, EventName.CONFIRMED, ("confirmed",), {}),
+    Case("release a reservation", Transition.RELEASE_RESERVATION,
+         dataclasses.replace(PENDING_JOB, status="reserved"), (), {"now_us": 10},
+         X, EventName.RELEASED, ("released",), {}),
     Case("retry a failed job", Transition.RETRY, make_job(status="failed"), (), {"now_us": 10},
          P, EventName.RETRIED, ("requeued",), {}),
     Case("retry a cancelled job", Transition.RETRY,
@@ -279,7 +288,7 @@ def test_every_transition_is_a_member_of_its_own():
     assert [t.name for t in Transition] == [
         "CLAIM", "HEARTBEAT", "COMPLETE", "FAIL", "RESCUE", "CANCEL", "RELEASE",
         "DEPENDENCY_CANCEL", "HOLD", "CANCEL_BLOCKING", "STOP", "STOP_UNREPORTED", "TIME_OUT",
-        "EXPIRE", "RETRY", "REPLACE"]
+        "EXPIRE", "CONFIRM", "RELEASE_RESERVATION", "RETRY", "REPLACE"]
     assert len({t.value for t in Transition}) == len(list(Transition))
     assert Transition.FAIL is not Transition.HEARTBEAT
 

@@ -31,6 +31,8 @@ class EventName(enum.StrEnum):
     DELIVERED = "delivered"  # the dispatcher's POST got an answer (its status in detail)
     READY = "ready"  # a waiting job's last dependency finished: pending
     CANCEL_REQUESTED = "cancel_requested"  # of a running job; its holder is told (§17)
+    CONFIRMED = "confirmed"  # a reserved job made pending (§18); the detail says by what
+    RELEASED = "released"  # a reserved job cancelled (§18); the detail says by what
 
 
 # The actor of the service's own acts (a lease rescue).

@@ -1,0 +1,142 @@
+"""The SQL of reserved jobs (contract §18): each reservation's row of job_reservations, kept once
+it is resolved. Every method runs on the transaction it is given; the rules that call them are
+app/jobs/reservations.py."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, func, insert, literal_column, select, update
+
+from app.storage.schema import api_keys, job_reservations, jobs
+from app.storage.statements import DriverStatement
+
+_RESERVED: Any = literal_column("'reserved'")
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """One row of job_reservations. Times are microseconds since the epoch; `outcome` is
+    "confirmed" or "released" once resolved, None until then."""
+
+    job_id: int
+    confirm_by: int
+    check_url: str | None
+    checks: int
+    next_check_at: int
+    outcome: str | None
+    resolved_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DueCheck:
+    """An unresolved reservation whose check is due, with what its check needs."""
+
+    reservation: Reservation
+    producer: str
+    idempotency_key: str | None
+    check_secret: str | None
+
+
+# The reserve's own check url, else its producer key's as it is now: one statement.
+_key_check_url = (select(api_keys.c.check_url)
+                  .where(api_keys.c.name == bindparam("producer"))
+                  .scalar_subquery())
+_insert = DriverStatement(insert(job_reservations).values(
+    job_id=bindparam("job_id"), confirm_by=bindparam("confirm_by"),
+    check_url=func.coalesce(bindparam("own_check_url"), _key_check_url),
+    checks=literal_column("0"), next_check_at=bindparam("confirm_by")))
+_UNRESOLVED = job_reservations.c.outcome.is_(None)
+
+
+class ReservationRepository:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def add(self, job_id: int, *, producer: str, confirm_by: int,
+            check_url: str | None) -> None:
+        _insert.rows(self.conn, {"job_id": job_id, "confirm_by": confirm_by,
+                                 "own_check_url": check_url, "producer": producer})
+
+    def get(self, job_id: int) -> Reservation | None:
+        row = self.conn.execute(select(job_reservations)
+                                .where(job_reservations.c.job_id == job_id)).first()
+        return None if row is None else Reservation(*row)
+
+    def resolve(self, job_ids: Collection[int], outcome: str, now_us: int) -> None:
+        """These reservations are resolved with `outcome` (their jobs left reserved)."""
+        if job_ids:
+            self.conn.execute(update(job_reservations)
+                              .where(job_reservations.c.job_id.in_(sorted(job_ids)),
+                                     _UNRESOLVED)
+                              .values(outcome=outcome, resolved_at=now_us))
+
+    def overdue_without_check(self, now_us: int, limit: int) -> list[int]:
+        """Jobs still reserved, past their deadline, whose reservation has no check url:
+        released by the ticker. Locked on PostgreSQL; those another process holds are
+        left to it."""
+        stmt = (select(job_reservations.c.job_id)
+                .join(jobs, jobs.c.id == job_reservations.c.job_id)
+                .where(_UNRESOLVED, job_reservations.c.next_check_at <= now_us,
+                       job_reservations.c.check_url.is_(None), jobs.c.status == _RESERVED)
+                .order_by(job_reservations.c.next_check_at).limit(limit)
+                .with_for_update(of=job_reservations, skip_locked=True))
+        return list(self.conn.execute(stmt).scalars())
+
+    def given_up(self, cutoff_us: int, limit: int) -> list[int]:
+        """Jobs still reserved whose check has gone unanswered since before `cutoff_us`
+        (their deadline): released, whether or not a dispatcher runs."""
+        stmt = (select(job_reservations.c.job_id)
+                .join(jobs, jobs.c.id == job_reservations.c.job_id)
+                .where(_UNRESOLVED, job_reservations.c.confirm_by <= cutoff_us,
+                       job_reservations.c.check_url.is_not(None), jobs.c.status == _RESERVED)
+                .order_by(job_reservations.c.confirm_by).limit(limit)
+                .with_for_update(of=job_reservations, skip_locked=True))
+        return list(self.conn.execute(stmt).scalars())
+
+    def due_checks(self, now_us: int, limit: int) -> list[DueCheck]:
+        """Unresolved reservations with a check url whose check is due, soonest first, with
+        their job's producer and idempotency key and the producer key's check secret."""
+        stmt = (select(job_reservations, jobs.c.producer, jobs.c.idempotency_key,
+                       api_keys.c.check_secret)
+                .join(jobs, jobs.c.id == job_reservations.c.job_id)
+                .outerjoin(api_keys, api_keys.c.name == jobs.c.producer)
+                .where(_UNRESOLVED, job_reservations.c.next_check_at <= now_us,
+                       job_reservations.c.check_url.is_not(None), jobs.c.status == _RESERVED)
+                .order_by(job_reservations.c.next_check_at).limit(limit))
+        width = len(job_reservations.c)
+        return [DueCheck(Reservation(*row[:width]), row[width], row[width + 1], row[width + 2])
+                for row in self.conn.execute(stmt)]
+
+    def take_due_checks(self, now_us: int, until_us: int, limit: int) -> list[DueCheck]:
+        """As due_checks, each moved to `until_us` (the time its asking may take) in this
+        transaction: another dispatcher, here or on another host, does not ask it too
+        meanwhile. On PostgreSQL the rows another one is taking are skipped."""
+        ids = list(self.conn.execute(
+            select(job_reservations.c.job_id)
+            .where(_UNRESOLVED, job_reservations.c.next_check_at <= now_us,
+                   job_reservations.c.check_url.is_not(None))
+            .order_by(job_reservations.c.next_check_at).limit(limit)
+            .with_for_update(skip_locked=True)).scalars())
+        if not ids:
+            return []
+        due = [check for check in self.due_checks(now_us, limit)
+               if check.reservation.job_id in set(ids)]
+        self.conn.execute(update(job_reservations)
+                          .where(job_reservations.c.job_id.in_(sorted(ids)))
+                          .values(next_check_at=until_us))
+        return due
+
+    def check_again(self, job_id: int, *, checks: int, next_check_at: int) -> None:
+        """A check went unanswered (or answered neither yes nor no): asked again then."""
+        self.conn.execute(update(job_reservations)
+                          .where(job_reservations.c.job_id == job_id, _UNRESOLVED)
+                          .values(checks=checks, next_check_at=next_check_at))
+
+    def delete_reservations_of(self, job_ids: Collection[int]) -> None:
+        if job_ids:
+            self.conn.execute(job_reservations.delete().where(
+                job_reservations.c.job_id.in_(bindparam("ids", expanding=True))),
+                {"ids": sorted(job_ids)})
