@@ -11,6 +11,9 @@ finish; any still unanswered then is released (a failed attempt, retried at once
 lease expiry would make it: the receiver may have acted on it) and the process exits 0.
 A dispatcher killed outright loses nothing either: its leases expire and the next claim
 takes the jobs back.
+
+One more thread asks the checks of reservations left unanswered past their deadline
+(app/dispatch/checks.py), about twice a second.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from app.core.clock import MICROS, Clock
 from app.core.errors import Conflict, NotFound, ValidationFailed
 from app.core.priorities import Priority
 from app.core.redaction import display_url, redact_error, scrub_url
+from app.dispatch.checks import Checker
 from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
 from app.dispatch.metrics import DispatchMetrics
 from app.dispatch.outcome import Kind, Outcome, outcome_of
@@ -48,6 +52,8 @@ log = logging.getLogger(__name__)
 DISPATCHER_NAME = "queuelog:dispatch"
 # Idle: wait this long before claiming again, doubling up to the maximum while nothing comes.
 IDLE_WAIT_SECONDS = (0.02, 0.5)
+# How often the checks of unanswered reservations are looked for.
+CHECK_INTERVAL_SECONDS = 0.5
 # Push settings are read again at most this often (a change applies within it).
 TARGETS_MAX_AGE_SECONDS = 1.0
 # What a delivery leaves of its lease to record the outcome: the deadline of a job that
@@ -111,6 +117,18 @@ class Dispatcher:
         with self._lock:
             self._lock.notify_all()
 
+    def _check_forever(self) -> None:
+        """Ask the due checks of reservations until stop(); a failure is logged and the next
+        round tries again (an outage of the database included)."""
+        checker = Checker(self.jobs.reservations, self.client, self.clock)
+        while not self._stopping.wait(CHECK_INTERVAL_SECONDS):
+            try:
+                while checker.run_once() and not self._stopping.is_set():
+                    pass  # a full batch: more may be due
+            except Exception as exc:
+                log.warning("dispatch: reservation checks failed (%s); retrying",
+                            type(exc).__name__)
+
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, _frame: FrameType | None) -> None:
             log.info("dispatch: %s: stopping", signal.Signals(signum).name)
@@ -124,6 +142,8 @@ class Dispatcher:
         for number in range(self.concurrency):
             threading.Thread(target=self._deliver_forever, name=f"queuelog-push-{number}",
                              daemon=True).start()
+        threading.Thread(target=self._check_forever, name="queuelog-checks",
+                         daemon=True).start()
         log.info("dispatch: started, %d delivery threads", self.concurrency)
         idle = IDLE_WAIT_SECONDS[0]
         try:

@@ -182,7 +182,7 @@ _MASKING = _RequestTargetMasking()
 
 
 class PushClient:
-    """POSTs deliveries through one pool; thread-safe."""
+    """POSTs deliveries (and GETs reservations' checks) through one pool; thread-safe."""
 
     def __init__(self, max_connections_per_host: int) -> None:
         urllib3_log = logging.getLogger("urllib3.connectionpool")
@@ -200,6 +200,15 @@ class PushClient:
         longer). Raises DeliveryFailed when no whole answer came within `timeout_seconds`,
         counted once from the start of connecting to the end of reading the body (however
         slowly the receiver sends), or the connection failed."""
+        return self._send("POST", endpoint, body, headers, timeout_seconds, max_body_bytes)
+
+    def get(self, endpoint: Endpoint, headers: dict[str, str], timeout_seconds: float,
+            max_body_bytes: int) -> Answer:
+        """GET, under the same rules as post (a reservation's check, app/dispatch/checks.py)."""
+        return self._send("GET", endpoint, None, headers, timeout_seconds, max_body_bytes)
+
+    def _send(self, method: str, endpoint: Endpoint, body: bytes | None,
+              headers: dict[str, str], timeout_seconds: float, max_body_bytes: int) -> Answer:
         if endpoint.authorization is not None:
             headers = {**headers, "Authorization": endpoint.authorization}
         watch = _Watch(time.monotonic() + timeout_seconds)
@@ -212,7 +221,7 @@ class PushClient:
         response: urllib3.BaseHTTPResponse | None = None
         try:
             try:
-                response = self.pool.request("POST", endpoint.url, body=body,
+                response = self.pool.request(method, endpoint.url, body=body,
                                              headers=headers, timeout=timeout,
                                              preload_content=False, redirect=False,
                                              retries=False)

@@ -11,6 +11,10 @@ dedupes, to the body: under v1 alone a captured delivery could be replayed with 
 id and be taken for a new job. v1 is still sent for receivers that do not check v2 yet. A
 receiver also refuses a `t` too far from its own clock, so that a delivery captured once
 cannot be replayed later.
+
+Reservations' checks (contract section 18) are signed the same way, with the request's raw
+query string standing for the body: GET <check url>?job_id=<id>&idempotency_key=<key> under
+the producer key's check secret. `verify_check` checks one in the producer's check endpoint.
 """
 
 from __future__ import annotations
@@ -18,8 +22,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
+from collections.abc import Iterable
+from typing import Any, NamedTuple, Protocol
+from urllib.parse import parse_qsl
 
 SIGNATURE_HEADER = "Queuelog-Signature"
+JOB_ID_HEADER = "Queuelog-Job-Id"
+ATTEMPT_HEADER = "Queuelog-Attempt"
 DEFAULT_TOLERANCE_SECONDS = 300
 
 
@@ -124,3 +133,97 @@ def _any_matches(expected: str, candidates: list[str]) -> bool:
         if candidate.isascii():
             matched |= hmac.compare_digest(expected, candidate.lower())
     return matched
+
+
+# -- reservations' checks ------------------------------------------------------------------------
+
+class Headers(Protocol):
+    """Request headers as any framework gives them: a mapping of names (any case) to values,
+    an http.server handler's `self.headers`, or a WSGI environ (HTTP_QUEUELOG_SIGNATURE)."""
+
+    def items(self) -> Iterable[tuple[str, Any]]: ...
+
+
+class CheckRequest(NamedTuple):
+    """A check that verify_check found signed by queuelog: which reservation it asks about
+    (its job id, and the idempotency key the reserve carried, "" when none) and which asking
+    of it this is (1, 2, ...: a check unanswered is asked again)."""
+
+    job_id: int
+    idempotency_key: str
+    attempt: int
+
+
+def verify_check(secret: str, headers: Headers, query_string: str | bytes,
+                 tolerance_seconds: int = DEFAULT_TOLERANCE_SECONDS, *,
+                 now: float | None = None) -> CheckRequest:
+    """Check that a request to a producer's check endpoint comes from queuelog and return
+    what it asks; raise SignatureError when it does not (answer 401 then, without looking
+    anything up).
+
+    `headers` are the request's (Queuelog-Signature, Queuelog-Job-Id, Queuelog-Attempt are
+    read; a WSGI environ will do); `query_string` is the raw query string as received, bytes
+    or text, without the "?" (WSGI's QUERY_STRING, Flask's request.query_string): it is
+    signed byte for byte, so pass it before any decoding. The v2 signature must match, over
+    "<t>.<job id>.<attempt>.<query>" under the check secret, with `t` within
+    `tolerance_seconds` of now (of `now`, unix seconds, when given): a check captured once
+    cannot be replayed later.
+    """
+    found = _check_headers(headers)
+    timestamp, _v1, v2 = _parse(found.get(SIGNATURE_HEADER.lower()))
+    job_id = _decimal(found.get(JOB_ID_HEADER.lower(), ""))
+    attempt = _decimal(found.get(ATTEMPT_HEADER.lower(), ""))
+    if job_id is None or attempt is None:
+        raise SignatureError(f"no decimal {JOB_ID_HEADER} and {ATTEMPT_HEADER} headers")
+    current = time.time() if now is None else now
+    if abs(current - timestamp) > tolerance_seconds:
+        raise SignatureError(f"the signature's t is more than {tolerance_seconds} s from now")
+    query = _raw_query(query_string)
+    # v2 alone: it binds the job id and attempt headers to the query, v1 does not.
+    if not _any_matches(compute_delivery_signature(secret, timestamp, job_id, attempt, query),
+                        v2):
+        raise SignatureError("the signature does not match (another secret, or a changed "
+                             "request)")
+    return _asked(query, job_id, attempt)
+
+
+def _check_headers(headers: Headers) -> dict[str, str]:
+    """The three headers a check is signed with, by lower-cased name; a repeated one is
+    refused (which of two values would have been signed?)."""
+    wanted = {name.lower() for name in (SIGNATURE_HEADER, JOB_ID_HEADER, ATTEMPT_HEADER)}
+    found: dict[str, str] = {}
+    for name, value in headers.items():
+        # A WSGI environ names a header HTTP_QUEUELOG_JOB_ID.
+        key = (name[5:].replace("_", "-") if name.startswith("HTTP_") else name).lower()
+        if key in wanted and isinstance(value, str):
+            if key in found:
+                raise SignatureError(f"the {key} header is repeated")
+            found[key] = value
+    return found
+
+
+def _raw_query(query_string: str | bytes) -> bytes:
+    if isinstance(query_string, (bytes, bytearray)):
+        return bytes(query_string).removeprefix(b"?")
+    query_string = query_string.removeprefix("?")
+    try:
+        # WSGI gives the query string as latin-1 text: this gives its bytes back.
+        return query_string.encode("latin-1")
+    except UnicodeEncodeError:
+        return query_string.encode("utf-8")
+
+
+def _asked(query: bytes, job_id: int, attempt: int) -> CheckRequest:
+    """What the signed query asks: its job_id must be the header's."""
+    try:
+        pairs = parse_qsl(query.decode("utf-8"), keep_blank_values=True)
+    except UnicodeDecodeError:
+        raise SignatureError("the query string is not UTF-8") from None
+    values: dict[str, list[str]] = {}
+    for name, value in pairs:
+        values.setdefault(name, []).append(value)
+    ids = values.get("job_id", [])
+    keys = values.get("idempotency_key", [""])
+    if len(ids) != 1 or _decimal(ids[0]) != job_id or len(keys) != 1:
+        raise SignatureError(f"the query's job_id is not the {JOB_ID_HEADER} header's")
+    return CheckRequest(job_id, keys[0], attempt)

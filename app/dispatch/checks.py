@@ -1,0 +1,114 @@
+"""Reservations' checks (contract §18): the dispatcher asks a reservation's check url, after its
+deadline, whether its producer committed.
+
+    GET <check_url>?job_id=<id>&idempotency_key=<key, or empty>
+    Queuelog-Job-Id: <id>
+    Queuelog-Attempt: <the check's number: 1, 2, ...>
+    Queuelog-Signature: t=<unix s>,v1=...,v2=...   (the push scheme, the query for the body)
+
+The HMAC key is the producer key's check secret (`queuelog keys check-secret NAME`); the
+producer checks it with queuelog_client.signature.verify_check. 200 {"commit": true}
+confirms the job, {"commit": false} releases it; anything else (another status or body, a
+timeout, no connection) is asked again after a backoff, until the ticker releases the job 24
+hours after its deadline (app/jobs/reservations.py). Redirects are not followed. A check
+names its own job by id, and only its answer's commit is read: no answer can reach another
+job, let alone another producer's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from urllib.parse import urlencode
+
+from app.core.clock import MICROS, Clock
+from app.core.redaction import display_url
+from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
+from app.jobs.reservation_repository import DueCheck
+from app.jobs.reservations import Reservations
+from queuelog_client.signature import SIGNATURE_HEADER, signature_header
+
+log = logging.getLogger(__name__)
+
+CHECK_TIMEOUT_SECONDS = 10.0
+# An answer is a small JSON object: more than this is not one.
+MAX_ANSWER_BYTES = 4096
+# Checks asked in one round at most, one after the other (each within its timeout).
+CHECK_BATCH = 20
+# Between the unanswered checks of one reservation: 1 s, doubling, at most 5 minutes.
+BACKOFF_SECONDS = (1.0, 300.0)
+
+
+def check_target(check_url: str, job_id: int, idempotency_key: str | None) -> tuple[str, str]:
+    """The url a check GETs and its whole query string, as sent and signed (a check url's
+    own query, if it has one, comes first)."""
+    base, _, own = check_url.partition("?")
+    ours = urlencode({"job_id": job_id, "idempotency_key": idempotency_key or ""})
+    query = f"{own}&{ours}" if own else ours
+    return f"{base}?{query}", query
+
+
+def answered_commit(status: int, body: bytes) -> bool | None:
+    """What a check's answer decides: True (commit), False (release), None (ask again)."""
+    if status != 200:
+        return None
+    try:
+        answer = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(answer, dict) or not isinstance(answer.get("commit"), bool):
+        return None
+    commit: bool = answer["commit"]
+    return commit
+
+
+def backoff_us(checks_before: int) -> int:
+    """How long after its `checks_before + 1`-th unanswered check a reservation is asked
+    again."""
+    first, longest = BACKOFF_SECONDS
+    return round(min(first * 2.0 ** min(checks_before, 32), longest) * MICROS)
+
+
+class Checker:
+    def __init__(self, reservations: Reservations, client: PushClient, clock: Clock) -> None:
+        self.reservations = reservations
+        self.client = client
+        self.clock = clock
+
+    def run_once(self) -> int:
+        """Ask every check due now (a batch); returns how many were asked."""
+        due = self.reservations.take_due_checks(
+            CHECK_BATCH, round((CHECK_TIMEOUT_SECONDS + 5) * CHECK_BATCH * MICROS))
+        for check in due:
+            self.ask(check)
+        return len(due)
+
+    def ask(self, check: DueCheck) -> None:
+        reservation = check.reservation
+        check_url = reservation.check_url or ""
+        url, query = check_target(check_url, reservation.job_id, check.idempotency_key)
+        attempt = reservation.checks + 1
+        headers = {"Queuelog-Job-Id": str(reservation.job_id),
+                   "Queuelog-Attempt": str(attempt), "Accept": "application/json"}
+        if check.check_secret is not None:
+            headers[SIGNATURE_HEADER] = signature_header(
+                check.check_secret, int(time.time()), query.encode("ascii"),
+                job_id=reservation.job_id, attempt=attempt)
+        commit = None
+        try:
+            answer = self.client.get(Endpoint.parse(url), headers, CHECK_TIMEOUT_SECONDS,
+                                     MAX_ANSWER_BYTES)
+            if not answer.truncated:
+                commit = answered_commit(answer.status, answer.body)
+            why = f"answered {answer.status}"
+        except DeliveryFailed as failed:
+            why = "no answer (timed out)" if failed.timed_out else "no answer (no connection)"
+        if commit is not None:
+            self.reservations.answer_check(reservation.job_id, commit=commit,
+                                           check_url=check_url)
+            return
+        delay = backoff_us(reservation.checks)
+        log.info("check of job %d at %s: %s, neither commit nor release; asking again in "
+                 "%.0f s", reservation.job_id, display_url(check_url), why, delay / MICROS)
+        self.reservations.check_again(check, next_check_at=self.clock.now_us() + delay)
