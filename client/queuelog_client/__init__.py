@@ -4,7 +4,9 @@
 
 `Client` enqueues, reads, claims and reports jobs over HTTP; `Worker` runs a handler on
 claimed jobs (also `queuelog worker …` or `python -m queuelog_client worker …`).
-`verify_signature` checks a push delivery's Queuelog-Signature header in a receiver.
+`verify_signature` checks a push delivery's Queuelog-Signature header in a receiver;
+`verify_check` checks a reservation's check in the producer's check endpoint
+(`Client.reserve`).
 """
 
 from queuelog_client._version import __version__
@@ -24,7 +26,12 @@ from queuelog_client.errors import (
     ValidationFailed,
     WaitTimeout,
 )
-from queuelog_client.signature import SignatureError, verify_signature
+from queuelog_client.signature import (
+    CheckRequest,
+    SignatureError,
+    verify_check,
+    verify_signature,
+)
 from queuelog_client.worker import (
     CancelRequested,
     ClaimedJob,
@@ -36,6 +43,7 @@ from queuelog_client.worker import (
 __all__ = [
     "BadRequest",
     "CancelRequested",
+    "CheckRequest",
     "ClaimedJob",
     "Client",
     "Conflict",
@@ -55,5 +63,6 @@ __all__ = [
     "Worker",
     "__version__",
     "load_handler",
+    "verify_check",
     "verify_signature",
 ]

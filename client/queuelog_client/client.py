@@ -34,7 +34,9 @@ from urllib.parse import urlencode, urlsplit
 
 from queuelog_client._version import __version__
 from queuelog_client.errors import (
+    Conflict,
     ProblemError,
+    QueuelogError,
     ServerError,
     ServerUnreachable,
     WaitTimeout,
@@ -232,16 +234,76 @@ class Client:
         heartbeat runs past it): a failed attempt, error "timed out", retried per the
         budget. `expires_at` (a timezone-aware datetime) or `expires_in_seconds`, not both:
         a job not yet claimed by then is cancelled instead of run."""
-        body = _enqueue_body(type, payload, priority, max_retries, run_at, delay_seconds)
-        body |= _running_limits(timeout_seconds, expires_at, expires_in_seconds)
-        if concurrency_key is not None:
-            body["concurrency_key"] = concurrency_key
-        if unique is not None:
-            body["unique"] = dict(unique)
-        if depends_on is not None:
-            body["depends_on"] = [int(job_id) for job_id in depends_on]
-        if on_dependency_failure is not None:
-            body["on_dependency_failure"] = on_dependency_failure
+        body = _job_body(type, payload, priority=priority, max_retries=max_retries,
+                         run_at=run_at, delay_seconds=delay_seconds,
+                         concurrency_key=concurrency_key, unique=unique, depends_on=depends_on,
+                         on_dependency_failure=on_dependency_failure,
+                         timeout_seconds=timeout_seconds, expires_at=expires_at,
+                         expires_in_seconds=expires_in_seconds)
+        return self._post_job(body, idempotency_key)
+
+    @contextlib.contextmanager
+    def reserve(self, type: str, payload: Mapping[str, Any] | None = None, *,
+                confirm_within_seconds: int = 60, check_url: str | None = None,
+                idempotency_key: str | None = None, **options: Any) -> Iterator[Job]:
+        """Reserve a job around your own transaction (contract section 18):
+
+            with client.reserve("email", {"to": email}, idempotency_key=order_key) as job:
+                with db:  # your transaction, committed inside the block
+                    db.execute("INSERT INTO orders ...")
+
+        The job is stored "reserved" (never claimed) before the block runs, and yielded;
+        leaving the block normally confirms it (pending: your commit is done), an exception
+        releases it (cancelled) and is raised again. Nobody answering by
+        `confirm_within_seconds` (your process died between its commit and the confirm):
+        the job's check url (`check_url`, else your key's) is asked whether you committed,
+        by the idempotency key; without a check url the job is released at the deadline.
+
+        Conflict when the confirm finds the reservation released already (the deadline or
+        the check's answer came first), and on entering when an idempotency key replays a
+        reservation decided already (`problem["job"]` is the job as the replay found it: the
+        block must not run again). The other options are enqueue's (not unique or
+        depends_on)."""
+        reserve: dict[str, Any] = {"confirm_within_seconds": confirm_within_seconds}
+        if check_url is not None:
+            reserve["check_url"] = check_url
+        job = self._post_job(_job_body(type, payload, **options) | {"reserve": reserve},
+                             idempotency_key)
+        if job["status"] != "reserved":
+            raise Conflict(409, "Conflict", f"job {job['id']}'s reservation was decided "
+                           f"already (it is {job['status']}): this idempotency key's "
+                           "reservation is not open any more", problem={"job": job})
+        try:
+            yield job
+        except GeneratorExit:
+            # Entered but never left through `with` (the generator collected unfinished):
+            # the block's outcome is unknown, so nothing is answered; the check or the
+            # deadline decides.
+            raise
+        except BaseException as error:
+            try:
+                self.release(job["id"])
+            except QueuelogError as failure:
+                # The block's own error matters most: the release's failure rides along.
+                error.add_note(f"queuelog: job {job['id']} was not released: {failure}")
+            raise
+        self.confirm(job["id"])
+
+    def confirm(self, job_id: int) -> Job:
+        """Confirm a reserved job after your own commit: pending now (or waiting for its
+        key's turn). A repeat, or a confirm the check's answer made first, answers the job
+        again; Conflict when the reservation was released instead."""
+        return self._object("POST", f"/jobs/{int(job_id)}/confirm", {})
+
+    def release(self, job_id: int) -> Job:
+        """Release a reserved job (your transaction rolled back): cancelled. A repeat, or a
+        release the deadline or the check's answer made first, answers the job again;
+        Conflict when the reservation was confirmed instead."""
+        return self._object("POST", f"/jobs/{int(job_id)}/release", {})
+
+    def _post_job(self, body: dict[str, Any], idempotency_key: str | None) -> Job:
+        """POST /jobs with an idempotency key (a fresh one when none is given); the job, with
+        "replayed" and "deduplicated"."""
         key = idempotency_key or _new_idempotency_key()
         job: Job
         _, headers, job = self._request("POST", "/jobs", body,
@@ -652,6 +714,28 @@ def _enqueue_body(type: str, payload: Mapping[str, Any] | None, priority: str | 
         body["run_at"] = _rfc3339(run_at) if isinstance(run_at, datetime) else run_at
     if delay_seconds is not None:
         body["delay_seconds"] = delay_seconds
+    return body
+
+
+def _job_body(type: str, payload: Mapping[str, Any] | None = None, *,
+              priority: str | None = None, max_retries: int | None = None,
+              run_at: datetime | str | None = None, delay_seconds: int | None = None,
+              concurrency_key: str | None = None, unique: Mapping[str, Any] | None = None,
+              depends_on: Iterable[int] | None = None,
+              on_dependency_failure: str | None = None, timeout_seconds: int | None = None,
+              expires_at: datetime | str | None = None,
+              expires_in_seconds: int | None = None) -> dict[str, Any]:
+    """A POST /jobs body of enqueue's options (those given)."""
+    body = _enqueue_body(type, payload, priority, max_retries, run_at, delay_seconds)
+    body |= _running_limits(timeout_seconds, expires_at, expires_in_seconds)
+    if concurrency_key is not None:
+        body["concurrency_key"] = concurrency_key
+    if unique is not None:
+        body["unique"] = dict(unique)
+    if depends_on is not None:
+        body["depends_on"] = [int(job_id) for job_id in depends_on]
+    if on_dependency_failure is not None:
+        body["on_dependency_failure"] = on_dependency_failure
     return body
 
 
