@@ -29,6 +29,8 @@ SCRIPTS = {
     "keys": ("== Fair share and ordered keys: claim cost", "fairness on / off, claims"),
     "heartbeat": ("== Heartbeats with progress: cost beside a plain heartbeat",
                   "time / plain's"),
+    "reserve": ("== Reserved jobs: reserve + confirm, and the check-back",
+                "reserve + confirm / plain"),
     "dashboard": ("== Dashboard: page times", "jobs, no filter"),
     "push": ("== Push delivery: the dispatcher vs a plain HTTP loop", "dispatch / plain"),
     "bloat": ("== Bloat: claim rate after a million jobs cycled", "after 500 jobs cycled"),
@@ -36,7 +38,7 @@ SCRIPTS = {
 # The scripts that measure PostgreSQL beside SQLite do so here too when the tests have a
 # PostgreSQL server (smoke sizes: a few seconds more each).
 ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "flow", "workflows", "keys",
-                            "heartbeat", "bloat"})
+                            "heartbeat", "reserve", "bloat"})
 
 
 def run_bench(*argv: str, tmp_path: Path,
