@@ -22,10 +22,12 @@ from app.jobs.uow import JobsTx, JobsUnitOfWork
 
 @dataclass(frozen=True)
 class Cancelled:
-    """A cancel's answer: the job, and for a running one its controls (the request)."""
+    """A cancel's answer: the job, for a running one its controls (the request), and
+    whether it was a reserved job's release."""
 
     job: Job
     controls: JobControls | None = None
+    released: bool = False
 
 
 class Administration:
@@ -54,7 +56,7 @@ class Administration:
                 released = decide(tx, job_id, Transition.RELEASE_RESERVATION,
                                   actor=caller.name, now_us=self.clock.now_us(),
                                   detail={"by": "cancel"})
-                return Cancelled(released or job)
+                return Cancelled(released or job, released=released is not None)
             if job.status != JobStatus.RUNNING:
                 return Cancelled(self._transition_in(tx, caller, job_id, Transition.CANCEL))
             now = self.clock.now_us()

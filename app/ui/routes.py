@@ -343,7 +343,7 @@ def _cancel_said(cancelled: Cancelled) -> str:
     """What a cancel did: a pending or waiting job (or a failed one blocking its key) is
     cancelled at once; a running one's cancel is only requested of its worker."""
     if cancelled.controls is None:
-        return "Cancelled."
+        return "Released." if cancelled.released else "Cancelled."
     asked = cancelled.controls
     return (f"Cancel requested (by {asked.cancel_requested_by}, "
             f"{utc(to_rfc3339(asked.cancel_requested_at))}): the worker will be told at its "

@@ -17,6 +17,11 @@ def job_in(api, producer, worker, admin):
             waiting = api.enqueue(producer, max_retries=0, depends_on=[dependency]).json
             assert waiting["status"] == "waiting"
             return waiting["id"], None
+        if status == "reserved":
+            reserved = api.enqueue(producer, max_retries=0,
+                                   reserve={"confirm_within_seconds": 60}).json
+            assert reserved["status"] == "reserved"
+            return reserved["id"], None
         job_id = api.enqueue(producer, max_retries=0).json["id"]
         if status == "pending":
             return job_id, None
@@ -46,7 +51,8 @@ TRANSITIONS = [
     ("heartbeat", {"running"}, "running"),
     # A running job's cancel is a request: it stays running until its worker reports
     # (tests/jobs/test_running_jobs.py).
-    ("cancel", {"pending", "waiting", "running"}, "cancelled"),
+    # A reserved job's cancel is its release (tests/jobs/test_reserved_jobs.py).
+    ("cancel", {"pending", "waiting", "running", "reserved"}, "cancelled"),
     ("retry", {"failed", "cancelled"}, "pending"),
 ]
 

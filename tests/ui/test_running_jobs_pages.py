@@ -170,3 +170,14 @@ def test_a_jobs_timeout_and_expiry_are_shown(
     plain = api.enqueue(producer, payload={}).get_json()["id"]
     page = signed_in.get(f"/ui/jobs/{plain}").text
     assert 'id="timeout"' not in page and 'id="expires"' not in page
+
+
+def test_a_reserved_jobs_page_offers_its_release(
+        signed_in: FlaskClient, api: Api, producer: Key, admin: Key) -> None:
+    job_id = api.enqueue(producer, reserve={"confirm_within_seconds": 60}).get_json()["id"]
+    page = f"/ui/jobs/{job_id}"
+    shown = signed_in.get(page).text
+    assert ">Release</button>" in shown and "Reserved: it waits for its producer" in shown
+    post_form(signed_in, page, f"{page}/cancel")
+    assert api.get(admin, job_id).get_json()["status"] == "cancelled"
+    assert "Released." in signed_in.get(page).text
