@@ -25,6 +25,9 @@ NOT_ARGUMENTS = {
     # Its value must be the key's own name: the server takes it from the key.
     "/jobs/claim": {"worker_id"},
     "/jobs/claim-many": {"worker_id"},
+    # A reserved job is made by Client.reserve (tests/client/test_reserve.py), whose
+    # arguments carry reserve's fields; enqueue stores a job pending.
+    "/jobs": {"reserve"},
 }
 # Arguments that are not body fields: the path's id, and max_jobs's own name.
 PATH_ARGUMENTS = {"job_id"}
