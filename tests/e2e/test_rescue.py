@@ -26,7 +26,10 @@ INITIAL_JOBS = 100
 EXTRA_JOBS = 300
 TOTAL_JOBS = INITIAL_JOBS + EXTRA_JOBS
 VICTIM_JOBS = 20
-VICTIM_LEASE_SECONDS = 2
+# Long enough that the victim's first leases outlive its twentieth claim on a loaded CI
+# machine: a lease that ran out mid-claiming is rescued by the victim's own next claim,
+# which may hand the same job back to it.
+VICTIM_LEASE_SECONDS = 10
 WORKERS = 8
 PRODUCERS = 2
 LIVE_LEASE_SECONDS = 600
