@@ -93,7 +93,8 @@ NO_SUCH_ACCOUNT = "5.1.1 The email account that you tried to reach does not exis
     ("request req_8f3a2b1c9d rejected", "request req_04e1a7c3bb rejected"),
     ("Processing  took 3 attempts\n\n", "Processing took 12 attempts"),
 ], ids=["contract example", "KeyError", "ValueError", "TimeoutError", "traceback line",
-        "units", "postfix recipient", "ids", "psycopg refused", "psycopg duplicate key", "psycopg deadlock",
+        "units", "postfix recipient", "ids", "psycopg refused", "psycopg duplicate key",
+        "psycopg deadlock",
         "host:port", "IPv6 host:port", "IPv6", "urllib3 new connection", "urllib3 read timeout",
         "requests 404", "requests 500", "smtplib 421", "smtplib recipients refused", "uuid",
         "git sha", "request id", "whitespace"])
