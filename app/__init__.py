@@ -11,11 +11,13 @@ from flask import Flask
 
 from app.config import configuration_warnings, load_settings, normalise
 from app.core.clock import Clock
+from app.history.failures import FailureGroups
 from app.history.service import HistoryService
 from app.jobs.counts import BacklogCounts
 from app.jobs.ids import JobIdConverter
 from app.jobs.intake import IntakeRules
 from app.jobs.models import Backoff
+from app.jobs.retention import RetentionWindows
 from app.jobs.service import JobService
 from app.jobs.settings import QueueSettings
 from app.jobs.timeline.recorder import HistoryRecorder
@@ -48,6 +50,7 @@ class Services:
     history: HistoryService
     schedules: ScheduleService
     workflows: WorkflowService
+    failures: FailureGroups
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -92,6 +95,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.history.routes import bp as history_bp
 
     app.register_blueprint(history_bp)
+    from app.history.failure_routes import bp as failures_bp
+
+    app.register_blueprint(failures_bp)
     from app.schedules.routes import bp as schedules_bp
 
     app.register_blueprint(schedules_bp)
@@ -129,7 +135,9 @@ def start_scheduler(app: Flask) -> None:
 
     services = app.extensions["queuelog"]
     app.extensions["queuelog_ticker"] = Ticker(
-        services.schedules, chores=[services.jobs.reservations.release_overdue]).start()
+        services.schedules,
+        chores=[services.jobs.reservations.release_overdue,
+                services.jobs.retention.chore(services.types.retention_windows)]).start()
 
 
 def stop_scheduler(app: Flask) -> None:
@@ -179,7 +187,11 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         keys=keys,
         counts=counts,
         types=TypeService(db, clock, settings.job_types, counts,
-                          push_origins=config["PUSH_ALLOWED_ORIGINS"]),
+                          push_origins=config["PUSH_ALLOWED_ORIGINS"],
+                          retention_defaults=RetentionWindows(
+                              config["RETENTION_COMPLETED_SECONDS"] or None,
+                              config["RETENTION_FAILED_SECONDS"] or None,
+                              config["RETENTION_CANCELLED_SECONDS"] or None)),
         history=HistoryService(db, clock, jobs, keys, ahead_limit=config["EXPLAIN_AHEAD_LIMIT"]),
         schedules=ScheduleService(
             db, clock, jobs, IntakeRules(settings.job_types, settings.max_payload_bytes,
@@ -188,4 +200,5 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
                              grace_seconds=config["SCHEDULE_GRACE_SECONDS"]),
             on_fired=on_fired),
         workflows=WorkflowService(jobs, clock),
+        failures=FailureGroups(db, clock),
     )

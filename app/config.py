@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.limits import DELAY_SECONDS, LEASE_SECONDS, RETRY_IN_SECONDS
+from app.core.limits import DELAY_SECONDS, LEASE_SECONDS, RETENTION_SECONDS, RETRY_IN_SECONDS
 from app.core.origins import push_origin
 
 
@@ -45,6 +45,15 @@ def _flag(text: str) -> bool:
     if lowered in {"0", "false", "no", "off", ""}:
         return False
     raise ValueError("must be 1/0, true/false, yes/no or on/off")
+
+
+def _retention(text: str) -> int:
+    """Seconds within RETENTION_SECONDS, or 0: kept until purged by hand."""
+    value = int(text)
+    if value != 0 and not RETENTION_SECONDS.min <= value <= RETENTION_SECONDS.max:
+        raise ValueError(f"must be 0 (keep) or between {RETENTION_SECONDS.min} and "
+                         f"{RETENTION_SECONDS.max}")
+    return value
 
 
 def _job_types(text: str) -> frozenset[str]:
@@ -144,6 +153,13 @@ SETTINGS: tuple[Setting, ...] = (
             "jobs that one write transaction of a bulk retry or cancel (and of `queuelog "
             "purge`) takes at most: each batch commits on its own, so other writers wait for "
             "one batch at most, never for the whole action"),
+    Setting("RETENTION_COMPLETED_SECONDS", 7 * 86_400, _retention,
+            "completed jobs are removed (with their history) this long after they ended, "
+            "unless their type sets its own retention; 0: kept until purged"),
+    Setting("RETENTION_FAILED_SECONDS", 30 * 86_400, _retention,
+            "the same for failed jobs"),
+    Setting("RETENTION_CANCELLED_SECONDS", 7 * 86_400, _retention,
+            "the same for cancelled jobs"),
     Setting("MAX_WAITING_REQUESTS", 4, _int_in(0, 10_000),
             "GET /jobs/{id}?wait_seconds requests a process lets wait at once for a job to "
             "finish (a budget of their own); past it they answer at once. Keep it plus "

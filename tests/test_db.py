@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from app import create_app
 from app.core.callers import Role
 from app.core.clock import ManualClock
+from app.core.statuses import JobStatus
 from app.jobs.repository import (
     JobRepository,
     _candidates_one_type,
@@ -169,10 +170,38 @@ def test_sqlite_claims_of_one_type_read_that_types_part_of_the_index(sqlite_temp
     assert not any("TEMP B-TREE" in step for step in plan)
 
 
+@pytest.mark.parametrize("after", [None, (5, 7)])
+def test_sqlite_retention_reads_a_type_s_expired_jobs_in_order_from_their_index(
+        sqlite_template, after):
+    """Each retention batch starts where the last one ended, in the finished jobs' index,
+    already in (updated_at, id) order: no sort, no walk over the rows deleted before."""
+    engine = make_engine(f"sqlite:///{sqlite_template}")
+    seen: list[tuple[str, Any]] = []
+
+    def catch(conn: Any, cursor: Any, statement: str, params: Any, context: Any,
+              many: bool) -> None:
+        if statement.startswith("SELECT jobs.updated_at"):
+            seen.append((statement, params))
+
+    event.listen(engine, "before_cursor_execute", catch)
+    with engine.connect() as conn:
+        JobRepository(conn).expired_finished(
+            job_type="email", status=JobStatus.COMPLETED, updated_before_us=10,
+            keyed_created_before_us=5, after=after, limit=200)
+        event.remove(engine, "before_cursor_execute", catch)
+        [(statement, params)] = seen
+        plan = [row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement,
+                                                        params)]
+    engine.dispose()
+    bounds = "updated_at>? AND updated_at<?" if after else "updated_at<?"
+    assert plan == [f"SEARCH jobs USING INDEX ix_jobs_finished_type_status_updated "
+                    f"(type=? AND status=? AND {bounds})"], plan
+
+
 @pytest.mark.parametrize("stmt,index", [
     (_pending_by_type, "ix_jobs_claim_order_by_type"),
     (_count_running, "ix_jobs_running_type_key"),
-    (_count_finished, "COVERING INDEX ix_jobs_finished_type_status"),
+    (_count_finished, "COVERING INDEX ix_jobs_finished_type_status_updated"),
 ])
 def test_sqlite_type_counts_read_partial_indexes_never_the_table(sqlite_template, stmt, index):
     # GET /types and the per-type gauges, beside a million finished jobs.
@@ -232,7 +261,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0018"
+        assert current_revision(conn) == head_revision() == "0019"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
@@ -248,7 +277,7 @@ def test_postgres_tables_carry_the_storage_parameters_of_0011(empty_db_url, engi
     database = Database(make_engine(empty_db_url))
     if engine_name == "sqlite":
         with database.read() as conn:
-            assert current_revision(conn) == "0018"
+            assert current_revision(conn) == "0019"
         database.engine.dispose()
         return
     with database.read() as conn:
@@ -653,6 +682,71 @@ def test_reserved_jobs_migration_keeps_jobs_and_keys_and_takes_reservations(empt
 
     assert stored("SELECT id, status FROM jobs ORDER BY id")[-3:] == [
         (confirmed, "pending"), (released, "cancelled"), (left, "cancelled")]
+    engine.dispose()
+
+
+def test_retention_and_failure_groups_migration_keeps_jobs_and_groups_new_failures(
+        empty_db_url):
+    """0019 on a database 0018 filled: every job, attempt and type setting stays as it was,
+    no attempt has a fingerprint and no group exists; the upgraded service groups a new
+    failure and shows each type's retention (the defaults); the way down drops what 0019
+    added and keeps the jobs and attempts."""
+    upgrade(empty_db_url, "0018")
+    now = 1_800_000_000_000_000
+    job = {"type": "email", "payload": "{}", "priority": 10, "status": "failed",
+           "retry_count": 1, "max_retries": 0, "producer": "producer-1", "run_at": 0,
+           "claimed_at": None, "worker_id": None, "lease_expires_at": None,
+           "lease_token": None, "error": "smtp 421", "created_at": 1, "updated_at": 2}
+    attempt = {"job_id": 1, "number": 1, "worker_id": "worker-1", "claimed_at": 1,
+               "ended_at": 2, "outcome": "failed", "error": "smtp 421"}
+    engine = make_engine(empty_db_url, pooled=False)
+    with engine.begin() as conn:  # the tables as 0018 left them
+        conn.execute(table("jobs", *map(column, job)).insert(),
+                     [job, {**job, "status": "pending", "error": None, "created_at": 3}])
+        conn.execute(table("job_attempts", *map(column, attempt)).insert(), [attempt])
+        conn.execute(text("INSERT INTO job_types (type, paused, updated_at) "
+                          "VALUES ('email', true, 5)"))
+    jobs_0018 = table("jobs", column("id"), *map(column, job))
+    attempts_0018 = table("job_attempts", column("id"), *map(column, attempt))
+
+    def stored(query: Any) -> list[tuple[Any, ...]]:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(
+                text(query) if isinstance(query, str) else query)]
+
+    before = (stored(select(jobs_0018).order_by(jobs_0018.c.id)),
+              stored(select(attempts_0018).order_by(attempts_0018.c.id)))
+    upgrade(empty_db_url)
+
+    assert (stored(select(jobs_0018).order_by(jobs_0018.c.id)),
+            stored(select(attempts_0018).order_by(attempts_0018.c.id))) == before
+    assert stored("SELECT fingerprint FROM job_attempts") == [(None,)]
+    assert stored("SELECT * FROM failure_groups") == []
+    assert stored("SELECT retention_completed_seconds, retention_failed_seconds, "
+                  "retention_cancelled_seconds FROM job_types") == [(None, None, None)]
+    application = create_app({"TESTING": True, "DATABASE_URL": empty_db_url,
+                              "JOB_TYPES": frozenset({"email"}),
+                              "CLOCK": ManualClock(start_us=now), "DB_POOL_SIZE": 2})
+    keys = application.extensions["queuelog"].keys
+    admin = {"Authorization": f"Bearer {keys.create_key('admin-1', Role.ADMIN)}"}
+    worker = {"Authorization": f"Bearer {keys.create_key('worker-1', Role.WORKER)}"}
+    client = application.test_client()
+    assert client.get("/types/email", headers=admin).json["retention"] == {
+        "completed_seconds": 7 * 86_400, "failed_seconds": 30 * 86_400,
+        "cancelled_seconds": 7 * 86_400}
+    assert client.patch("/types/email", headers=admin, json={"paused": False}).status_code == 200
+    claimed = client.post("/jobs/claim", json={}, headers=worker).json
+    assert claimed["id"] == 2
+    client.post("/jobs/2/fail", headers=worker,
+                json={"lease_token": claimed["lease_token"], "error": "smtp 421 busy"})
+    [group] = client.get("/failures", headers=admin).json["groups"]
+    assert (group["type"], group["count"], group["jobs_failed"]) == ("email", 1, 1)
+    application.extensions["queuelog"].db.engine.dispose()
+
+    command.downgrade(alembic_config(empty_db_url), "0018")
+
+    assert stored("SELECT id, status FROM jobs ORDER BY id") == [(1, "failed"), (2, "failed")]
+    assert len(stored("SELECT id FROM job_attempts")) == 2
     engine.dispose()
 
 

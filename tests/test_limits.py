@@ -112,6 +112,8 @@ PROBES: dict[str, Probe] = {
                                     body=lambda n: {**_LEASE, "message": _text(n)}),
     "PROGRESS_COUNT": Probe("worker", "POST", "/jobs/1/heartbeat", "progress.total",
                             body=lambda n: {**_LEASE, "progress": {"done": 0, "total": n}}),
+    "RETENTION_SECONDS": Probe("admin", "PATCH", "/types/email", "retention.completed_seconds",
+                               body=lambda n: {"retention": {"completed_seconds": n}}),
     "PUSH_TIMEOUT_SECONDS": Probe("admin", "PATCH", "/types/email", "push.timeout_seconds",
                                   body=lambda n: {"push": {"url": "http://push.example/",
                                                            "timeout_seconds": n}}),
@@ -130,6 +132,9 @@ NOT_A_FIELD = {
     # Not a refusal but a cut of what is stored (tests/test_redaction.py; the client's
     # worker sends no more: tests/client/test_wire_constants.py).
     "STORED_ERROR_CHARS",
+    # A cut of what a failure group keeps of its newest error (tests/jobs/
+    # test_failure_groups.py), not a refusal.
+    "FAILURE_SAMPLE_CHARS",
 }
 
 

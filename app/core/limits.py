@@ -122,6 +122,10 @@ TIMEOUT_SECONDS = Limit[int]("TIMEOUT_SECONDS", 1, 7 * _DAY_SECONDS, "seconds",
 EXPIRES_IN_SECONDS = Limit[int]("EXPIRES_IN_SECONDS", 1, _YEAR_SECONDS, "seconds",
                                 "a job's expires_in_seconds (and how far ahead its expires_at "
                                 "may be)")
+RETENTION_SECONDS = Limit[int]("RETENTION_SECONDS", 60, 315_360_000, "seconds",
+                               "how long a type's finished jobs are kept (null: for ever)")
+FAILURE_SAMPLE_CHARS = Limit[int]("FAILURE_SAMPLE_CHARS", 0, 1000, "characters",
+                                  "a failure group's sample error, as stored")
 
 LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     JOB_ID, TYPE_CHARS, NAME_CHARS, KEY_CHARS, LEASE_TOKEN_CHARS, CURSOR_CHARS, TOKEN_CHARS,
@@ -131,5 +135,5 @@ LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     PAGE_BYTES, PROGRESS_COUNT, CATCH_UP, BATCH_ROWS, TYPE_LIMIT, RATE,
     LEASE_SECONDS, DELAY_SECONDS, UNIQUE_PERIOD_SECONDS, RETRY_IN_SECONDS, CLAIM_WAIT_SECONDS,
     RESULT_WAIT_SECONDS, PUSH_TIMEOUT_SECONDS, TIMEOUT_SECONDS, EXPIRES_IN_SECONDS,
-    CONFIRM_WITHIN_SECONDS,
+    CONFIRM_WITHIN_SECONDS, RETENTION_SECONDS, FAILURE_SAMPLE_CHARS,
 )

@@ -26,6 +26,9 @@ class AttemptSchema(Schema):
     ended_at = fields.String(required=True, allow_none=True, metadata=_DATE_TIME)
     outcome = fields.String(required=True, validate=validate.OneOf([o.value for o in Outcome]))
     error = fields.String(allow_none=True, metadata={"description": "Admins only."})
+    fingerprint = fields.String(allow_none=True, metadata={
+        "description": "Admins only: the failure group of an attempt that ended with an "
+                       "error (GET /failures)."})
     duration_ms = fields.Integer(required=True, allow_none=True)
 
 
@@ -96,6 +99,7 @@ def represent_attempt(attempt: Attempt, *, show_error: bool) -> dict[str, Any]:
     }
     if show_error:
         shown["error"] = attempt.error
+        shown["fingerprint"] = attempt.fingerprint
     return shown
 
 

@@ -32,6 +32,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    tuple_,
     union_all,
     update,
 )
@@ -42,6 +43,7 @@ from app.core.statuses import STATUS_BITS, JobStatus, claim_order_key
 from app.jobs.control_repository import CHECKPOINT, CONTROL_COLUMNS, controls_from
 from app.jobs.flow import ClaimLimits
 from app.jobs.models import BoundedCount, Job, JobControls, PendingSummary
+from app.jobs.timeline.failure_repository import last_failed_with
 from app.jobs.transitions import Transition
 from app.storage.dialects import conflict_insert_for, writers_serialised
 from app.storage.integrity import refused_in_savepoint, unique_indexes_translated
@@ -88,6 +90,9 @@ _RUNNING: Any = literal_column("'running'")
 # In the order of the partial index's own IN list, which is what the planners match.
 _FINISHED: list[Any] = [literal_column(f"'{status.value}'") for status in
              (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)]
+# The predicate of the finished jobs' partial index, as written there: a query that repeats it
+# is matched to the index by both planners.
+_FINISHED_ROW = jobs.c.status.in_(_FINISHED)
 
 _select_by_id = select(*JOB_COLUMNS).where(jobs.c.id == bindparam("job_id"))
 _select_by_id_for_update = _select_by_id.with_for_update()
@@ -932,7 +937,8 @@ class JobRepository:
                           job_type: str | None = None, created_before: int | None = None,
                           created_after: int | None = None,
                           ids: Collection[int] | None = None, after_id: int = 0,
-                          up_to_id: int | None = None) -> list[int]:
+                          up_to_id: int | None = None,
+                          fingerprint: str | None = None) -> list[int]:
         """Ids of up to `limit` jobs in `statuses` that every filter given matches, lowest
         first, above `after_id` and up to `up_to_id` (locked on PostgreSQL until the
         transaction ends)."""
@@ -947,6 +953,8 @@ class JobRepository:
             stmt = stmt.where(jobs.c.created_at > created_after)
         if ids is not None:
             stmt = stmt.where(jobs.c.id.in_(list(ids)))
+        if fingerprint is not None:
+            stmt = stmt.where(last_failed_with(fingerprint))
         stmt = stmt.order_by(jobs.c.id).limit(limit).with_for_update()
         return list(self.conn.execute(stmt).scalars())
 
@@ -972,6 +980,37 @@ class JobRepository:
         return sorted((_job(row) for row in self.conn.execute(stmt)), key=lambda job: job.id)
 
     # -- retention ------------------------------------------------------------------------
+
+    def expired_finished(self, *, job_type: str, status: JobStatus, updated_before_us: int,
+                         keyed_created_before_us: int, after: tuple[int, int] | None,
+                         limit: int) -> list[tuple[int, int]]:
+        """Up to `limit` (updated_at, id) of the type's jobs in `status` last changed before
+        the cutoff, oldest first, after the position `after`: read through the finished
+        jobs' index (ix_jobs_finished_type_status_updated: its predicate is written out, so
+        that both planners match it). A job with an idempotency key created since
+        `keyed_created_before_us` is left (the idempotency floor). Locked on PostgreSQL,
+        skipping rows another process's retention holds: two tickers take disjoint
+        batches."""
+        stmt = select(jobs.c.updated_at, jobs.c.id).where(
+            _FINISHED_ROW, _status_is(status), jobs.c.type == job_type,
+            jobs.c.updated_at < updated_before_us,
+            or_(jobs.c.idempotency_key.is_(None),
+                jobs.c.created_at < keyed_created_before_us))
+        if after is not None:
+            # The plain bound starts the index range at the position (the row comparison
+            # alone is only a filter to PostgreSQL's planner: each batch would walk again
+            # the entries of the rows deleted before it).
+            stmt = stmt.where(jobs.c.updated_at >= after[0],
+                              tuple_(jobs.c.updated_at, jobs.c.id) > tuple_(*after))
+        stmt = (stmt.order_by(jobs.c.updated_at, jobs.c.id).limit(limit)
+                .with_for_update(skip_locked=True))
+        return [(updated_at, job_id) for updated_at, job_id in self.conn.execute(stmt)]
+
+    def delete_jobs(self, job_ids: Collection[int]) -> None:
+        """Delete these jobs' rows (their history is the caller's to delete, in the same
+        transaction)."""
+        if job_ids:
+            self.conn.execute(delete(jobs).where(jobs.c.id.in_(sorted(job_ids))))
 
     def delete_finished_jobs(self, *, statuses: Collection[str], updated_before_us: int,
                              after_id: int, limit: int,

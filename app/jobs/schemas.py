@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.core.clock import to_rfc3339
+from app.core.fingerprint import FINGERPRINT_PATTERN
 from app.core.limits import (
     BATCH_JOBS,
     BULK_JOBS,
@@ -282,6 +283,10 @@ class BulkSchema(StrictSchema):
     created_before = Timestamp(metadata={"format": "date-time"})
     created_after = Timestamp(metadata={"format": "date-time"})
     ids = fields.List(StrictInteger(validate=within(JOB_ID)), validate=length_within(BULK_JOBS))
+    fingerprint = fields.String(validate=validate.Regexp(
+        FINGERPRINT_PATTERN, error="A failure group's fingerprint: 16 lowercase hex digits."),
+        metadata={"description": "Only jobs whose last attempt failed with this fingerprint "
+                                 "(GET /failures): retry a failure group after its fix."})
     limit = StrictInteger(load_default=BULK_JOBS.default, validate=within(BULK_JOBS))
 
 

@@ -74,6 +74,7 @@ class JobService:
         self.confirm = reservations.confirm
         self.release = reservations.release
         retention = Retention(uow, clock, settings.bulk_batch_size)
+        self.retention = retention
         self.purge = retention.purge
         self.on_purged = retention.on_purged
 

@@ -62,6 +62,7 @@ class JobMetric(enum.StrEnum):
     EXPIRED = "expired"
     CONFIRMED = "confirmed"
     RELEASED = "released"
+    REMOVED = "removed"
 
 
 # The help text of each counter (/metrics).
@@ -89,6 +90,8 @@ JOB_METRICS: Mapping[JobMetric, str] = {
                          "answer): pending.",
     JobMetric.RELEASED: "Reserved jobs released (by their producer, their check's answer or "
                         "their deadline): cancelled.",
+    JobMetric.REMOVED: "Finished jobs deleted with their history, by retention (each type's "
+                       "window, contract §19) or `queuelog purge`.",
 }
 
 

@@ -24,6 +24,7 @@ from app.jobs.key_rules import KeyRules, ModeSource, no_modes
 from app.jobs.models import Job
 from app.jobs.repository import JobRepository
 from app.jobs.reservation_repository import ReservationRepository
+from app.jobs.timeline.failure_repository import FailureRepository
 from app.jobs.timeline.models import SERVICE_ACTOR
 from app.jobs.timeline.recorder import HistoryRecorder
 from app.jobs.timeline.repository import HistoryRepository
@@ -85,6 +86,7 @@ class JobsTx(Transaction):
     """A job transaction: `jobs` (JobRepository), `dependencies` (DependencyRepository),
     `controls` (ControlRepository: §17's cancel requests, progress and checkpoints),
     `reservations` (ReservationRepository: §18's reserved jobs),
+    `failures` (FailureRepository: §19's failure groups),
     `keys` (the §16 rules of fair and ordered keys, app/jobs/key_rules.py), `history`
     (HistoryRepository) and `timeline` (the history recorder), all on the transaction's one
     connection."""
@@ -100,6 +102,7 @@ class JobsTx(Transaction):
         self.controls = ControlRepository(conn)
         self.reservations = ReservationRepository(conn)
         self.history = HistoryRepository(conn)
+        self.failures = FailureRepository(conn)
         self.timeline = Timeline(recorder, conn)
         self.keys = KeyRules(self.jobs, KeyRepository(conn), key_modes,
                              lambda made, changed, at, extra: self._record(

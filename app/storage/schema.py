@@ -144,13 +144,16 @@ Index(
     postgresql_where=text("status = 'running'"),
 )
 # GET /types counts the finished jobs of each type from this index alone (a full scan of the
-# table takes seconds at a million rows). Its literal statuses keep it out of every other
-# query: the listings bind their status as a parameter, which the planners cannot match to a
-# partial index.
+# table takes seconds at a million rows), and retention finds each type's jobs past their
+# window in updated_at order through it (migration 0019 appended updated_at: a finished job
+# is written here once, when it finishes, as before). Its literal statuses keep it out of
+# every other query: the listings bind their status as a parameter, which the planners
+# cannot match to a partial index.
 Index(
-    "ix_jobs_finished_type_status",
+    "ix_jobs_finished_type_status_updated",
     jobs.c.type,
     jobs.c.status,
+    jobs.c.updated_at,
     sqlite_where=text("status IN ('completed', 'failed', 'cancelled')"),
     postgresql_where=text("status IN ('completed', 'failed', 'cancelled')"),
 )
@@ -401,6 +404,11 @@ job_types = Table(
     Column("fairness", String(8), nullable=True),
     Column("ordering", String(8), nullable=True),
     Column("on_failure", String(8), nullable=True),
+    # Retention (migration 0019, contract §19): how long the type's finished jobs of each
+    # status are kept, in seconds; NULL: the QUEUELOG_RETENTION_… default; 0: for ever.
+    Column("retention_completed_seconds", Integer, nullable=True),
+    Column("retention_failed_seconds", Integer, nullable=True),
+    Column("retention_cancelled_seconds", Integer, nullable=True),
 )
 
 # No AUTOINCREMENT here: a key's row is never deleted (revocation keeps it, so that its name
@@ -439,10 +447,34 @@ job_attempts = Table(
     Column("ended_at", Micros, nullable=True),
     Column("outcome", String(16), nullable=False),
     Column("error", Text, nullable=True),
+    # The failure group of an attempt that ended with an error (migration 0019): what its
+    # group's chart counts and its retry finds the jobs by.
+    Column("fingerprint", String(16), nullable=True),
 )
 # A job's attempts in order; closing an attempt finds the job's open one through it too.
 Index("uq_job_attempts_job_id_number", job_attempts.c.job_id, job_attempts.c.number,
       unique=True)
+# A failure group's attempts in time order (its chart, its newest jobs). Partial: an attempt
+# that completes, and every claim, writes nothing here.
+Index("ix_job_attempts_fingerprint_ended_at", job_attempts.c.fingerprint,
+      job_attempts.c.ended_at, sqlite_where=text("fingerprint IS NOT NULL"),
+      postgresql_where=text("fingerprint IS NOT NULL"))
+
+# Failure groups (contract §19): per type, the failed attempts whose errors share a
+# fingerprint (app/core/fingerprint.py), kept up to date by the failing transactions
+# themselves, so that GET /failures reads a few rows rather than scanning attempts.
+failure_groups = Table(
+    "failure_groups",
+    metadata,
+    Column("type", String(100), primary_key=True),
+    Column("fingerprint", String(16), primary_key=True),
+    Column("sample", Text, nullable=False),  # the newest error of the group, redacted
+    Column("count", BigInteger, nullable=False),  # failed attempts
+    Column("jobs_failed", BigInteger, nullable=False),  # jobs that ended failed with it
+    Column("first_seen", Micros, nullable=False),
+    Column("last_seen", Micros, nullable=False),
+)
+Index("ix_failure_groups_last_seen", failure_groups.c.last_seen)
 
 job_events = Table(
     "job_events",

@@ -22,6 +22,7 @@ from app.storage.engine import Database, make_engine
 from app.storage.migrations import current_revision, head_revision, upgrade
 from app.storage.schema import (
     api_keys,
+    failure_groups,
     job_attempts,
     job_checkpoints,
     job_dependencies,
@@ -47,9 +48,10 @@ TABLES: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, job_depen
 # other two are keyed by the ids of the rows they belong to, and a position.)
 SEQUENCED: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, workflows)
 # Keyed by name rather than id, and small (a row per job type ever changed, a row per
-# schedule): copied whole. A type's settings (pause, limits, its token bucket) and the
-# schedules (with their next slot and last job) go with the queue.
-SETTINGS_TABLES: tuple[Table, ...] = (job_types, schedules)
+# schedule, a row per failure group): copied whole. A type's settings (pause, limits, its
+# token bucket), the schedules (with their next slot and last job) and the failure groups
+# (their counts are the history of failures) go with the queue.
+SETTINGS_TABLES: tuple[Table, ...] = (job_types, schedules, failure_groups)
 
 
 class TransferError(RuntimeError):

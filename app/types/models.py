@@ -13,6 +13,7 @@ from app.core.clock import MICROS
 from app.core.origins import HTTP_URL_PATTERN, push_origin
 from app.jobs.flow import RunningCounts, running_by_type
 from app.jobs.key_rules import KeyMode
+from app.jobs.retention import RetentionWindows
 
 # The values of contract §16's settings (each may also be null).
 FAIRNESS_KEY = "key"
@@ -51,6 +52,10 @@ class TypeSettings:
     fairness: str | None = None  # "key": claims take turns across concurrency keys
     ordering: str | None = None  # "key": one job per concurrency key at a time, in order
     on_failure: str | None = None  # of an ordered key: "skip" (None) or "block"
+    # Retention of its finished jobs, in seconds (contract §19): None the default, 0 for ever.
+    retention_completed_seconds: int | None = None
+    retention_failed_seconds: int | None = None
+    retention_cancelled_seconds: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> TypeSettings:
@@ -96,6 +101,19 @@ class TypeSettings:
         """Its settings of contract §16, as the job transactions apply them."""
         return KeyMode(fair=self.is_fair, ordered=self.ordering == ORDERING_KEY,
                        block_on_failure=self.on_failure == ON_FAILURE_BLOCK)
+
+    def retention(self, defaults: RetentionWindows) -> RetentionWindows:
+        """How long its finished jobs are kept: its own windows, the defaults where it has
+        none (None: kept until purged by hand)."""
+
+        def window(own: int | None, default: int | None) -> int | None:
+            chosen = default if own is None else own
+            return chosen or None  # 0: for ever
+
+        return RetentionWindows(
+            window(self.retention_completed_seconds, defaults.completed),
+            window(self.retention_failed_seconds, defaults.failed),
+            window(self.retention_cancelled_seconds, defaults.cancelled))
 
     def far_from_caps(self, running: RunningCounts, share: float) -> bool:
         """What runs of this type, and of each of its keys, is at most `share` of its cap."""

@@ -7,7 +7,13 @@ from typing import Any, ClassVar
 from marshmallow import Schema, fields, validate
 
 from app.core.clock import to_rfc3339
-from app.core.limits import PUSH_TIMEOUT_SECONDS, PUSH_URL_CHARS, RATE, TYPE_LIMIT
+from app.core.limits import (
+    PUSH_TIMEOUT_SECONDS,
+    PUSH_URL_CHARS,
+    RATE,
+    RETENTION_SECONDS,
+    TYPE_LIMIT,
+)
 from app.core.redaction import display_url
 from app.types.models import (
     FAIRNESS_KEY,
@@ -36,6 +42,27 @@ class PushSchema(StrictSchema):
         metadata={"description": "A delivery's time limit; its lease is this plus 30 s."})
     rotate_secret = StrictBoolean(load_default=False, metadata={
         "description": "Make a new signing secret (shown once, in this answer)."})
+
+
+def _retention(status: str) -> StrictInteger:
+    return StrictInteger(allow_none=True, validate=within(RETENTION_SECONDS), metadata={
+        "description": f"Seconds a {status} job of the type is kept after it ended (then "
+                       "removed with its history); null: kept until purged by hand."})
+
+
+class RetentionSchema(StrictSchema):
+    """A type's retention of its finished jobs (contract §19); a status left out keeps its
+    window."""
+
+    completed_seconds = _retention("completed")
+    failed_seconds = _retention("failed")
+    cancelled_seconds = _retention("cancelled")
+
+
+class RetentionShownSchema(Schema):
+    completed_seconds = fields.Integer(required=True, allow_none=True)
+    failed_seconds = fields.Integer(required=True, allow_none=True)
+    cancelled_seconds = fields.Integer(required=True, allow_none=True)
 
 
 def _limit(description: str) -> StrictInteger:
@@ -74,6 +101,12 @@ class TypePatchSchema(StrictSchema):
         metadata={"description": "An ordered key whose job failed: \"skip\" (default, null) "
                                  "runs its next job; \"block\" runs nothing more until that "
                                  "job is retried or cancelled."})
+    retention = fields.Nested(RetentionSchema, allow_none=True, metadata={
+        "description": "How long the type's finished jobs are kept, by status (each 60 s to "
+                       "10 years, or null: for ever); null: every status back to the "
+                       "QUEUELOG_RETENTION_… defaults. A job with an idempotency key is kept "
+                       "at least 24 hours, and a job a waiting job depends on until that job "
+                       "ends."})
 
 
 class TypeCountsSchema(Schema):
@@ -114,6 +147,9 @@ class TypeSchema(Schema):
     fairness = fields.String(required=True, allow_none=True)
     ordering = fields.String(required=True, allow_none=True)
     on_failure = fields.String(required=True)
+    retention = fields.Nested(RetentionShownSchema, required=True, metadata={
+        "description": "Seconds each finished status is kept (null: for ever), the "
+                       "defaults included."})
     blocked_keys = fields.Integer(required=True, metadata={
         "description": "Ordered keys a failed job blocks now (on_failure block)."})
     counts = fields.Nested(TypeCountsSchema, required=True, metadata={
@@ -140,6 +176,9 @@ def represent_type(view: TypeView) -> dict[str, Any]:
         "fairness": s.fairness,
         "ordering": s.ordering,
         "on_failure": s.on_failure or ON_FAILURE_SKIP,
+        "retention": {"completed_seconds": view.retention.completed,
+                      "failed_seconds": view.retention.failed,
+                      "cancelled_seconds": view.retention.cancelled},
         "blocked_keys": view.blocked_keys,
         "counts": {"reserved": c.reserved, "waiting": c.waiting, "pending": c.pending,
                    "scheduled": c.scheduled, "running": c.running,

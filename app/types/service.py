@@ -17,6 +17,7 @@ from app.jobs.flow import running_by_type
 from app.jobs.key_repository import KeyRepository, KeyTurn
 from app.jobs.key_rules import change_modes
 from app.jobs.repository import JobRepository
+from app.jobs.retention import NO_RETENTION, RetentionWindows
 from app.storage.engine import Database
 from app.types.models import (
     TypeSettings,
@@ -25,6 +26,20 @@ from app.types.models import (
     push_origin_refusal,
 )
 from app.types.repository import TypeRepository
+
+# The statuses a type's "retention" names, as its fields' and columns' prefixes.
+RETENTION_STATUSES = ("completed", "failed", "cancelled")
+
+
+def retention_columns(retention: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The job_types columns a PATCH's "retention" sets: each status named, its seconds (null:
+    kept for ever, stored as 0); a status left out keeps its window; retention null: every
+    status back to the QUEUELOG_RETENTION_… defaults."""
+    if retention is None:
+        return {f"retention_{status}_seconds": None for status in RETENTION_STATUSES}
+    return {f"retention_{status}_seconds": 0 if retention[f"{status}_seconds"] is None
+            else retention[f"{status}_seconds"]
+            for status in RETENTION_STATUSES if f"{status}_seconds" in retention}
 
 
 def push_columns(current: TypeSettings, push: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -107,17 +122,27 @@ class TypeView:
     # rotated): shown once, in the PATCH's answer; None otherwise.
     new_secret: str | None = None
     blocked_keys: int = 0  # ordered keys a failure blocks now
+    retention: RetentionWindows = NO_RETENTION  # its windows, the defaults included
 
 
 class TypeService:
     def __init__(self, db: Database, clock: Clock, job_types: frozenset[str],
                  counts: BacklogCounts, *,
-                 push_origins: frozenset[str] | None = None) -> None:
+                 push_origins: frozenset[str] | None = None,
+                 retention_defaults: RetentionWindows = NO_RETENTION) -> None:
         self.db = db
         self.clock = clock
         self.job_types = job_types
         self.push_origins = push_origins  # None: a push url may name any origin
         self.counts = counts
+        self.retention_defaults = retention_defaults  # QUEUELOG_RETENTION_…
+
+    def retention_windows(self) -> dict[str, RetentionWindows]:
+        """Every configured type's retention (the ticker's retention reads it each pass)."""
+        with self.db.read() as conn:
+            stored = TypeRepository(conn).settings_of(sorted(self.job_types))
+        return {name: stored.get(name, defaults(name)).retention(self.retention_defaults)
+                for name in sorted(self.job_types)}
 
     def list_types(self) -> list[TypeView]:
         return self._views(sorted(self.job_types))
@@ -134,7 +159,10 @@ class TypeService:
         if refused:
             raise ValidationFailed(f"The push url is refused: {refused}.",
                                    errors={"push.url": [f"Refused: {refused}."]})
-        settings_patch = {name: value for name, value in patch.items() if name != "push"}
+        settings_patch = {name: value for name, value in patch.items()
+                          if name not in ("push", "retention")}
+        if "retention" in patch:
+            settings_patch |= retention_columns(patch["retention"])
 
         def change(conn: Connection) -> str | None:
             repo = TypeRepository(conn)
@@ -183,9 +211,14 @@ class TypeService:
         with self.db.read() as conn:
             stats = self._stats_in(conn, backlog)
             stored = TypeRepository(conn).settings_of(names)
-        return [TypeView(stored.get(name, defaults(name)), stats.counts_of(name),
-                         stats.oldest_claimable_age_seconds(name),
-                         blocked_keys=stats.blocked_keys.get(name, 0)) for name in names]
+        views = []
+        for name in names:
+            settings = stored.get(name, defaults(name))
+            views.append(TypeView(settings, stats.counts_of(name),
+                                  stats.oldest_claimable_age_seconds(name),
+                                  blocked_keys=stats.blocked_keys.get(name, 0),
+                                  retention=settings.retention(self.retention_defaults)))
+        return views
 
     def blocked_keys(self, limit: int = 50) -> list[KeyTurn]:
         """Ordered keys a failed job blocks, longest blocked first (the dashboard's)."""

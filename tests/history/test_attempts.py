@@ -51,7 +51,7 @@ def test_a_running_attempt_is_open(api, client, producer, worker, admin):
     [attempt] = attempts(client, admin, job_id).json["attempts"]
     assert attempt == {"number": 1, "worker_id": "worker-1", "claimed_at": claimed_at,
                        "ended_at": None, "outcome": "running", "error": None,
-                       "duration_ms": None}
+                       "fingerprint": None, "duration_ms": None}
 
 
 def test_a_lease_rescued_by_the_service_shows_lease_expired(api, client, producer, make_key,

@@ -50,6 +50,7 @@ class Attempt:
     ended_at: int | None
     outcome: str
     error: str | None
+    fingerprint: str | None = None  # its failure group's, when it ended with an error
 
     @property
     def duration_ms(self) -> int | None:

@@ -15,7 +15,11 @@ from typing import Any
 from sqlalchemy import Connection
 
 from app.core.clock import MICROS
+from app.core.fingerprint import error_fingerprint
+from app.core.limits import FAILURE_SAMPLE_CHARS
+from app.core.statuses import JobStatus
 from app.jobs.models import LEASE_EXPIRED_ERROR, Job
+from app.jobs.timeline.failure_repository import Failure, FailureRepository
 from app.jobs.timeline.models import EventName, Outcome
 from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.transitions import Transition
@@ -24,6 +28,9 @@ from app.jobs.transitions import Transition
 # bound: past this many report_refused events on one job, further refusals are only counted
 # (the metric), not stored.
 MAX_REFUSALS_KEPT = 100
+# The attempts whose errors form failure groups: a worker's fail, a lease run out, a deadline
+# passed (a cancelled attempt is nobody's failure).
+GROUPED_OUTCOMES = frozenset({Outcome.FAILED, Outcome.LEASE_EXPIRED, Outcome.TIMED_OUT})
 # A key's last-seen time is written at most this often per process; /workers and explain
 # read it to about this precision.
 ACTIVITY_INTERVAL_US = 60 * MICROS
@@ -58,8 +65,7 @@ class HistoryRecorder:
                                  "claimed_at": job.claimed_at} for job in jobs])
         outcome = edge.closes_attempt
         if outcome is not None:
-            repo.close_attempts([{"closed_job_id": job.id, "new_error": self._error(outcome, job)}
-                                 for job in jobs], outcome, now_us)
+            self._close_attempts(conn, repo, outcome, jobs, now_us)
         if self.events:
             extra = details or {}
             rows = [row for job in jobs
@@ -133,6 +139,24 @@ class HistoryRecorder:
                 return
             self._written[name] = (now_us, now_us if claimed else claim_at)
         HistoryRepository(conn).record_activity(name, now_us, claimed=claimed)
+
+    def _close_attempts(self, conn: Connection, repo: HistoryRepository, outcome: Outcome,
+                        jobs: Sequence[Job], now_us: int) -> None:
+        """End the jobs' attempts; a failed one is counted into its failure group (contract
+        §19), by the fingerprint of its error as stored (redacted)."""
+        rows, failures = [], []
+        for job in jobs:
+            error = self._error(outcome, job)
+            fingerprint = None
+            if error is not None and outcome in GROUPED_OUTCOMES:
+                fingerprint = error_fingerprint(error)
+                failures.append(Failure(job.type, fingerprint,
+                                        error[:FAILURE_SAMPLE_CHARS.max],
+                                        ended_failed=job.status == JobStatus.FAILED))
+            rows.append({"closed_job_id": job.id, "new_error": error,
+                         "new_fingerprint": fingerprint})
+        repo.close_attempts(rows, outcome, now_us)
+        FailureRepository(conn).record(failures, now_us)
 
     @staticmethod
     def _error(outcome: Outcome, job: Job) -> str | None:

@@ -34,7 +34,7 @@ _close_attempt_statement = (
     .where(job_attempts.c.job_id == bindparam("closed_job_id"),
            job_attempts.c.outcome == literal_column(f"'{Outcome.RUNNING.value}'"))
     .values(ended_at=bindparam("ended_at"), outcome=bindparam("new_outcome"),
-            error=bindparam("new_error"))
+            error=bindparam("new_error"), fingerprint=bindparam("new_fingerprint"))
 )
 _close_attempt = DriverStatement(_close_attempt_statement)
 
@@ -73,7 +73,8 @@ class HistoryRepository:
 
     def close_attempts(self, rows: Sequence[Mapping[str, Any]], outcome: Outcome,
                        ended_at: int) -> None:
-        """End the running attempt of each row's job (`closed_job_id`, `new_error`)."""
+        """End the running attempt of each row's job (`closed_job_id`, `new_error`,
+        `new_fingerprint`)."""
         params = [{**row, "ended_at": ended_at, "new_outcome": outcome.value} for row in rows]
         if len(params) == 1:
             _close_attempt.rows(self.conn, params[0])

@@ -1,0 +1,57 @@
+"""Failure groups (contract §19): the failed attempts of each type grouped by the fingerprint
+of their error, as GET /failures and the dashboard's failures page read them. The groups are
+rows the failing transactions keep (app/jobs/timeline/recorder.py); reading them scans
+nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.core.clock import Clock
+from app.core.errors import NotFound
+from app.jobs.timeline.failure_repository import HOUR_US, FailureGroup, FailureRepository
+from app.storage.engine import Database
+
+# The dashboard's chart of a group: its failed attempts per hour over the last day.
+CHART_HOURS = 24
+NEWEST_JOBS_SHOWN = 10
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDetail:
+    """A group with its failed attempts per hour (oldest first, CHART_HOURS of them, the
+    current hour last) and its newest jobs' ids."""
+
+    group: FailureGroup
+    hourly: list[tuple[int, int]]
+    newest_job_ids: list[int]
+
+
+class FailureGroups:
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self.db = db
+        self.clock = clock
+
+    def groups(self, *, job_type: str | None = None, since_us: int | None = None,
+               limit: int = 50) -> list[FailureGroup]:
+        """The groups last seen since `since_us`, most recent first."""
+        with self.db.read() as conn:
+            return FailureRepository(conn).groups(job_type=job_type, since_us=since_us,
+                                                  limit=limit)
+
+    def detail(self, job_type: str, fingerprint: str) -> GroupDetail:
+        """One group, its last day hour by hour and its newest jobs; NotFound when no such
+        group is kept."""
+        now_hour = self.clock.now_us() // HOUR_US * HOUR_US
+        first_hour = now_hour - (CHART_HOURS - 1) * HOUR_US
+        with self.db.read() as conn:
+            repo = FailureRepository(conn)
+            group = repo.group(job_type, fingerprint)
+            if group is None:
+                raise NotFound("No such failure group.")
+            counts = repo.hourly_counts(job_type, fingerprint, first_hour)
+            newest = repo.newest_job_ids(job_type, fingerprint, NEWEST_JOBS_SHOWN)
+        hourly = [(hour, counts.get(hour, 0))
+                  for hour in range(first_hour, now_hour + 1, HOUR_US)]
+        return GroupDetail(group, hourly, newest)
+

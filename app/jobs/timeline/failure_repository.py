@@ -1,0 +1,141 @@
+"""The only place the SQL of failure groups lives (contract §19): the rows the failing
+transactions keep up to date, and what GET /failures, the dashboard's failures page and a
+retry by fingerprint read of them and of the attempts they count."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, select
+
+from app.core.clock import MICROS
+from app.storage.dialects import conflict_insert_for
+from app.storage.schema import failure_groups, job_attempts, jobs
+
+HOUR_US = 3600 * MICROS
+
+
+@dataclass(frozen=True, slots=True)
+class FailureGroup:
+    """One row of failure_groups. Times are microseconds since the epoch."""
+
+    type: str
+    fingerprint: str
+    sample: str
+    count: int
+    jobs_failed: int
+    first_seen: int
+    last_seen: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt as its group counts it: `ended_failed` when its job failed for good."""
+
+    type: str
+    fingerprint: str
+    sample: str
+    ended_failed: bool
+
+
+@functools.cache
+def _upsert(dialect: str) -> Any:
+    stmt = conflict_insert_for(dialect, failure_groups)
+    table = failure_groups
+    return stmt.on_conflict_do_update(
+        index_elements=[table.c.type, table.c.fingerprint],
+        set_={"count": table.c["count"] + stmt.excluded["count"],
+              "jobs_failed": table.c.jobs_failed + stmt.excluded.jobs_failed,
+              "sample": stmt.excluded.sample,
+              "last_seen": stmt.excluded.last_seen})
+
+
+# A job's last attempt: the one whose error is the job's own once it rests failed.
+def _is_last_attempt() -> Any:
+    later = job_attempts.alias("later")
+    return ~select(later.c.id).where(later.c.job_id == job_attempts.c.job_id,
+                                     later.c.number > job_attempts.c.number).exists()
+
+
+class FailureRepository:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def record(self, failures: Sequence[Failure], now_us: int) -> None:
+        """Count failed attempts into their groups, in the failing transaction. One row per
+        group, taken in key order: two transactions failing jobs of the same groups on
+        PostgreSQL lock them in the same order (no deadlock)."""
+        merged: dict[tuple[str, str], dict[str, Any]] = {}
+        for failure in failures:
+            row = merged.setdefault((failure.type, failure.fingerprint), {
+                "type": failure.type, "fingerprint": failure.fingerprint, "count": 0,
+                "jobs_failed": 0, "first_seen": now_us, "last_seen": now_us})
+            row["count"] += 1
+            row["jobs_failed"] += int(failure.ended_failed)
+            row["sample"] = failure.sample
+        if not merged:
+            return
+        stmt = _upsert(self.conn.dialect.name)
+        for key in sorted(merged):
+            self.conn.execute(stmt, merged[key])
+
+    def groups(self, *, job_type: str | None, since_us: int | None,
+               limit: int) -> list[FailureGroup]:
+        """The groups last seen since `since_us` (of one type), most recent first."""
+        stmt = select(failure_groups)
+        if job_type is not None:
+            stmt = stmt.where(failure_groups.c.type == job_type)
+        if since_us is not None:
+            stmt = stmt.where(failure_groups.c.last_seen >= since_us)
+        stmt = stmt.order_by(failure_groups.c.last_seen.desc(),
+                             failure_groups.c.fingerprint).limit(limit)
+        return [FailureGroup(*row) for row in self.conn.execute(stmt)]
+
+    def group(self, job_type: str, fingerprint: str) -> FailureGroup | None:
+        row = self.conn.execute(select(failure_groups).where(
+            failure_groups.c.type == job_type,
+            failure_groups.c.fingerprint == fingerprint)).first()
+        return None if row is None else FailureGroup(*row)
+
+    def hourly_counts(self, job_type: str, fingerprint: str, since_us: int) -> dict[int, int]:
+        """The group's failed attempts per hour since `since_us` (hour start in µs -> count),
+        read through the attempts' fingerprint index."""
+        # Floor division on both engines (a cast of PostgreSQL's numeric quotient rounds).
+        hour = job_attempts.c.ended_at // HOUR_US
+        stmt = (select(hour, func.count())
+                .select_from(job_attempts.join(jobs, jobs.c.id == job_attempts.c.job_id))
+                .where(job_attempts.c.fingerprint == fingerprint,
+                       job_attempts.c.ended_at >= since_us, jobs.c.type == job_type)
+                .group_by(hour))
+        return {int(bucket) * HOUR_US: count for bucket, count in self.conn.execute(stmt)}
+
+    def newest_job_ids(self, job_type: str, fingerprint: str, limit: int) -> list[int]:
+        """The jobs of the group's newest failed attempts, newest first, each once."""
+        stmt = (select(job_attempts.c.job_id, func.max(job_attempts.c.ended_at).label("at"))
+                .select_from(job_attempts.join(jobs, jobs.c.id == job_attempts.c.job_id))
+                .where(job_attempts.c.fingerprint == fingerprint, jobs.c.type == job_type)
+                .group_by(job_attempts.c.job_id)
+                .order_by(func.max(job_attempts.c.ended_at).desc(), job_attempts.c.job_id)
+                .limit(limit))
+        return [job_id for job_id, _at in self.conn.execute(stmt)]
+
+    def delete_last_seen_before(self, job_type: str, before_us: int, limit: int) -> int:
+        """Forget up to `limit` groups of a type not seen since `before_us` (retention: their
+        jobs are gone by then)."""
+        doomed = select(failure_groups.c.fingerprint).where(
+            failure_groups.c.type == job_type,
+            failure_groups.c.last_seen < before_us).limit(limit).scalar_subquery()
+        result = self.conn.execute(delete(failure_groups).where(
+            failure_groups.c.type == job_type, failure_groups.c.fingerprint.in_(doomed)))
+        return int(result.rowcount or 0)
+
+
+def last_failed_with(fingerprint: str) -> Any:
+    """A WHERE clause on jobs: the job's last attempt ended with this fingerprint (its error
+    as the job rests). For the retry of a group's jobs: the group's attempts, found through
+    their index, lead to the jobs (never a walk over every failed job)."""
+    return jobs.c.id.in_(select(job_attempts.c.job_id).where(
+        job_attempts.c.fingerprint == fingerprint, _is_last_attempt()))
