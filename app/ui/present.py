@@ -96,10 +96,35 @@ def percent(progress: dict[str, Any] | None) -> str:
     return f"{progress['done'] * 100 // progress['total']} %"
 
 
+# The failures page's chart of a group's last day: one bar an hour, scaled to its busiest.
+BAR_WIDTH, BAR_GAP, CHART_HEIGHT = 5, 1, 24
+
+
+def hourly_chart(hourly: list[dict[str, Any]]) -> dict[str, Any]:
+    """A failure group's failed attempts per hour (as GET /failures/{type}/{fingerprint}
+    shows them, oldest first) as an SVG bar chart's geometry: its size and its bars, each
+    with its place, its height and its words (`2027-01-15 08:00 UTC: 3 failed attempts`).
+    An hour without any is a 1-pixel line, so that every hour is there to point at."""
+    busiest = max((hour["count"] for hour in hourly), default=0)
+    bars = []
+    for position, hour in enumerate(hourly):
+        count = hour["count"]
+        height = max(1, round(CHART_HEIGHT * count / busiest)) if busiest else 1
+        bars.append({"x": position * (BAR_WIDTH + BAR_GAP), "y": CHART_HEIGHT - height,
+                     "width": BAR_WIDTH, "height": height, "count": count,
+                     "hour": hour["hour"],
+                     "label": f"{utc(hour['hour'])[:16]} UTC: {count} failed "
+                              f"attempt{'' if count == 1 else 's'}"})
+    return {"width": max(0, len(bars) * (BAR_WIDTH + BAR_GAP) - BAR_GAP),
+            "height": CHART_HEIGHT, "bars": bars,
+            "counts": ", ".join(str(bar["count"]) for bar in bars)}
+
+
 def register_filters(app: Flask) -> None:
     for name, fn in (("utc", utc), ("age", age), ("duration", duration),
                      ("json_text", json_text), ("limits", limits), ("counts_text", counts_text),
-                     ("last_line", last_line), ("in_zone", in_zone), ("percent", percent)):
+                     ("last_line", last_line), ("in_zone", in_zone), ("percent", percent),
+                     ("hourly_chart", hourly_chart)):
         app.add_template_filter(fn, name)
     # The limits' bounds, from their one home, for the forms' inputs to offer:
     # `{{ bounds.TYPE_LIMIT.max }}` (the `limits` filter shows a type's settings).

@@ -13,8 +13,11 @@ from werkzeug.wrappers import Response
 
 from app.core.callers import Caller, Role
 from app.core.clock import to_rfc3339
+from app.core.errors import NotFound as NoSuchRecord
 from app.core.errors import QueueError
+from app.core.limits import BULK_JOBS, TYPE_CHARS
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
+from app.history.failure_schemas import represent_detail
 from app.history.schemas import (
     represent_attempt,
     represent_event,
@@ -54,13 +57,16 @@ bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
 
 # The navigation, in order: (endpoint, label). A section is one entry here, its route and
 # its template.
-SECTIONS = (("ui.overview", "Overview"), ("ui.jobs", "Jobs"), ("ui.workflows", "Workflows"),
-            ("ui.types", "Types"), ("ui.schedules", "Schedules"))
+SECTIONS = (("ui.overview", "Overview"), ("ui.jobs", "Jobs"), ("ui.failures", "Failures"),
+            ("ui.workflows", "Workflows"), ("ui.types", "Types"), ("ui.schedules", "Schedules"))
 JOBS_PER_PAGE = 50
 _bulk_schema = BulkSchema()
 SCHEDULES_PER_PAGE = JOBS_PER_PAGE
 WORKFLOWS_PER_PAGE = JOBS_PER_PAGE
 BLOCKED_KEYS_SHOWN = 50
+# The failures page's groups, most recently seen first: each is read with its chart and
+# newest jobs, so the page stays at the API's default page of groups.
+FAILURE_GROUPS_SHOWN = 50
 _OPEN = frozenset({"ui.sign_in", "ui.static"})
 
 
@@ -477,3 +483,45 @@ def cancel_workflow(workflow_id: int) -> Response:
     return _act(lambda: _services().workflows.cancel(_caller(), workflow_id),
                 "Cancelled its waiting and pending jobs.",
                 url_for("ui.workflow", workflow_id=workflow_id))
+
+
+@bp.get("/failures")
+def failures() -> tuple[str, int]:
+    """Failure groups (contract §19), most recently seen first: each with its failed attempts
+    per hour over the last day, its newest jobs and a button that retries its failed jobs."""
+    services = _services()
+    job_types = sorted(services.types.job_types)
+    job_type = request.args.get("type", "").strip() or None
+    if job_type is not None and len(job_type) > TYPE_CHARS.max:
+        return _page("failures.html", 400, groups=[], filters={}, job_types=job_types,
+                     messages={"type": [f"Longer than {TYPE_CHARS.max} characters."]})
+    found = services.failures.groups(job_type=job_type, limit=FAILURE_GROUPS_SHOWN)
+    # A group forgotten (retention) between the two reads is left out, not an error page.
+    shown = []
+    for group in found:
+        try:
+            shown.append(represent_detail(services.failures.detail(group.type,
+                                                                   group.fingerprint)))
+        except NoSuchRecord:
+            continue
+    return _page("failures.html", groups=shown, job_types=job_types, messages={},
+                 filters={"type": job_type} if job_type else {})
+
+
+@bp.post("/failures/<job_type>/<fingerprint>/retry")
+def retry_failure_group(job_type: str, fingerprint: str) -> Response:
+    """Send the group's failed jobs (those whose last attempt failed with its fingerprint)
+    back to pending, as POST /jobs/retry-many with the fingerprint does."""
+    try:
+        filters: dict[str, Any] = _bulk_schema.load(
+            {"fingerprint": fingerprint, "type": job_type, "status": JobStatus.FAILED.value,
+             "limit": BULK_JOBS.max})
+    except ValidationError:
+        raise NotFound("No such failure group.") from None
+    # The page came filtered by type only when it showed this group's type.
+    back = url_for("ui.failures", type=job_type if request.form.get("filtered") else None)
+    return _act(lambda: _services().jobs.retry_many(_caller(), filters), _retried_said, back)
+
+
+def _retried_said(changed: list[Job]) -> str:
+    return f"{len(changed)} job{'' if len(changed) == 1 else 's'} sent back to pending."

@@ -409,6 +409,74 @@ def test_an_operator_watches_a_running_jobs_progress_and_requests_its_cancel(
     assert 'id="cancel-requested"' not in browser.page_source
 
 
+def _failed_with(server: LiveServer, producer: str, worker: str, job_type: str,
+                 error: str) -> int:
+    """A job of `job_type` enqueued, claimed and failed for good with `error`; its id."""
+    enqueued = requests.post(server.url_of("/jobs"), headers=bearer(producer), timeout=10,
+                             json={"type": job_type, "max_retries": 0, "payload": {}})
+    job_id: int = enqueued.json()["id"]
+    claimed = requests.post(server.url_of("/jobs/claim"), headers=bearer(worker), timeout=10,
+                            json={"types": [job_type]}).json()
+    assert claimed["id"] == job_id
+    failed = requests.post(server.url_of(f"/jobs/{job_id}/fail"), headers=bearer(worker),
+                           timeout=10, json={"error": error,
+                                             "lease_token": claimed["lease_token"]})
+    assert failed.json()["status"] == "failed"
+    return job_id
+
+
+def test_an_operator_reads_the_failures_page_and_retries_one_groups_failed_jobs(
+        browser: Any, server: LiveServer, database_url: str, screenshots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "mailer", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    # Two mails refused alike (their numbers differ): one group; a PDF's timeout another.
+    mails = [_failed_with(server, producer, worker, "email",
+                          f"SMTP 550: mailbox unavailable (queue id {n})") for n in (4711, 4712)]
+    rendering = f"{HOSTILE} renderer timed out after 30012 ms"
+    pdf = _failed_with(server, producer, worker, "pdf", rendering)
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Failures"))
+    assert browser.current_url == server.url_of("/ui/failures")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#failures tr.failure-group")
+    # Most recently seen first.
+    assert [row.get_attribute("data-type") for row in rows] == ["pdf", "email"]
+    pdf_row, email_row = rows
+    assert [email_row.find_element(By.CSS_SELECTOR, f"td.{name}").text
+            for name in ("count", "jobs-failed")] == ["2", "2"]
+    assert "SMTP 550: mailbox unavailable (queue id 4712)" in email_row.text
+    # The worker's error is shown as the text it is, never run as markup.
+    assert pdf_row.find_element(By.CSS_SELECTOR, "td.sample").text == rendering
+    # The chart: 24 hourly bars, each saying its count; the failures are all of the last hour
+    # or two (the test may cross an hour's end).
+    chart = email_row.find_element(By.CSS_SELECTOR, "svg.hourly")
+    assert chart.is_displayed()
+    bars = chart.find_elements(By.TAG_NAME, "rect")
+    counts = [int(bar.get_attribute("data-count")) for bar in bars]
+    assert len(counts) == 24 and sum(counts) == 2 and sum(counts[-2:]) == 2
+    said = chart.get_attribute("aria-label")
+    assert said.endswith(", ".join(str(count) for count in counts))
+    assert bars[-1].find_element(By.TAG_NAME, "title").get_attribute("textContent").endswith(
+        f"UTC: {counts[-1]} failed attempt{'' if counts[-1] == 1 else 's'}")
+    newest = email_row.find_elements(By.CSS_SELECTOR, "td.newest-jobs a")
+    assert [int(link.text) for link in newest] == mails[::-1]
+    _shot(browser, "failures", engine, screenshots)
+
+    _follow(browser, email_row.find_element(
+        By.XPATH, ".//button[normalize-space()='Retry failed jobs']"))
+    assert browser.current_url == server.url_of("/ui/failures")
+    assert "2 jobs sent back to pending." in browser.find_element(
+        By.CSS_SELECTOR, ".messages").text
+    statuses = {job_id: requests.get(server.url_of(f"/jobs/{job_id}"), headers=bearer(admin),
+                                     timeout=10).json()["status"] for job_id in [*mails, pdf]}
+    assert statuses == {mails[0]: "pending", mails[1]: "pending", pdf: "failed"}
+
+
 # An order's workflow, run part way so that its drawing has a job in every status.
 ORDER_WORKFLOW: dict[str, Any] = {"name": "order-1001", "jobs": [
     {"ref": "validate", "type": "email"},
