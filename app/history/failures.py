@@ -39,19 +39,34 @@ class FailureGroups:
             return FailureRepository(conn).groups(job_type=job_type, since_us=since_us,
                                                   limit=limit)
 
+    def overview(self, *, job_type: str | None = None, limit: int = 50) -> list[GroupDetail]:
+        """The groups most recently seen first, each with its day and newest jobs, read in
+        one transaction (the dashboard's failures page)."""
+        first_hour, hours = self._hours()
+        with self.db.read() as conn:
+            repo = FailureRepository(conn)
+            groups = repo.groups(job_type=job_type, since_us=None, limit=limit)
+            counts = repo.hourly_counts_of(groups, first_hour)
+            return [GroupDetail(group, [(hour, counts[(group.type, group.fingerprint)].get(
+                hour, 0)) for hour in hours], repo.newest_job_ids(
+                    group.type, group.fingerprint, NEWEST_JOBS_SHOWN)) for group in groups]
+
+    def _hours(self) -> tuple[int, list[int]]:
+        """The start of the first hour a chart shows, and of each of its hours."""
+        now_hour = self.clock.now_us() // HOUR_US * HOUR_US
+        first_hour = now_hour - (CHART_HOURS - 1) * HOUR_US
+        return first_hour, list(range(first_hour, now_hour + 1, HOUR_US))
+
     def detail(self, job_type: str, fingerprint: str) -> GroupDetail:
         """One group, its last day hour by hour and its newest jobs; NotFound when no such
         group is kept."""
-        now_hour = self.clock.now_us() // HOUR_US * HOUR_US
-        first_hour = now_hour - (CHART_HOURS - 1) * HOUR_US
+        first_hour, hours = self._hours()
         with self.db.read() as conn:
             repo = FailureRepository(conn)
             group = repo.group(job_type, fingerprint)
             if group is None:
                 raise NotFound("No such failure group.")
-            counts = repo.hourly_counts(job_type, fingerprint, first_hour)
+            counts = repo.hourly_counts_of([group], first_hour)[(job_type, fingerprint)]
             newest = repo.newest_job_ids(job_type, fingerprint, NEWEST_JOBS_SHOWN)
-        hourly = [(hour, counts.get(hour, 0))
-                  for hour in range(first_hour, now_hour + 1, HOUR_US)]
-        return GroupDetail(group, hourly, newest)
+        return GroupDetail(group, [(hour, counts.get(hour, 0)) for hour in hours], newest)
 

@@ -13,7 +13,6 @@ from werkzeug.wrappers import Response
 
 from app.core.callers import Caller, Role
 from app.core.clock import to_rfc3339
-from app.core.errors import NotFound as NoSuchRecord
 from app.core.errors import QueueError
 from app.core.limits import BULK_JOBS, TYPE_CHARS
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
@@ -64,8 +63,8 @@ _bulk_schema = BulkSchema()
 SCHEDULES_PER_PAGE = JOBS_PER_PAGE
 WORKFLOWS_PER_PAGE = JOBS_PER_PAGE
 BLOCKED_KEYS_SHOWN = 50
-# The failures page's groups, most recently seen first: each is read with its chart and
-# newest jobs, so the page stays at the API's default page of groups.
+# The failures page's groups, most recently seen first, each with its chart and newest jobs
+# (one read transaction): the API's default page of groups.
 FAILURE_GROUPS_SHOWN = 50
 _OPEN = frozenset({"ui.sign_in", "ui.static"})
 
@@ -495,15 +494,8 @@ def failures() -> tuple[str, int]:
     if job_type is not None and len(job_type) > TYPE_CHARS.max:
         return _page("failures.html", 400, groups=[], filters={}, job_types=job_types,
                      messages={"type": [f"Longer than {TYPE_CHARS.max} characters."]})
-    found = services.failures.groups(job_type=job_type, limit=FAILURE_GROUPS_SHOWN)
-    # A group forgotten (retention) between the two reads is left out, not an error page.
-    shown = []
-    for group in found:
-        try:
-            shown.append(represent_detail(services.failures.detail(group.type,
-                                                                   group.fingerprint)))
-        except NoSuchRecord:
-            continue
+    shown = [represent_detail(detail) for detail in services.failures.overview(
+        job_type=job_type, limit=FAILURE_GROUPS_SHOWN)]
     return _page("failures.html", groups=shown, job_types=job_types, messages={},
                  filters={"type": job_type} if job_type else {})
 

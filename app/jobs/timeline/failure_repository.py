@@ -100,17 +100,23 @@ class FailureRepository:
             failure_groups.c.fingerprint == fingerprint)).first()
         return None if row is None else FailureGroup(*row)
 
-    def hourly_counts(self, job_type: str, fingerprint: str, since_us: int) -> dict[int, int]:
-        """The group's failed attempts per hour since `since_us` (hour start in µs -> count),
-        read through the attempts' fingerprint index."""
-        # Floor division on both engines (a cast of PostgreSQL's numeric quotient rounds).
+    def hourly_counts_of(self, groups: Sequence[FailureGroup],
+                         since_us: int) -> dict[tuple[str, str], dict[int, int]]:
+        """hourly_counts of several groups in one statement, by (type, fingerprint)."""
+        if not groups:
+            return {}
         hour = job_attempts.c.ended_at // HOUR_US
-        stmt = (select(hour, func.count())
+        stmt = (select(jobs.c.type, job_attempts.c.fingerprint, hour, func.count())
                 .select_from(job_attempts.join(jobs, jobs.c.id == job_attempts.c.job_id))
-                .where(job_attempts.c.fingerprint == fingerprint,
-                       job_attempts.c.ended_at >= since_us, jobs.c.type == job_type)
-                .group_by(hour))
-        return {int(bucket) * HOUR_US: count for bucket, count in self.conn.execute(stmt)}
+                .where(job_attempts.c.fingerprint.in_(sorted({g.fingerprint for g in groups})),
+                       job_attempts.c.ended_at >= since_us)
+                .group_by(jobs.c.type, job_attempts.c.fingerprint, hour))
+        counts: dict[tuple[str, str], dict[int, int]] = {
+            (g.type, g.fingerprint): {} for g in groups}
+        for job_type, fingerprint, bucket, count in self.conn.execute(stmt):
+            if (job_type, fingerprint) in counts:
+                counts[(job_type, fingerprint)][int(bucket) * HOUR_US] = count
+        return counts
 
     def newest_job_ids(self, job_type: str, fingerprint: str, limit: int) -> list[int]:
         """The jobs of the group's newest failed attempts, newest first, each once."""
