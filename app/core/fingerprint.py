@@ -45,7 +45,7 @@ from app.core.limits import ERROR_CHARS
 FINGERPRINT_CHARS = 16  # length of the hex digest returned
 # A fingerprint as a request may name one; anchored at the end, so that `.match` (as
 # marshmallow's validate.Regexp calls it) checks the whole string, as `.fullmatch` does.
-FINGERPRINT_PATTERN = re.compile(rf"[0-9a-f]{{{FINGERPRINT_CHARS}}}\Z")
+FINGERPRINT_PATTERN = re.compile(rf"^[0-9a-f]{{{FINGERPRINT_CHARS}}}\Z")
 # What is hashed: enough of a message to tell problems apart, at a bounded cost.
 NORMALIZED_CHARS = 1000
 
