@@ -77,22 +77,22 @@ class ReservationRepository:
         """Jobs still reserved, past their deadline, whose reservation has no check url:
         released by the ticker. Locked on PostgreSQL; those another process holds are
         left to it."""
-        stmt = (select(job_reservations.c.job_id)
-                .join(jobs, jobs.c.id == job_reservations.c.job_id)
-                .where(_UNRESOLVED, job_reservations.c.next_check_at <= now_us,
-                       job_reservations.c.check_url.is_(None), jobs.c.status == _RESERVED)
-                .order_by(job_reservations.c.next_check_at).limit(limit)
-                .with_for_update(of=job_reservations, skip_locked=True))
-        return list(self.conn.execute(stmt).scalars())
+        return self._to_release(job_reservations.c.next_check_at, now_us,
+                                job_reservations.c.check_url.is_(None), limit)
 
     def given_up(self, cutoff_us: int, limit: int) -> list[int]:
         """Jobs still reserved whose check has gone unanswered since before `cutoff_us`
         (their deadline): released, whether or not a dispatcher runs."""
+        return self._to_release(job_reservations.c.confirm_by, cutoff_us,
+                                job_reservations.c.check_url.is_not(None), limit)
+
+    def _to_release(self, due: Any, before_us: int, has_check: Any, limit: int) -> list[int]:
+        """Jobs still reserved whose `due` time is at or before `before_us`, soonest first
+        (locked on PostgreSQL, skipping those another process holds)."""
         stmt = (select(job_reservations.c.job_id)
                 .join(jobs, jobs.c.id == job_reservations.c.job_id)
-                .where(_UNRESOLVED, job_reservations.c.confirm_by <= cutoff_us,
-                       job_reservations.c.check_url.is_not(None), jobs.c.status == _RESERVED)
-                .order_by(job_reservations.c.confirm_by).limit(limit)
+                .where(_UNRESOLVED, due <= before_us, has_check, jobs.c.status == _RESERVED)
+                .order_by(due).limit(limit)
                 .with_for_update(of=job_reservations, skip_locked=True))
         return list(self.conn.execute(stmt).scalars())
 
