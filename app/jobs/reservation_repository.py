@@ -51,6 +51,18 @@ _insert = DriverStatement(insert(job_reservations).values(
 _UNRESOLVED = job_reservations.c.outcome.is_(None)
 
 
+def _due_checks(now_us: int, limit: int) -> Any:
+    """Unresolved reservations with a check url whose check is due, soonest first, with their
+    job's producer and idempotency key and the producer key's check secret."""
+    return (select(job_reservations, jobs.c.producer, jobs.c.idempotency_key,
+                   api_keys.c.check_secret)
+            .join(jobs, jobs.c.id == job_reservations.c.job_id)
+            .outerjoin(api_keys, api_keys.c.name == jobs.c.producer)
+            .where(_UNRESOLVED, job_reservations.c.next_check_at <= now_us,
+                   job_reservations.c.check_url.is_not(None), jobs.c.status == _RESERVED)
+            .order_by(job_reservations.c.next_check_at).limit(limit))
+
+
 class ReservationRepository:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -99,35 +111,25 @@ class ReservationRepository:
     def due_checks(self, now_us: int, limit: int) -> list[DueCheck]:
         """Unresolved reservations with a check url whose check is due, soonest first, with
         their job's producer and idempotency key and the producer key's check secret."""
-        stmt = (select(job_reservations, jobs.c.producer, jobs.c.idempotency_key,
-                       api_keys.c.check_secret)
-                .join(jobs, jobs.c.id == job_reservations.c.job_id)
-                .outerjoin(api_keys, api_keys.c.name == jobs.c.producer)
-                .where(_UNRESOLVED, job_reservations.c.next_check_at <= now_us,
-                       job_reservations.c.check_url.is_not(None), jobs.c.status == _RESERVED)
-                .order_by(job_reservations.c.next_check_at).limit(limit))
-        width = len(job_reservations.c)
-        return [DueCheck(Reservation(*row[:width]), row[width], row[width + 1], row[width + 2])
-                for row in self.conn.execute(stmt)]
+        return self._due_checks(_due_checks(now_us, limit))
 
     def take_due_checks(self, now_us: int, until_us: int, limit: int) -> list[DueCheck]:
         """As due_checks, each moved to `until_us` (the time its asking may take) in this
         transaction: another dispatcher, here or on another host, does not ask it too
         meanwhile. On PostgreSQL the rows another one is taking are skipped."""
-        ids = list(self.conn.execute(
-            select(job_reservations.c.job_id)
-            .where(_UNRESOLVED, job_reservations.c.next_check_at <= now_us,
-                   job_reservations.c.check_url.is_not(None))
-            .order_by(job_reservations.c.next_check_at).limit(limit)
-            .with_for_update(skip_locked=True)).scalars())
-        if not ids:
-            return []
-        due = [check for check in self.due_checks(now_us, limit)
-               if check.reservation.job_id in set(ids)]
-        self.conn.execute(update(job_reservations)
-                          .where(job_reservations.c.job_id.in_(sorted(ids)))
-                          .values(next_check_at=until_us))
+        due = self._due_checks(_due_checks(now_us, limit).with_for_update(
+            of=job_reservations, skip_locked=True))
+        if due:
+            self.conn.execute(update(job_reservations)
+                              .where(job_reservations.c.job_id.in_(
+                                  sorted(check.reservation.job_id for check in due)))
+                              .values(next_check_at=until_us))
         return due
+
+    def _due_checks(self, stmt: Any) -> list[DueCheck]:
+        width = len(job_reservations.c)
+        return [DueCheck(Reservation(*row[:width]), row[width], row[width + 1], row[width + 2])
+                for row in self.conn.execute(stmt)]
 
     def check_again(self, job_id: int, *, checks: int, next_check_at: int) -> None:
         """A check went unanswered (or answered neither yes nor no): asked again then."""
