@@ -11,6 +11,7 @@ process that dies mid-batch leaves the batch to be found again by the next tick 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
@@ -30,6 +31,11 @@ IDEMPOTENCY_FLOOR_SECONDS = 86_400
 RETENTION_BATCH_JOBS = 200
 # At most this many batches per tick: the ticker's other chores (schedules) wait no longer.
 RETENTION_BATCHES_PER_TICK = 10
+# And no more batches in a tick once they took this long: retention's share of the write lock
+# stays under a tenth per process (a tick is 0.5 s), so that enqueues and claims keep their
+# pace while a backlog of expired jobs goes (on SQLite every writer of the host shares one
+# lock; bench/retention.py measures the rates during a removal against without one).
+RETENTION_SECONDS_PER_TICK = 0.05
 # Once a pass found nothing more to remove, the next one starts this much later.
 RETENTION_IDLE_SECONDS = 10.0
 # Failure groups forgotten per type and pass, at most (a bounded transaction).
@@ -98,9 +104,11 @@ class Retention:
 
     def remove_expired(self, read_windows: WindowsSource, *,
                        max_batches: int = RETENTION_BATCHES_PER_TICK,
-                       batch_jobs: int = RETENTION_BATCH_JOBS) -> int:
+                       batch_jobs: int = RETENTION_BATCH_JOBS,
+                       max_seconds: float | None = RETENTION_SECONDS_PER_TICK) -> int:
         """The ticker's chore: go on with this process's retention pass for up to
-        `max_batches` batches; returns the jobs deleted. A pass reads the types' windows,
+        `max_batches` batches, or until they took `max_seconds` (None: no time bound);
+        returns the jobs deleted. A pass reads the types' windows,
         forgets the failure groups of each type not seen within its failed window, then
         visits every (type, status) with a window; the next pass starts
         RETENTION_IDLE_SECONDS after one ends."""
@@ -116,9 +124,11 @@ class Retention:
             self._forget_stale_groups(windows, now)
         windows = self._windows
         deleted = 0
+        started = time.monotonic()
         for _ in range(max_batches):
+            if max_seconds is not None and time.monotonic() - started >= max_seconds:
+                break
             if not self._pass:
-                self._idle_until_us = now + round(RETENTION_IDLE_SECONDS * MICROS)
                 break
             job_type, status = self._pass[0]
             window = windows.get(job_type, NO_RETENTION).of(status)
@@ -135,6 +145,8 @@ class Retention:
                 self._pass.pop(0)
             else:
                 self._positions[(job_type, status)] = scanned[-1]
+        if not self._pass:
+            self._idle_until_us = now + round(RETENTION_IDLE_SECONDS * MICROS)
         return deleted
 
     def chore(self, read_windows: WindowsSource) -> Callable[[], int]:

@@ -148,7 +148,8 @@ def test_many_expired_jobs_are_removed_a_batch_at_a_time(app, api, client, clock
     # Batches of 10, 4 per tick: email's completed and failed jobs (none) take one batch
     # each, then two full batches of its cancelled ones; the next tick goes on from there.
     first = services.jobs.retention.remove_expired(services.types.retention_windows,
-                                                   max_batches=4, batch_jobs=10)
+                                                   max_batches=4, batch_jobs=10,
+                                                   max_seconds=None)
     assert first == 20
     assert len(stored(app, "SELECT id FROM jobs")) == 5
     assert remove_expired(app, batch_jobs=10) == 5

@@ -16,6 +16,8 @@ from app.storage.dialects import conflict_insert_for
 from app.storage.schema import failure_groups, job_attempts, jobs
 
 HOUR_US = 3600 * MICROS
+# The newest jobs of a group are found among this many of its newest attempts per job shown.
+NEWEST_ATTEMPTS_PER_JOB = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,14 +121,20 @@ class FailureRepository:
         return counts
 
     def newest_job_ids(self, job_type: str, fingerprint: str, limit: int) -> list[int]:
-        """The jobs of the group's newest failed attempts, newest first, each once."""
-        stmt = (select(job_attempts.c.job_id, func.max(job_attempts.c.ended_at).label("at"))
+        """The jobs of the group's newest failed attempts, newest first, each once: read
+        backwards through the attempts' fingerprint index, a few attempts past `limit`
+        (a job that failed several times in a row shows once), never the whole group."""
+        stmt = (select(job_attempts.c.job_id)
                 .select_from(job_attempts.join(jobs, jobs.c.id == job_attempts.c.job_id))
                 .where(job_attempts.c.fingerprint == fingerprint, jobs.c.type == job_type)
-                .group_by(job_attempts.c.job_id)
-                .order_by(func.max(job_attempts.c.ended_at).desc(), job_attempts.c.job_id)
-                .limit(limit))
-        return [job_id for job_id, _at in self.conn.execute(stmt)]
+                .order_by(job_attempts.c.ended_at.desc(), job_attempts.c.job_id.desc())
+                .limit(limit * NEWEST_ATTEMPTS_PER_JOB))
+        newest: dict[int, None] = {}
+        for job_id in self.conn.execute(stmt).scalars():
+            newest.setdefault(job_id)
+            if len(newest) == limit:
+                break
+        return list(newest)
 
     def delete_last_seen_before(self, job_type: str, before_us: int, limit: int) -> int:
         """Forget up to `limit` groups of a type not seen since `before_us` (retention: their
