@@ -28,8 +28,8 @@ from bench.machine import machine_notes
 BENCH = Path(__file__).resolve().parent
 # Cheapest first: a broken environment shows before the long runs.
 SCRIPTS = ["storage", "depth", "http_single", "http_events", "http_batch", "await_latency",
-           "peers", "memory", "flow", "workflows", "keys", "heartbeat", "reserve", "dashboard",
-           "push", "bloat"]
+           "peers", "memory", "flow", "workflows", "keys", "heartbeat", "reserve", "retention",
+           "failures", "dashboard", "push", "bloat"]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -31,6 +31,10 @@ SCRIPTS = {
                   "time / plain's"),
     "reserve": ("== Reserved jobs: reserve + confirm, and the check-back",
                 "reserve + confirm / plain"),
+    "retention": ("== Retention: enqueues and claims while a million expired jobs are removed",
+                  "during / baseline"),
+    "failures": ("== Failure groups: GET /failures with a million stored jobs",
+                 "million / small p50"),
     "dashboard": ("== Dashboard: page times", "jobs, no filter"),
     "push": ("== Push delivery: the dispatcher vs a plain HTTP loop", "dispatch / plain"),
     "bloat": ("== Bloat: claim rate after a million jobs cycled", "after 500 jobs cycled"),
@@ -38,7 +42,7 @@ SCRIPTS = {
 # The scripts that measure PostgreSQL beside SQLite do so here too when the tests have a
 # PostgreSQL server (smoke sizes: a few seconds more each).
 ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "flow", "workflows", "keys",
-                            "heartbeat", "reserve", "bloat"})
+                            "heartbeat", "reserve", "retention", "failures", "bloat"})
 
 
 def run_bench(*argv: str, tmp_path: Path,
