@@ -13,7 +13,7 @@ DATABASE ... TEMPLATE on PostgreSQL).
 
 1. Over HTTP, against real gunicorn (the shipped gunicorn.conf.py, QUEUELOG_SCHEDULER on:
    wsgi.py starts each worker's ticker, whose retention chore removes the expired jobs in
-   batches of 200, up to 10 batches a tick): 4 client threads doing single POST /jobs
+   batches of 200, for at most 50 ms a tick): 4 client threads doing single POST /jobs
    (email) and 4 doing POST /jobs/claim {"types": ["report"]} + complete, at once, for
    WINDOW seconds from the moment the server answers, on
    - "during removal": a copy whose types keep completed jobs 60 s (the million expired);
@@ -575,8 +575,9 @@ def measure(options: Any) -> Report:
         "threads, each worker's ticker on) and a copy of the same store; only the types' "
         "retention of completed jobs differs (60 s: all expired; for ever: none). The "
         "baseline's tickers still run their retention passes, which find nothing.",
-        "Each served worker runs its own retention pass (up to 10 batches of 200 jobs per "
-        "0.5 s tick, each batch one write transaction); two workers take disjoint batches "
+        "Each served worker runs its own retention pass (batches of 200 jobs, each one "
+        "write transaction, for at most 50 ms of each 0.5 s tick: RETENTION_SECONDS_PER_TICK"
+        "); two workers take disjoint batches "
         "(a batch already deleted is not found again).",
         "The removal's duration counts from the server's launch (its workers' boot "
         "included) to the first count that found none of the million left, in the first "
