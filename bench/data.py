@@ -223,3 +223,18 @@ def fill_queue(port: int, token: str, count: int, batch: int = 1000) -> None:
             done += size
     finally:
         client.close()
+
+
+def engines_option(parser: Any) -> None:
+    """The --engines option of the scripts that measure PostgreSQL beside SQLite."""
+    parser.add_argument("--engines", default=None,
+                        help="comma-separated: sqlite, postgresql (default: both when "
+                             f"{POSTGRES_VARIABLE} is set)")
+
+
+def chosen_engines(options: Any) -> list[str]:
+    """SQLite, and PostgreSQL when its server is given, narrowed by --engines."""
+    engines = ["SQLite"] + (["PostgreSQL"] if os.environ.get(POSTGRES_VARIABLE) else [])
+    if options.engines:
+        engines = [e for e in engines if e.lower() in options.engines.lower().split(",")]
+    return engines

@@ -50,7 +50,9 @@ if __package__ in (None, ""):  # run as `python bench/failures.py`
 
 from bench.data import (
     POSTGRES_VARIABLE,
+    chosen_engines,
     create_keys,
+    engines_option,
     migrated_database,
     postgres_database,
     scratch_directory,
@@ -340,9 +342,7 @@ def measure_engine(engine: str, directory: str, sizes: Sizes, repeats: int) -> F
 
 def measure(options: Any) -> Report:
     sizes = SMOKE if options.smoke else FULL
-    engines = ["SQLite"] + (["PostgreSQL"] if os.environ.get(POSTGRES_VARIABLE) else [])
-    if options.engines:
-        engines = [e for e in engines if e.lower() in options.engines.lower().split(",")]
+    engines = chosen_engines(options)
     report = Report("Failure groups: GET /failures with a million stored jobs",
                     "python bench/failures.py", options.smoke, options.repeats)
     load = os.getloadavg()
@@ -393,11 +393,6 @@ def measure(options: Any) -> Report:
 
 def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
-
-    def engines_option(parser: Any) -> None:
-        parser.add_argument("--engines", default=None,
-                            help="comma-separated: sqlite, postgresql (default: both when "
-                                 f"{POSTGRES_VARIABLE} is set)")
 
     options = parse_options((__doc__ or "").splitlines()[0], argv,
                             add_arguments=engines_option)

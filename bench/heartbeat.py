@@ -42,6 +42,8 @@ from app.core.callers import Role
 from bench.data import (
     JOB_TYPES,
     POSTGRES_VARIABLE,
+    chosen_engines,
+    engines_option,
     migrated_database,
     postgres_database,
     scratch_directory,
@@ -162,9 +164,7 @@ def measure_engine(engine: str, directory: str, sizes: Sizes, repeats: int) -> F
 
 def measure(options: Any) -> Report:
     sizes = SMOKE if options.smoke else FULL
-    engines = ["SQLite"] + (["PostgreSQL"] if os.environ.get(POSTGRES_VARIABLE) else [])
-    if options.engines:
-        engines = [e for e in engines if e.lower() in options.engines.lower().split(",")]
+    engines = chosen_engines(options)
     report = Report("Heartbeats with progress: cost beside a plain heartbeat",
                     "python bench/heartbeat.py", options.smoke, options.repeats)
     with scratch_directory("queuelog-bench-heartbeat-") as directory:
@@ -194,11 +194,6 @@ def measure(options: Any) -> Report:
 
 def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
-
-    def engines_option(parser: Any) -> None:
-        parser.add_argument("--engines", default=None,
-                            help="comma-separated: sqlite, postgresql (default: both when "
-                                 f"{POSTGRES_VARIABLE} is set)")
 
     options = parse_options((__doc__ or "").splitlines()[0], argv,
                             add_arguments=engines_option)

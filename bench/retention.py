@@ -60,7 +60,9 @@ from bench.data import (
     POSTGRES_VARIABLE,
     RESULT,
     StandInAutovacuum,
+    chosen_engines,
     create_keys,
+    engines_option,
     job_body,
     migrated_database,
     scratch_directory,
@@ -513,9 +515,7 @@ def measure_lock(store: Store) -> LockFigures:
 
 def measure(options: Any) -> Report:
     sizes = SMOKE if options.smoke else FULL
-    engines = ["SQLite"] + (["PostgreSQL"] if os.environ.get(POSTGRES_VARIABLE) else [])
-    if options.engines:
-        engines = [e for e in engines if e.lower() in options.engines.lower().split(",")]
+    engines = chosen_engines(options)
     report = Report("Retention: enqueues and claims while a million expired jobs are removed",
                     "python bench/retention.py", options.smoke, options.repeats)
     http: dict[str, HttpFigures] = {}
@@ -597,11 +597,6 @@ def measure(options: Any) -> Report:
 
 def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
-
-    def engines_option(parser: Any) -> None:
-        parser.add_argument("--engines", default=None,
-                            help="comma-separated: sqlite, postgresql (default: both when "
-                                 f"{POSTGRES_VARIABLE} is set)")
 
     options = parse_options((__doc__ or "").splitlines()[0], argv,
                             add_arguments=engines_option)
