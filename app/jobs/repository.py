@@ -1029,6 +1029,5 @@ class JobRepository:
             return [], None
         keep = set(kept(ids))
         doomed = [job_id for job_id in ids if job_id not in keep]
-        if doomed:
-            self.conn.execute(delete(jobs).where(jobs.c.id.in_(doomed)))
+        self.delete_jobs(doomed)
         return doomed, ids[-1]
