@@ -167,3 +167,31 @@ def test_groups_not_seen_within_the_failed_window_are_forgotten(app, api, client
     services.jobs.retention.remove_expired(services.types.retention_windows)
 
     assert groups(client, admin) == []
+
+
+def test_hostile_failure_queries_and_filters_are_422s_that_change_nothing(
+        app, api, client, producer, worker, admin, make_key):
+    job_id = fail_once(api, producer, worker, TIMEOUT.format(ms=1, host=1))
+    deep: object = "0123456789abcdef"
+    for _ in range(100):
+        deep = [deep]
+    for query in ({"limit": "\u0665\u0660"}, {"limit": "1" + "0" * 400}, {"limit": " 5"},
+                  {"since": "9999999-01-01T00:00:00Z"}, {"since": "2026-12-02T10:00:00Z" * 50},
+                  {"type": "x" * 101}, {"type": "e\x00mail"}):
+        answer = client.get("/failures", headers=admin.headers, query_string=query)
+        assert answer.status_code == 422, query
+        assert answer.content_type == "application/problem+json"
+    for body in ({"fingerprint": deep}, {"fingerprint": "\uff10" * 16},
+                 {"fingerprint": "0123456789abcdef\n"}, {"fingerprint": 10**400},
+                 {"fingerprint": "0123456789abcdef", "unknown": 1}):
+        answer = client.post("/jobs/retry-many", headers=admin.headers, json=body)
+        assert answer.status_code == 422, body
+    assert api.get(admin, job_id).json["status"] == "failed"
+    # A revoked admin key retries nothing.
+    [group] = groups(client, admin)
+    ops = make_key("ops-2", "admin")
+    app.extensions["queuelog"].keys.revoke_key("ops-2")
+    refused = client.post("/jobs/retry-many", headers=ops.headers,
+                          json={"fingerprint": group["fingerprint"]})
+    assert refused.status_code == 401
+    assert api.get(admin, job_id).json["status"] == "failed"

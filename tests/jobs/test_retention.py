@@ -232,3 +232,19 @@ def test_unfinished_jobs_are_never_removed(app, api, client, clock, producer, wo
     clock.advance(365 * DAY)
     remove_expired(app)
     assert {row[0] for row in stored(app, "SELECT id FROM jobs")} == {pending, running}
+
+
+def test_hostile_retention_bodies_are_422s_that_change_nothing(client, admin):
+    deep: object = 60
+    for _ in range(100):
+        deep = {"completed_seconds": deep}
+    before = client.get("/types/email", headers=admin.headers).json["retention"]
+    for retention in (deep, {"completed_seconds": 10**400}, {"completed_seconds": -60},
+                      {"completed_seconds": "\u0666\u0660"}, {"completed_seconds": [60]},
+                      {"\uff43ompleted_seconds": 60}, [60], "7d"):
+        answer = client.patch("/types/email", headers=admin.headers,
+                              json={"retention": retention, "paused": True})
+        assert answer.status_code == 422, retention
+        assert answer.content_type == "application/problem+json"
+    shown = client.get("/types/email", headers=admin.headers).json
+    assert (shown["retention"], shown["paused"]) == (before, False)
