@@ -77,6 +77,11 @@ class Retention:
         self._windows: dict[str, RetentionWindows] = {}
         self._idle_until_us = 0
 
+    @property
+    def pass_under_way(self) -> bool:
+        """The ticker's pass has (type, status) scans left: its next call goes on with them."""
+        return bool(self._pass)
+
     def on_purged(self, cleanup: Cleanup) -> None:
         """Have `cleanup(tx, ids)` run in each purge batch's transaction, with the ids it
         deletes."""

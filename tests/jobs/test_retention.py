@@ -26,7 +26,7 @@ def remove_expired(app: Any, **options: Any) -> int:
     while True:
         removed += services.jobs.retention.remove_expired(services.types.retention_windows,
                                                           **options)
-        if not services.jobs.retention._pass:  # the pass ended
+        if not services.jobs.retention.pass_under_way:
             return removed
 
 

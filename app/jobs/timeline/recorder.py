@@ -156,7 +156,8 @@ class HistoryRecorder:
             rows.append({"closed_job_id": job.id, "new_error": error,
                          "new_fingerprint": fingerprint})
         repo.close_attempts(rows, outcome, now_us)
-        FailureRepository(conn).record(failures, now_us)
+        if failures:
+            FailureRepository(conn).record(failures, now_us)
 
     @staticmethod
     def _error(outcome: Outcome, job: Job) -> str | None:
