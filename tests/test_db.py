@@ -777,7 +777,9 @@ def test_a_postgres_write_undone_to_break_a_deadlock_is_run_again(postgres_serve
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda pair: lock_in_order(*pair), [("a", "b"), ("b", "a")]))
     assert results == ["a", "b"]
-    assert len(runs) == 3  # one of the two ran again
+    # One of the two ran again (under load a rerun may meet the other's lock once more and
+    # run a third time); either way each write landed exactly once, which the sum shows.
+    assert len(runs) >= 3
     with db.read() as conn:
         assert conn.execute(text("SELECT sum(last_seen_at) FROM key_activity")).scalar() == 2
     db.engine.dispose()
