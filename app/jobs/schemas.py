@@ -52,6 +52,7 @@ from app.jobs.cursor import encode_cursor
 from app.jobs.models import Job, JobControls, JobDependencies
 from app.jobs.uniqueness import DEFAULT_WHILE, WHILE_STATUSES, OnConflict, while_set_problem
 from app.web.fields import (
+    NO_NUL,
     PRINTABLE_ASCII_TEXT,
     PageQuerySchema,
     PriorityLabel,
@@ -362,7 +363,8 @@ class HeartbeatSchema(LeaseFencedSchema):
     lease_seconds = StrictInteger(validate=within(LEASE_SECONDS))
     progress = fields.Nested(ProgressSchema, load_default=None, metadata={
         "description": "Shown on the job (and the dashboard's bar); not an event."})
-    message = fields.String(load_default=None, validate=length_within(PROGRESS_MESSAGE_CHARS),
+    message = fields.String(load_default=None,
+                            validate=[length_within(PROGRESS_MESSAGE_CHARS), NO_NUL],
                             metadata={"description": "Shown with the progress, its secrets "
                                                      "masked as an error's are."})
     checkpoint = _checkpoint_field()

@@ -19,11 +19,10 @@ from app.core.priorities import Priority
 from app.jobs.cursor import encode_name_cursor
 from app.jobs.schemas import EnqueueSchema
 from app.schedules.models import CatchUp, Schedule
-from app.web.fields import StrictBoolean, StrictSchema, length_within, render_page
+from app.web.fields import NO_NUL, StrictBoolean, StrictSchema, length_within, render_page
 from app.workflows.schemas import WorkflowCreateSchema, WorkflowJobSchema
 
 NAME_PATTERN = rf"^[A-Za-z0-9._-]{{{NAME_CHARS.min},{NAME_CHARS.max}}}\Z"
-_NO_NUL = validate.Regexp(r"^[^\x00]*\Z", error="Must not contain NUL characters.")
 _CATCH_UP = [policy.value for policy in CatchUp]
 _EXAMPLE_JOB = {"type": "email", "payload": {"report": "daily"}, "priority": "low",
                 "max_retries": 3}
@@ -82,14 +81,14 @@ def _refuse_unless_one_template(data: dict[str, Any], *, required: bool) -> None
 
 
 def _cron_field(**options: Any) -> fields.String:
-    return fields.String(validate=[length_within(CRON_CHARS), _NO_NUL], metadata={
+    return fields.String(validate=[length_within(CRON_CHARS), NO_NUL], metadata={
         "description": "Five fields (minute hour day-of-month month day-of-week) or @hourly, "
                        "@daily, @weekly, @monthly, @yearly.", "example": "0 3 * * *"},
         **options)
 
 
 def _timezone_field(**options: Any) -> fields.String:
-    return fields.String(validate=[length_within(TIMEZONE_CHARS), _NO_NUL], metadata={
+    return fields.String(validate=[length_within(TIMEZONE_CHARS), NO_NUL], metadata={
         "description": "An IANA time zone name.", "example": "Europe/Berlin"}, **options)
 
 

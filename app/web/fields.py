@@ -115,13 +115,14 @@ class Timestamp(fields.String):
         return to_rfc3339(value)
 
 
-# PostgreSQL can neither store nor compare text holding NUL; no type, cursor, worker name or
-# lease token has one, so it is refused here (422) instead of failing in the database (500).
-_NO_NUL = validate.Regexp(r"^[^\x00]*\Z", error="Must not contain NUL characters.")
+# PostgreSQL can neither store nor compare text holding NUL; no type, cursor, worker name,
+# lease token, cron line or progress message has one, so it is refused here (422) instead
+# of failing in the database (500).
+NO_NUL = validate.Regexp(r"^[^\x00]*\Z", error="Must not contain NUL characters.")
 
 
 def non_empty_text(limit: Limit[int]) -> fields.String:
-    return fields.String(validate=[length_within(limit), _NO_NUL])
+    return fields.String(validate=[length_within(limit), NO_NUL])
 
 
 class StrictSchema(Schema):

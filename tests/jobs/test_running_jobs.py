@@ -378,6 +378,7 @@ def test_a_checkpoint_saved_in_one_attempt_arrives_in_the_next_claim(api, client
     ({"progress": [1, 4]}, "progress"),
     ({"message": "x" * 201}, "message"),
     ({"message": 7}, "message"),
+    ({"message": "-\x00"}, "message"),  # PostgreSQL text cannot hold it: a 422, never a 500
     ({"checkpoint": [1, 2]}, "checkpoint"),
     ({"checkpoint": "resume"}, "checkpoint"),
 ])
