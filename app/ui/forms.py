@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from marshmallow import ValidationError, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate
 
-from app.core.limits import CURSOR_CHARS, NAME_CHARS, TYPE_CHARS, Limit
+from app.core.limits import CURSOR_CHARS, NAME_CHARS, TYPE_CHARS
 from app.core.statuses import JobStatus
 from app.types.models import FAIRNESS_KEY, ON_FAILURE_BLOCK, ON_FAILURE_SKIP, ORDERING_KEY
 from app.types.schemas import TypePatchSchema
-from app.web.fields import QueryInteger, QueryNumber, StrictSchema
+from app.web.fields import QueryInteger, QueryNumber, StrictSchema, non_empty_text
 from app.web.problems import flatten_errors
 from app.workflows.models import WorkflowStatus
 
@@ -87,10 +87,6 @@ def key_modes_patch(form: Mapping[str, str]) -> dict[str, Any]:
     return loaded
 
 
-def _optional_text(limit: Limit[int]) -> fields.String:
-    return fields.String(validate=validate.Length(limit.min, limit.max))
-
-
 # The jobs page's status filter: a status, or `scheduled` (pending, its run_at still ahead:
 # what GET /types counts as scheduled).
 SCHEDULED = "scheduled"
@@ -102,24 +98,29 @@ class JobFilterSchema(StrictSchema):
     """The jobs page's query string (empty fields are left out before loading): the
     filters, the order, and where the page starts (after `cursor`, or before `before`)."""
 
-    type = _optional_text(TYPE_CHARS)
+    type = non_empty_text(TYPE_CHARS)
     status = fields.String(validate=validate.OneOf(JOB_FILTER_STATUSES))
-    producer = _optional_text(NAME_CHARS)
+    producer = non_empty_text(NAME_CHARS)
     order = fields.String(validate=validate.OneOf([NEWEST_FIRST, OLDEST_FIRST]))
-    cursor = _optional_text(CURSOR_CHARS)
-    before = _optional_text(CURSOR_CHARS)
+    cursor = non_empty_text(CURSOR_CHARS)
+    before = non_empty_text(CURSOR_CHARS)
 
 
 _filter_schema = JobFilterSchema()
 
 
-def job_filters(args: Mapping[str, str]) -> dict[str, str]:
-    given = {name: value for name, value in args.items() if value.strip()}
+def _load_filters(schema: Schema, args: Mapping[str, str]) -> dict[str, str]:
+    """A page's query string, its empty fields left out, or FormInvalid naming each mistake."""
+    given = {name: value.strip() for name, value in args.items() if value.strip()}
     try:
-        loaded: dict[str, str] = _filter_schema.load(given)
+        loaded: dict[str, str] = schema.load(given)
     except ValidationError as error:
         raise FormInvalid(flatten_errors(error.messages)) from None
     return loaded
+
+
+def job_filters(args: Mapping[str, str]) -> dict[str, str]:
+    return _load_filters(_filter_schema, args)
 
 
 # The workflows page's status filter: a workflow's status, as GET /workflows?status= takes.
@@ -130,16 +131,24 @@ class WorkflowFilterSchema(StrictSchema):
     """The workflows page's query string: the status filter and where the page starts."""
 
     status = fields.String(validate=validate.OneOf(WORKFLOW_FILTER_STATUSES))
-    cursor = _optional_text(CURSOR_CHARS)
+    cursor = non_empty_text(CURSOR_CHARS)
 
 
 _workflow_filter_schema = WorkflowFilterSchema()
 
 
 def workflow_filters(args: Mapping[str, str]) -> dict[str, str]:
-    given = {name: value for name, value in args.items() if value.strip()}
-    try:
-        loaded: dict[str, str] = _workflow_filter_schema.load(given)
-    except ValidationError as error:
-        raise FormInvalid(flatten_errors(error.messages)) from None
-    return loaded
+    return _load_filters(_workflow_filter_schema, args)
+
+
+class FailureFilterSchema(StrictSchema):
+    """The failures page's query string: the type whose groups are shown."""
+
+    type = non_empty_text(TYPE_CHARS)
+
+
+_failure_filter_schema = FailureFilterSchema()
+
+
+def failure_filters(args: Mapping[str, str]) -> dict[str, str]:
+    return _load_filters(_failure_filter_schema, args)

@@ -14,7 +14,7 @@ from werkzeug.wrappers import Response
 from app.core.callers import Caller, Role
 from app.core.clock import to_rfc3339
 from app.core.errors import QueueError
-from app.core.limits import BULK_JOBS, TYPE_CHARS
+from app.core.limits import BULK_JOBS
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.history.failure_schemas import represent_detail
 from app.history.schemas import (
@@ -40,6 +40,7 @@ from app.ui.forms import (
     SCHEDULED,
     WORKFLOW_FILTER_STATUSES,
     FormInvalid,
+    failure_filters,
     job_filters,
     key_modes_patch,
     limits_patch,
@@ -490,14 +491,16 @@ def failures() -> tuple[str, int]:
     per hour over the last day, its newest jobs and a button that retries its failed jobs."""
     services = _services()
     job_types = sorted(services.types.job_types)
-    job_type = request.args.get("type", "").strip() or None
-    if job_type is not None and len(job_type) > TYPE_CHARS.max:
+    try:
+        filters = failure_filters(request.args)
+    except FormInvalid as invalid:
         return _page("failures.html", 400, groups=[], filters={}, job_types=job_types,
-                     messages={"type": [f"Longer than {TYPE_CHARS.max} characters."]})
+                     messages=invalid.messages)
+    job_type = filters.get("type")
     shown = [represent_detail(detail) for detail in services.failures.overview(
         job_type=job_type, limit=FAILURE_GROUPS_SHOWN)]
     return _page("failures.html", groups=shown, job_types=job_types, messages={},
-                 filters={"type": job_type} if job_type else {})
+                 filters=filters)
 
 
 @bp.post("/failures/<job_type>/<fingerprint>/retry")
