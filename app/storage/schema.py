@@ -476,6 +476,58 @@ failure_groups = Table(
 )
 Index("ix_failure_groups_last_seen", failure_groups.c.last_seen)
 
+# -- tags and trace context (contract §20) -------------------------------------------------------
+# Beside the jobs table, as checkpoints are: most jobs have neither, and the claim never reads
+# a tag. A job without tags writes no row here; GET /jobs?tag= walks (tag, job_id) newest
+# first, the order of the listing.
+job_tags = Table(
+    "job_tags",
+    metadata,
+    Column("job_id", Id, primary_key=True),
+    Column("tag", String(64), primary_key=True),
+)
+Index("ix_job_tags_tag_job_id", job_tags.c.tag, job_tags.c.job_id)
+
+# The W3C trace context the job was enqueued with (a job sent without one has no row): the
+# claim reads it for the job it hands out by key, inside its UPDATE, as it reads a checkpoint.
+job_traces = Table(
+    "job_traces",
+    metadata,
+    Column("job_id", Id, primary_key=True),
+    Column("traceparent", String(55), nullable=False),
+    Column("tracestate", String(512), nullable=True),
+)
+
+# -- the queue over time (contract §20) ----------------------------------------------------------
+# Per type and minute (`minute`: the minute's first microsecond), what the job transactions
+# counted: each adds to its row in the transaction that changed the jobs. On PostgreSQL a
+# transaction adds to the row of its connection's `slot`, so that concurrent transactions
+# seldom wait on one row's lock until the other commits; a read sums the slots.
+job_stats = Table(
+    "job_stats",
+    metadata,
+    Column("type", String(100), primary_key=True),
+    Column("minute", Micros, primary_key=True),
+    Column("slot", SmallInteger, primary_key=True),
+    Column("enqueued", BigInteger, nullable=False),
+    Column("claimed", BigInteger, nullable=False),
+    Column("completed", BigInteger, nullable=False),
+    Column("failed", BigInteger, nullable=False),
+)
+# Every type's minutes at once (the overview), and the ticker's removal of the old ones.
+Index("ix_job_stats_minute", job_stats.c.minute)
+
+# Per type and minute, the pending jobs the ticker counted in that minute (the last count of
+# the minute wins).
+job_depth = Table(
+    "job_depth",
+    metadata,
+    Column("type", String(100), primary_key=True),
+    Column("minute", Micros, primary_key=True),
+    Column("pending", BigInteger, nullable=False),
+)
+Index("ix_job_depth_minute", job_depth.c.minute)
+
 job_events = Table(
     "job_events",
     metadata,
@@ -507,6 +559,10 @@ schedules = Table(
     Column("last_job_id", Id, nullable=True),
     Column("created_at", Micros, nullable=False),
     Column("updated_at", Micros, nullable=False),
+    # The trace context of the request that created the schedule (contract §20): every job
+    # it enqueues carries it.
+    Column("traceparent", String(55), nullable=True),
+    Column("tracestate", String(512), nullable=True),
 )
 # Each server process asks for the due schedules about twice a second: an index read of the
 # active ones alone, in firing order (migration 0014), never walking past the paused ones.

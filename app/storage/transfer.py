@@ -26,8 +26,12 @@ from app.storage.schema import (
     job_attempts,
     job_checkpoints,
     job_dependencies,
+    job_depth,
     job_events,
     job_reservations,
+    job_stats,
+    job_tags,
+    job_traces,
     job_types,
     jobs,
     key_turns,
@@ -43,7 +47,7 @@ from app.storage.schema import (
 # it again within a minute of their first claim.
 TABLES: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, job_dependencies,
                              workflows, workflow_jobs, key_turns, job_checkpoints,
-                             job_reservations)
+                             job_reservations, job_tags, job_traces, job_stats, job_depth)
 # The tables whose ids a sequence gives: the target's continues after the source's. (The
 # other two are keyed by the ids of the rows they belong to, and a position.)
 SEQUENCED: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, workflows)
