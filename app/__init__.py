@@ -27,6 +27,7 @@ from app.keys.service import KeyService
 from app.ops import init_ops
 from app.ops.metrics import QueueMetrics
 from app.schedules.service import FiringSink, ScheduleService, ScheduleSettings
+from app.stats.service import StatsService
 from app.storage.engine import Database, make_engine
 from app.storage.uow import EventSink, UnitOfWork
 from app.types.flow import FlowControl, SkipSink
@@ -51,6 +52,7 @@ class Services:
     schedules: ScheduleService
     workflows: WorkflowService
     failures: FailureGroups
+    stats: StatsService
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -98,6 +100,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.history.failure_routes import bp as failures_bp
 
     app.register_blueprint(failures_bp)
+    from app.stats.routes import bp as stats_bp
+
+    app.register_blueprint(stats_bp)
     from app.schedules.routes import bp as schedules_bp
 
     app.register_blueprint(schedules_bp)
@@ -137,7 +142,8 @@ def start_scheduler(app: Flask) -> None:
     app.extensions["queuelog_ticker"] = Ticker(
         services.schedules,
         chores=[services.jobs.reservations.release_overdue,
-                services.jobs.retention.chore(services.types.retention_windows)]).start()
+                services.jobs.retention.chore(services.types.retention_windows),
+                services.stats.chore()]).start()
 
 
 def stop_scheduler(app: Flask) -> None:
@@ -173,8 +179,8 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     flow = FlowControl(db, clock, on_skip=on_skip)
     # Told when a job of this process may have finished: the reads waiting for one wake.
     finished = JobSignal()
-    uow = UnitOfWork(db, bind_jobs(HistoryRecorder(events=config["JOB_EVENTS"]),
-                                   keys.confirm_live, clock, key_modes_of),
+    recorder = HistoryRecorder(events=config["JOB_EVENTS"], stats=config["STATS"])
+    uow = UnitOfWork(db, bind_jobs(recorder, keys.confirm_live, clock, key_modes_of),
                      on_event=on_event, signals={FINISHED: finished.notify})
     jobs = JobService(uow, clock, settings, flow=flow, finished=finished)
     # Jobs released by their last dependency's end wake this process's waiting claims, as
@@ -201,4 +207,5 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
             on_fired=on_fired),
         workflows=WorkflowService(jobs, clock),
         failures=FailureGroups(db, clock),
+        stats=StatsService(db, clock, counts, settings.job_types),
     )

@@ -134,6 +134,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("JOB_EVENTS", True, _flag,
             "write each job's timeline of events (GET /jobs/{id}/events); attempts are "
             "always kept"),
+    Setting("STATS", True, _flag,
+            "count jobs per type and minute for GET /stats and the dashboard's charts"),
     Setting("MAX_WAITING_CLAIMS", 8, _int_in(0, 10_000),
             "long-polling claims a process lets wait at once; keep it below GUNICORN_THREADS "
             "so that waiting claims never take every thread"),

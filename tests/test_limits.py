@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from app.core import limits
+from app.core.clock import parse_rfc3339, to_rfc3339
 from app.core.limits import LIMITS, Limit
 
 Body = dict[str, Any]
@@ -114,6 +115,10 @@ PROBES: dict[str, Probe] = {
                             body=lambda n: {**_LEASE, "progress": {"done": 0, "total": n}}),
     "RETENTION_SECONDS": Probe("admin", "PATCH", "/types/email", "retention.completed_seconds",
                                body=lambda n: {"retention": {"completed_seconds": n}}),
+    # n minutes from a minute's start: n buckets of a minute.
+    "STATS_BUCKETS": Probe("admin", "GET", "/stats", "from", query=lambda n: {
+        "from": "2027-01-15T08:00:00Z",
+        "to": to_rfc3339(parse_rfc3339("2027-01-15T08:00:00Z") + n * 60_000_000)}),
     "PUSH_TIMEOUT_SECONDS": Probe("admin", "PATCH", "/types/email", "push.timeout_seconds",
                                   body=lambda n: {"push": {"url": "http://push.example/",
                                                            "timeout_seconds": n}}),

@@ -61,6 +61,8 @@ WORKFLOW_NAME_CHARS = Limit[int]("WORKFLOW_NAME_CHARS", 1, 100, "characters",
                                  "a workflow's name (printable ASCII)")
 PROGRESS_MESSAGE_CHARS = Limit[int]("PROGRESS_MESSAGE_CHARS", 0, 200, "characters",
                                     "a heartbeat's progress message")
+TAG_CHARS = Limit[int]("TAG_CHARS", 1, 64, "characters",
+                       "a job's tag (printable ASCII; the job_tags.tag column)")
 
 # -- how many ----------------------------------------------------------------------------------
 RETRIES = Limit[int]("RETRIES", 0, 25, "retries", "a job's max_retries", default=3)
@@ -68,6 +70,7 @@ BATCH_JOBS = Limit[int]("BATCH_JOBS", 1, 1000, "jobs", "the jobs of one POST /jo
 WORKFLOW_JOBS = Limit[int]("WORKFLOW_JOBS", 1, 1000, "jobs", "the jobs of one POST /workflows")
 DEPENDENCIES = Limit[int]("DEPENDENCIES", 0, 100, "jobs",
                           "the dependencies one job names (depends_on)")
+TAGS = Limit[int]("TAGS", 0, 10, "tags", "the tags of one job")
 CLAIM_JOBS = Limit[int]("CLAIM_JOBS", 1, 100, "jobs", "the jobs one claim-many takes",
                         default=10)
 CLAIM_TYPES = Limit[int]("CLAIM_TYPES", 0, 100, "types", "the types one claim names")
@@ -126,14 +129,16 @@ RETENTION_SECONDS = Limit[int]("RETENTION_SECONDS", 60, 315_360_000, "seconds",
                                "how long a type's finished jobs are kept (null: for ever)")
 FAILURE_SAMPLE_CHARS = Limit[int]("FAILURE_SAMPLE_CHARS", 0, 1000, "characters",
                                   "a failure group's sample error, as stored")
+STATS_BUCKETS = Limit[int]("STATS_BUCKETS", 1, 1500, "buckets",
+                           "buckets of GET /stats in one answer (from, to and step)")
 
 LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     JOB_ID, TYPE_CHARS, NAME_CHARS, KEY_CHARS, LEASE_TOKEN_CHARS, CURSOR_CHARS, TOKEN_CHARS,
     ERROR_CHARS, STORED_ERROR_CHARS, CRON_CHARS, TIMEZONE_CHARS, PUSH_URL_CHARS, REF_CHARS,
-    WORKFLOW_NAME_CHARS, PROGRESS_MESSAGE_CHARS, RETRIES, BATCH_JOBS, WORKFLOW_JOBS,
-    DEPENDENCIES, CLAIM_JOBS, CLAIM_TYPES, COMPLETE_ITEMS, BULK_JOBS, PAGE_ITEMS,
+    WORKFLOW_NAME_CHARS, PROGRESS_MESSAGE_CHARS, TAG_CHARS, RETRIES, BATCH_JOBS, WORKFLOW_JOBS,
+    DEPENDENCIES, TAGS, CLAIM_JOBS, CLAIM_TYPES, COMPLETE_ITEMS, BULK_JOBS, PAGE_ITEMS,
     PAGE_BYTES, PROGRESS_COUNT, CATCH_UP, BATCH_ROWS, TYPE_LIMIT, RATE,
     LEASE_SECONDS, DELAY_SECONDS, UNIQUE_PERIOD_SECONDS, RETRY_IN_SECONDS, CLAIM_WAIT_SECONDS,
     RESULT_WAIT_SECONDS, PUSH_TIMEOUT_SECONDS, TIMEOUT_SECONDS, EXPIRES_IN_SECONDS,
-    CONFIRM_WITHIN_SECONDS, RETENTION_SECONDS, FAILURE_SAMPLE_CHARS,
+    CONFIRM_WITHIN_SECONDS, RETENTION_SECONDS, FAILURE_SAMPLE_CHARS, STATS_BUCKETS,
 )

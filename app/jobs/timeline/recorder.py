@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from app.jobs.models import LEASE_EXPIRED_ERROR, Job
 from app.jobs.timeline.failure_repository import Failure, FailureRepository
 from app.jobs.timeline.models import EventName, Outcome
 from app.jobs.timeline.repository import HistoryRepository
+from app.jobs.timeline.stats_repository import CountKey, StatsRepository
 from app.jobs.transitions import Transition
 
 # A stale worker retrying a refused report forever must not grow a job's timeline without
@@ -42,10 +44,12 @@ def _detail(**values: Any) -> str | None:
 
 
 class HistoryRecorder:
-    """Writes attempts always, and events unless `events` is off (QUEUELOG_JOB_EVENTS=0)."""
+    """Writes attempts always, events unless `events` is off (QUEUELOG_JOB_EVENTS=0), and the
+    per-minute stats (contract §20) unless `stats` is off (QUEUELOG_STATS=0)."""
 
-    def __init__(self, *, events: bool = True) -> None:
+    def __init__(self, *, events: bool = True, stats: bool = True) -> None:
         self.events = events
+        self.stats = stats
         # name -> (last seen written, last claim written), in this process.
         self._written: dict[str, tuple[int, int]] = {}
         self._written_lock = threading.Lock()
@@ -66,6 +70,8 @@ class HistoryRecorder:
         outcome = edge.closes_attempt
         if outcome is not None:
             self._close_attempts(conn, repo, outcome, jobs, now_us)
+        if self.stats:
+            self._count(conn, transition, jobs, now_us)
         if self.events:
             extra = details or {}
             rows = [row for job in jobs
@@ -78,6 +84,11 @@ class HistoryRecorder:
         """Record new jobs: one multi-row INSERT for a batch. The actor is the producer
         unless told: `actor` for all, or `actors` one per job (schedules' jobs:
         `schedule:<name>`)."""
+        if self.stats and jobs:
+            # A reserved job is counted when it is confirmed (it is no work before).
+            counts = Counter((job.type, "enqueued") for job in jobs
+                             if job.status != JobStatus.RESERVED)
+            StatsRepository(conn).add(counts, jobs[0].created_at)
         if self.events and jobs:
             who = actors or [actor or job.producer for job in jobs]
             HistoryRepository(conn).add_events([
@@ -158,6 +169,26 @@ class HistoryRecorder:
         repo.close_attempts(rows, outcome, now_us)
         if failures:
             FailureRepository(conn).record(failures, now_us)
+
+    @staticmethod
+    def _count(conn: Connection, transition: Transition, jobs: Sequence[Job],
+               now_us: int) -> None:
+        """Add what this transition did to the minute's stats: an attempt started (claimed),
+        a job completed, an attempt failed (the attempts failure groups count: a fail, a
+        lease run out, a deadline passed), a reserved job confirmed (enqueued)."""
+        edge = transition.value
+        kind = None
+        if edge.opens_attempt:
+            kind = "claimed"
+        elif edge.closes_attempt is Outcome.COMPLETED:
+            kind = "completed"
+        elif edge.closes_attempt in GROUPED_OUTCOMES:
+            kind = "failed"
+        elif transition is Transition.CONFIRM:
+            kind = "enqueued"
+        if kind is not None:
+            counts: Counter[CountKey] = Counter((job.type, kind) for job in jobs)
+            StatsRepository(conn).add(counts, now_us)
 
     @staticmethod
     def _error(outcome: Outcome, job: Job) -> str | None:

@@ -1,0 +1,112 @@
+"""The queue over time (contract §20): the buckets GET /stats and the dashboard read, and the
+ticker's chore that counts the pending depth each minute and forgets what is past keeping.
+
+The counts themselves are added by the job transactions (app/jobs/timeline/recorder.py); this
+module only reads them, and writes the depth, which no job transaction could count cheaply.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection
+
+from app.core.clock import MICROS, Clock
+from app.core.errors import ValidationFailed
+from app.core.limits import STATS_BUCKETS
+from app.jobs.counts import BacklogCounts
+from app.jobs.timeline.stats_repository import MINUTE_US, StatsRepository, minute_of
+from app.stats.models import Bucket, Series, Step
+from app.storage.engine import Database
+
+# How long the counts and the depth are kept.
+KEPT_US = 14 * 86_400 * MICROS
+# Old minutes removed per pass (one pass a minute per process): well ahead of the one minute
+# a minute that grows old.
+FORGOTTEN_MINUTES_PER_PASS = 60
+DEFAULT_SPAN_US = 3600 * MICROS
+
+
+class StatsService:
+    """`job_types` are the configured types (each gets a depth row a minute, 0 included, so
+    that a type's depth falls to 0 on the chart rather than keeping its last value)."""
+
+    def __init__(self, db: Database, clock: Clock, counts: BacklogCounts,
+                 job_types: Collection[str]) -> None:
+        self.db = db
+        self.clock = clock
+        self.counts = counts
+        self.job_types = frozenset(job_types)
+        self._sampled_minute = 0
+        self._lock = threading.Lock()
+
+    def series(self, job_type: str | None, *, start_us: int | None = None,
+               end_us: int | None = None, step: Step = Step.MINUTE) -> Series:
+        """The buckets of `step` from the one holding `start_us` to the one holding the
+        moment before `end_us` (default: the last hour up to now), oldest first, empty ones
+        included. ValidationFailed when `end_us` is not after `start_us` or the span holds
+        more than STATS_BUCKETS buckets."""
+        end = self.clock.now_us() if end_us is None else end_us
+        start = end - DEFAULT_SPAN_US if start_us is None else start_us
+        if end <= start:
+            raise ValidationFailed("to must be after from.",
+                                   errors={"to": ["Must be after from."]})
+        width = step.micros
+        first = start - start % width
+        last = (end - 1) - (end - 1) % width
+        count = (last - first) // width + 1
+        if count > STATS_BUCKETS.max:
+            raise ValidationFailed(
+                f"That span holds {count} buckets of a {step.value}; at most "
+                f"{STATS_BUCKETS.max} fit one answer.",
+                errors={"from": [f"At most {STATS_BUCKETS.max} {step.value}s before to."]})
+        now = self.clock.now_us()
+        with self.db.read() as conn:
+            repo = StatsRepository(conn)
+            counts = repo.counts_by_minute(job_type, first, last + width)
+            depth = repo.depth_by_minute(job_type, first, last + width)
+            pending = repo.depth_before(job_type, first)
+        buckets = []
+        for at in range(first, last + width, width):
+            sums = [0, 0, 0, 0]
+            for minute in range(at, at + width, MINUTE_US):
+                found = counts.get(minute)
+                if found is not None:
+                    sums = [a + b for a, b in zip(sums, found, strict=True)]
+                # The depth at the bucket's end: its last count, or the one before it (the
+                # depth did not change while nothing ran to count it).
+                pending = depth.get(minute, pending)
+            shown = pending if at <= now else None
+            buckets.append(Bucket(at, sums[0], sums[1], sums[2], sums[3], shown))
+        return Series(job_type, step, buckets)
+
+    def chore(self) -> Callable[[], int]:
+        """A ticker chore: once a minute per process, count the pending depth of every type
+        and forget a batch of what is older than 14 days. Returns the rows written."""
+
+        def stats() -> int:
+            minute = minute_of(self.clock.now_us())
+            with self._lock:
+                if minute == self._sampled_minute:
+                    return 0
+                self._sampled_minute = minute
+            return self.sample_depth() + self.forget_old()
+
+        return stats
+
+    def sample_depth(self) -> int:
+        """Write this minute's pending count of each type. The count is the backlog
+        snapshot's (app/jobs/counts.py), at most its max age old: a read outside the write
+        lock."""
+        now = self.clock.now_us()
+        snapshot = self.counts.get()
+        pending = dict.fromkeys(self.job_types, 0)
+        pending.update({job_type: summary.pending
+                        for job_type, summary in snapshot.pending.items()})
+        with self.db.write() as conn:
+            StatsRepository(conn).write_depth(pending, now)
+        return len(pending)
+
+    def forget_old(self) -> int:
+        before = minute_of(self.clock.now_us()) - KEPT_US
+        with self.db.write() as conn:
+            return StatsRepository(conn).delete_before(before, FORGOTTEN_MINUTES_PER_PASS)
