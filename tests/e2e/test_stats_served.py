@@ -88,6 +88,9 @@ def test_four_processes_on_two_servers_count_exactly_what_they_did(
     other = QueueClient(servers[0], create_api_key(url, "admin-2", "admin"))
     assert totals(other, start_us, type="email", step="hour") == (emails, done + failed, done,
                                                                   failed)
+    # Each process's ticker counted the depth at its first tick: the buckets since say it.
+    answer = other.request("GET", "/stats", params={"type": "pdf"})
+    assert any(bucket["pending"] is not None for bucket in answer.json()["buckets"])
     assert server_errors([admin, other, *producers, *workers]) == {}
     for server in servers:
         assert "Traceback" not in server.log_tail(), server.log_tail()
