@@ -95,7 +95,8 @@ def _empty_postgres(url: str) -> None:
         conn.execute(text("TRUNCATE jobs, api_keys, job_types, job_attempts, job_events, "
                           "key_activity, schedules, ui_sessions, ui_sign_in_failures, "
                           "job_dependencies, workflows, workflow_jobs, key_turns, job_checkpoints, "
-                          "job_reservations, failure_groups, job_tags, job_traces, job_stats, job_depth "
+                          "job_reservations, failure_groups, job_tags, job_traces, job_stats, "
+                          "job_depth "
                           "RESTART IDENTITY"))
     engine.dispose()
 

@@ -85,6 +85,17 @@ class BacklogCounts:
                              daemon=True).start()
         return value
 
+    def pending_now(self) -> Mapping[str, PendingSummary]:
+        """The pending jobs by type: this process's snapshot while it is fresh, else a count
+        of their own that leaves the snapshot as it is (a caller on a timer, the stats'
+        depth, must not make the pages read a count older than they would have)."""
+        with self._lock:
+            value, age = self._value, time.monotonic() - self._counted_at
+        if value is not None and age < self.max_age:
+            return value.pending
+        with self.db.counting_read() as conn:
+            return JobRepository(conn).pending_by_type(self.clock.now_us())
+
     def _count(self, begun_since: float) -> BacklogSnapshot:
         """A snapshot counted by a count that began at `begun_since` or later: this one, or
         one that finished while this one waited for its turn."""

@@ -94,14 +94,13 @@ class StatsService:
         return stats
 
     def sample_depth(self) -> int:
-        """Write this minute's pending count of each type. The count is the backlog
-        snapshot's (app/jobs/counts.py), at most its max age old: a read outside the write
+        """Write this minute's pending count of each type: the backlog snapshot's while it
+        is fresh (app/jobs/counts.py), else a count of its own; a read outside the write
         lock."""
         now = self.clock.now_us()
-        snapshot = self.counts.get()
         pending = dict.fromkeys(self.job_types, 0)
         pending.update({job_type: summary.pending
-                        for job_type, summary in snapshot.pending.items()})
+                        for job_type, summary in self.counts.pending_now().items()})
         with self.db.write() as conn:
             StatsRepository(conn).write_depth(pending, now)
         return len(pending)
