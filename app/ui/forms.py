@@ -13,6 +13,7 @@ from app.core.limits import CURSOR_CHARS, NAME_CHARS, TYPE_CHARS
 from app.core.statuses import JobStatus
 from app.types.models import FAIRNESS_KEY, ON_FAILURE_BLOCK, ON_FAILURE_SKIP, ORDERING_KEY
 from app.types.schemas import TypePatchSchema
+from app.ui.charts import Period
 from app.web.fields import QueryInteger, QueryNumber, StrictSchema, non_empty_text
 from app.web.problems import flatten_errors
 from app.workflows.models import WorkflowStatus
@@ -87,6 +88,14 @@ def key_modes_patch(form: Mapping[str, str]) -> dict[str, Any]:
     return loaded
 
 
+# A page's opt-in auto-refresh (?refresh=on): it reloads itself, its filters kept.
+REFRESH_ON = "on"
+
+
+def _refresh() -> fields.String:
+    return fields.String(validate=validate.OneOf([REFRESH_ON]))
+
+
 # The jobs page's status filter: a status, or `scheduled` (pending, its run_at still ahead:
 # what GET /types counts as scheduled).
 SCHEDULED = "scheduled"
@@ -96,7 +105,8 @@ NEWEST_FIRST, OLDEST_FIRST = "newest", "oldest"
 
 class JobFilterSchema(StrictSchema):
     """The jobs page's query string (empty fields are left out before loading): the
-    filters, the order, and where the page starts (after `cursor`, or before `before`)."""
+    filters, the order, where the page starts (after `cursor`, or before `before`), and
+    whether it refreshes itself."""
 
     type = non_empty_text(TYPE_CHARS)
     status = fields.String(validate=validate.OneOf(JOB_FILTER_STATUSES))
@@ -104,6 +114,7 @@ class JobFilterSchema(StrictSchema):
     order = fields.String(validate=validate.OneOf([NEWEST_FIRST, OLDEST_FIRST]))
     cursor = non_empty_text(CURSOR_CHARS)
     before = non_empty_text(CURSOR_CHARS)
+    refresh = _refresh()
 
 
 _filter_schema = JobFilterSchema()
@@ -152,3 +163,18 @@ _failure_filter_schema = FailureFilterSchema()
 
 def failure_filters(args: Mapping[str, str]) -> dict[str, str]:
     return _load_filters(_failure_filter_schema, args)
+
+
+class ChartFilterSchema(StrictSchema):
+    """The query string of the pages with charts (the overview, a type's page): the period
+    they show and whether they refresh themselves."""
+
+    period = fields.String(validate=validate.OneOf([period.value for period in Period]))
+    refresh = _refresh()
+
+
+_chart_filter_schema = ChartFilterSchema()
+
+
+def chart_filters(args: Mapping[str, str]) -> dict[str, str]:
+    return _load_filters(_chart_filter_schema, args)

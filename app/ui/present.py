@@ -12,6 +12,7 @@ from flask import Flask, current_app
 
 from app.core.clock import MICROS, parse_rfc3339
 from app.core.limits import LIMITS
+from app.ui.charts import depth_chart, failures_chart, throughput_chart
 
 _UNITS = ((86_400, "d"), (3600, "h"), (60, "min"), (1, "s"))
 
@@ -126,6 +127,10 @@ def register_filters(app: Flask) -> None:
                      ("last_line", last_line), ("in_zone", in_zone), ("percent", percent),
                      ("hourly_chart", hourly_chart)):
         app.add_template_filter(fn, name)
+    # The queue over time as SVG (app/ui/charts.py): `{{ series|throughput_chart(small=true) }}`.
+    for name, draw in (("throughput_chart", throughput_chart),
+                       ("failures_chart", failures_chart), ("depth_chart", depth_chart)):
+        app.add_template_filter(draw, name)
     # The limits' bounds, from their one home, for the forms' inputs to offer:
     # `{{ bounds.TYPE_LIMIT.max }}` (the `limits` filter shows a type's settings).
     app.jinja_env.globals.update(bounds={limit.name: limit for limit in LIMITS})

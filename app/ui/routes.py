@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 from flask import Blueprint, current_app, flash, g, redirect, render_template, request, url_for
 from marshmallow import ValidationError
@@ -30,16 +31,20 @@ from app.jobs.models import Job, JobControls, JobDependencies
 from app.jobs.schemas import BulkSchema, represent
 from app.jobs.transitions import Transition
 from app.schedules.schemas import represent_schedule
+from app.stats.models import Series
 from app.types.schemas import represent_type
 from app.ui import session as ui_session
 from app.ui import throttle
+from app.ui.charts import Period, window
 from app.ui.forms import (
     JOB_FILTER_STATUSES,
     KEY_MODE_CHOICES,
     NEWEST_FIRST,
+    REFRESH_ON,
     SCHEDULED,
     WORKFLOW_FILTER_STATUSES,
     FormInvalid,
+    chart_filters,
     failure_filters,
     job_filters,
     key_modes_patch,
@@ -68,6 +73,9 @@ BLOCKED_KEYS_SHOWN = 50
 # (one read transaction): the API's default page of groups.
 FAILURE_GROUPS_SHOWN = 50
 _OPEN = frozenset({"ui.sign_in", "ui.static"})
+# How often a page asked to refresh itself (?refresh=on) reloads, by a <meta> refresh: no
+# script, so the CSP stays as it is.
+REFRESH_SECONDS = 10
 
 
 @bp.before_request
@@ -84,7 +92,23 @@ def _require_session() -> Response | None:
 
 @bp.context_processor
 def _page_context() -> dict[str, Any]:
-    return {"sections": SECTIONS, "signed_in": g.get("caller")}
+    return {"sections": SECTIONS, "signed_in": g.get("caller"), "this_page": this_page,
+            "refresh_seconds": REFRESH_SECONDS}
+
+
+def this_page(**changed: str | None) -> str:
+    """This page's address with its query string as it came but for `changed` (a None
+    removes the parameter): the auto-refresh and period links keep every filter."""
+    args = request.args.to_dict(flat=False)
+    for name, value in changed.items():
+        if value is None:
+            args.pop(name, None)
+        else:
+            args[name] = [value]
+    # Encoded here, not by url_for: a parameter named like one of its own (`_external`,
+    # `_scheme`) is only text to keep.
+    path = url_for(request.endpoint or "ui.overview", **(request.view_args or {}))
+    return f"{path}?{urlencode(args, doseq=True)}" if args else path
 
 
 def _services() -> Any:
@@ -170,13 +194,46 @@ def sign_out() -> Response:
 @bp.get("/")
 def overview() -> tuple[str, int]:
     services = _services()
+    charts = _charts_asked()
     types = [represent_type(view) for view in services.types.list_types()]
     blocked = [_blocked_shown(turn) for turn in services.types.blocked_keys(BLOCKED_KEYS_SHOWN)]
     # Counted and listed in two reads: the total said is never less than the rows shown.
     blocked_total = max(len(blocked), sum(shown["blocked_keys"] for shown in types))
+    series = _series_of([None, *(shown["type"] for shown in types)], charts["period"])
     return _page("overview.html", types=types, blocked_keys=blocked,
                  blocked_total=blocked_total, **_schedules_shown(),
-                 workers=[represent_worker(worker) for worker in services.history.workers()])
+                 workers=[represent_worker(worker) for worker in services.history.workers()],
+                 totals=series[0], per_type=series[1:], **charts)
+
+
+@bp.get("/types/<job_type>")
+def job_type(job_type: str) -> tuple[str, int]:
+    """A type's settings, as the types page shows them, and its charts over the period."""
+    charts = _charts_asked()
+    # An unknown type is a NotFound (QueueError): the dashboard's 404 page.
+    shown = represent_type(_services().types.get_type(job_type))
+    return _page("type.html", type=shown, series=_series_of([job_type], charts["period"])[0],
+                 **charts)
+
+
+def _charts_asked() -> dict[str, Any]:
+    """The period (default: the last hour) and auto-refresh a page with charts was asked
+    for; a 400 page saying what is wrong for a query string it cannot use."""
+    try:
+        filters = chart_filters(request.args)
+    except FormInvalid as invalid:
+        said = "; ".join(f"{name}: {' '.join(texts)}" for name, texts in invalid.messages.items())
+        raise BadRequest(f"These filters cannot be used: {said}") from None
+    return {"period": Period(filters.get("period", Period.HOUR)),
+            "auto_refresh": filters.get("refresh") == REFRESH_ON}
+
+
+def _series_of(job_types: list[str | None], period: Period) -> list[Series]:
+    """Each type's stats over the period (None: every type's, summed), in the order asked."""
+    services = _services()
+    start_us, end_us, step = window(period, services.clock.now_us())
+    return [services.stats.series(name, start_us=start_us, end_us=end_us, step=step)
+            for name in job_types]
 
 
 def _blocked_shown(turn: KeyTurn) -> dict[str, Any]:
@@ -213,7 +270,7 @@ def jobs() -> tuple[str, int]:
     controls = services.jobs.controls_of(page)
     return _page("jobs.html", jobs=[_shown(job, controls=controls) for job in page],
                  filters=shown, next_cursor=next_cursor, previous_cursor=previous_cursor,
-                 messages={},
+                 messages={}, auto_refresh=filters.get("refresh") == REFRESH_ON,
                  job_types=sorted(services.types.job_types), statuses=JOB_FILTER_STATUSES,
                  bulk=_bulk_actions(shown))
 

@@ -571,3 +571,81 @@ def test_screenshots_go_to_the_checkout_only_when_asked(
     assert screenshots_directory(tmp_path) == tmp_path
     monkeypatch.setenv(SCREENSHOTS_VARIABLE, "docs/screenshots")
     assert screenshots_directory(tmp_path) == REPO_ROOT / "docs" / "screenshots"
+
+
+def _traffic(server: LiveServer, producer: str, worker: str) -> None:
+    """Three mails enqueued: one completed, one failed for good, one left pending."""
+    for _ in range(3):
+        enqueued = requests.post(server.url_of("/jobs"), headers=bearer(producer), timeout=10,
+                                 json={"type": "email", "max_retries": 0, "payload": {}})
+        assert enqueued.status_code == 201, enqueued.text
+    for outcome in ("complete", "fail"):
+        claimed = requests.post(server.url_of("/jobs/claim"), headers=bearer(worker),
+                                timeout=10, json={"types": ["email"]}).json()
+        body = {"lease_token": claimed["lease_token"]}
+        body |= {"error": "SMTP 550"} if outcome == "fail" else {}
+        answer = requests.post(server.url_of(f"/jobs/{claimed['id']}/{outcome}"),
+                               headers=bearer(worker), timeout=10, json=body)
+        assert answer.status_code == 200, answer.text
+
+
+_BUCKET = re.compile(r"^\d\d:\d\d — (\d+) enqueued, (\d+) completed, (\d+) failed$")
+
+
+def test_an_operator_reads_a_types_charts_and_turns_auto_refresh_on(
+        browser: Any, server: LiveServer, database_url: str, screenshots: Path) -> None:
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "mailer", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    _traffic(server, producer, worker)
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+
+    # From the types page to the type's own.
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Types"))
+    _follow(browser, browser.find_element(By.LINK_TEXT, "email"))
+    assert browser.current_url == server.url_of("/ui/types/email")
+    chart = browser.find_element(By.CSS_SELECTOR, "#throughput svg.chart")
+    assert chart.is_displayed()
+    # What a screen reader is told of the chart: its numbers.
+    said = "email: 3 enqueued, 1 completed, 1 failed in the last hour"
+    assert chart.accessible_name == said
+    assert chart.find_element(By.TAG_NAME, "title").get_attribute("textContent") == said
+    # Each minute's bar says its own (the traffic may straddle a minute's end); together
+    # they say the chart's numbers, all of the last two minutes.
+    buckets = chart.find_elements(By.CSS_SELECTOR, "g.bucket")
+    assert len(buckets) == 60
+    titles = [bucket.find_element(By.TAG_NAME, "title").get_attribute("textContent")
+              for bucket in buckets]
+    counts = [tuple(int(n) for n in _BUCKET.fullmatch(title).groups())  # type: ignore[union-attr]
+              for title in titles]
+    assert tuple(map(sum, zip(*counts, strict=True))) == (3, 1, 1)
+    assert tuple(map(sum, zip(*counts[-2:], strict=True))) == (3, 1, 1)
+    busy = next(bucket for bucket, count in zip(buckets, counts, strict=True) if count[0])
+    assert busy.accessible_name == titles[buckets.index(busy)]
+    failed = browser.find_element(By.CSS_SELECTOR, "#failures svg.chart")
+    assert failed.accessible_name == "email: 1 failed attempt in the last hour"
+    assert browser.find_element(By.CSS_SELECTOR, "#depth svg.chart").is_displayed()
+    _shot(browser, "type", engine, screenshots)
+
+    # The day's charts, by hour; then auto-refresh, which keeps the period.
+    _follow(browser, browser.find_element(By.LINK_TEXT, "last day"))
+    assert browser.current_url == server.url_of("/ui/types/email?period=day")
+    assert browser.find_element(By.CSS_SELECTOR, "#throughput svg.chart").accessible_name == (
+        "email: 3 enqueued, 1 completed, 1 failed in the last 24 hours")
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Auto-refresh: off"))
+    assert browser.current_url == server.url_of("/ui/types/email?period=day&refresh=on")
+    # The page reloads itself (a <meta> refresh, no script): the mark set on it goes.
+    browser.execute_script("window.queuelogOldPage = true;")
+    WebDriverWait(browser, 60, ignored_exceptions=(WebDriverException,)).until(
+        lambda driver: driver.execute_script(
+            "return window.queuelogOldPage === undefined"
+            " && document.readyState === 'complete';"))
+    assert browser.current_url == server.url_of("/ui/types/email?period=day&refresh=on")
+    _follow(browser, browser.find_element(By.LINK_TEXT, "Auto-refresh: on"))
+    assert browser.current_url == server.url_of("/ui/types/email?period=day")
