@@ -66,6 +66,10 @@ PROBES: dict[str, Probe] = {
         "jobs": [{**_WORKFLOW_JOB, "ref": _text(n)}]}),
     "WORKFLOW_NAME_CHARS": Probe("producer", "POST", "/workflows", "name", body=lambda n: {
         "name": _text(n), "jobs": [_WORKFLOW_JOB]}),
+    "TAGS": Probe("producer", "POST", "/jobs", "tags",
+                  body=lambda n: {"type": "email", "tags": [f"tag-{i}" for i in range(n)]}),
+    "TAG_CHARS": Probe("producer", "POST", "/jobs", "tags.0",
+                       body=lambda n: {"type": "email", "tags": [_text(n)]}),
     "RETRIES": Probe("producer", "POST", "/jobs", "max_retries",
                      body=lambda n: {"type": "email", "max_retries": n}),
     "BATCH_JOBS": Probe("producer", "POST", "/jobs/batch", "jobs",

@@ -158,7 +158,8 @@ def test_copy_opens_a_sqlite_source_read_only(source, empty_db_url, tmp_path):
     assert copied == {"api_keys": 2, "jobs": 30, "job_attempts": 6, "job_events": 41,
                       "job_dependencies": 7, "workflows": 1, "workflow_jobs": 4,
                       "key_turns": 0, "job_checkpoints": 0, "job_reservations": 0,
-                      "job_types": 2, "schedules": 1, "failure_groups": 0}
+                      "job_types": 2, "schedules": 1, "failure_groups": 0,
+                      "job_tags": 0, "job_traces": 0, "job_stats": 3, "job_depth": 0}
 
 
 def test_copy_refuses_a_source_without_the_schema_and_leaves_the_target_alone(

@@ -106,7 +106,8 @@ class Administration:
                 statuses=statuses, limit=limit, job_type=filters.get("type"),
                 created_before=filters.get("created_before"),
                 created_after=filters.get("created_after"), ids=ids, after_id=after_id,
-                up_to_id=up_to_id, fingerprint=filters.get("fingerprint"))
+                up_to_id=up_to_id, fingerprint=filters.get("fingerprint"),
+                tag=filters.get("tag"))
             moved = self._apply_many_holding_keys(repo, transition, chosen,
                                                   transition.values(now_us=now))
             if transition is Transition.RETRY:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from app.core.callers import Caller
 from app.core.clock import MICROS, Clock
+from app.core.tracecontext import Trace
 from app.jobs.flow import ClaimLimits, FlowPolicy, LimitReached
 from app.jobs.intake import require_configured_types
 from app.jobs.models import Job
@@ -39,12 +40,14 @@ from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
 
 @dataclass(frozen=True)
 class Claimed:
-    """A job this claim took, the lease token the worker's reports on it carry, and the
-    checkpoint its previous attempt saved (compact JSON; None: none)."""
+    """A job this claim took, the lease token the worker's reports on it carry, the
+    checkpoint its previous attempt saved (compact JSON; None: none), and the trace context
+    it was enqueued with (None: none), which its worker or push delivery continues."""
 
     job: Job
     lease_token: str
     checkpoint: str | None = None
+    trace: Trace | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class _Attempt:
     limits: ClaimLimits | None
     now_us: int
     checkpoints: dict[int, str]
+    traces: dict[int, Trace]
 
 
 class ClaimService:
@@ -135,7 +139,8 @@ class ClaimService:
         if self.flow is not None:
             # Outside the write lock: what only metrics and last_claim_at need.
             self.flow.claimed(done.limits, done.jobs, done.now_us)
-        return [Claimed(job, job.lease_token or "", done.checkpoints.get(job.id))
+        return [Claimed(job, job.lease_token or "", done.checkpoints.get(job.id),
+                        done.traces.get(job.id))
                 for job in done.jobs]
 
     def _claim_in(self, tx: JobsTx, ask: _Ask, nonce: str, *, optimistic: bool) -> _Attempt:
@@ -154,14 +159,14 @@ class ClaimService:
             # the claim holds what it needs from now.
             now = self.clock.now_us()
         if ask.push and limits is None:
-            return _Attempt([], None, now, {})  # no flow control to tell push types apart
+            return _Attempt([], None, now, {}, {})  # no flow control to tell push types apart
 
         if limits is not None and limits.fair:
             # A fair type's jobs that came due since they were enqueued take their turns
             # from the round served now (app/jobs/key_rules.py).
             tx.keys.number_due(limits.fair & limits.allowed(self._types_of(ask.wanted)), now)
         restricted = limits is not None and limits.restricts(ask.limit)
-        jobs, checkpoints = repo.claim_next_jobs(
+        jobs, checkpoints, traces = repo.claim_next_jobs(
             now_us=now, worker=ask.caller.name, lease_expires_at=now + ask.lease_us,
             nonce=nonce, limit=ask.limit,
             types=self._types_of(ask.wanted) if restricted else ask.wanted,
@@ -185,7 +190,7 @@ class ClaimService:
         # Recorded once the stamps are final, so the timeline reads as they do.
         tx.made(Transition.CLAIM, jobs, actor=ask.caller.name, now_us=now)
         tx.timeline.seen(ask.caller.name, now, claimed=True)
-        return _Attempt(jobs, limits, now, checkpoints)
+        return _Attempt(jobs, limits, now, checkpoints, traces)
 
     def _types_of(self, wanted: frozenset[str] | None) -> frozenset[str]:
         """The types a claim of `wanted` ones (None: any) reads under flow control."""

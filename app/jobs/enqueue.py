@@ -20,6 +20,7 @@ from app.core.errors import (
     ValidationFailed,
 )
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
+from app.core.tracecontext import Trace
 from app.jobs.graph import Birth, Dependency, GraphItem, births, field, resolve_graph
 from app.jobs.intake import (
     BatchPlan,
@@ -98,19 +99,21 @@ class Enqueuing:
         self.signal = signal
 
     def enqueue(self, caller: Caller, request: dict[str, Any],
-                header_idempotency_key: str | None = None) -> Enqueued:
+                header_idempotency_key: str | None = None, *,
+                trace: Trace | None = None) -> Enqueued:
         """Store a new job, replay the one this idempotency key made before, or meet the twin
-        holding this request's unique key (return it, reject, or replace it).
+        holding this request's unique key (return it, reject, or replace it). `trace`: the
+        request's trace context, kept with a new job.
 
         Raises ValidationFailed, Forbidden, Conflict or UniqueConflict.
         """
         if request.get("depends_on"):
             [outcome] = self._enqueue_graph(caller, self.prepare_graph(
                 caller, [request], prefix=None, earlier_only=True,
-                header_idempotency_key=header_idempotency_key))
+                header_idempotency_key=header_idempotency_key, trace=trace))
             return outcome
         now = self.clock.now_us()
-        new = new_job(self.intake, caller, request, header_idempotency_key, now)
+        new = new_job(self.intake, caller, request, header_idempotency_key, now, trace)
 
         def enqueue_in(tx: JobsTx) -> Enqueued:
             tx.confirm(caller)
@@ -121,17 +124,19 @@ class Enqueuing:
             self.signal.notify()  # a replacement may have moved its run_at closer
         return outcome
 
-    def enqueue_many(self, caller: Caller, requests: list[dict[str, Any]]) -> list[Enqueued]:
+    def enqueue_many(self, caller: Caller, requests: list[dict[str, Any]], *,
+                     trace: Trace | None = None) -> list[Enqueued]:
         """Store several jobs in one transaction, all or nothing; what each item made, in order.
 
         Every item is checked before anything is written; field errors are keyed by position
         (`jobs.3.type`). Idempotency keys and unique keys work per item, and an item meets an
-        earlier item of the batch as it would a stored job.
+        earlier item of the batch as it would a stored job. Every new job keeps `trace` (the
+        batch request's trace context).
         """
         if any(has_dependencies(request) for request in requests):
             return self._enqueue_graph(caller, self.prepare_graph(
-                caller, requests, prefix="jobs", earlier_only=True))
-        items = self._new_jobs(caller, requests, prefix="jobs")
+                caller, requests, prefix="jobs", earlier_only=True, trace=trace))
+        items = self._new_jobs(caller, requests, prefix="jobs", trace=trace)
 
         def enqueue_in(tx: JobsTx) -> list[Enqueued]:
             tx.confirm(caller)
@@ -141,13 +146,14 @@ class Enqueuing:
 
     def prepare_graph(self, caller: Caller, requests: list[dict[str, Any]], *,
                       prefix: str | None, earlier_only: bool,
-                      header_idempotency_key: str | None = None) -> GraphRequest:
+                      header_idempotency_key: str | None = None,
+                      trace: Trace | None = None) -> GraphRequest:
         """Check jobs enqueued with their dependencies, before any transaction: each job as
         an enqueue would, and the graph (see app/jobs/graph.py). `earlier_only`: refs name
-        earlier items only (a batch). Raises ValidationFailed naming every field at fault,
-        or Forbidden."""
+        earlier items only (a batch); `trace`: every job's trace context. Raises
+        ValidationFailed naming every field at fault, or Forbidden."""
         items = self._new_jobs(caller, requests, prefix=prefix,
-                               header_idempotency_key=header_idempotency_key)
+                               header_idempotency_key=header_idempotency_key, trace=trace)
         graph = [graph_item_of(request) for request in requests]
         return GraphRequest(items, graph, resolve_graph(graph, prefix=prefix,
                                                         earlier_only=earlier_only), prefix)
@@ -160,8 +166,8 @@ class Enqueuing:
         return self._run_batch(enqueue_in)
 
     def _new_jobs(self, caller: Caller, requests: list[dict[str, Any]], *,
-                  prefix: str | None, header_idempotency_key: str | None = None
-                  ) -> list[NewJob]:
+                  prefix: str | None, header_idempotency_key: str | None = None,
+                  trace: Trace | None = None) -> list[NewJob]:
         """Each request's new job, at one moment; ValidationFailed names every field at
         fault by position (`jobs.3.type`), Forbidden the first item refused."""
         now = self.clock.now_us()
@@ -169,7 +175,7 @@ class Enqueuing:
         for position, request in enumerate(requests):
             try:
                 items.append(new_job(self.intake, caller, request, header_idempotency_key,
-                                     now))
+                                     now, trace))
             except ValidationFailed as exc:
                 errors.update({field(prefix, position, name): messages
                                for name, messages in (exc.errors or {}).items()})
@@ -300,6 +306,8 @@ class Enqueuing:
             except UniqueIndexRefused:
                 one_by_one = list(range(len(items)))
             else:
+                add_context(tx, [(job.id, items[position][0])
+                                 for position, job in zip(plain, inserted, strict=True)])
                 inserted = tx.entered(inserted, items[plain[0]][0].values["created_at"])
                 tx.timeline.enqueued(inserted, actors=[items[position][1] for position in plain])
                 tx.events["enqueued"] += len(inserted)
@@ -326,6 +334,7 @@ def insert_or_meet(tx: JobsTx, new: NewJob, actor: str | None = None) -> Enqueue
         except (IdempotencyKeyTaken, UniqueScopeHeld):
             pass
         else:
+            add_context(tx, [(job.id, new)])
             if new.reservation is None:
                 [job] = tx.entered([job], values["created_at"])
             else:  # it joins its key and its round once confirmed (app/jobs/reservations.py)
@@ -356,6 +365,17 @@ def insert_or_meet(tx: JobsTx, new: NewJob, actor: str | None = None) -> Enqueue
                     return Enqueued(replaced, deduplicated=Deduplicated.REPLACED)
         # The job that stood in the way moved on between the insert and the look-up.
     raise Conflict("A request with this idempotency or unique key is in flight; retry.")
+
+
+def add_context(tx: JobsTx, made: Sequence[tuple[int, NewJob]]) -> None:
+    """The tags and trace context of jobs just inserted (job id, the NewJob it was made
+    of): one INSERT per table for them all, none for jobs without any (contract §20)."""
+    tags = [(job_id, tag) for job_id, new in made for tag in new.tags]
+    traces = [(job_id, new.trace) for job_id, new in made if new.trace is not None]
+    if tags:
+        tx.context.add_tags(tags)
+    if traces:
+        tx.context.add_traces(traces)
 
 
 def _refuse_unknown_dependencies(caller: Caller, request: GraphRequest,
@@ -415,6 +435,8 @@ def _insert_or_meet_many(tx: JobsTx, items: list[NewJob],
     if before_insert is not None:
         before_insert(plan)
     inserted = repo.insert_jobs(plan.new_rows)
+    add_context(tx, [(inserted[row].id, items[position])
+                     for position, (kind, row, _how) in enumerate(plan.steps) if kind == "new"])
     now = items[0].values["created_at"]
     inserted = tx.entered(inserted, now)
     tx.timeline.enqueued(inserted)

@@ -21,6 +21,8 @@ from app.core.limits import (
     EXPIRES_IN_SECONDS,
     KEY_CHARS,
     RETRIES,
+    TAG_CHARS,
+    TAGS,
     TIMEOUT_SECONDS,
     TYPE_CHARS,
     Limit,
@@ -32,7 +34,7 @@ from app.web.fields import PRINTABLE_ASCII
 # The fields a plain job may hold, and the defaults EnqueueSchema loads for those missing.
 _PLAIN_FIELDS = frozenset({"type", "payload", "priority", "max_retries", "delay_seconds",
                            "idempotency_key", "concurrency_key", "run_at", "unique",
-                           "timeout_seconds", "expires_at", "expires_in_seconds"})
+                           "timeout_seconds", "expires_at", "expires_in_seconds", "tags"})
 _batch_schema = BatchEnqueueSchema()
 
 
@@ -81,6 +83,7 @@ def _plain_job(job: Any) -> dict[str, Any]:
         "expires_at": _none(job.get("expires_at")),
         "expires_in_seconds": _optional_integer(job.get("expires_in_seconds"),
                                                 EXPIRES_IN_SECONDS),
+        "tags": _tags(job.get("tags")),
     }
 
 
@@ -112,6 +115,19 @@ def _integer(value: Any, limit: Limit[int]) -> int:
 
 def _optional_integer(value: Any, limit: Limit[int]) -> int | None:
     return None if value is None else _integer(value, limit)
+
+
+def _tags(value: Any) -> list[str] | None:
+    """As TagSet loads them: sorted, each once."""
+    if value is None:
+        return None
+    if type(value) is not list or len(value) > TAGS.max:
+        raise _Decline()
+    for tag in value:
+        if (type(tag) is not str or not TAG_CHARS.min <= len(tag) <= TAG_CHARS.max
+                or not PRINTABLE_ASCII.match(tag)):
+            raise _Decline()
+    return sorted(set(value))
 
 
 def _key(value: Any) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from app.core.limits import DELAY_SECONDS, EXPIRES_IN_SECONDS
 from app.core.origins import check_url_refusal
 from app.core.priorities import Priority
 from app.core.statuses import JobStatus
+from app.core.tracecontext import Trace
 from app.jobs.models import Job
 from app.jobs.uniqueness import (
     NOT_UNIQUE_COLUMNS,
@@ -84,18 +85,22 @@ class NewReservation:
 @dataclass(frozen=True)
 class NewJob:
     """A validated enqueue request: the row it stores, its unique options, whether it
-    named a schedule (a replacing request without one keeps its twin's run_at), and its
-    reservation when it is reserved."""
+    named a schedule (a replacing request without one keeps its twin's run_at), its
+    reservation when it is reserved, and its context beside the row (contract §20): its
+    tags (sorted, each once) and the trace context of the request that sent it."""
 
     values: dict[str, Any]
     unique: UniqueRequest | None
     scheduled: bool
     reservation: NewReservation | None = None
+    tags: tuple[str, ...] = ()
+    trace: Trace | None = None
 
 
 def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
-            header_key: str | None, now: int) -> NewJob:
-    """The job a validated enqueue request makes. Raises ValidationFailed or Forbidden."""
+            header_key: str | None, now: int, trace: Trace | None = None) -> NewJob:
+    """The job a validated enqueue request makes, with the trace context of the request
+    that sent it. Raises ValidationFailed or Forbidden."""
     job_type = request["type"]
     require_configured_types(rules.job_types, [job_type], "type")
     if caller.allowed_types is not None and job_type not in caller.allowed_types:
@@ -132,13 +137,15 @@ def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
     expires_at, expiry = _expiry(request, now, run_at)
     reservation = _reservation(rules, request, now)
     concurrency_key = request.get("concurrency_key")
+    # The schema gives them sorted, each once; a template stored before tags existed has none.
+    tags = tuple(sorted(set(request.get("tags") or ())))
     fingerprint = None
     if idempotency_key is not None:
         fingerprint = request_fingerprint(job_type, request["payload"], priority,
                                           request["max_retries"], schedule, concurrency_key,
                                           dependencies_as_sent(request),
                                           _controls_as_sent(request, expiry),
-                                          request.get("reserve"))
+                                          request.get("reserve"), tags)
     unique = None
     if request.get("unique") is not None:
         unique = resolve_unique(request["unique"], job_type, request["payload"], run_at)
@@ -167,7 +174,8 @@ def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
         "timeout_seconds": request.get("timeout_seconds"),
         "expires_at": expires_at,
     }
-    return NewJob(values, unique, scheduled=schedule is not None, reservation=reservation)
+    return NewJob(values, unique, scheduled=schedule is not None, reservation=reservation,
+                  tags=tags, trace=trace)
 
 
 def _reservation(rules: IntakeRules, request: dict[str, Any],
@@ -229,12 +237,14 @@ def request_fingerprint(job_type: str, payload: dict[str, Any], priority: int,
                         concurrency_key: str | None = None,
                         dependencies: list[Any] | None = None,
                         controls: list[Any] | None = None,
-                        reserve: dict[str, Any] | None = None) -> str:
+                        reserve: dict[str, Any] | None = None,
+                        tags: Sequence[str] = ()) -> str:
     """What makes two requests "the same request": type, canonical payload (keys sorted,
     compact), effective priority, max_retries, the schedule as sent, the concurrency key, the
-    dependencies, and the timeout and expiry as sent. A request without the later fields
-    fingerprints as it did before they existed, so replays of jobs stored earlier are still
-    recognised."""
+    dependencies, the timeout and expiry as sent, the reservation and the tags (as a set:
+    sorted). The trace context is not: a retried request is a new span of the same work. A
+    request without the later fields fingerprints as it did before they existed, so replays
+    of jobs stored earlier are still recognised."""
     fields: list[Any] = [job_type, payload, int(priority), max_retries, schedule]
     if concurrency_key is not None:
         fields.append(["concurrency_key", concurrency_key])
@@ -244,6 +254,8 @@ def request_fingerprint(job_type: str, payload: dict[str, Any], priority: int,
         fields.append(["controls", controls])
     if reserve is not None:
         fields.append(["reserve", reserve])
+    if tags:
+        fields.append(["tags", sorted(tags)])
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

@@ -9,6 +9,7 @@ from app.core.callers import Caller, Role
 from app.core.clock import Clock
 from app.core.errors import NotFound
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
+from app.core.tracecontext import Trace
 from app.jobs.cursor import decode_cursor, encode_cursor
 from app.jobs.models import Job, JobControls, JobDependencies
 from app.jobs.uow import JobsTx, JobsUnitOfWork
@@ -88,6 +89,20 @@ class JobReads:
             return {}
         return self.uow.read(lambda tx: tx.controls.controls_of(ran))
 
+    def tags_of(self, jobs: list[Job]) -> dict[int, tuple[str, ...]]:
+        """The tags of these jobs (sorted), by id; a job without any is left out. One query
+        for them all."""
+        if not jobs:
+            return {}
+        return self.uow.read(lambda tx: tx.context.tags_of([job.id for job in jobs]))
+
+    def traces_of(self, jobs: list[Job]) -> dict[int, Trace]:
+        """The trace context each of these jobs was enqueued with, by id; a job without one
+        is left out. One query for them all."""
+        if not jobs:
+            return {}
+        return self.uow.read(lambda tx: tx.context.traces_of([job.id for job in jobs]))
+
     def dependencies_shown(self, caller: Caller, job_id: int) -> list[Job]:
         """The jobs `job_id` depends on, in depends_on order, for the worker holding it (or
         that held it last), its producer and admins; NotFound otherwise. A dependency purged
@@ -108,12 +123,14 @@ class JobReads:
     def list_jobs(self, caller: Caller, *, status: str | None, job_type: str | None,
                   limit: int, cursor: str | None, producer: str | None = None,
                   newest_first: bool = False, backward: bool = False,
-                  scheduled: bool = False) -> tuple[list[Job], str | None]:
+                  scheduled: bool = False, tag: str | None = None
+                  ) -> tuple[list[Job], str | None]:
         """A page of the jobs the caller may see, by id, and the cursor of the next page.
         `producer` narrows an admin's listing to one producer's jobs (a producer sees only
         its own whatever it asks). `newest_first` lists by id downwards; `backward` gives the
         page before `cursor` (in the listing's order) and the cursor of the one before that;
-        `scheduled` keeps the pending jobs whose run_at is still ahead."""
+        `scheduled` keeps the pending jobs whose run_at is still ahead; `tag` the jobs
+        carrying it (through its index, ix_job_tags_tag_job_id)."""
         after_id = decode_cursor(cursor) if cursor is not None else 0
         # A page backwards is read forwards in the other order, then turned round.
         descending = newest_first != backward
@@ -126,6 +143,7 @@ class JobReads:
                 job_type=job_type,
                 run_after=self.clock.now_us() if scheduled else None,
                 descending=descending,
+                tag=tag,
             ))
         more = len(page) > limit
         page = page[:limit]

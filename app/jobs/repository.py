@@ -40,6 +40,8 @@ from sqlalchemy.exc import DBAPIError
 
 from app.core.clock import MICROS
 from app.core.statuses import STATUS_BITS, JobStatus, claim_order_key
+from app.core.tracecontext import Trace
+from app.jobs.context_repository import TRACE, trace_of
 from app.jobs.control_repository import CHECKPOINT, CONTROL_COLUMNS, controls_from
 from app.jobs.flow import ClaimLimits
 from app.jobs.models import BoundedCount, Job, JobControls, PendingSummary
@@ -51,6 +53,7 @@ from app.storage.schema import (
     UNIQUE_HOLDER_PREDICATE,
     claim_order_columns,
     job_dependencies,
+    job_tags,
     jobs,
     key_turns,
 )
@@ -342,8 +345,9 @@ def _claim_next_any_type() -> Any:
     )
 
 
-# A claimed job comes back with the checkpoint its previous attempt saved (contract §17).
-_CLAIMED_COLUMNS = (*JOB_COLUMNS, CHECKPOINT)
+# A claimed job comes back with the checkpoint its previous attempt saved (contract §17) and
+# the trace context it was enqueued with (contract §20), in this order after its columns.
+_CLAIMED_COLUMNS = (*JOB_COLUMNS, CHECKPOINT, *TRACE)
 _claim_any_type = DriverStatement(_claim_next_any_type())
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
 # One job chosen (a claim of one): on SQLite's driver cursor, as the claim of any type is.
@@ -468,11 +472,13 @@ def _job(row: Any) -> Job:
 
 
 class ClaimedRows(NamedTuple):
-    """What a claim took: its jobs in claim order, and the checkpoints their previous
-    attempts saved (compact JSON, by job id; a job without one is not in it)."""
+    """What a claim took: its jobs in claim order, the checkpoints their previous attempts
+    saved (compact JSON, by job id; a job without one is not in it), and the trace contexts
+    they were enqueued with (by job id; likewise)."""
 
     jobs: list[Job]
     checkpoints: dict[int, str]
+    traces: dict[int, Trace]
 
 
 # The columns that tell a batch's rows apart, checked against the rows sent.
@@ -656,16 +662,24 @@ class JobRepository:
     def list_jobs(self, *, after_id: int, limit: int, producer: str | None = None,
                   worker: str | None = None, status: str | None = None,
                   job_type: str | None = None, run_after: int | None = None,
-                  descending: bool = False) -> list[Job]:
+                  descending: bool = False, tag: str | None = None) -> list[Job]:
         """Jobs with id > after_id in id order (`descending`: id < after_id, newest first;
         after_id 0 then means from the newest), narrowed by the filters that are not None;
-        `run_after` keeps the jobs whose run_at is later."""
+        `run_after` keeps the jobs whose run_at is later, `tag` those tagged so."""
+        stmt = select(*JOB_COLUMNS)
+        # With a tag, the jobs come from the tag's entries of ix_job_tags_tag_job_id, walked
+        # in id order from the cursor (the keyset bound and the order are the index's
+        # columns), each job then looked up by id: never a scan of the jobs.
+        ids: Any = jobs.c.id
+        if tag is not None:
+            ids = job_tags.c.job_id
+            stmt = stmt.select_from(job_tags.join(jobs, jobs.c.id == job_tags.c.job_id)).where(
+                job_tags.c.tag == tag)
         if descending:
-            stmt = select(*JOB_COLUMNS)
             if after_id:
-                stmt = stmt.where(jobs.c.id < after_id)
+                stmt = stmt.where(ids < after_id)
         else:
-            stmt = select(*JOB_COLUMNS).where(jobs.c.id > after_id)
+            stmt = stmt.where(ids > after_id)
         if run_after is not None:
             stmt = stmt.where(jobs.c.run_at > run_after)
         if producer is not None:
@@ -680,7 +694,7 @@ class JobRepository:
             stmt = stmt.where(jobs.c.status == status)
         if job_type is not None:
             stmt = stmt.where(jobs.c.type == job_type)
-        stmt = stmt.order_by(jobs.c.id.desc() if descending else jobs.c.id).limit(limit)
+        stmt = stmt.order_by(ids.desc() if descending else ids).limit(limit)
         return [_job(row) for row in self.conn.execute(stmt)]
 
     def find_by_idempotency_keys(self, producer: str, keys: Collection[str]) -> dict[str, Job]:
@@ -821,7 +835,7 @@ class JobRepository:
                 key=claim_order_key)
             chosen = [row.id for row in itertools.islice(candidates, limit)]
             if not chosen:
-                return ClaimedRows([], {})
+                return ClaimedRows([], {}, {})
             if len(chosen) == 1:
                 rows = _claim_chosen_one.rows(self.conn, {**params, "chosen_id": chosen[0]})
             else:
@@ -829,7 +843,12 @@ class JobRepository:
         claimed = [_job(row) for row in rows]
         # RETURNING gives no order; hand the jobs out in claim order.
         claimed.sort(key=claim_order_key)
-        return ClaimedRows(claimed, {row[0]: row[-1] for row in rows if row[-1] is not None})
+        checkpoint, traceparent, tracestate = _JOB_COLUMNS, _JOB_COLUMNS + 1, _JOB_COLUMNS + 2
+        return ClaimedRows(
+            claimed,
+            {row[0]: row[checkpoint] for row in rows if row[checkpoint] is not None},
+            {row[0]: trace for row in rows
+             if (trace := trace_of(row[traceparent], row[tracestate])) is not None})
 
     def restamp_claimed(self, claimed: list[Job], *, now_us: int,
                         lease_expires_at: int) -> list[Job]:
@@ -938,7 +957,8 @@ class JobRepository:
                           created_after: int | None = None,
                           ids: Collection[int] | None = None, after_id: int = 0,
                           up_to_id: int | None = None,
-                          fingerprint: str | None = None) -> list[int]:
+                          fingerprint: str | None = None,
+                          tag: str | None = None) -> list[int]:
         """Ids of up to `limit` jobs in `statuses` that every filter given matches, lowest
         first, above `after_id` and up to `up_to_id` (locked on PostgreSQL until the
         transaction ends)."""
@@ -955,6 +975,9 @@ class JobRepository:
             stmt = stmt.where(jobs.c.id.in_(list(ids)))
         if fingerprint is not None:
             stmt = stmt.where(last_failed_with(fingerprint))
+        if tag is not None:
+            stmt = stmt.where(jobs.c.id.in_(select(job_tags.c.job_id)
+                                            .where(job_tags.c.tag == tag)))
         stmt = stmt.order_by(jobs.c.id).limit(limit).with_for_update()
         return list(self.conn.execute(stmt).scalars())
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.core.callers import Role
 from app.core.errors import Forbidden, QueueError, ValidationFailed
+from app.core.tracecontext import Trace, trace_of_headers
 from app.jobs.claim import Claimed
 from app.jobs.enqueue import Enqueued
 from app.jobs.fastload import load_batch
@@ -90,20 +91,31 @@ _WAITS_FOR_NOTHING: dict[int, JobDependencies] = {}
 _NO_CONTROLS: dict[int, JobControls] = {}
 
 
+def _request_trace() -> Trace | None:
+    """The request's W3C trace context (None: none, or not valid: ignored, never a 422)."""
+    return trace_of_headers(request.headers)
+
+
 def _job_response(job: Any, status: int = 200, lease_token: str | None = None, *,
                   with_dependencies: bool = False,
                   dependencies: Mapping[int, JobDependencies] | None = None,
                   controls: Mapping[int, JobControls] | None = None,
-                  checkpoint: str | bool | None = False) -> Response:
+                  checkpoint: str | bool | None = False,
+                  tags: Mapping[int, Sequence[str]] | None = None,
+                  traces: Mapping[int, Trace] | None = None) -> Response:
     """The job as the caller may see it; `with_dependencies` reads and shows what it waits
-    for and its controls (reads and enqueues; a worker's claim and reports leave those out),
-    or `dependencies` and `controls` say them. `checkpoint`: a claim's (False: none shown)."""
+    for, its controls, tags and trace (reads and enqueues; a worker's claim and reports
+    leave those out), or `dependencies`, `controls`, `tags` and `traces` say them.
+    `checkpoint`: a claim's (False: none shown)."""
     if with_dependencies:
         dependencies = _service().dependencies_of([job])
         controls = _service().controls_of([job])
+        tags = _service().tags_of([job])
+        traces = _service().traces_of([job])
     response = jsonify(represent(job, show_error=current_caller().is_admin,
                                  lease_token=lease_token, dependencies=dependencies,
-                                 controls=controls, checkpoint=checkpoint))
+                                 controls=controls, checkpoint=checkpoint, tags=tags,
+                                 traces=traces))
     response.status_code = status
     return response
 
@@ -141,7 +153,7 @@ def claim_job() -> Response:
         return _say_not_waited(no_content(), answer)
     claimed = answer.value[0]
     return _job_response(claimed.job, lease_token=claimed.lease_token,
-                         checkpoint=claimed.checkpoint)
+                         checkpoint=claimed.checkpoint, traces=_traces_claimed([claimed]))
 
 
 @bp.post("/jobs/claim-many")
@@ -155,10 +167,16 @@ def claim_job() -> Response:
 def claim_many_jobs() -> Response:
     body = load_body(_claim_many_schema)
     answer = _claim(body, limit=body["max_jobs"])
+    traces = _traces_claimed(answer.value)
     return _say_not_waited(
         jsonify({"jobs": [represent(c.job, show_error=False, lease_token=c.lease_token,
-                                    checkpoint=c.checkpoint)
+                                    checkpoint=c.checkpoint, traces=traces)
                           for c in answer.value]}), answer)
+
+
+def _traces_claimed(claimed: list[Claimed]) -> dict[int, Trace]:
+    """The trace of each claimed job, read by the claim itself: no read of its own."""
+    return {c.job.id: c.trace for c in claimed if c.trace is not None}
 
 
 @bp.post("/jobs/batch")
@@ -174,13 +192,16 @@ def enqueue_batch() -> Response:
             "A batch takes an idempotency_key in each job, not the Idempotency-Key header.",
             errors={"Idempotency-Key": ["Put idempotency_key in each job instead."]})
     body = load_batch(json_body())
-    results = _service().enqueue_many(current_caller(), body["jobs"])
+    results = _service().enqueue_many(current_caller(), body["jobs"], trace=_request_trace())
     show_error = current_caller().is_admin
     stored = [outcome.job for outcome in results]
     dependencies = _service().dependencies_of(stored)
     controls = _service().controls_of(stored)
+    tags = _service().tags_of(stored)
+    traces = _service().traces_of(stored)
     response = jsonify({"jobs": [represent(outcome.job, show_error=show_error,
-                                           dependencies=dependencies, controls=controls)
+                                           dependencies=dependencies, controls=controls,
+                                           tags=tags, traces=traces)
                                  | {"replayed": outcome.replayed,
                                     "deduplicated": outcome.deduplicated.wire}
                                  for outcome in results]})
@@ -247,18 +268,27 @@ def _bulk_response(changed: list[Any]) -> Response:
 def enqueue_job() -> Response:
     header_key = idempotency_key_header()
     body = load_body(_enqueue_schema)
-    outcome = _service().enqueue(current_caller(), body, header_key)
-    # A new job without depends_on waits for nothing: no read needed to say so.
+    trace = _request_trace()
+    outcome = _service().enqueue(current_caller(), body, header_key, trace=trace)
+    # A new job without depends_on waits for nothing, and has the tags and trace it was
+    # sent with: no read needed to say so.
     plain = outcome.created and not body.get("depends_on")
+    job_id = outcome.job.id
     response = _job_response(outcome.job, 201 if outcome.created else 200,
                              with_dependencies=not plain,
                              dependencies=_WAITS_FOR_NOTHING if plain else None,
-                             controls=_NO_CONTROLS if plain else None)
+                             controls=_NO_CONTROLS if plain else None,
+                             tags={job_id: body.get("tags") or []} if plain else None,
+                             traces=_traces_sent(job_id, trace) if plain else None)
     response.headers["Location"] = url_for("jobs.get_job", job_id=outcome.job.id)
     if outcome.replayed:
         response.headers["Idempotent-Replayed"] = "true"
     _say_deduplicated(response, outcome)
     return response
+
+
+def _traces_sent(job_id: int, trace: Trace | None) -> dict[int, Trace]:
+    return {} if trace is None else {job_id: trace}
 
 
 def _say_deduplicated(response: Response, outcome: Enqueued) -> None:
@@ -278,10 +308,12 @@ def list_jobs() -> Response:
     query = load_query(_list_query_schema)
     page, next_cursor = _service().list_jobs(
         current_caller(), status=query.get("status"), job_type=query.get("type"),
-        limit=query["limit"], cursor=query.get("cursor"))
+        limit=query["limit"], cursor=query.get("cursor"), tag=query.get("tag"))
     return Response(render_job_page(page, next_cursor, show_error=current_caller().is_admin,
                                     dependencies=_service().dependencies_of(page),
-                                    controls=_service().controls_of(page)),
+                                    controls=_service().controls_of(page),
+                                    tags=_service().tags_of(page),
+                                    traces=_service().traces_of(page)),
                     mimetype="application/json")
 
 

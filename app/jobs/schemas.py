@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
@@ -41,6 +41,8 @@ from app.core.limits import (
     RESULT_WAIT_SECONDS,
     RETRIES,
     RETRY_IN_SECONDS,
+    TAG_CHARS,
+    TAGS,
     TIMEOUT_SECONDS,
     TYPE_CHARS,
     UNIQUE_PERIOD_SECONDS,
@@ -48,6 +50,7 @@ from app.core.limits import (
 from app.core.origins import HTTP_URL_PATTERN
 from app.core.priorities import PRIORITY_LABELS, Priority
 from app.core.statuses import JobStatus
+from app.core.tracecontext import TRACEPARENT_CHARS, TRACESTATE_CHARS, Trace
 from app.jobs.cursor import encode_cursor
 from app.jobs.models import Job, JobControls, JobDependencies
 from app.jobs.uniqueness import DEFAULT_WHILE, WHILE_STATUSES, OnConflict, while_set_problem
@@ -182,6 +185,25 @@ def ref_field(**options: Any) -> fields.String:
     return fields.String(validate=[length_within(REF_CHARS), _REF], **options)
 
 
+def tag_field(**options: Any) -> fields.String:
+    """A job's tag: TAG_CHARS of printable ASCII (so no NUL)."""
+    return fields.String(validate=[length_within(TAG_CHARS), PRINTABLE_ASCII_TEXT], **options)
+
+
+class TagSet(fields.List[Any]):
+    """A job's tags: a list on the wire, a set inside (contract §20): loaded sorted, each
+    once. At most TAGS.max entries as sent, duplicates included, as /openapi.json says."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(tag_field(), validate=length_within(TAGS), **kwargs)
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> list[Any]:
+        if isinstance(value, list) and len(value) > TAGS.max:
+            raise ValidationError(f"At most {TAGS.max} tags.")
+        tags: list[Any] = super()._deserialize(value, attr, data, **kwargs)
+        return sorted(set(tags))
+
+
 def _depends_on(entry: fields.Field[Any], description: str) -> fields.List[Any]:
     return fields.List(entry, validate=length_within(DEPENDENCIES),
                        metadata={"description": description})
@@ -229,6 +251,10 @@ class EnqueueSchema(StrictSchema):
         "description": "Store the job reserved: it waits for POST /jobs/{id}/confirm (after "
                        "the producer's own commit) or /release. Not with unique or "
                        "depends_on."})
+    tags = TagSet(load_default=None, allow_none=True, metadata={
+        "description": "Labels to find the job by (GET /jobs?tag=): a set, stored and shown "
+                       "sorted, each once. A unique twin met keeps its own.",
+        "example": ["customer-42", "import"]})
 
     # For /openapi.json: the rules _one_schedule and _one_expiry enforce, said in JSON Schema,
     # and a whole example (field examples would be combined into a body that breaks them).
@@ -261,6 +287,8 @@ class ListQuerySchema(PageQuerySchema):
     status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]),
                            metadata={"example": "pending"})
     type = non_empty_text(TYPE_CHARS)
+    tag = tag_field(metadata={"description": "Only the jobs carrying this tag.",
+                              "example": "customer-42"})
 
 
 class GetJobQuerySchema(StrictSchema):
@@ -288,6 +316,7 @@ class BulkSchema(StrictSchema):
         FINGERPRINT_PATTERN, error="A failure group's fingerprint: 16 lowercase hex digits."),
         metadata={"description": "Only jobs whose last attempt failed with this fingerprint "
                                  "(GET /failures): retry a failure group after its fix."})
+    tag = tag_field(metadata={"description": "Only the jobs carrying this tag."})
     limit = StrictInteger(load_default=BULK_JOBS.default, validate=within(BULK_JOBS))
 
 
@@ -402,6 +431,16 @@ class ShownProgressSchema(Schema):
     at = fields.String(required=True, metadata={"format": "date-time"})
 
 
+class TraceSchema(Schema):
+    """A job's W3C trace context, as the request that enqueued it sent it."""
+
+    traceparent = fields.String(required=True, validate=validate.Length(max=TRACEPARENT_CHARS),
+                                metadata={"example": "00-4bf92f3577b34da6a3ce929d0e0e4736-"
+                                                     "00f067aa0ba902b7-01"})
+    tracestate = fields.String(required=True, allow_none=True,
+                               validate=validate.Length(max=TRACESTATE_CHARS))
+
+
 class JobSchema(Schema):
     """The job as the API shows it (contract section 1). Documents what `represent` builds."""
 
@@ -449,6 +488,12 @@ class JobSchema(Schema):
                        "cancel_requested is."})
     checkpoint = fields.Dict(allow_none=True, metadata={
         "description": "Only in a claim's answer: what the previous attempt saved."})
+    tags = fields.List(fields.String(), metadata={
+        "description": "Its tags, sorted ([]: none). Shown on reads, listings and enqueues."})
+    trace = fields.Nested(TraceSchema, allow_none=True, metadata={
+        "description": "The traceparent and tracestate headers of the request that enqueued "
+                       "it (null: none, or not valid W3C trace context). Shown on reads, "
+                       "listings, enqueues and claims."})
 
 
 class BatchJobSchema(JobSchema):
@@ -503,12 +548,15 @@ class JobListSchema(Schema):
 def represent(job: Job, *, show_error: bool, lease_token: str | None = None,
               dependencies: Mapping[int, JobDependencies] | None = None,
               controls: Mapping[int, JobControls] | None = None,
-              checkpoint: str | bool | None = False) -> dict[str, Any]:
+              checkpoint: str | bool | None = False,
+              tags: Mapping[int, Sequence[str]] | None = None,
+              traces: Mapping[int, Trace] | None = None) -> dict[str, Any]:
     """The job as JobSchema describes it. Built by hand: this runs on every response.
     `dependencies` (by job id; a job without any is not in it) adds depends_on, waiting_on
     and on_dependency_failure; without it, as on the worker's claim and reports, they are
-    left out. `controls` likewise adds cancel_requested and progress. `checkpoint` (compact
-    JSON, or None) is a claim's: False leaves it out."""
+    left out. `controls` likewise adds cancel_requested and progress, `tags` (sorted, by
+    job id) tags, and `traces` (by job id) trace. `checkpoint` (compact JSON, or None) is a
+    claim's: False leaves it out."""
     shown: dict[str, Any] = {
         "id": job.id,
         "type": job.type,
@@ -546,6 +594,11 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None,
                 waiting_on=waits.unfinished if job.status == JobStatus.WAITING else 0,
                 on_dependency_failure=(OnDependencyFailure.CANCEL if waits.cancel_on_failure
                                        else OnDependencyFailure.RUN).value)
+    if tags is not None:
+        shown["tags"] = list(tags.get(job.id, ()))
+    if traces is not None:
+        trace = traces.get(job.id)
+        shown["trace"] = None if trace is None else trace.as_json()
     if lease_token is not None:
         shown["lease_token"] = lease_token
     if show_error:
@@ -569,10 +622,13 @@ def _shown_controls(job: Job, controls: JobControls | None) -> dict[str, Any]:
 def render_job_page(page: list[Job], next_cursor: str | None, *, show_error: bool,
                     dependencies: Mapping[int, JobDependencies],
                     controls: Mapping[int, JobControls],
+                    tags: Mapping[int, Sequence[str]] | None = None,
+                    traces: Mapping[int, Trace] | None = None,
                     max_bytes: int = PAGE_BYTES.max) -> bytes:
     """GET /jobs's body (JobListSchema), cut to `max_bytes` as render_page says."""
     return render_page("jobs", page, lambda job: represent(job, show_error=show_error,
                                                            dependencies=dependencies,
-                                                           controls=controls),
+                                                           controls=controls, tags=tags,
+                                                           traces=traces),
                        lambda job: encode_cursor(job.id), next_cursor,
                        longest_cursor=encode_cursor(JOB_ID.max), max_bytes=max_bytes)

@@ -16,6 +16,7 @@ from sqlalchemy import Connection
 from app.core.callers import Caller
 from app.core.clock import Clock
 from app.core.statuses import TERMINAL_STATUSES
+from app.jobs.context_repository import JobContextRepository
 from app.jobs.control_repository import ControlRepository
 from app.jobs.dependencies import settle_dependents
 from app.jobs.dependency_repository import DependencyRepository
@@ -87,6 +88,7 @@ class JobsTx(Transaction):
     `controls` (ControlRepository: §17's cancel requests, progress and checkpoints),
     `reservations` (ReservationRepository: §18's reserved jobs),
     `failures` (FailureRepository: §19's failure groups),
+    `context` (JobContextRepository: §20's tags and trace context),
     `keys` (the §16 rules of fair and ordered keys, app/jobs/key_rules.py), `history`
     (HistoryRepository) and `timeline` (the history recorder), all on the transaction's one
     connection."""
@@ -103,6 +105,7 @@ class JobsTx(Transaction):
         self.reservations = ReservationRepository(conn)
         self.history = HistoryRepository(conn)
         self.failures = FailureRepository(conn)
+        self.context = JobContextRepository(conn)
         self.timeline = Timeline(recorder, conn)
         self.keys = KeyRules(self.jobs, KeyRepository(conn), key_modes,
                              lambda made, changed, at, extra: self._record(

@@ -22,6 +22,7 @@ import hashlib
 from dataclasses import dataclass
 
 from app.core.limits import CATCH_UP, NAME_CHARS
+from app.core.tracecontext import Trace
 from app.schedules.cron import Cron
 
 # The history's actor, and the producer of a schedule's jobs, is `schedule:<name>`. No key
@@ -52,6 +53,9 @@ class Schedule:
     last_job_id: int | None  # of a workflow template: the first job of the slot's workflow
     created_at: int
     updated_at: int
+    # The trace context of the request that created it (contract §20; columns traceparent
+    # and tracestate): every job it enqueues carries it. None: none was sent.
+    trace: Trace | None = None
     # Not a column: the workflow last_job_id is part of, read with the schedule (see
     # ScheduleService); None for a job template.
     last_workflow_id: int | None = None

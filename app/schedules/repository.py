@@ -8,14 +8,21 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, delete, false, insert, select, update
 
 from app.core.errors import ScheduleNameTaken
+from app.jobs.context_repository import trace_of
 from app.schedules.models import Schedule
 from app.storage.dialects import writers_serialised
 from app.storage.integrity import refused_in_savepoint
 from app.storage.schema import schedules
 
+# The columns that are Schedule's own fields (all but the trace's two, its `trace`).
+_FIELDS = [column.name for column in schedules.c
+           if column.name not in ("traceparent", "tracestate")]
+
 
 def _schedule(row: Any) -> Schedule:
-    return Schedule(*row)
+    values = row._mapping
+    return Schedule(**{name: values[name] for name in _FIELDS},
+                    trace=trace_of(values["traceparent"], values["tracestate"]))
 
 
 class ScheduleRepository:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.core.callers import Role
+from app.core.tracecontext import trace_of_headers
 from app.schedules.schemas import (
     ScheduleCreateSchema,
     ScheduleListSchema,
@@ -49,7 +50,8 @@ def _service() -> ScheduleService:
             errors=[409])
 @require_roles(Role.ADMIN)
 def create_schedule() -> Response:
-    schedule = _service().create_schedule(load_body(_create_schema, TEMPLATE_ENVELOPE))
+    schedule = _service().create_schedule(load_body(_create_schema, TEMPLATE_ENVELOPE),
+                                          trace_of_headers(request.headers))
     response = jsonify(represent_schedule(schedule))
     response.status_code = 201
     response.headers["Location"] = url_for("schedules.get_schedule", name=schedule.name)

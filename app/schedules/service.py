@@ -35,6 +35,7 @@ from app.core.callers import Caller, Role
 from app.core.clock import MICROS, Clock, to_rfc3339
 from app.core.errors import Conflict, NotFound, SlotTaken, ValidationFailed
 from app.core.priorities import Priority
+from app.core.tracecontext import Trace
 from app.jobs.cursor import decode_name_cursor, encode_name_cursor
 from app.jobs.enqueue import GraphRequest
 from app.jobs.fastload import load_batch
@@ -143,8 +144,9 @@ class ScheduleService:
 
     # -- admins ---------------------------------------------------------------------------
 
-    def create_schedule(self, body: dict[str, Any]) -> Schedule:
-        """Store a new schedule (body as ScheduleCreateSchema loaded it: job or workflow).
+    def create_schedule(self, body: dict[str, Any], trace: Trace | None = None) -> Schedule:
+        """Store a new schedule (body as ScheduleCreateSchema loaded it: job or workflow),
+        with `trace`, the trace context every job it enqueues carries (a PATCH keeps it).
         Raises ValidationFailed (cron, timezone, job, workflow) or Conflict (the name is
         taken)."""
         now = self.clock.now_us()
@@ -158,6 +160,8 @@ class ScheduleService:
             "job": job, "catch_up": body["catch_up"], "paused": body["paused"],
             "next_run_at": cron.next_after(now), "last_run_at": None, "last_job_id": None,
             "created_at": now, "updated_at": now,
+            "traceparent": None if trace is None else trace.traceparent,
+            "tracestate": None if trace is None else trace.tracestate,
         }
         created = self.db.run_write(lambda conn: ScheduleRepository(conn).insert_schedule(values))
         if created is None:
@@ -305,7 +309,7 @@ class ScheduleService:
             caller = _caller_of(schedule.name)
             for position, slot in enumerate(firing.slots):
                 try:
-                    new = new_job(self.intake, caller, template, None, now)
+                    new = new_job(self.intake, caller, template, None, now, schedule.trace)
                 except ValidationFailed as exc:
                     # The template passed when it was saved; the configuration changed since
                     # (a type no longer configured, a smaller payload limit).
@@ -362,7 +366,7 @@ class ScheduleService:
         caller = _caller_of(schedule.name)
         try:
             graph = self.jobs.prepare_graph(caller, template.jobs, prefix=WORKFLOW_JOBS_FIELD,
-                                            earlier_only=False)
+                                            earlier_only=False, trace=schedule.trace)
         except ValidationFailed as exc:
             # Valid when saved; the configuration changed since. Said by field (never the
             # payload).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.core.callers import Role
+from app.core.tracecontext import trace_of_headers
 from app.web.auth import current_caller, require_roles
 from app.web.fields import EmptySchema
 from app.web.http import (
@@ -58,7 +59,8 @@ def _service() -> WorkflowService:
 def create_workflow() -> Response:
     header_key = idempotency_key_header()
     body = load_body(_create_schema)
-    view, replayed = _service().create(current_caller(), body, header_key)
+    view, replayed = _service().create(current_caller(), body, header_key,
+                                       trace=trace_of_headers(request.headers))
     response = jsonify(represent_created(view))
     response.status_code = 200 if replayed else 201
     response.headers["Location"] = url_for("workflows.get_workflow",

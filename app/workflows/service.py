@@ -22,6 +22,7 @@ from app.core.errors import (
     ValidationFailed,
 )
 from app.core.statuses import JobStatus
+from app.core.tracecontext import Trace
 from app.jobs.cursor import decode_cursor, encode_cursor
 from app.jobs.repository import WriteConflict
 from app.jobs.service import JobService
@@ -63,12 +64,14 @@ class WorkflowService:
         jobs.on_purged(lambda tx, ids: WorkflowRepository(tx.conn).forget_jobs(ids))
 
     def create(self, caller: Caller, body: dict[str, Any],
-               idempotency_key: str | None = None) -> tuple[WorkflowView, bool]:
+               idempotency_key: str | None = None, *,
+               trace: Trace | None = None) -> tuple[WorkflowView, bool]:
         """Store the workflow's jobs and the workflow, all or nothing; (the workflow, whether
-        it is a replay of the one this Idempotency-Key made before). Raises
-        ValidationFailed naming each field at fault (a cycle names its refs), Forbidden."""
+        it is a replay of the one this Idempotency-Key made before). Every job keeps `trace`
+        (the request's trace context). Raises ValidationFailed naming each field at fault (a
+        cycle names its refs), Forbidden."""
         graph = self.jobs.prepare_graph(caller, body["jobs"], prefix="jobs",
-                                        earlier_only=False)
+                                        earlier_only=False, trace=trace)
         fingerprint = None if idempotency_key is None else _fingerprint(body)
         now = self.clock.now_us()
 

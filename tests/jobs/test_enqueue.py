@@ -48,6 +48,8 @@ def test_enqueue_answers_201_with_the_job_and_its_location(api, producer, clock)
         "expires_at": None,
         "cancel_requested": False,
         "progress": None,
+        "tags": [],
+        "trace": None,
     }
     assert "error" not in job and "lease_token" not in job
     assert RFC3339_UTC.match(job["created_at"])

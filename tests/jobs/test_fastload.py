@@ -33,6 +33,9 @@ _FIELDS = {
     "concurrency_key": st.one_of(_TEXT, _ANY_JSON),
     "run_at": st.one_of(st.none(), st.just("2026-01-01T00:00:00Z"), _ANY_JSON),
     "unique": st.one_of(st.none(), st.just({}), st.just({"key": "k"}), _ANY_JSON),
+    "tags": st.one_of(st.lists(st.one_of(st.sampled_from(["a", "b", "x" * 64, "x" * 65, ""]),
+                                         _TEXT, _ANY_JSON), max_size=12),
+                      _ANY_JSON),
     "unknown": _ANY_JSON,
 }
 _OFTEN_ABSENT = {"unknown", "run_at", "unique"}
