@@ -241,6 +241,10 @@ class Dispatcher:
             SIGNATURE_HEADER: signature_header(target.push_secret or "", timestamp, body,
                                                job_id=job.id, attempt=attempt),
         }
+        if delivery.claimed.trace is not None:
+            # The producer's trace context, unchanged (contract §20): the receiver's spans
+            # join the producer's trace as a worker's would.
+            headers.update(delivery.claimed.trace.as_headers())
         refused = push_origin_refusal(target.push_url or "", self.types.push_origins)
         if refused:
             # Set before the operator's list changed: never sent, whatever it names.

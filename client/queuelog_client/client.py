@@ -42,6 +42,7 @@ from queuelog_client.errors import (
     WaitTimeout,
     problem_error,
 )
+from queuelog_client.tracing import trace_headers
 
 __all__ = ["Client", "check_url"]
 
@@ -211,7 +212,9 @@ class Client:
                 on_dependency_failure: str | None = None,
                 timeout_seconds: int | None = None,
                 expires_at: datetime | str | None = None,
-                expires_in_seconds: int | None = None) -> Job:
+                expires_in_seconds: int | None = None,
+                tags: Iterable[str] | None = None,
+                traceparent: str | None = None, tracestate: str | None = None) -> Job:
         """Enqueue one job and return it, with `"replayed": True` when the server already
         held a job with this idempotency key (generated when not given).
 
@@ -233,14 +236,19 @@ class Client:
         `timeout_seconds`: each attempt is over that long after its claim (neither lease nor
         heartbeat runs past it): a failed attempt, error "timed out", retried per the
         budget. `expires_at` (a timezone-aware datetime) or `expires_in_seconds`, not both:
-        a job not yet claimed by then is cancelled instead of run."""
+        a job not yet claimed by then is cancelled instead of run.
+
+        `tags`: up to 10 labels (1..64 printable ASCII each) the job is listed and filtered
+        by; the job shows them as a sorted set. `traceparent` (and `tracestate`): the W3C
+        trace context the job carries to its worker (sent as headers); when not given and
+        OpenTelemetry is installed, the current span's is sent."""
         body = _job_body(type, payload, priority=priority, max_retries=max_retries,
                          run_at=run_at, delay_seconds=delay_seconds,
                          concurrency_key=concurrency_key, unique=unique, depends_on=depends_on,
                          on_dependency_failure=on_dependency_failure,
                          timeout_seconds=timeout_seconds, expires_at=expires_at,
-                         expires_in_seconds=expires_in_seconds)
-        return self._post_job(body, idempotency_key)
+                         expires_in_seconds=expires_in_seconds, tags=tags)
+        return self._post_job(body, idempotency_key, trace_headers(traceparent, tracestate))
 
     @contextlib.contextmanager
     def reserve(self, type: str, payload: Mapping[str, Any] | None = None, *,
@@ -268,7 +276,7 @@ class Client:
         if check_url is not None:
             reserve["check_url"] = check_url
         job = self._post_job(_job_body(type, payload, **options) | {"reserve": reserve},
-                             idempotency_key)
+                             idempotency_key, trace_headers())
         if job["status"] != "reserved":
             raise Conflict(409, "Conflict", f"job {job['id']}'s reservation was decided "
                            f"already (it is {job['status']}): this idempotency key's "
@@ -301,13 +309,14 @@ class Client:
         Conflict when the reservation was confirmed instead."""
         return self._object("POST", f"/jobs/{int(job_id)}/release", {})
 
-    def _post_job(self, body: dict[str, Any], idempotency_key: str | None) -> Job:
-        """POST /jobs with an idempotency key (a fresh one when none is given); the job, with
-        "replayed" and "deduplicated"."""
+    def _post_job(self, body: dict[str, Any], idempotency_key: str | None,
+                  trace: Mapping[str, str]) -> Job:
+        """POST /jobs with an idempotency key (a fresh one when none is given) and the trace
+        headers; the job, with "replayed" and "deduplicated"."""
         key = idempotency_key or _new_idempotency_key()
         job: Job
         _, headers, job = self._request("POST", "/jobs", body,
-                                        headers={"Idempotency-Key": key})
+                                        headers={"Idempotency-Key": key, **trace})
         job["replayed"] = headers.get("idempotent-replayed", "").lower() == "true"
         deduplicated = headers.get("deduplicated", "").lower()
         job["deduplicated"] = "replaced" if deduplicated == "replaced" else deduplicated == "true"
@@ -327,7 +336,9 @@ class Client:
             if not item.get("idempotency_key"):
                 item["idempotency_key"] = _new_idempotency_key()
             items.append(item)
-        jobs_stored: list[Job] = self._object("POST", "/jobs/batch", {"jobs": items})["jobs"]
+        # Every job of the batch carries the current OpenTelemetry span's trace, if any.
+        jobs_stored: list[Job] = self._object("POST", "/jobs/batch", {"jobs": items},
+                                              headers=trace_headers())["jobs"]
         return jobs_stored
 
     def workflow(self, jobs: Iterable[Mapping[str, Any]], *, name: str | None = None,
@@ -348,7 +359,7 @@ class Client:
         key = idempotency_key or _new_idempotency_key()
         created: dict[str, Any]
         _, headers, created = self._request("POST", "/workflows", body,
-                                            headers={"Idempotency-Key": key})
+                                            headers={"Idempotency-Key": key, **trace_headers()})
         created["replayed"] = headers.get("idempotent-replayed", "").lower() == "true"
         return created
 
@@ -489,12 +500,15 @@ class Client:
         return self._object("POST", f"/jobs/{int(job_id)}/heartbeat", body)
 
     def complete(self, job_id: int, lease_token: str | None = None, *,
-                 result: Mapping[str, Any] | None = None) -> Job:
+                 result: Mapping[str, Any] | None = None, traceparent: str | None = None,
+                 tracestate: str | None = None) -> Job:
         """Report success. Sent again with the same lease token and result after its answer
         was lost, it answers 200 with the job as the first one left it; without a lease
-        token such a repeat answers 409."""
+        token such a repeat answers 409. `traceparent`/`tracestate` (headers): the trace the
+        server's report span joins (the runner sends its job's)."""
         body = _fenced(lease_token) | {"result": None if result is None else dict(result)}
-        return self._object("POST", f"/jobs/{int(job_id)}/complete", body)
+        return self._object("POST", f"/jobs/{int(job_id)}/complete", body,
+                            headers=_given_trace(traceparent, tracestate))
 
     def complete_many(self, items: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Complete several jobs (`{"id", "lease_token", "result"}` each); every item is
@@ -505,17 +519,19 @@ class Client:
 
     def fail(self, job_id: int, lease_token: str | None = None, *, error: str,
              retry_in_seconds: int | None = None,
-             checkpoint: Mapping[str, Any] | None = None) -> Job:
+             checkpoint: Mapping[str, Any] | None = None, traceparent: str | None = None,
+             tracestate: str | None = None) -> Job:
         """Report a failed attempt: the job is pending again (after the backoff, or after
         `retry_in_seconds`) or failed when its retries are spent; "cancelled" when its
         cancel was requested meanwhile. `checkpoint` (a JSON object) is handed to the next
-        attempt, as a heartbeat's is."""
+        attempt, as a heartbeat's is. `traceparent`/`tracestate`: as complete's."""
         body = _fenced(lease_token) | {"error": error}
         if retry_in_seconds is not None:
             body["retry_in_seconds"] = retry_in_seconds
         if checkpoint is not None:
             body["checkpoint"] = dict(checkpoint)
-        return self._object("POST", f"/jobs/{int(job_id)}/fail", body)
+        return self._object("POST", f"/jobs/{int(job_id)}/fail", body,
+                            headers=_given_trace(traceparent, tracestate))
 
     # -- admins, and producers for their own jobs ----------------------------------------------
 
@@ -535,9 +551,11 @@ class Client:
     # -- the wire -----------------------------------------------------------------------------
 
     def _object(self, method: str, path: str, body: Any = None, *,
+                headers: Mapping[str, str] | None = None,
                 timeout: float | None = None) -> dict[str, Any]:
         """The JSON object a route answers with (every route here but a claim's 204)."""
-        answer: dict[str, Any] = self._request(method, path, body, timeout=timeout)[2]
+        answer: dict[str, Any] = self._request(method, path, body, headers=headers,
+                                               timeout=timeout)[2]
         return answer
 
     def _request(self, method: str, path: str, body: Any = None, *,
@@ -724,7 +742,8 @@ def _job_body(type: str, payload: Mapping[str, Any] | None = None, *,
               depends_on: Iterable[int] | None = None,
               on_dependency_failure: str | None = None, timeout_seconds: int | None = None,
               expires_at: datetime | str | None = None,
-              expires_in_seconds: int | None = None) -> dict[str, Any]:
+              expires_in_seconds: int | None = None,
+              tags: Iterable[str] | None = None) -> dict[str, Any]:
     """A POST /jobs body of enqueue's options (those given)."""
     body = _enqueue_body(type, payload, priority, max_retries, run_at, delay_seconds)
     body |= _running_limits(timeout_seconds, expires_at, expires_in_seconds)
@@ -736,6 +755,10 @@ def _job_body(type: str, payload: Mapping[str, Any] | None = None, *,
         body["depends_on"] = [int(job_id) for job_id in depends_on]
     if on_dependency_failure is not None:
         body["on_dependency_failure"] = on_dependency_failure
+    if tags is not None:
+        if isinstance(tags, str):
+            raise TypeError("tags must be a list of strings, not one string")
+        body["tags"] = list(tags)
     return body
 
 
@@ -780,6 +803,11 @@ def _claim_body(types: Iterable[str] | None, lease_seconds: int | None,
     if lease_seconds is not None:
         body["lease_seconds"] = lease_seconds
     return body
+
+
+def _given_trace(traceparent: str | None, tracestate: str | None) -> dict[str, str]:
+    """A report's trace headers: only those given (a report is no new work to trace)."""
+    return trace_headers(traceparent, tracestate) if traceparent else {}
 
 
 def _fenced(lease_token: str | None) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from queuelog_client.errors import (
     ServerUnreachable,
     ValidationFailed,
 )
+from queuelog_client.tracing import job_trace_headers, run_span
 
 __all__ = ["CancelRequested", "ClaimedJob", "Handler", "RetryLater", "Worker", "load_handler"]
 
@@ -95,8 +96,8 @@ class CancelRequested(Exception):
 class ClaimedJob(dict[str, Any]):
     """The job a handler receives: the claimed job's fields as a dict (without its lease
     token; `job["checkpoint"]` is what an earlier attempt saved, or None), `dependencies()`,
-    and for long jobs `progress()`, `checkpoint()`, `cancel_requested` and
-    `raise_if_cancel_requested()`.
+    `trace`, `traceparent` and `tags`, and for long jobs `progress()`, `checkpoint()`,
+    `cancel_requested` and `raise_if_cancel_requested()`.
 
     The dict's own `"cancel_requested"` and `"progress"` are the claim's; the properties and
     methods are live."""
@@ -109,6 +110,7 @@ class ClaimedJob(dict[str, Any]):
         self._lease_token: str | None = fields.get("lease_token")
         self._lease_seconds = lease_seconds
         self._dependencies: list[dict[str, Any]] | None = None
+        self._tags: list[str] | None = None
         self._lock = threading.Lock()
         self._cancel_requested = threading.Event()
         # The runner's heartbeat thread: "beat for this job at this monotonic time".
@@ -125,6 +127,33 @@ class ClaimedJob(dict[str, Any]):
             if self._dependencies is None:
                 self._dependencies = self._client.dependencies(int(self["id"]))
             return list(self._dependencies)
+
+    @property
+    def trace(self) -> dict[str, str | None] | None:
+        """The W3C trace context the job's producer sent, `{"traceparent", "tracestate"}`,
+        or None. With OpenTelemetry installed the runner's span "queuelog.run <type>" is
+        already its child and current while the handler runs."""
+        trace = self.get("trace")
+        return dict(trace) if isinstance(trace, Mapping) else None
+
+    @property
+    def traceparent(self) -> str | None:
+        """The job's `traceparent` header value, or None."""
+        trace = self.trace
+        return None if trace is None else trace.get("traceparent")
+
+    @property
+    def tags(self) -> list[str]:
+        """The job's tags, sorted ([]: none). A claim's answer does not carry them: they are
+        read from the server (GET /jobs/{id}) on the first use only, and an error reaching
+        it is raised here, as dependencies() does."""
+        with self._lock:
+            if self._tags is None:
+                shown = self.get("tags")
+                if not isinstance(shown, list):
+                    shown = self._client.get_job(int(self["id"])).get("tags")
+                self._tags = [str(tag) for tag in shown] if isinstance(shown, list) else []
+            return list(self._tags)
 
     @property
     def cancel_requested(self) -> bool:
@@ -287,6 +316,16 @@ class _HeldJob:
     @property
     def id(self) -> int:
         return int(self.job["id"])
+
+    # The job's trace context, sent with its reports: the server's report span then joins the
+    # producer's trace.
+    @property
+    def traceparent(self) -> str | None:
+        return job_trace_headers(self.job).get("traceparent")
+
+    @property
+    def tracestate(self) -> str | None:
+        return job_trace_headers(self.job).get("tracestate")
 
 
 class Worker:
@@ -464,7 +503,8 @@ class Worker:
         try:
             retry_in: int | None = None
             try:
-                result = self.handler(held.view)
+                with run_span(held.job):
+                    result = self.handler(held.view)
                 if result is not None and not isinstance(result, dict):
                     raise TypeError(f"the handler returned {type(result).__name__}; "
                                     "a result must be a dict or None")
@@ -498,8 +538,10 @@ class Worker:
     def _report_complete(self, held: _HeldJob, result: dict[str, Any] | None) -> None:
         try:
             outcome = self._report(held, _Report.COMPLETE,
-                                   lambda: self.client.complete(held.id, held.lease_token,
-                                                                result=result))
+                                   lambda: self.client.complete(
+                                       held.id, held.lease_token, result=result,
+                                       traceparent=held.traceparent,
+                                       tracestate=held.tracestate))
         except (TypeError, ValueError) as exc:
             # Not JSON (a datetime, NaN…): the result can never be stored, so fail the job.
             self._report_fail(held, f"invalid result: {_describe(exc)}", None)
@@ -516,7 +558,9 @@ class Worker:
         outcome = self._report(held, _Report.FAIL,
                                lambda: self.client.fail(held.id, held.lease_token,
                                                         error=error[:MAX_ERROR_CHARS],
-                                                        retry_in_seconds=retry_in))
+                                                        retry_in_seconds=retry_in,
+                                                        traceparent=held.traceparent,
+                                                        tracestate=held.tracestate))
         if outcome is not None and not self._cancelled(held, outcome):
             self._count("failed")
 
@@ -663,7 +707,8 @@ class Worker:
                         "back to the queue", held.id)
             self._report(held, _Report.FAIL, functools.partial(
                 self.client.fail, held.id, held.lease_token, retry_in_seconds=0,
-                error="WorkerShutdown: the worker stopped before the handler finished"))
+                error="WorkerShutdown: the worker stopped before the handler finished",
+                traceparent=held.traceparent, tracestate=held.tracestate))
         # Reports in flight give up by themselves shortly after the deadline.
         with self._changed:
             self._changed.wait_for(lambda: all(h.state in {_JobState.ABANDONED, _JobState.DONE}

@@ -29,8 +29,10 @@ NOT_ARGUMENTS = {
     # arguments carry reserve's fields; enqueue stores a job pending.
     "/jobs": {"reserve"},
 }
-# Arguments that are not body fields: the path's id, and max_jobs's own name.
+# Arguments that are not body fields: the path's id, and max_jobs's own name; the W3C trace
+# context, sent as headers (contract §20).
 PATH_ARGUMENTS = {"job_id"}
+HEADER_ARGUMENTS = {"traceparent", "tracestate"}
 
 
 @pytest.fixture
@@ -49,7 +51,7 @@ def _body_schema(document: dict[str, Any], path: str) -> dict[str, Any]:
 
 def _arguments(method: Any) -> set[str]:
     return {name for name in inspect.signature(method).parameters
-            if name != "self"} - PATH_ARGUMENTS
+            if name != "self"} - PATH_ARGUMENTS - HEADER_ARGUMENTS
 
 
 @pytest.mark.parametrize(("path", "method"), [

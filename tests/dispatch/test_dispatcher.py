@@ -301,3 +301,33 @@ def test_a_push_jobs_delivery_is_cut_at_its_attempts_deadline(
 
     assert waited < 12  # not the receiver's 12 s, nor the type's 60 s
     assert "timed out" in job_of(api, admin, job_id)["error"]
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_a_delivery_carries_the_producers_trace_context_unchanged_through_retries(
+        client, api, admin, producer, dispatching):
+    def answer(received: Received) -> Reply:
+        if received.attempt == 1 and "traceparent" in received.headers:
+            return Reply(503, b"busy", {"Retry-After": "1"})
+        return Reply(200)
+
+    with Receiver(answer=answer) as receiver:
+        make_push(client, admin, receiver.url)
+        traced = api.enqueue(producer, headers={"traceparent": TRACEPARENT,
+                                                "tracestate": "vendor=abc,other=1"}).json["id"]
+        plain = api.enqueue(producer).json["id"]
+        running = dispatching()
+        wait_until(lambda: all(job_of(api, admin, job_id)["status"] == "completed"
+                               for job_id in (traced, plain)), "both completions")
+        running.stop()
+
+    first, second = receiver.of_job(traced)
+    assert (first.attempt, second.attempt) == (1, 2)
+    for delivery in (first, second):
+        assert delivery.headers["traceparent"] == TRACEPARENT
+        assert delivery.headers["tracestate"] == "vendor=abc,other=1"
+    [plain_delivery] = receiver.of_job(plain)
+    lowered = {name.lower() for name in plain_delivery.headers}
+    assert "traceparent" not in lowered and "tracestate" not in lowered
