@@ -11,6 +11,7 @@ from marshmallow import Schema, ValidationError, fields, validate
 
 from app.core.limits import CURSOR_CHARS, NAME_CHARS, TYPE_CHARS
 from app.core.statuses import JobStatus
+from app.jobs.schemas import tag_field
 from app.types.models import FAIRNESS_KEY, ON_FAILURE_BLOCK, ON_FAILURE_SKIP, ORDERING_KEY
 from app.types.schemas import TypePatchSchema
 from app.ui.charts import Period
@@ -111,6 +112,7 @@ class JobFilterSchema(StrictSchema):
     type = non_empty_text(TYPE_CHARS)
     status = fields.String(validate=validate.OneOf(JOB_FILTER_STATUSES))
     producer = non_empty_text(NAME_CHARS)
+    tag = tag_field()
     order = fields.String(validate=validate.OneOf([NEWEST_FIRST, OLDEST_FIRST]))
     cursor = non_empty_text(CURSOR_CHARS)
     before = non_empty_text(CURSOR_CHARS)

@@ -3,7 +3,7 @@ JSON API calls, render a template (or redirect after a form)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -15,6 +15,7 @@ from werkzeug.wrappers import Response
 from app.core.callers import Caller, Role
 from app.core.clock import to_rfc3339
 from app.core.errors import QueueError
+from app.core.tracecontext import Trace
 from app.core.limits import BULK_JOBS
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.history.failure_schemas import represent_detail
@@ -255,7 +256,7 @@ def jobs() -> tuple[str, int]:
     page, following = services.jobs.list_jobs(
         _caller(), status=None if status == SCHEDULED else status,
         scheduled=status == SCHEDULED, job_type=filters.get("type"),
-        producer=filters.get("producer"), limit=JOBS_PER_PAGE,
+        producer=filters.get("producer"), tag=filters.get("tag"), limit=JOBS_PER_PAGE,
         cursor=filters.get("before") if backward else filters.get("cursor"),
         newest_first=filters.get("order", NEWEST_FIRST) == NEWEST_FIRST, backward=backward)
     # Going backwards, `following` leads further back and the page we came from is next;
@@ -266,9 +267,9 @@ def jobs() -> tuple[str, int]:
         next_cursor = following
         previous_cursor = encode_cursor(page[0].id) if page and "cursor" in filters else None
     shown = {name: value for name, value in filters.items() if name not in ("cursor", "before")}
-    # The page's progress and cancel requests in one read, not one per job.
-    controls = services.jobs.controls_of(page)
-    return _page("jobs.html", jobs=[_shown(job, controls=controls) for job in page],
+    # The page's progress, cancel requests and tags in one read each, not one per job.
+    controls, tags = services.jobs.controls_of(page), services.jobs.tags_of(page)
+    return _page("jobs.html", jobs=[_shown(job, controls=controls, tags=tags) for job in page],
                  filters=shown, next_cursor=next_cursor, previous_cursor=previous_cursor,
                  messages={}, auto_refresh=filters.get("refresh") == REFRESH_ON,
                  job_types=sorted(services.types.job_types), statuses=JOB_FILTER_STATUSES,
@@ -279,7 +280,7 @@ def _bulk_actions(filters: dict[str, str]) -> list[str]:
     """The bulk actions the jobs page offers for its filters: those the API's bulk routes
     can take (a type and a status; neither a producer nor `scheduled`), and only those that
     start from the status filtered on."""
-    if "producer" in filters or filters.get("status") == SCHEDULED:
+    if "producer" in filters or "tag" in filters or filters.get("status") == SCHEDULED:
         return []
     status = filters.get("status")
     return [action for action, transition in _BULK.items()
@@ -336,7 +337,8 @@ def job(job_id: int) -> tuple[str, int]:
     services, caller = _services(), _caller()
     found = services.jobs.get_job(caller, job_id)
     controls = services.jobs.controls_of([found])
-    shown = _shown(found, services.jobs.dependencies_of([found]), controls)
+    shown = _shown(found, services.jobs.dependencies_of([found]), controls,
+                   services.jobs.tags_of([found]), services.jobs.traces_of([found]))
     explanation = represent_explanation(services.history.explain(caller, job_id))
     # A failed job that blocks its ordered key may be cancelled too: that passes the turn on.
     blocks_its_key = any(reason["code"] == "key_blocked" and reason.get("job_id") == job_id
@@ -379,14 +381,17 @@ def _event_shown(event: dict[str, Any], error: str | None) -> dict[str, Any]:
 
 
 def _shown(job: Job, dependencies: Mapping[int, JobDependencies] | None = None,
-           controls: Mapping[int, JobControls] | None = None) -> dict[str, Any]:
+           controls: Mapping[int, JobControls] | None = None,
+           tags: Mapping[int, Sequence[str]] | None = None,
+           traces: Mapping[int, Trace] | None = None) -> dict[str, Any]:
     # As the API shows it to an admin, with the producer too (the API's representation
     # leaves it out: a producer sees only its own jobs); with `dependencies` (a job's page),
     # its depends_on, waiting_on and on_dependency_failure too; with `controls`, its
-    # progress and cancel_requested.
+    # progress and cancel_requested; with `tags` and `traces`, those.
     # Finished is when a job reached its end: nothing but a retry changes it after that.
     finished = to_rfc3339(job.updated_at) if job.status in TERMINAL_STATUSES else None
-    return represent(job, show_error=True, dependencies=dependencies, controls=controls) | {
+    return represent(job, show_error=True, dependencies=dependencies, controls=controls,
+                     tags=tags, traces=traces) | {
         "producer": job.producer, "finished_at": finished}
 
 

@@ -172,3 +172,21 @@ def test_schedule_times_are_shown_in_the_schedules_own_zone_too(
     assert f'<time class="zoned" datetime="{next_run}">{next_run[:10]} 02:00:00 UTC</time>' \
         in page
     assert f"{next_run[:10]} 03:00:00 CET" in page
+
+
+def test_the_tag_filter_lists_the_jobs_of_a_tag_and_the_job_page_shows_tags_and_trace(
+        signed_in: FlaskClient, api: Api, producer: Key) -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    tagged = api.enqueue(producer, tags=["order:1001", "vip"],
+                         headers={"traceparent": traceparent}).json["id"]
+    other = api.enqueue(producer, tags=["vip"]).json["id"]
+    api.enqueue(producer)
+    page = signed_in.get("/ui/jobs?tag=order:1001").text
+    assert f'/ui/jobs/{tagged}"' in page and f'/ui/jobs/{other}"' not in page
+    assert "(filtered)" in page and 'value="order:1001"' in page
+    both = signed_in.get("/ui/jobs?tag=vip").text
+    assert f'/ui/jobs/{tagged}"' in both and f'/ui/jobs/{other}"' in both
+    shown = signed_in.get(f"/ui/jobs/{tagged}").text
+    assert ">order:1001</a>" in shown and ">vip</a>" in shown and traceparent in shown
+    refused = signed_in.get("/ui/jobs", query_string={"tag": "x" * 65})
+    assert refused.status_code == 400 and "tag:" in refused.text
