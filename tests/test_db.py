@@ -783,3 +783,76 @@ def test_a_postgres_write_undone_to_break_a_deadlock_is_run_again(postgres_serve
     with db.read() as conn:
         assert conn.execute(text("SELECT sum(last_seen_at) FROM key_activity")).scalar() == 2
     db.engine.dispose()
+
+
+def test_stats_tags_and_trace_migration_keeps_jobs_and_schedules_and_serves_the_new_fields(
+        empty_db_url):
+    """0020 on a database 0019 filled: every job and schedule stays as it was, with no tags,
+    no trace and no stats; the upgraded service stores a new job's tags and trace context,
+    hands the trace to its claim, counts it, and a schedule stored before fires without a
+    trace; the way down drops what 0020 added and keeps the jobs."""
+    upgrade(empty_db_url, "0019")
+    now = 1_800_000_000_000_000
+    job = {"type": "email", "payload": "{}", "priority": 10, "status": "pending",
+           "retry_count": 0, "max_retries": 3, "producer": "producer-1", "run_at": 0,
+           "claimed_at": None, "worker_id": None, "lease_expires_at": None,
+           "lease_token": None, "error": None, "created_at": 1, "updated_at": 2}
+    schedule = {"name": "nightly", "cron": "* * * * *", "timezone": "UTC",
+                "job": '{"type":"email"}', "catch_up": "latest", "paused": False,
+                "next_run_at": now + 60_000_000, "last_run_at": None, "last_job_id": None,
+                "created_at": 1, "updated_at": 1}
+    engine = make_engine(empty_db_url, pooled=False)
+    with engine.begin() as conn:  # the tables as 0019 left them
+        conn.execute(table("jobs", *map(column, job)).insert(), [job])
+        conn.execute(table("schedules", *map(column, schedule)).insert(), [schedule])
+    jobs_0019 = table("jobs", column("id"), *map(column, job))
+    schedules_0019 = table("schedules", *map(column, schedule))
+
+    def stored(query: Any) -> list[tuple[Any, ...]]:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(
+                text(query) if isinstance(query, str) else query)]
+
+    before = (stored(select(jobs_0019)), stored(select(schedules_0019)))
+    upgrade(empty_db_url)
+
+    assert (stored(select(jobs_0019)), stored(select(schedules_0019))) == before
+    for name, key in (("job_tags", "job_id"), ("job_traces", "job_id"),
+                      ("job_stats", "minute"), ("job_depth", "minute")):
+        assert stored(select(table(name, column(key)))) == [], name
+    assert stored("SELECT traceparent, tracestate FROM schedules") == [(None, None)]
+    clock = ManualClock(start_us=now)
+    application = create_app({"TESTING": True, "DATABASE_URL": empty_db_url,
+                              "JOB_TYPES": frozenset({"email"}), "CLOCK": clock,
+                              "DB_POOL_SIZE": 2})
+    services = application.extensions["queuelog"]
+    keys = services.keys
+    admin = {"Authorization": f"Bearer {keys.create_key('admin-1', Role.ADMIN)}"}
+    producer = {"Authorization": f"Bearer {keys.create_key('producer-1', Role.PRODUCER)}"}
+    worker = {"Authorization": f"Bearer {keys.create_key('worker-1', Role.WORKER)}"}
+    client = application.test_client()
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    made = client.post("/jobs", json={"type": "email", "tags": ["order:1001", "vip"]},
+                       headers={**producer, "traceparent": traceparent})
+    assert made.status_code == 201 and made.json["tags"] == ["order:1001", "vip"]
+    first = client.post("/jobs/claim", json={}, headers=worker).json
+    assert first["id"] == 1 and first["trace"] is None  # stored before: no trace
+    second = client.post("/jobs/claim", json={}, headers=worker).json
+    assert second["trace"] == {"traceparent": traceparent, "tracestate": None}
+    listed = client.get("/jobs", query_string={"tag": "vip"}, headers=admin).json["jobs"]
+    assert [job["id"] for job in listed] == [second["id"]]
+    clock.advance(60)
+    services.schedules.fire_due()
+    fired = client.post("/jobs/claim", json={}, headers=worker).json
+    assert fired["schedule"] == "nightly" and fired["trace"] is None
+    bucket = client.get("/stats", query_string={"type": "email", "from": "2027-01-15T08:00:00Z",
+                                                "to": "2027-01-15T08:02:00Z"},
+                        headers=admin).json["buckets"]
+    assert [(b["enqueued"], b["claimed"]) for b in bucket] == [(1, 2), (1, 1)]
+    services.db.engine.dispose()
+
+    command.downgrade(alembic_config(empty_db_url), "0019")
+
+    assert stored("SELECT id, status FROM jobs ORDER BY id") == [
+        (1, "running"), (2, "running"), (3, "running")]
+    engine.dispose()
