@@ -15,9 +15,9 @@ from werkzeug.wrappers import Response
 from app.core.callers import Caller, Role
 from app.core.clock import to_rfc3339
 from app.core.errors import QueueError
-from app.core.tracecontext import Trace
 from app.core.limits import BULK_JOBS
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
+from app.core.tracecontext import Trace
 from app.history.failure_schemas import represent_detail
 from app.history.schemas import (
     represent_attempt,
