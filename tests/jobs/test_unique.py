@@ -224,6 +224,8 @@ def test_two_producers_with_one_key_get_two_jobs_and_learn_nothing_of_each_other
     ({"while": ["pending", "completed"]}, "unique.while"),
     ({"while": []}, "unique.while"),
     ({"while": ["done"]}, "unique.while.0"),
+    # A reserved job takes no unique key: naming it is a 422, never a 500 (schemathesis).
+    ({"while": ["pending", "reserved"]}, "unique.while.1"),
     ({"on_conflict": "merge"}, "unique.on_conflict"),
     ({"period_seconds": 0}, "unique.period_seconds"),
     ({"period_seconds": True}, "unique.period_seconds"),
