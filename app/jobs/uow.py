@@ -8,6 +8,7 @@ transition made records and tells once committed.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from app.jobs.timeline.failure_repository import FailureRepository
 from app.jobs.timeline.models import SERVICE_ACTOR
 from app.jobs.timeline.recorder import HistoryRecorder
 from app.jobs.timeline.repository import HistoryRepository
+from app.jobs.timeline.stats_repository import CountKey, StatsRepository
 from app.jobs.transitions import Transition
 from app.storage.uow import Transaction, UnitOfWork
 
@@ -54,16 +56,19 @@ class Timeline:
     def __init__(self, recorder: HistoryRecorder, conn: Connection) -> None:
         self._recorder = recorder
         self._conn = conn
+        # What the transaction's changes add to the minute's stats, written once at its end.
+        self.counts: Counter[CountKey] = Counter()
 
     def transition(self, transition: Transition, jobs: Sequence[Job], *, actor: str,
                    now_us: int, held_by: str | None = None,
                    details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
         self._recorder.transition(self._conn, transition, jobs, actor=actor, now_us=now_us,
-                                  held_by=held_by, details=details)
+                                  held_by=held_by, details=details, counts=self.counts)
 
     def enqueued(self, jobs: Sequence[Job], *, actor: str | None = None,
                  actors: Sequence[str] | None = None) -> None:
-        self._recorder.enqueued(self._conn, jobs, actor=actor, actors=actors)
+        self._recorder.enqueued(self._conn, jobs, actor=actor, actors=actors,
+                                counts=self.counts)
 
     def deduplicated(self, jobs: Sequence[Job], *, actor: str, now_us: int) -> None:
         self._recorder.deduplicated(self._conn, jobs, actor=actor, now_us=now_us)
@@ -117,6 +122,12 @@ class JobsTx(Transaction):
         ordered key's turn (or held back behind it) and their fair round. Returns them as
         they are now."""
         return self.keys.entered(new, now_us)
+
+    def before_commit(self) -> None:
+        """The stats the transaction counted (contract §20): one statement, last, so that on
+        PostgreSQL the minute's row is locked from here to the commit alone."""
+        if self.timeline.counts:
+            StatsRepository(self.conn).add(self.timeline.counts, self.clock.now_us())
 
     def confirm(self, caller: Caller) -> None:
         """Raise unless the caller's key is still live, in this transaction: a revoked key

@@ -44,6 +44,10 @@ class Transaction:
         self.conn = conn
         self.events: Events = Counter()
 
+    def before_commit(self) -> None:
+        """Called once `work` has returned, in its transaction: what a subclass writes last
+        (the rows every change adds to, whose locks are best held for the shortest time)."""
+
 
 TxT = TypeVar("TxT", bound=Transaction)
 
@@ -72,7 +76,9 @@ class UnitOfWork(Generic[TxT]):
         def in_transaction(conn: Connection) -> tuple[T, Events]:
             # Built afresh on every run: a run again after a rollback starts from nothing.
             tx = self.bind(conn)
-            return work(tx), tx.events
+            result = work(tx)
+            tx.before_commit()
+            return result, tx.events
 
         result, events = self.db.run_write(in_transaction)
         self.publish(events)
@@ -94,6 +100,7 @@ class UnitOfWork(Generic[TxT]):
         with self.db.write() as conn:
             tx = self.bind(conn)
             result = work(tx)
+            tx.before_commit()
         self.publish(tx.events)
         return result
 

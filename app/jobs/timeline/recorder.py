@@ -56,10 +56,12 @@ class HistoryRecorder:
 
     def transition(self, conn: Connection, transition: Transition, jobs: Sequence[Job], *,
                    actor: str, now_us: int, held_by: str | None = None,
-                   details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
+                   details: Mapping[int, Mapping[str, Any]] | None = None,
+                   counts: Counter[CountKey] | None = None) -> None:
         """Record `transition`, which left `jobs` as they are; `held_by` names the worker a
         rescued lease belonged to; `details`, by job id, adds to an event's detail what the
-        job alone does not say (the dependency that cancelled it)."""
+        job alone does not say (the dependency that cancelled it). What it adds to the stats
+        goes into `counts`, for the transaction to write at its end (without: at once)."""
         if not jobs:
             return
         repo = HistoryRepository(conn)
@@ -71,7 +73,7 @@ class HistoryRecorder:
         if outcome is not None:
             self._close_attempts(conn, repo, outcome, jobs, now_us)
         if self.stats:
-            self._count(conn, transition, jobs, now_us)
+            self._count(conn, transition, jobs, now_us, counts)
         if self.events:
             extra = details or {}
             rows = [row for job in jobs
@@ -80,15 +82,16 @@ class HistoryRecorder:
             repo.add_events(rows)
 
     def enqueued(self, conn: Connection, jobs: Sequence[Job], *,
-                 actor: str | None = None, actors: Sequence[str] | None = None) -> None:
+                 actor: str | None = None, actors: Sequence[str] | None = None,
+                 counts: Counter[CountKey] | None = None) -> None:
         """Record new jobs: one multi-row INSERT for a batch. The actor is the producer
         unless told: `actor` for all, or `actors` one per job (schedules' jobs:
         `schedule:<name>`)."""
         if self.stats and jobs:
             # A reserved job is counted when it is confirmed (it is no work before).
-            counts = Counter((job.type, "enqueued") for job in jobs
-                             if job.status != JobStatus.RESERVED)
-            StatsRepository(conn).add(counts, jobs[0].created_at)
+            made = Counter((job.type, "enqueued") for job in jobs
+                           if job.status != JobStatus.RESERVED)
+            self._add(conn, made, jobs[0].created_at, counts)
         if self.events and jobs:
             who = actors or [actor or job.producer for job in jobs]
             HistoryRepository(conn).add_events([
@@ -171,8 +174,16 @@ class HistoryRecorder:
             FailureRepository(conn).record(failures, now_us)
 
     @staticmethod
-    def _count(conn: Connection, transition: Transition, jobs: Sequence[Job],
-               now_us: int) -> None:
+    def _add(conn: Connection, made: Counter[CountKey], now_us: int,
+             counts: Counter[CountKey] | None) -> None:
+        if counts is None:
+            StatsRepository(conn).add(made, now_us)
+        else:
+            counts.update(made)
+
+    @classmethod
+    def _count(cls, conn: Connection, transition: Transition, jobs: Sequence[Job],
+               now_us: int, counts: Counter[CountKey] | None) -> None:
         """Add what this transition did to the minute's stats: an attempt started (claimed),
         a job completed, an attempt failed (the attempts failure groups count: a fail, a
         lease run out, a deadline passed), a reserved job confirmed (enqueued)."""
@@ -187,8 +198,7 @@ class HistoryRecorder:
         elif transition is Transition.CONFIRM:
             kind = "enqueued"
         if kind is not None:
-            counts: Counter[CountKey] = Counter((job.type, kind) for job in jobs)
-            StatsRepository(conn).add(counts, now_us)
+            cls._add(conn, Counter((job.type, kind) for job in jobs), now_us, counts)
 
     @staticmethod
     def _error(outcome: Outcome, job: Job) -> str | None:

@@ -1,16 +1,19 @@
 """The only place the SQL of the queue's stats over time lives (contract §20): the per-minute
 counts the job transactions add to, the pending depth the ticker writes, and their reads.
 
-A job transaction adds its counts to the row of (type, minute, slot) in one statement, with
-the change itself: no second commit, and a rollback takes the counts back with the change.
-On PostgreSQL the slot is the connection's (its backend's pid, modulo SLOTS): concurrent
-transactions add to different rows and so never wait on each other's row lock until commit;
-SQLite's writers are serialised anyway and use slot 0. Readers sum the slots.
+A job transaction adds its counts to the row of (type, minute, slot) in one statement, its
+last before the commit (app/jobs/uow.py JobsTx.before_commit): no second commit, and a
+rollback takes the counts back with the change. On PostgreSQL each pooled connection keeps
+one slot, the next of its process's (from a random start): concurrent transactions add to
+different rows, so they seldom wait on each other's row lock; SQLite's writers are
+serialised anyway and use slot 0. Readers sum the slots.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+import random
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -23,7 +26,7 @@ from app.storage.schema import job_depth, job_stats
 
 MINUTE_US = 60 * MICROS
 COUNTS = ("enqueued", "claimed", "completed", "failed")
-SLOTS = 16
+SLOTS = 32
 # A count of one kind for one type: ("email", "claimed").
 CountKey = tuple[str, str]
 
@@ -49,12 +52,21 @@ def _write_depth(dialect: str) -> Any:
         set_={"pending": stmt.excluded.pending})
 
 
+# The slots this process hands its connections, in turn: a process's connections (at most
+# its pool) get distinct ones, and two processes' seldom meet.
+_next_slots = itertools.count(random.randrange(SLOTS))
+_SLOT_KEY = "queuelog_stats_slot"
+
+
 def _slot(conn: Connection) -> int:
     if conn.dialect.name != "postgresql":
         return 0
-    driver = conn.connection.dbapi_connection
-    pid = getattr(getattr(driver, "info", None), "backend_pid", 0)
-    return int(pid) % SLOTS
+    # The pooled connection's own info: it lasts as long as the database connection.
+    info = conn.connection.info
+    slot = info.get(_SLOT_KEY)
+    if slot is None:
+        slot = info[_SLOT_KEY] = next(_next_slots) % SLOTS
+    return int(slot)
 
 
 class StatsRepository:
