@@ -188,6 +188,17 @@ def postgres_database(server_url: str) -> Iterator[str]:
         admin.dispose()
 
 
+@contextlib.contextmanager
+def engine_database(engine: str, directory: str, name: str) -> Iterator[str]:
+    """A fresh migrated database of `engine` ("SQLite": the file `name` under `directory`;
+    "PostgreSQL": a database of its own on POSTGRES_VARIABLE's server, dropped after)."""
+    if engine == "PostgreSQL":
+        with postgres_database(os.environ[POSTGRES_VARIABLE]) as url:
+            yield url
+    else:
+        yield migrated_database(directory, name)
+
+
 def engine_databases(directory: str, stack: contextlib.ExitStack,
                      name: str = "queuelog.sqlite3") -> dict[str, str]:
     """{engine: url} of fresh migrated databases: SQLite always, PostgreSQL as well when

@@ -29,7 +29,7 @@ BENCH = Path(__file__).resolve().parent
 # Cheapest first: a broken environment shows before the long runs.
 SCRIPTS = ["storage", "depth", "http_single", "http_events", "http_batch", "await_latency",
            "peers", "memory", "flow", "workflows", "keys", "heartbeat", "reserve", "retention",
-           "failures", "dashboard", "push", "bloat"]
+           "failures", "tags", "over_time", "dashboard", "push", "bloat"]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -35,6 +35,8 @@ SCRIPTS = {
                   "during / baseline"),
     "failures": ("== Failure groups: GET /failures with a million stored jobs",
                  "million / small p50"),
+    "tags": ("== Tags: GET /jobs?tag= at a million jobs", "jobs shown"),
+    "over_time": ("== Stats over time: what counting costs", "stats off jobs/s"),
     "dashboard": ("== Dashboard: page times", "jobs, no filter"),
     "push": ("== Push delivery: the dispatcher vs a plain HTTP loop", "dispatch / plain"),
     "bloat": ("== Bloat: claim rate after a million jobs cycled", "after 500 jobs cycled"),
@@ -42,7 +44,8 @@ SCRIPTS = {
 # The scripts that measure PostgreSQL beside SQLite do so here too when the tests have a
 # PostgreSQL server (smoke sizes: a few seconds more each).
 ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "flow", "workflows", "keys",
-                            "heartbeat", "reserve", "retention", "failures", "bloat"})
+                            "heartbeat", "reserve", "retention", "failures", "tags",
+                            "over_time", "bloat"})
 
 
 def run_bench(*argv: str, tmp_path: Path,
