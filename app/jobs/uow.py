@@ -30,7 +30,7 @@ from app.jobs.timeline.failure_repository import FailureRepository
 from app.jobs.timeline.models import SERVICE_ACTOR
 from app.jobs.timeline.recorder import HistoryRecorder
 from app.jobs.timeline.repository import HistoryRepository
-from app.jobs.timeline.stats_repository import CountKey, StatsRepository
+from app.jobs.timeline.stats_repository import CountKey, minute_of, pending_counts
 from app.jobs.transitions import Transition
 from app.storage.uow import Transaction, UnitOfWork
 
@@ -124,10 +124,12 @@ class JobsTx(Transaction):
         return self.keys.entered(new, now_us)
 
     def before_commit(self) -> None:
-        """The stats the transaction counted (contract §20): one statement, last, so that on
-        PostgreSQL the minute's row is locked from here to the commit alone."""
+        """Leave the stats this work counted (contract §20) for the commit: the one who
+        commits adds every caller's to the minute's row in one statement, last
+        (app/storage/at_commit.py)."""
         if self.timeline.counts:
-            StatsRepository(self.conn).add(self.timeline.counts, self.clock.now_us())
+            pending_counts(self.conn)[minute_of(self.clock.now_us())].update(
+                self.timeline.counts)
 
     def confirm(self, caller: Caller) -> None:
         """Raise unless the caller's key is still live, in this transaction: a revoked key

@@ -14,13 +14,14 @@ from __future__ import annotations
 import functools
 import itertools
 import random
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection, delete, func, select
 
 from app.core.clock import MICROS
+from app.storage.at_commit import state_for
 from app.storage.dialects import conflict_insert_for
 from app.storage.schema import job_depth, job_stats
 
@@ -67,6 +68,21 @@ def _slot(conn: Connection) -> int:
     if slot is None:
         slot = info[_SLOT_KEY] = next(_next_slots) % SLOTS
     return int(slot)
+
+
+def _write_pending(conn: Connection, state: dict[str, Any]) -> None:
+    repo = StatsRepository(conn)
+    for minute, counts in sorted(state["minutes"].items()):
+        repo.add(counts, minute)
+
+
+def pending_counts(conn: Connection) -> defaultdict[int, Counter[CountKey]]:
+    """minute -> the counts the transaction of `conn` will add at its commit (in one
+    statement a minute, whatever the callers sharing it: app/storage/at_commit.py)."""
+    state = state_for(conn, "stats", _write_pending)
+    pending: defaultdict[int, Counter[CountKey]] = state.setdefault(
+        "minutes", defaultdict(Counter))
+    return pending
 
 
 class StatsRepository:
