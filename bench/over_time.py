@@ -278,10 +278,12 @@ def measure(options: Any) -> Report:
         "fresh database of its own, differing only in QUEUELOG_STATS; the clients are "
         "threads in forked processes on the same cores. The claim + complete queue is "
         "filled through /jobs/batch before each run (not timed).",
-        "Counting adds one statement to each job transaction: an upsert of the type's row of "
-        "the minute (on PostgreSQL the connection's slot's row, so concurrent transactions "
-        "do not wait on one row lock). The counting server's job_stats starts with the "
-        "history above, as a server that has run for two weeks has; the other's is empty.",
+        "Counting adds one statement to each job transaction, its last before the commit "
+        "(on SQLite one per group commit, for every caller in it): an upsert of the type's "
+        "row of the minute (on PostgreSQL the connection's slot's row, so concurrent "
+        "transactions seldom wait on one row lock). The counting server's job_stats starts "
+        "with the history above, as a server that has run for two weeks has; the other's is "
+        "empty.",
         "GET /stats sums the slots per minute over the span (an index range of job_stats and "
         "of job_depth) and folds the minutes into buckets in Python.",
     ]
