@@ -419,10 +419,12 @@ class Client:
         return job
 
     def list_jobs(self, *, status: str | None = None, type: str | None = None,
-                  limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
-        """One page: `{"jobs": [...], "next_cursor": str or None}`, ordered by id."""
+                  tag: str | None = None, limit: int | None = None,
+                  cursor: str | None = None) -> dict[str, Any]:
+        """One page: `{"jobs": [...], "next_cursor": str or None}`, ordered by id; `tag`:
+        only the jobs carrying it."""
         return self._object("GET", "/jobs" + _query(
-            status=status, type=type, limit=limit, cursor=cursor))
+            status=status, type=type, tag=tag, limit=limit, cursor=cursor))
 
     def explain(self, job_id: int) -> dict[str, Any]:
         """Why the job is or is not running (admins, or the producer that owns it):
@@ -446,11 +448,12 @@ class Client:
         return dependencies
 
     def iter_jobs(self, *, status: str | None = None, type: str | None = None,
-                  page_size: int = 100) -> Iterator[Job]:
+                  tag: str | None = None, page_size: int = 100) -> Iterator[Job]:
         """Every job the key may see (filtered), following the cursors page by page."""
         cursor = None
         while True:
-            page = self.list_jobs(status=status, type=type, limit=page_size, cursor=cursor)
+            page = self.list_jobs(status=status, type=type, tag=tag, limit=page_size,
+                                  cursor=cursor)
             yield from page["jobs"]
             cursor = page.get("next_cursor")
             if not cursor:

@@ -83,7 +83,8 @@ def test_enqueue_many_keeps_the_order_and_gives_each_item_its_own_key(server):
 def test_get_list_and_iterate_jobs(server):
     queue = _producer(server)
     ids = [job["id"] for job in queue.enqueue_many(
-        [{"type": "email" if n % 2 else "pdf", "payload": {"n": n}} for n in range(7)])]
+        [{"type": "email" if n % 2 else "pdf", "payload": {"n": n},
+          "tags": ["odd"] if n % 2 else []} for n in range(7)])]
 
     assert queue.get_job(ids[3])["payload"] == {"n": 3}
     page = queue.list_jobs(limit=2)
@@ -91,6 +92,7 @@ def test_get_list_and_iterate_jobs(server):
     assert [job["id"] for job in queue.iter_jobs(page_size=3)] == ids
     assert [job["payload"]["n"] for job in queue.iter_jobs(type="pdf")] == [0, 2, 4, 6]
     assert len(list(queue.iter_jobs(status="pending"))) == 7
+    assert [job["payload"]["n"] for job in queue.iter_jobs(tag="odd", page_size=2)] == [1, 3, 5]
 
 
 def test_a_validation_problem_is_raised_with_status_title_detail_and_field_errors(server):
