@@ -4,10 +4,12 @@ itself, its edges and what each writes and records, is app/jobs/transitions.py."
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.core.clock import MICROS
 from app.core.statuses import JobStatus
+from app.core.tracecontext import Trace
 
 LEASE_EXPIRED_ERROR = "lease expired"
 TIMED_OUT_ERROR = "timed out"
@@ -162,3 +164,15 @@ class Backoff:
         ceiling = min(self.base_seconds * 2.0 ** min(retry_count, 64), self.max_seconds)
         draw = (rng or random).uniform(ceiling / 2, ceiling)
         return round(draw * MICROS)
+
+
+@dataclass(frozen=True, slots=True)
+class JobExtras:
+    """What a job's representation shows beside its row, by job id, for a page of jobs: what
+    each waits for, its controls, its tags and its trace context (a job without one is left
+    out of that mapping). Read together, in one read (app/jobs/reads.py)."""
+
+    dependencies: Mapping[int, JobDependencies]
+    controls: Mapping[int, JobControls]
+    tags: Mapping[int, tuple[str, ...]]
+    traces: Mapping[int, Trace]

@@ -108,10 +108,9 @@ def _job_response(job: Any, status: int = 200, lease_token: str | None = None, *
     leave those out), or `dependencies`, `controls`, `tags` and `traces` say them.
     `checkpoint`: a claim's (False: none shown)."""
     if with_dependencies:
-        dependencies = _service().dependencies_of([job])
-        controls = _service().controls_of([job])
-        tags = _service().tags_of([job])
-        traces = _service().traces_of([job])
+        extras = _service().extras_of([job])
+        dependencies, controls = extras.dependencies, extras.controls
+        tags, traces = extras.tags, extras.traces
     response = jsonify(represent(job, show_error=current_caller().is_admin,
                                  lease_token=lease_token, dependencies=dependencies,
                                  controls=controls, checkpoint=checkpoint, tags=tags,
@@ -195,13 +194,11 @@ def enqueue_batch() -> Response:
     results = _service().enqueue_many(current_caller(), body["jobs"], trace=_request_trace())
     show_error = current_caller().is_admin
     stored = [outcome.job for outcome in results]
-    dependencies = _service().dependencies_of(stored)
-    controls = _service().controls_of(stored)
-    tags = _service().tags_of(stored)
-    traces = _service().traces_of(stored)
+    extras = _service().extras_of(stored)
     response = jsonify({"jobs": [represent(outcome.job, show_error=show_error,
-                                           dependencies=dependencies, controls=controls,
-                                           tags=tags, traces=traces)
+                                           dependencies=extras.dependencies,
+                                           controls=extras.controls, tags=extras.tags,
+                                           traces=extras.traces)
                                  | {"replayed": outcome.replayed,
                                     "deduplicated": outcome.deduplicated.wire}
                                  for outcome in results]})
@@ -309,11 +306,10 @@ def list_jobs() -> Response:
     page, next_cursor = _service().list_jobs(
         current_caller(), status=query.get("status"), job_type=query.get("type"),
         limit=query["limit"], cursor=query.get("cursor"), tag=query.get("tag"))
+    extras = _service().extras_of(page)
     return Response(render_job_page(page, next_cursor, show_error=current_caller().is_admin,
-                                    dependencies=_service().dependencies_of(page),
-                                    controls=_service().controls_of(page),
-                                    tags=_service().tags_of(page),
-                                    traces=_service().traces_of(page)),
+                                    dependencies=extras.dependencies, controls=extras.controls,
+                                    tags=extras.tags, traces=extras.traces),
                     mimetype="application/json")
 
 
@@ -391,8 +387,11 @@ def cancel_job(job_id: int) -> Response:
     cancelled = _service().cancel(current_caller(), job_id)
     if cancelled.controls is None:
         return _job_response(cancelled.job, with_dependencies=True)
-    return _job_response(cancelled.job, dependencies=_service().dependencies_of([cancelled.job]),
-                         controls={job_id: cancelled.controls})
+    # Its controls as the cancel left them (a request recorded); the rest as stored.
+    extras = _service().extras_of([cancelled.job])
+    return _job_response(cancelled.job, dependencies=extras.dependencies,
+                         controls={job_id: cancelled.controls}, tags=extras.tags,
+                         traces=extras.traces)
 
 
 @bp.post("/jobs/<id:job_id>/confirm")

@@ -52,10 +52,7 @@ class JobService:
         self.await_job = reads.await_job
         self.list_jobs = reads.list_jobs
         self.running_by_worker = reads.running_by_worker
-        self.dependencies_of = reads.dependencies_of
-        self.controls_of = reads.controls_of
-        self.tags_of = reads.tags_of
-        self.traces_of = reads.traces_of
+        self.extras_of = reads.extras_of
         self.dependencies_shown = reads.dependencies_shown
         self.prepare_graph = enqueuing.prepare_graph
         self.enqueue_graph_in = enqueuing.enqueue_graph_in

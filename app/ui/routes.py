@@ -268,8 +268,9 @@ def jobs() -> tuple[str, int]:
         previous_cursor = encode_cursor(page[0].id) if page and "cursor" in filters else None
     shown = {name: value for name, value in filters.items() if name not in ("cursor", "before")}
     # The page's progress, cancel requests and tags in one read each, not one per job.
-    controls, tags = services.jobs.controls_of(page), services.jobs.tags_of(page)
-    return _page("jobs.html", jobs=[_shown(job, controls=controls, tags=tags) for job in page],
+    extras = services.jobs.extras_of(page)
+    return _page("jobs.html", jobs=[_shown(job, controls=extras.controls, tags=extras.tags)
+                                    for job in page],
                  filters=shown, next_cursor=next_cursor, previous_cursor=previous_cursor,
                  messages={}, auto_refresh=filters.get("refresh") == REFRESH_ON,
                  job_types=sorted(services.types.job_types), statuses=JOB_FILTER_STATUSES,
@@ -336,9 +337,8 @@ def _bulk_filters(action: str, given: Any) -> dict[str, Any]:
 def job(job_id: int) -> tuple[str, int]:
     services, caller = _services(), _caller()
     found = services.jobs.get_job(caller, job_id)
-    controls = services.jobs.controls_of([found])
-    shown = _shown(found, services.jobs.dependencies_of([found]), controls,
-                   services.jobs.tags_of([found]), services.jobs.traces_of([found]))
+    extras = services.jobs.extras_of([found])
+    shown = _shown(found, extras.dependencies, extras.controls, extras.tags, extras.traces)
     explanation = represent_explanation(services.history.explain(caller, job_id))
     # A failed job that blocks its ordered key may be cancelled too: that passes the turn on.
     blocks_its_key = any(reason["code"] == "key_blocked" and reason.get("job_id") == job_id
@@ -350,7 +350,7 @@ def job(job_id: int) -> tuple[str, int]:
                  events=[_event_shown(represent_event(e), shown["error"])
                          for e in services.history.events(caller, job_id)],
                  explanation=explanation,
-                 cancel_request=_cancel_request(shown, controls.get(job_id)),
+                 cancel_request=_cancel_request(shown, extras.controls.get(job_id)),
                  attempt_deadline=_attempt_deadline(found))
 
 
