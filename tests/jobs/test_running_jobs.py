@@ -41,13 +41,15 @@ def iso(moment_us: int) -> str:
 
 def test_a_running_jobs_cancel_is_a_request_its_heartbeat_answers(api, client, producer,
                                                                    worker, admin):
-    job_id, token = running(api, producer, worker, max_retries=5)
+    job_id, token = running(api, producer, worker, max_retries=5, tags=["vip"])
     assert api.heartbeat(worker, job_id, lease_token=token).json["cancel_requested"] is False
 
     asked = api.cancel(admin, job_id)
 
     assert asked.status_code == 200
     assert (asked.json["status"], asked.json["cancel_requested"]) == ("running", True)
+    # The whole job as GET /jobs/{id} shows it, its tags and trace included.
+    assert (asked.json["tags"], asked.json["trace"]) == (["vip"], None)
     beat = api.heartbeat(worker, job_id, lease_token=token)
     assert beat.status_code == 200
     assert (beat.json["status"], beat.json["cancel_requested"]) == ("running", True)
