@@ -28,7 +28,7 @@ from app.jobs.cursor import encode_cursor
 from bench.data import create_keys, scratch_directory
 from bench.flow import STORE_FULL, STORE_SMOKE, build_million
 from bench.load import LOOPBACK
-from bench.report import Report, Table, Target, run_script
+from bench.report import Report, Table, Target, load_note, run_script
 from bench.servers import queuelog_server
 from bench.stats import Spread, ms, percentile
 
@@ -135,8 +135,7 @@ def measure(options: Any) -> Report:
                                  f"< {TARGET_MS:.0f} ms", p95[worst].show(2, " ms"),
                                  p95[worst].median < TARGET_MS))
     report.notes += [
-        f"Load average at the start (1, 5, 15 min): {load[0]:.2f}, {load[1]:.2f}, "
-        f"{load[2]:.2f} (a shared 2-core machine).",
+        load_note(load),
         "Each page is what a browser gets: the session is read and the admin key looked up "
         "in the database on every page, then the same services as the JSON API (GET /types "
         "counts, /workers, the id-ordered job listing with its filters, a job's attempts, "

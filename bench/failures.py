@@ -58,7 +58,7 @@ from bench.data import (
     scratch_directory,
 )
 from bench.load import Client
-from bench.report import Report, Table, Target, finish, parse_options
+from bench.report import Report, Table, Target, finish, load_note, parse_options
 from bench.retention import insert_finished
 from bench.servers import queuelog_server
 from bench.stats import Spread, ms, percentile
@@ -377,8 +377,7 @@ def measure(options: Any) -> Report:
             f"({figures.labels[worst].removeprefix('GET /failures')})",
             f"≤ {TARGET_MS:.0f} ms", spread.show(2, " ms"), spread.median <= TARGET_MS))
     report.notes += [
-        f"Load average at the start (1, 5, 15 min): {load[0]:.2f}, {load[1]:.2f}, "
-        f"{load[2]:.2f} (a shared 2-core machine).",
+        load_note(load),
         "GET /failures reads failure_groups alone (one row per type and fingerprint, kept "
         "by the failing transactions): its time does not grow with the jobs stored. A "
         "group's page also counts its failed attempts per hour over the last day and finds "

@@ -45,7 +45,7 @@ from bench.data import (
 from bench.http_single import KEYS as HTTP_KEYS
 from bench.http_single import claim_complete_one, enqueue_one  # noqa: F401 (the scenarios)
 from bench.load import Client, run_load
-from bench.report import Report, Table, Target, finish, parse_options
+from bench.report import Report, Table, Target, finish, load_note, parse_options
 from bench.servers import queuelog_server
 from bench.stats import Spread, ms, percentile
 
@@ -272,8 +272,7 @@ def measure(options: Any) -> Report:
                 f"{engine}: {label}, stats on vs off, jobs/s over HTTP, {CLIENTS} clients",
                 f"≥ {TARGET_RATIO}", ratio.show(2), ratio.median >= TARGET_RATIO))
     report.notes += [
-        f"Load average at the start (1, 5, 15 min): {load[0]:.2f}, {load[1]:.2f}, "
-        f"{load[2]:.2f} (a shared 2-core machine).",
+        load_note(load),
         "Two servers from the same checkout, each with the shipped gunicorn.conf.py on a "
         "fresh database of its own, differing only in QUEUELOG_STATS; the clients are "
         "threads in forked processes on the same cores. The claim + complete queue is "

@@ -131,3 +131,10 @@ def finish(report: Report, options: argparse.Namespace, started: float) -> None:
     print(report.text(), flush=True)
     if options.report is not None:
         options.report.write_text(json.dumps(report.to_json(), indent=1))
+
+
+def load_note(load: tuple[float, float, float], where: str = "a shared 2-core machine") -> str:
+    """The report's note of the machine's load average when the measuring began
+    (os.getloadavg()): the figures' ranges read against it."""
+    return (f"Load average at the start (1, 5, 15 min): {load[0]:.2f}, {load[1]:.2f}, "
+            f"{load[2]:.2f} ({where}).")

@@ -68,7 +68,7 @@ from bench.data import (
     scratch_directory,
 )
 from bench.load import Client, LoadResult, run_load, scenario
-from bench.report import Report, Table, Target, finish, parse_options
+from bench.report import Report, Table, Target, finish, load_note, parse_options
 from bench.servers import queuelog_server
 from bench.stats import Spread, percentile
 
@@ -568,9 +568,8 @@ def measure(options: Any) -> Report:
                 f"{engine}: {label} rate during the removal / without it",
                 f"≥ {TARGET_RATIO}", ratio.show(2), ratio.median >= TARGET_RATIO))
     report.notes += [
-        f"Load average at the start (1, 5, 15 min): {load[0]:.2f}, {load[1]:.2f}, "
-        f"{load[2]:.2f} (a shared 2-core machine: the server, its tickers, the clients and, "
-        "for PostgreSQL, the database share the 2 cores).",
+        load_note(load, "a shared 2-core machine: the server, its tickers, the clients and, "
+                        "for PostgreSQL, the database share the 2 cores"),
         "Both runs use the same server settings (shipped gunicorn.conf.py: 2 workers, 16 "
         "threads, each worker's ticker on) and a copy of the same store; only the types' "
         "retention of completed jobs differs (60 s: all expired; for ever: none). The "

@@ -44,7 +44,7 @@ from bench.data import (
     scratch_directory,
 )
 from bench.load import Client
-from bench.report import Report, Table, Target, finish, parse_options
+from bench.report import Report, Table, Target, finish, load_note, parse_options
 from bench.retention import enqueue_pending, insert_finished
 from bench.servers import queuelog_server
 from bench.stats import Spread, ms, percentile
@@ -231,8 +231,7 @@ def measure(options: Any) -> Report:
             f"of {len(tagged)} tagged pages ({worst})", f"≤ {TARGET_MS:.0f} ms",
             spread.show(2, " ms"), spread.median <= TARGET_MS))
     report.notes += [
-        f"Load average at the start (1, 5, 15 min): {load[0]:.2f}, {load[1]:.2f}, "
-        f"{load[2]:.2f} (a shared 2-core machine).",
+        load_note(load),
         "A tagged listing walks the tag's entries of ix_job_tags_tag_job_id (tag, job_id) "
         "from the cursor in id order, each job then looked up by id; the other filters "
         "(status) are checked on the job row, so a filter the tag's older jobs fail (the "
