@@ -47,6 +47,13 @@ def test_tags_are_a_set_stored_sorted_and_shown_on_enqueue_read_and_listing(api,
     assert untagged["tags"] == [] and api.get(producer, untagged["id"]).json["tags"] == []
 
 
+def _nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize("tags,field", [
     ([f"t{i}" for i in range(11)], "tags"),
     (["x" * 65], "tags.0"),
@@ -57,6 +64,10 @@ def test_tags_are_a_set_stored_sorted_and_shown_on_enqueue_read_and_listing(api,
     ([7], "tags.0"),
     ("one-tag", "tags"),
     ({"a": 1}, "tags"),
+    # Hostile: a list nested 100 deep, a huge number, fullwidth letters.
+    (_nested(100), "tags.0"),
+    ([10 ** 400], "tags.0"),
+    (["\uff56\uff49\uff50"], "tags.0"),
 ])
 def test_bad_tags_are_a_422_naming_the_field_and_store_nothing(app, api, producer, tags, field):
     refused = api.enqueue(producer, tags=tags)

@@ -145,6 +145,12 @@ def test_with_stats_off_nothing_is_counted(app_config: dict[str, Any]) -> None:
     ({"type": "em\x00ail"}, "type"),
     ({"type": "x" * 101}, "type"),
     ({"colour": "red"}, "colour"),
+    # Hostile: other scripts' digits, a year out of range, a huge offset, a NUL step.
+    ({"from": "\uff12\uff10\uff12\uff17-01-15T08:00:00Z"}, "from"),
+    ({"to": "9999999-01-01T00:00:00Z"}, "to"),
+    ({"from": "2027-01-15T08:00:00+99999:00"}, "from"),
+    ({"step": "min\x00ute"}, "step"),
+    ({"from": "0001-01-01T00:00:00Z", "to": at(0)}, "from"),
 ])
 def test_bad_queries_are_422s_naming_the_field(client, admin, query, field) -> None:
     refused = stats(client, admin, **query)
