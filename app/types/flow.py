@@ -77,7 +77,7 @@ def limits_for_claim(settings: Iterable[TypeSettings], running: RunningCounts, n
             reason = SkipReason.MAX_RUNNING
         if s.rate_per_second is not None:
             tokens_now[s.type] = s.tokens_available(now_us)
-            bucket_at[s.type] = max(now_us, s.tokens_at or now_us)
+            bucket_at[s.type] = s.bucket_at(now_us)
             tokens = whole_tokens(tokens_now[s.type])
             if tokens < budget:
                 budget, reason = max(0, tokens), SkipReason.RATE

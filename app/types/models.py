@@ -25,6 +25,15 @@ ON_FAILURE_SKIP = "skip"
 PUSH_LEASE_MARGIN_SECONDS = 30
 # A hair of slack: a bucket refilled to 0.9999999 by float arithmetic holds a whole token.
 TOKEN_SLACK = 1e-9
+# A bucket stamped more than this ahead of now was stamped before the wall clock was stepped
+# back (or by a host whose clock is that far ahead). Left as it is, it would refill nothing
+# and every spend would stamp it in the future again: the type would stall for as long as
+# the step. So beyond this it counts full at now: at most one burst more than the rate, once
+# per step. Within it nothing changes: a claim that read the clock and then waited for the
+# type's row (PostgreSQL), or a host a little behind the others (NTP keeps them within
+# milliseconds), only waits that long for refills, and the rate holds across hosts. Small,
+# because a step back shorter than this stalls a rated type for as long as the step.
+CLOCK_STEP_TOLERANCE_US = 5 * MICROS
 
 
 def whole_tokens(tokens: float) -> float:
@@ -124,13 +133,26 @@ class TypeSettings:
             n <= share * self.max_running_per_key
             for (t, key), n in running.items() if t == self.type and key is not None)
 
+    def clock_stepped_back(self, now_us: int) -> bool:
+        """The bucket is stamped further ahead of `now_us` than hosts' clocks differ: the
+        wall clock was stepped back since it was spent (CLOCK_STEP_TOLERANCE_US)."""
+        return self.tokens_at is not None and self.tokens_at - now_us > CLOCK_STEP_TOLERANCE_US
+
+    def bucket_at(self, now_us: int) -> int:
+        """The time the bucket is counted from at `now_us`, and stamped with when spent: its
+        own, never earlier than now; now itself after a step back of the clock."""
+        if self.tokens_at is None or self.clock_stepped_back(now_us):
+            return now_us
+        return max(now_us, self.tokens_at)
+
     def tokens_available(self, now_us: int) -> float:
-        """The bucket refilled up to now (rate set); a full bucket when it was never spent.
-        A clock that went back (another host's) refills nothing rather than draining."""
+        """The bucket refilled up to now (rate set); a full bucket when it was never spent,
+        or when the clock was stepped back since (how long ago that was is unknown). A clock
+        a little behind (another host's) refills nothing rather than draining."""
         if self.rate_per_second is None:
             return math.inf
         burst = float(self.effective_burst)
-        if self.tokens is None or self.tokens_at is None:
+        if self.tokens is None or self.tokens_at is None or self.clock_stepped_back(now_us):
             return burst
         elapsed = max(0, now_us - self.tokens_at) / MICROS
         return min(burst, self.tokens + self.rate_per_second * elapsed)
@@ -143,7 +165,7 @@ class TypeSettings:
         tokens = self.tokens_available(now_us)
         if whole_tokens(tokens) >= 1:
             return None
-        since = max(now_us, self.tokens_at or now_us)
+        since = self.bucket_at(now_us)
         at = since + math.ceil((1.0 - TOKEN_SLACK - tokens) / self.rate_per_second * MICROS)
         # The float arithmetic may miss by a microsecond: the claim's own rule has the word.
         while at - 1 > since and whole_tokens(self.tokens_available(at - 1)) >= 1:
@@ -163,7 +185,7 @@ class TypeSettings:
                 held = (self.tokens_available(now_us) if self.rate_per_second is not None
                         else math.inf)
                 updated = replace(updated, tokens=min(held, float(updated.effective_burst)),
-                                  tokens_at=max(now_us, self.tokens_at or now_us))
+                                  tokens_at=self.bucket_at(now_us))
         return updated
 
     def values(self) -> dict[str, Any]:
