@@ -75,6 +75,18 @@ class DatabaseUnavailable(ServiceUnavailable):
         super().__init__("The database is not answering; retry later.", retry_after_seconds=1)
 
 
+class StorageUnavailable(ServiceUnavailable):
+    """The database answers and its storage refuses writes: its disk is full, or it is
+    read-only or failing. The service's state, not a bug: the client may retry (reads go
+    on meanwhile); the operator must free space or repair the disk."""
+
+    def __init__(self, *, full: bool) -> None:
+        super().__init__(
+            "The database's disk is full; retry later." if full else
+            "The database's storage refuses writes (read-only or failing); retry later.",
+            retry_after_seconds=1)
+
+
 # -- writes a unique index refused (named by app/storage/integrity.py)
 
 

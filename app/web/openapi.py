@@ -46,7 +46,8 @@ _PROBLEMS: dict[int, tuple[str, str]] = {
     413: ("PayloadTooLarge", "The request body is larger than the service accepts."),
     415: ("UnsupportedMediaType", "The body is not `application/json`."),
     422: ("ValidationFailed", "The request did not validate; `errors` names each field."),
-    503: ("ServiceUnavailable", "The database is not answering; retry later."),
+    503: ("ServiceUnavailable", "The database is not answering, or its storage refuses "
+                                "writes (disk full, read-only); retry later."),
 }
 _PROBLEM_HEADERS = {401: {"WWW-Authenticate": True}, 503: {"Retry-After": False}}
 

@@ -33,6 +33,7 @@ from app.core.errors import (
     ScheduleNameTaken,
     ServiceUnavailable,
     SlotTaken,
+    StorageUnavailable,
     Unauthorized,
     UniqueConflict,
     UniqueIndexRefused,
@@ -106,7 +107,31 @@ PROBLEM_TYPES: dict[type[Exception], ProblemType] = {
     ServiceUnavailable: _SERVICE_UNAVAILABLE,
     CountingReadsBusy: _SERVICE_UNAVAILABLE,
     DatabaseUnavailable: _SERVICE_UNAVAILABLE,
+    StorageUnavailable: ProblemType(503, "Storage unavailable", "storage-unavailable"),
 }
+
+# What SQLite says when its files cannot be written (the primary result codes, below the
+# extended ones' low byte): SQLITE_FULL, and SQLITE_READONLY / SQLITE_IOERR, which a
+# filesystem turned read-only or a failing disk give.
+_SQLITE_FULL = 13
+_SQLITE_STORAGE_REFUSED = frozenset({8, 10})
+# PostgreSQL's disk_full (class 53, insufficient resources).
+_POSTGRES_DISK_FULL = "53100"
+
+
+def storage_refusal(error: BaseException) -> tuple[StorageUnavailable, str] | None:
+    """A database error that says the storage refuses writes, as the client's error and
+    the cause's name for the log (SQLITE_FULL, …); None for any other error."""
+    orig = getattr(error, "orig", None)
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        primary = code & 0xFF
+        if primary == _SQLITE_FULL or primary in _SQLITE_STORAGE_REFUSED:
+            name = str(getattr(orig, "sqlite_errorname", code))
+            return StorageUnavailable(full=primary == _SQLITE_FULL), name
+    if getattr(orig, "sqlstate", None) == _POSTGRES_DISK_FULL:
+        return StorageUnavailable(full=True), "disk_full"
+    return None
 
 
 def problem_type_of(error: Exception) -> ProblemType:
@@ -256,7 +281,13 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(OperationalError)
     def on_database_unavailable(error: Exception) -> Response:
         # An unreachable or locked-up database is the service's state, not a bug: 503, and
-        # the client may retry. Logged without the statement or its parameters.
+        # the client may retry. Logged without the statement or its parameters. A disk
+        # full or read-only is the operator's to fix: said so, with SQLite's own code.
+        refusal = storage_refusal(error)
+        if refusal is not None:
+            log.error("database storage refuses writes (%s): free space on the database's "
+                      "disk, or repair it; writes are refused until then", refusal[1])
+            return render_problem(refusal[0])
         log.warning("database unavailable: %s", type(error).__name__)
         return render_problem(DatabaseUnavailable())
 
