@@ -182,6 +182,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("DB_POOL_SIZE", 5, _int_in(1, 200), "connections kept per process"),
     Setting("DB_POOL_TIMEOUT_SECONDS", 10, _int_in(1, 600),
             "how long a request waits for a pooled connection"),
+    Setting("LONG_TRANSACTION_WARNING_SECONDS", 300.0, _float_in(0.1, 604_800),
+            "PostgreSQL: /readyz warns when a transaction holding a snapshot (any session "
+            "of the server) has been open this long; such a transaction holds back the "
+            "removal of dead rows, and claims slow down as they pile up"),
     Setting("DISPATCH", False, _flag,
             "run the push dispatcher (`queuelog dispatch`) beside gunicorn: the gunicorn "
             "master starts it, stops it with itself and restarts it if it dies"),

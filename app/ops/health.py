@@ -12,6 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.config import configuration_warnings
 from app.core.errors import ServiceUnavailable
+from app.storage.activity import oldest_transaction_seconds
 from app.storage.migrations import current_revision, head_revision
 from app.web.openapi import Reply, documented
 
@@ -39,13 +40,15 @@ def healthz() -> Response:
 @bp.get("/readyz")
 @documented("Readiness: the database answers and its schema is at the newest migration.",
             replies=[Reply(200, "Ready to serve; `warnings`, when present, says what will be "
-                                 "refused until the operator fixes a setting.")],
+                                 "refused until the operator fixes a setting, or what slows "
+                                 "the service down (a long transaction on PostgreSQL).")],
             errors=[503])
 def readyz() -> Response:
     newest = newest_revision()
     try:
         with current_app.extensions["queuelog"].db.read() as conn:
             current = current_revision(conn)
+            oldest_transaction = oldest_transaction_seconds(conn)
     except SQLAlchemyError as exc:
         # The class name only: a driver's message can carry the host, the user or the SQL.
         log.warning("readiness: the database did not answer: %s", type(exc).__name__)
@@ -59,6 +62,15 @@ def readyz() -> Response:
     # Ready still: reads, claims and reports work, and a misconfigured release should be
     # told, not taken out of service. The warning says what does not work.
     warnings = configuration_warnings(current_app.config)
+    limit = current_app.config["LONG_TRANSACTION_WARNING_SECONDS"]
+    if oldest_transaction is not None and oldest_transaction > limit:
+        # Ready still: every request works, only slower, and taking the service out of the
+        # load balancer would not end the transaction, which is someone else's session.
+        warnings.append(
+            f"A transaction has been open on the database server for {oldest_transaction:.0f} "
+            f"s (over QUEUELOG_LONG_TRANSACTION_WARNING_SECONDS, {limit:g}): it holds back "
+            "the removal of dead rows, so claims slow down the longer it lasts. Find it in "
+            "pg_stat_activity (the oldest xact_start) and end it.")
     if warnings:
         ready["warnings"] = warnings
     return jsonify(ready)

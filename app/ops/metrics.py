@@ -30,6 +30,8 @@ from app.core.callers import Role
 from app.core.errors import Forbidden
 from app.core.statuses import JobStatus
 from app.jobs.transitions import JOB_METRICS
+from app.storage.activity import oldest_transaction_seconds
+from app.storage.engine import Database
 from app.types.service import TypeService
 from app.web.auth import authenticate
 from app.web.openapi import Reply, documented
@@ -174,11 +176,16 @@ class QueueGauges(Collector):
 
     A scrape that cannot reach the database still answers, with the counters and
     queuelog_database_up 0, so that the outage itself is visible on the dashboards.
+
+    On PostgreSQL, queuelog_database_oldest_transaction_seconds too (absent on SQLite): the
+    age of the server's oldest transaction holding a snapshot, which slows claims down the
+    longer it stays open (app/storage/activity.py).
     """
 
-    def __init__(self, types: TypeService, job_types: Iterable[str]) -> None:
+    def __init__(self, types: TypeService, job_types: Iterable[str], db: Database) -> None:
         self.types = types
         self.job_types = frozenset(job_types)
+        self.db = db
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families())
@@ -207,10 +214,14 @@ class QueueGauges(Collector):
             "Ordered keys of each configured type that a failed job blocks (on_failure "
             "block): nothing more of such a key runs until the job is retried or cancelled.",
             labels=("type",))
+        yield GaugeMetricFamily(
+            "queuelog_database_oldest_transaction_seconds",
+            "PostgreSQL: how long the server's oldest open transaction holding a snapshot "
+            "has run (any database; 0 when none): dead rows it holds back slow claims down.")
 
     def collect(self) -> Iterable[Metric]:
         (up, jobs, oldest_age, type_pending, type_running, type_oldest,
-         type_blocked) = self._families()
+         type_blocked, oldest_transaction) = self._families()
         try:
             stats = self.types.stats()
         except SQLAlchemyError as exc:
@@ -232,7 +243,17 @@ class QueueGauges(Collector):
             type_oldest.add_metric([job_type],
                                    stats.oldest_claimable_age_seconds(job_type) or 0.0)
             type_blocked.add_metric([job_type], stats.blocked_keys.get(job_type, 0))
-        return [up, jobs, oldest_age, type_pending, type_running, type_oldest, type_blocked]
+        families = [up, jobs, oldest_age, type_pending, type_running, type_oldest, type_blocked]
+        try:
+            with self.db.read() as conn:
+                age = oldest_transaction_seconds(conn)
+        except SQLAlchemyError as exc:
+            log.warning("metrics: the database did not answer: %s", type(exc).__name__)
+            return families
+        if age is not None:
+            oldest_transaction.add_metric([], age)
+            families.append(oldest_transaction)
+        return families
 
 
 bp = Blueprint("metrics", __name__)
@@ -263,5 +284,6 @@ scrape.allowed_roles = frozenset({Role.ADMIN})  # type: ignore[attr-defined]
 
 def init_metrics(app: Flask, metrics: QueueMetrics) -> None:
     services = app.extensions["queuelog"]
-    metrics.add_scrape_collector(QueueGauges(services.types, app.config["JOB_TYPES"]))
+    metrics.add_scrape_collector(QueueGauges(services.types, app.config["JOB_TYPES"],
+                                             services.db))
     app.register_blueprint(bp)
