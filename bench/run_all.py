@@ -28,8 +28,9 @@ from bench.machine import machine_notes
 BENCH = Path(__file__).resolve().parent
 # Cheapest first: a broken environment shows before the long runs.
 SCRIPTS = ["storage", "depth", "http_single", "http_events", "http_batch", "await_latency",
-           "peers", "memory", "flow", "workflows", "keys", "heartbeat", "reserve", "retention",
-           "failures", "tags", "over_time", "dashboard", "push", "bloat"]
+           "peers", "peer_servers", "memory", "flow", "workflows", "keys", "heartbeat",
+           "reserve", "enqueue_options", "retention", "failures", "tags", "over_time",
+           "dashboard", "push", "bloat", "long_transaction"]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

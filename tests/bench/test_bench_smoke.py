@@ -23,6 +23,8 @@ SCRIPTS = {
     "http_batch": ("== HTTP, batches and long polling", "jobs per request"),
     "await_latency": ("== Waiting for a result across processes", "p99"),
     "peers": ("== Peers:", "dequeue + ack jobs/s"),
+    "peer_servers": ("== Peer servers: queuelog over HTTP beside procrastinate and RQ",
+                     "queuelog / peer"),
     "memory": ("== Memory: one gunicorn worker", "peak (VmHWM) after"),
     "flow": ("== Flow control: limited claims and GET /types", "limits configured, not reached"),
     "workflows": ("== Workflows: dependency wake-up, enqueue, fan-in", "workflow / batch"),
@@ -31,6 +33,8 @@ SCRIPTS = {
                   "time / plain's"),
     "reserve": ("== Reserved jobs: reserve + confirm, and the check-back",
                 "reserve + confirm / plain"),
+    "enqueue_options": ("== Enqueue options: what each field costs a single enqueue",
+                        "time / plain's"),
     "retention": ("== Retention: enqueues and claims while a million expired jobs are removed",
                   "during / baseline"),
     "failures": ("== Failure groups: GET /failures with a million stored jobs",
@@ -40,12 +44,14 @@ SCRIPTS = {
     "dashboard": ("== Dashboard: page times", "jobs, no filter"),
     "push": ("== Push delivery: the dispatcher vs a plain HTTP loop", "dispatch / plain"),
     "bloat": ("== Bloat: claim rate after a million jobs cycled", "after 500 jobs cycled"),
+    "long_transaction": ("== Long transaction: the claim rate while a snapshot is held open",
+                         "claims + completes /s"),
 }
 # The scripts that measure PostgreSQL beside SQLite do so here too when the tests have a
 # PostgreSQL server (smoke sizes: a few seconds more each).
-ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "flow", "workflows", "keys",
-                            "heartbeat", "reserve", "retention", "failures", "tags",
-                            "over_time", "bloat"})
+ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "peer_servers", "flow", "workflows",
+                            "keys", "heartbeat", "reserve", "enqueue_options", "retention",
+                            "failures", "tags", "over_time", "bloat", "long_transaction"})
 
 
 def run_bench(*argv: str, tmp_path: Path,
