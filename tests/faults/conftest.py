@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults.inject import PrivatePostgres, postgres_unavailable
+from tests.faults.inject import PrivatePostgres, postgres_unavailable, unavailable
 from tests.servers import LiveServer, create_api_key
 
 
@@ -55,7 +55,7 @@ def private_postgres() -> Iterator[PrivatePostgres]:
     of the session."""
     reason = postgres_unavailable()
     if reason:
-        pytest.skip(f"private PostgreSQL cluster: {reason}")
+        unavailable("private PostgreSQL cluster", reason)
     cluster = PrivatePostgres().init()
     try:
         cluster.start()

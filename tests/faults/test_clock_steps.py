@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, select
 from app.core.clock import MICROS
 from app.storage.schema import jobs
 from tests.faults.conftest import Keys
-from tests.faults.inject import SteppedClock, stepped_clock_unavailable
+from tests.faults.inject import SteppedClock, stepped_clock_unavailable, unavailable
 from tests.faults.load import LoadRun
 from tests.servers import LiveServer
 
@@ -46,7 +46,7 @@ SCHEDULE = "every-second"
 def clock(tmp_path: Path) -> SteppedClock:
     reason = stepped_clock_unavailable()
     if reason:
-        pytest.skip(f"a stepped clock for the server: {reason}")
+        unavailable("a stepped clock for the server", reason)
     return SteppedClock(tmp_path)
 
 

@@ -34,6 +34,7 @@ from tests.faults.inject import (
     SmallFilesystem,
     loop_unavailable,
     mount_unavailable,
+    unavailable,
 )
 from tests.faults.load import ALLOWED_ERRORS, LoadRun, kind_of
 
@@ -118,7 +119,7 @@ def test_a_full_disk_refuses_writes_with_503_loses_nothing_and_recovers_by_itsel
         tmp_path: Path) -> None:
     reason = mount_unavailable()
     if reason:
-        pytest.skip(f"a small filesystem for the disk-full test: {reason}")
+        unavailable("a small filesystem for the disk-full test", reason)
     with SmallFilesystem(size_bytes=16 * 1024 * 1024) as disk:
         url = _database_on(disk.path, sqlite_template)
         keys = make_keys(url)
@@ -163,7 +164,7 @@ def test_a_filesystem_turned_read_only_refuses_writes_with_503_and_loses_nothing
         tmp_path: Path) -> None:
     reason = loop_unavailable()
     if reason:
-        pytest.skip(f"an ext4 image on a loop device for the read-only test: {reason}")
+        unavailable("an ext4 image on a loop device for the read-only test", reason)
     with LoopFilesystem() as disk:
         url = _database_on(disk.path, sqlite_template)
         keys = make_keys(url)
