@@ -7,6 +7,7 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, insert, select
 from sqlalchemy.exc import IntegrityError
 
+from app.core.errors import IdempotencyKeyTaken
 from app.jobs import repository as job_repository
 from app.jobs.timeline import repository as history_repository
 from app.keys import repository as key_repository
@@ -120,5 +121,37 @@ def test_a_batch_of_jobs_comes_back_in_the_order_sent(db_url):
             made = job_repository.JobRepository(conn).insert_jobs(rows)
         assert [job.payload for job in made] == [row["payload"] for row in rows]
         assert [job.id for job in made] == sorted(job.id for job in made)
+    finally:
+        database.engine.dispose()
+
+
+def test_many_events_and_a_refused_batch_on_either_engine(db_url):
+    # PostgreSQL sends many rows as one INSERT of arrays (columns all NULL among them); SQLite
+    # as multi-row VALUES. Either stores each row once, or none when one row is refused.
+    database = Database(make_engine(db_url))
+    try:
+        now = 1_700_000_000_000_000
+        rows = [{"type": "email", "payload": "{}", "priority": 2, "status": "pending",
+                 "retry_count": 0, "max_retries": 3, "producer": "p", "run_at": now,
+                 "created_at": now, "updated_at": now, "idempotency_key": f"k{i}",
+                 "concurrency_key": None} for i in range(3)]
+        with database.write() as conn:
+            made = job_repository.JobRepository(conn).insert_jobs(rows)
+            history_repository.HistoryRepository(conn).add_events(
+                [{"job_id": job.id, "at": now, "event": "enqueued", "actor": "p",
+                  "detail": None} for job in made])
+        assert [job.idempotency_key for job in made] == ["k0", "k1", "k2"]
+        assert all(job.concurrency_key is None for job in made)
+        if database.engine.dialect.name == "postgresql":
+            insert_jobs = job_repository._insert_statement("postgresql", skip_conflicts=False)
+            assert insert_jobs._arrays and history_repository._insert_event._arrays
+        with database.read() as conn:
+            events = history_repository.HistoryRepository(conn).events_of(made[1].id, 10)
+        assert [event.event for event in events] == ["enqueued"]
+        with pytest.raises(IdempotencyKeyTaken), database.write() as conn:
+            job_repository.JobRepository(conn).insert_jobs(
+                [{**rows[0], "idempotency_key": "k9"}, rows[1]])
+        with database.read() as conn:
+            assert job_repository.JobRepository(conn).find_by_idempotency_key("p", "k9") is None
     finally:
         database.engine.dispose()

@@ -486,12 +486,13 @@ _TELLING_COLUMNS = ("type", "payload", "priority", "run_at", "idempotency_key")
 
 
 def _in_row_order(returned: Sequence[Any], rows: Sequence[Mapping[str, Any]]) -> list[Job]:
-    """The jobs a multi-row INSERT … RETURNING on SQLite made, in the order of `rows`.
+    """The jobs a multi-row INSERT … RETURNING made, in the order of `rows`.
 
-    SQLite returns them in no promised order, but inserts the rows of VALUES in order and,
-    under AUTOINCREMENT, gives each an id above every id before it: in id order they are in
-    `rows`' order. That is checked on the columns that tell rows apart; should it ever not
-    hold, each row is matched with a job holding every one of its values instead.
+    Neither engine promises RETURNING's order, but each inserts the rows in order (SQLite its
+    rows of VALUES, PostgreSQL its arrays' ORDER BY ordinality) and gives each an id above
+    every id before it (AUTOINCREMENT, a sequence): in id order they are in `rows`' order.
+    That is checked on the columns that tell rows apart; should it ever not hold, each row is
+    matched with a job holding every one of its values instead.
     """
     made = sorted(map(_job, returned), key=lambda job: job.id)
     if len(made) == len(rows) and all(

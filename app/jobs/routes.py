@@ -13,7 +13,7 @@ from app.core.tracecontext import Trace, trace_of_headers
 from app.jobs.claim import Claimed
 from app.jobs.enqueue import Enqueued
 from app.jobs.fastload import load_batch
-from app.jobs.models import JobControls, JobDependencies
+from app.jobs.models import JobControls, JobDependencies, JobExtras
 from app.jobs.reports import Progress
 from app.jobs.schemas import (
     BatchEnqueueSchema,
@@ -191,10 +191,10 @@ def enqueue_batch() -> Response:
             "A batch takes an idempotency_key in each job, not the Idempotency-Key header.",
             errors={"Idempotency-Key": ["Put idempotency_key in each job instead."]})
     body = load_batch(json_body())
-    results = _service().enqueue_many(current_caller(), body["jobs"], trace=_request_trace())
+    trace = _request_trace()
+    results = _service().enqueue_many(current_caller(), body["jobs"], trace=trace)
     show_error = current_caller().is_admin
-    stored = [outcome.job for outcome in results]
-    extras = _service().extras_of(stored)
+    extras = _extras_of_batch(body["jobs"], results, trace)
     response = jsonify({"jobs": [represent(outcome.job, show_error=show_error,
                                            dependencies=extras.dependencies,
                                            controls=extras.controls, tags=extras.tags,
@@ -204,6 +204,25 @@ def enqueue_batch() -> Response:
                                  for outcome in results]})
     response.status_code = 201
     return response
+
+
+def _extras_of_batch(requests: list[dict[str, Any]], results: list[Enqueued],
+                     trace: Trace | None) -> JobExtras:
+    """What a batch's jobs show beside their rows. As for one enqueue, the jobs it made
+    without depends_on wait for nothing and have the tags and trace they were sent with; only
+    the jobs it met (replays, unique twins) and a graph's are read."""
+    if any(item.get("depends_on") for item in requests):
+        return _service().extras_of([outcome.job for outcome in results])
+    made = {outcome.job.id: item for item, outcome in zip(requests, results, strict=True)
+            if outcome.created}
+    extras = _service().extras_of([outcome.job for outcome in results
+                                   if outcome.job.id not in made])
+    tags = {**extras.tags, **{job_id: item["tags"] for job_id, item in made.items()
+                              if item.get("tags")}}
+    traces = dict(extras.traces)
+    if trace is not None:
+        traces.update(dict.fromkeys(made, trace))
+    return JobExtras(extras.dependencies, extras.controls, tags, traces)
 
 
 @bp.post("/jobs/complete-many")
