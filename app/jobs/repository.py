@@ -531,10 +531,10 @@ def _enters_key(table: Any, status: JobStatus) -> Any:
                 func.coalesce(table.c.unique_while, 0).op("&")(bit) != 0)
 
 
-def _takes_a_held_key(transition: Transition, status: JobStatus, batch: list[int]) -> Any:
-    """A job of `batch` that moving to `status` would bring into a unique key already taken:
-    held by another job, or entered first by a job of the batch with a lower id. (A job that
-    holds its key now keeps it: no other job holds it.)"""
+def _takes_a_held_key(transition: Transition, status: JobStatus, batch: Any) -> Any:
+    """A job of `batch` (the expanding bind of its ids) that moving to `status` would bring
+    into a unique key already taken: held by another job, or entered first by a job of the
+    batch with a lower id. (A job that holds its key now keeps it: no other job holds it.)"""
     twin, others = jobs.alias("twin"), jobs.alias("batch")
     # Unqualified, the predicate names the innermost table of its subquery, `twin`; it is the
     # partial unique index's own text, so the look-up reads that index.
@@ -551,6 +551,20 @@ def _takes_a_held_key(transition: Transition, status: JobStatus, batch: list[int
             _enters_key(others, status), _not_unique_holder).subquery("entering")
     return or_(and_(_enters_key(jobs, status), _not_unique_holder, held_by_a_twin),
                jobs.c.id.in_(select(entering.c.id).where(entering.c.n > 1)))
+
+
+@functools.cache
+def _transition_many(transition: Transition, status: JobStatus,
+                     columns: frozenset[str]) -> Any:
+    """apply_transition_to_many's UPDATE, built once per transition, status and columns
+    written (its ids an expanding bind, `ids`; its values `new_<column>`): built afresh, its
+    aliased subqueries cost an ordered key's enqueue more than the rest of it."""
+    ids: Any = bindparam("ids", expanding=True)
+    return (update(jobs)
+            .where(jobs.c.id.in_(ids), _status_is(*transition.from_statuses),
+                   ~_takes_a_held_key(transition, status, ids))
+            .values({name: bindparam(f"new_{name}") for name in sorted(columns)})
+            .returning(*JOB_COLUMNS))
 
 
 class JobRepository:
@@ -996,12 +1010,9 @@ class JobRepository:
             raise ValueError(f"{transition.name} is a worker's report, one job at a time")
         if not job_ids:
             return []
-        ids = sorted(job_ids)
-        stmt = (update(jobs)
-                .where(jobs.c.id.in_(ids), _status_is(*transition.from_statuses),
-                       ~_takes_a_held_key(transition, JobStatus(values["status"]), ids))
-                .values(dict(values)).returning(*JOB_COLUMNS))
-        return sorted((_job(row) for row in self.conn.execute(stmt)), key=lambda job: job.id)
+        stmt = _transition_many(transition, JobStatus(values["status"]), frozenset(values))
+        rows = self.conn.execute(stmt, {"ids": sorted(job_ids), **_new_values(values)})
+        return sorted((_job(row) for row in rows), key=lambda job: job.id)
 
     # -- retention ------------------------------------------------------------------------
 
