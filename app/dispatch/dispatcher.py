@@ -29,9 +29,11 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from types import FrameType
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from app.core.callers import Caller, Role
 from app.core.clock import MICROS, Clock
-from app.core.errors import Conflict, NotFound, ValidationFailed
+from app.core.errors import Conflict, NotFound, ServiceUnavailable, ValidationFailed
 from app.core.priorities import Priority
 from app.core.redaction import display_url, redact_error, scrub_url
 from app.dispatch.checks import Checker
@@ -108,6 +110,7 @@ class Dispatcher:
         self._targets: dict[str, TypeSettings] = {}
         self._targets_read_at = -TARGETS_MAX_AGE_SECONDS
         self._rotation = 0
+        self._failing = False  # the last claim met a database that did not answer
 
     # -- running --------------------------------------------------------------------------
 
@@ -191,12 +194,22 @@ class Dispatcher:
                     self._hand_out(Delivery(one, targets[one.job.type]))
                     free -= 1
                     claimed_any = True
-            return claimed_any
-        except Exception:
+        except (SQLAlchemyError, ServiceUnavailable) as exc:
             # The database may be away for a moment: the dispatcher outlives it, like a
-            # worker whose claims answer 503, and claims again after the idle wait.
+            # worker whose claims answer 503, and claims again after the idle wait. Said
+            # once per outage, as the tickers do, not twice a second.
+            if not self._failing:
+                log.warning("dispatch: the database did not answer (%s); claiming again "
+                            "until it does", type(exc).__name__)
+            self._failing = True
+            return False
+        except Exception:
             log.exception("dispatch: a claim failed; trying again")
             return False
+        if self._failing:
+            log.warning("dispatch: the database answers again; claiming resumed")
+            self._failing = False
+        return claimed_any
 
     def _push_targets(self) -> dict[str, TypeSettings]:
         if time.monotonic() - self._targets_read_at >= TARGETS_MAX_AGE_SECONDS:

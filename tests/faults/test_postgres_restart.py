@@ -139,6 +139,11 @@ def test_postgres_restarted_and_shut_down_mid_load_loses_nothing_and_recovers_by
     # Recovered by itself: the same gunicorn workers, runner and dispatcher throughout.
     assert runners_alive
     assert dispatcher_alive
+    # The dispatcher says an outage once, and its end, not a traceback per idle wait.
+    said = dispatcher.log.read_text(errors="replace")
+    assert "Traceback" not in said, said[-2000:]
+    assert 1 <= said.count("dispatch: the database did not answer") <= 4, said[-2000:]
+    assert "dispatch: the database answers again" in said
     assert sorted(server.worker_pids()) == gunicorn_workers
     assert {r.job_id for r in receiver.received} == set(pushed)
     # The ticker kept firing after the faults, and no slot was enqueued twice.
