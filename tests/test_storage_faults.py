@@ -5,6 +5,7 @@ on; and writes succeed again once the space is back, in the same process."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sqlite3
 import threading
@@ -20,7 +21,8 @@ from sqlalchemy.exc import OperationalError
 from app import create_app
 from app.core.callers import Role
 from app.core.errors import StorageUnavailable
-from app.web.problems import storage_refusal
+from app.core.storage_refusal import storage_refusal
+from app.schedules.ticker import Ticker
 from tests.faults.inject import SmallFilesystem, mount_unavailable
 
 THREADS = 6
@@ -74,6 +76,28 @@ def test_postgres_disk_full_is_a_full_disk() -> None:
 
     refusal = storage_refusal(_wrapped(DiskFull()))
     assert refusal is not None and refusal[1] == "disk_full"
+
+
+def test_the_ticker_says_a_full_disk_once_as_a_full_disk(tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    error = _sqlite_error("PRAGMA max_page_count=2; CREATE TABLE t (x);",
+                          "INSERT INTO t SELECT randomblob(100000)",
+                          f"file:{tmp_path / 'full.sqlite3'}")
+
+    def refused() -> None:
+        raise _wrapped(error)
+
+    class NoSchedules:
+        fire_due = staticmethod(refused)
+
+    ticker = Ticker(NoSchedules())  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="app.schedules.ticker"):
+        ticker.tick()
+        ticker.tick()
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 1 and "storage refuses writes (SQLITE_FULL)" in said[0]
+    assert caplog.records[0].levelno == logging.ERROR
 
 
 def test_a_locked_database_is_not_a_storage_refusal(tmp_path: Path) -> None:

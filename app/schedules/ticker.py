@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.core.storage_refusal import storage_refusal
 from app.schedules.service import ScheduleService
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,13 @@ class Ticker:
                 chore()
             except SQLAlchemyError as exc:
                 if not self._failing:
-                    log.warning("schedules: the database did not answer (%s); retrying every "
-                                "%.1f s", type(exc).__name__, self.interval)
+                    refusal = storage_refusal(exc)
+                    if refusal is not None:
+                        log.error("schedules: the database's storage refuses writes (%s); "
+                                  "retrying every %.1f s", refusal[1], self.interval)
+                    else:
+                        log.warning("schedules: the database did not answer (%s); retrying "
+                                    "every %.1f s", type(exc).__name__, self.interval)
                 self._failing = True
                 return
             except Exception:

@@ -40,6 +40,7 @@ from app.core.errors import (
     UniqueScopeHeld,
     ValidationFailed,
 )
+from app.core.storage_refusal import storage_refusal
 
 PROBLEM_TYPE_BASE = "https://queuelog.dev/problems/"
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -109,30 +110,6 @@ PROBLEM_TYPES: dict[type[Exception], ProblemType] = {
     DatabaseUnavailable: _SERVICE_UNAVAILABLE,
     StorageUnavailable: ProblemType(503, "Storage unavailable", "storage-unavailable"),
 }
-
-# What SQLite says when its files cannot be written (the primary result codes, below the
-# extended ones' low byte): SQLITE_FULL, and SQLITE_READONLY / SQLITE_IOERR, which a
-# filesystem turned read-only or a failing disk give.
-_SQLITE_FULL = 13
-_SQLITE_STORAGE_REFUSED = frozenset({8, 10})
-# PostgreSQL's disk_full (class 53, insufficient resources).
-_POSTGRES_DISK_FULL = "53100"
-
-
-def storage_refusal(error: BaseException) -> tuple[StorageUnavailable, str] | None:
-    """A database error that says the storage refuses writes, as the client's error and
-    the cause's name for the log (SQLITE_FULL, …); None for any other error."""
-    orig = getattr(error, "orig", None)
-    code = getattr(orig, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        primary = code & 0xFF
-        if primary == _SQLITE_FULL or primary in _SQLITE_STORAGE_REFUSED:
-            name = str(getattr(orig, "sqlite_errorname", code))
-            return StorageUnavailable(full=primary == _SQLITE_FULL), name
-    if getattr(orig, "sqlstate", None) == _POSTGRES_DISK_FULL:
-        return StorageUnavailable(full=True), "disk_full"
-    return None
-
 
 def problem_type_of(error: Exception) -> ProblemType:
     """The problem of a raised error: the entry of the nearest class in its MRO."""
