@@ -126,7 +126,7 @@ def test_a_batch_of_jobs_comes_back_in_the_order_sent(db_url):
 
 
 def test_many_events_and_a_refused_batch_on_either_engine(db_url):
-    # PostgreSQL sends many rows as one INSERT of arrays (columns all NULL among them); SQLite
+    # PostgreSQL sends many rows as one JSON document (columns all NULL among them); SQLite
     # as multi-row VALUES. Either stores each row once, or none when one row is refused.
     database = Database(make_engine(db_url))
     try:
@@ -144,7 +144,7 @@ def test_many_events_and_a_refused_batch_on_either_engine(db_url):
         assert all(job.concurrency_key is None for job in made)
         if database.engine.dialect.name == "postgresql":
             insert_jobs = job_repository._insert_statement("postgresql", skip_conflicts=False)
-            assert insert_jobs._arrays and history_repository._insert_event._arrays
+            assert insert_jobs._row_documents and history_repository._insert_event._row_documents
         with database.read() as conn:
             events = history_repository.HistoryRepository(conn).events_of(made[1].id, 10)
         assert [event.event for event in events] == ["enqueued"]
