@@ -23,7 +23,7 @@ from app.core.callers import Role
 from app.core.errors import StorageUnavailable
 from app.core.storage_refusal import storage_refusal
 from app.schedules.ticker import Ticker
-from tests.faults.inject import SmallFilesystem, mount_unavailable
+from tests.faults.inject import SmallFilesystem, mount_unavailable, unavailable
 
 THREADS = 6
 ENQUEUES_PER_THREAD = 10
@@ -113,7 +113,7 @@ def test_a_locked_database_is_not_a_storage_refusal(tmp_path: Path) -> None:
 def small_disk() -> Iterator[SmallFilesystem]:
     reason = mount_unavailable()
     if reason:
-        pytest.skip(f"a small filesystem: {reason}")
+        unavailable("a small filesystem", reason)
     with SmallFilesystem(size_bytes=4 * 1024 * 1024) as disk:
         yield disk
 
