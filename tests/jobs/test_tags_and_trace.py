@@ -360,3 +360,18 @@ def _finished(api: Api, producer: Key, worker: Key, **enqueue: Any) -> int:
     assert claimed["id"] == job_id
     assert api.complete(worker, job_id, lease_token=claimed["lease_token"]).status_code == 200
     return job_id
+
+
+def test_a_batch_item_meeting_a_stored_twin_shows_the_twins_tags_not_its_own(client, producer):
+    # A job the batch made shows what it was sent with; one it met shows what is stored.
+    stored = client.post("/jobs", headers=producer.headers, json={
+        "type": "email", "tags": ["stored"], "unique": {"key": "k"}})
+    assert stored.status_code == 201, stored.json
+    made = client.post("/jobs/batch", headers={**producer.headers, **TRACED}, json={"jobs": [
+        {"type": "email", "tags": ["sent"], "unique": {"key": "k"}},
+        {"type": "pdf", "tags": ["new"]}]})
+    assert made.status_code == 201, made.json
+    twin, new = made.json["jobs"]
+    assert twin["id"] == stored.json["id"] and twin["deduplicated"] is True  # returned
+    assert twin["tags"] == ["stored"] and twin["trace"] is None
+    assert new["tags"] == ["new"] and new["trace"] == TRACED
