@@ -52,7 +52,9 @@ FULL_CLAIMS, SMOKE_CLAIMS = 3_000, 60
 TURN = 20
 ENQUEUE_BATCH, CLAIM_BATCH = 1000, 100
 CHUNK = 10_000  # jobs per statement of the SQL cycle
-TARGET_RATIO = 0.8
+# PostgreSQL's goal was raised by issue 37 (from 0.8): autovacuum and the fillfactor should
+# leave a cycled table as fast to claim from as a fresh one.
+TARGET_RATIO = {"SQLite": 0.8, "PostgreSQL": 0.95}
 FULL_VACUUM_WAIT, SMOKE_VACUUM_WAIT = 900.0, 3.0  # seconds at most
 
 
@@ -284,7 +286,7 @@ def measure_engine(options: Any, report: Report, engine: str) -> None:
     report.tables.append(cycle_table)
     report.targets.append(Target(
         f"claim rate after {purged:,} jobs cycled / fresh table, {engine}, {storage} storage",
-        f"≥ {TARGET_RATIO}", f"{ratio:.2f}", ratio >= TARGET_RATIO))
+        f"≥ {TARGET_RATIO[engine]}", f"{ratio:.2f}", ratio >= TARGET_RATIO[engine]))
 
 
 def measure(options: Any) -> Report:

@@ -1,9 +1,9 @@
 """Depth: the latency of a claim (JobRepository.claim_next_jobs in a write transaction through
-Database.run_write) with 1k, 100k and 1M claimable jobs, and with 1M finished jobs stored beside
-1k claimable ones. The claim reads a partial index of the pending rows in claim order, so its
-cost should not grow with the table. Informational rows show what the index does not cover: a
-claim restricted to one type (`types`) among many pending jobs of another, and the peek a
-long-polling claim repeats every 50 ms.
+Database.run_write) with 1k, 100k, 1M and 10M claimable jobs, and with 1M finished jobs stored
+beside 1k claimable ones; the target compares 10M with 1k. The claim reads a partial index of
+the pending rows in claim order, so its cost should not grow with the table. Informational rows
+show what the index does not cover: a claim restricted to one type (`types`) among many pending
+jobs of another, and the peek a long-polling claim repeats every 50 ms.
 
     PYTHONPATH=. python bench/depth.py [--smoke] [--repeats N]
 """
@@ -47,20 +47,24 @@ class Case:
     types: tuple[str, ...] | None = None  # the claim's `types`; None: any type
     peek: bool = False  # time has_claimable_work (a long poll's peek) instead of a claim
     versus: str | None = None  # the row this one's ratio is taken against
-    target: bool = False  # the 1k and 1M rows of the issue's target
+    target: bool = False  # the 1k and 10M rows of the issue's target
 
 
 def cases(smoke: bool) -> list[Case]:
     small, large = (100, 5_000) if smoke else (1_000, 1_000_000)
     middle = 1_000 if smoke else 100_000
-    name = {100: "100", 1_000: "1k", 5_000: "5k", 100_000: "100k", 1_000_000: "1M"}
+    # The target's deep store (issue 37 raised it from 1M to 10M claimable).
+    deepest = 20_000 if smoke else 10_000_000
+    name = {100: "100", 1_000: "1k", 5_000: "5k", 20_000: "20k", 100_000: "100k",
+            1_000_000: "1M", 10_000_000: "10M"}
     base = f"{name[small]} claimable"
     typed_base = f"{name[small]} claimable, all 'report'; claim types=[report]"
     peek_base = f"{name[small]} claimable, none 'report'; peek types=[report]"
     return [
         Case(base, Store(small), versus=base, target=True),
         Case(f"{name[middle]} claimable", Store(middle), versus=base),
-        Case(f"{name[large]} claimable", Store(large), versus=base, target=True),
+        Case(f"{name[large]} claimable", Store(large), versus=base),
+        Case(f"{name[deepest]} claimable", Store(deepest), versus=base, target=True),
         Case(f"{name[large]} finished + {name[small]} claimable", Store(small, large),
              versus=base),
         Case(typed_base, Store(small, every=1), types=("report",), versus=typed_base),

@@ -28,6 +28,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/http_batch.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.background import LOAD_TYPE, BackgroundLoad
 from bench.data import (
     RESULT,
     create_keys,
@@ -69,6 +70,10 @@ LONG_POLL_TYPE = "report"
 ENQUEUE_GOAL = 10_000
 CYCLE_GOAL = 5_000
 LONG_POLL_GOAL_MS = 100
+# Issue 37's raised goal: a waiting claim woken within 20 ms (p99) while BUSY_CLIENTS clients
+# keep enqueuing jobs of another type on the same server.
+BUSY_CLIENTS = 8
+BUSY_POLL_GOAL_MS = 20
 KEYS = {"producer-0": "producer", "producer-1": "producer", "worker-0": "worker",
         "worker-1": "worker"}
 # One server against two over one PostgreSQL database, at this many clients.
@@ -214,8 +219,8 @@ def measure(options: Any) -> Report:
     figures: dict[tuple[str, int, int, str], dict[str, Spread]] = {}
     scaled: dict[tuple[str, int, int], dict[str, Spread]] = {}
     scale_ratios: dict[tuple[str, int], Spread] = {}
-    idle_poll, backlog_poll = LongPoll(), LongPoll()
-    backlog = Spread()
+    idle_poll, backlog_poll, busy_poll = LongPoll(), LongPoll(), LongPoll()
+    backlog, busy_load = Spread(), Spread()
     # raw[(scenario, jobs per request)]: raw sqlite3's jobs/s; against_raw[...]: the HTTP
     # row at RAW_CLIENTS on SQLite over raw sqlite3's, each repeat's pair measured in turns.
     raw: dict[tuple[str, int], Spread] = {}
@@ -242,6 +247,10 @@ def measure(options: Any) -> Report:
         idle_tokens = create_keys(idle_url, {"producer": "producer",
                                              "worker": "worker"})
         idle = stack.enter_context(queuelog_server(directory, idle_url))
+        busy_url = migrated_database(directory, "busy.sqlite3")
+        busy_tokens = create_keys(busy_url, {"producer": "producer", "worker": "worker",
+                                             "load": "producer"})
+        busy = stack.enter_context(queuelog_server(directory, busy_url))
         statements = Statements(directory)
         raw_runs = 0
 
@@ -312,6 +321,12 @@ def measure(options: Any) -> Report:
             backlog_poll.sample(max(1, samples // 3), servers["SQLite"].port,
                                 tokens["SQLite"]["producer-1"], tokens["SQLite"]["worker-1"],
                                 [LONG_POLL_TYPE])
+            # The same wake-up while BUSY_CLIENTS clients enqueue another type on its server.
+            with BackgroundLoad(busy.port, busy_tokens["load"], None, BUSY_CLIENTS) as load:
+                busy_poll.sample(samples, busy.port, busy_tokens["producer"],
+                                 busy_tokens["worker"], [LONG_POLL_TYPE])
+                load.check()
+                busy_load.add(load.jobs_per_second())
 
     table = Table("Jobs/s and latency per request (median [min-max] over repeats)",
                   ["operation", "jobs per request", "clients", "database", "jobs/s",
@@ -356,6 +371,10 @@ def measure(options: Any) -> Report:
                    f"types=['{LONG_POLL_TYPE}']", max(1, samples // 3),
                    backlog_poll.stored.show(1), backlog_poll.stored_p99.show(1),
                    backlog_poll.maximum.show(1), backlog_poll.sent.show(1))
+    poll_table.add(f"{BUSY_CLIENTS} clients enqueuing '{LOAD_TYPE}' jobs meanwhile "
+                   f"({busy_load.show()} jobs/s); the claim asks for types=['{LONG_POLL_TYPE}']",
+                   samples, busy_poll.stored.show(1), busy_poll.stored_p99.show(1),
+                   busy_poll.maximum.show(1), busy_poll.sent.show(1))
     report.tables.append(poll_table)
 
     def best(name: str) -> tuple[str, Spread]:
@@ -380,6 +399,10 @@ def measure(options: Any) -> Report:
                                  f"≤ about {LONG_POLL_GOAL_MS} ms (contract)",
                                  idle_poll.stored_p99.show(1, " ms"),
                                  idle_poll.stored_p99.median <= LONG_POLL_GOAL_MS))
+    report.targets.append(Target(
+        f"long-poll delivery after the enqueue's 201 while {BUSY_CLIENTS} clients enqueue "
+        "another type, p99", f"≤ {BUSY_POLL_GOAL_MS} ms",
+        busy_poll.stored_p99.show(1, " ms"), busy_poll.stored_p99.median <= BUSY_POLL_GOAL_MS))
     report.notes += [
         "One gunicorn under the shipped gunicorn.conf.py (workers = cores, 16 threads each) on a "
         "fresh SQLite file with the default synchronous=FULL: durability as shipped; with "
@@ -406,6 +429,11 @@ def measure(options: Any) -> Report:
         "'email'), for a 'report' job: each peek and each claim reads only the 'report' "
         "part of the per-type claim-order index, so the backlog of other types costs it "
         "nothing (see depth.py's typed rows).",
+        f"The third row runs on a third server over its own database while {BUSY_CLIENTS} "
+        f"closed-loop clients in a process of their own POST /jobs of type '{LOAD_TYPE}' as "
+        "fast as it answers (bench/background.py; the jobs/s is theirs): the wake-up "
+        "competing with a busy writer for the server's cores and its write lock. A figure "
+        "below zero is a claim answered before the producer had read its own 201.",
         "raw sqlite3 (bench/raw_batch.py): a fresh file migrated to the real schema (every "
         "index of the jobs table), the engine's pragmas (WAL, synchronous=FULL), the rows the "
         "service's intake builds for the same job bodies. Enqueue: one executemany of the "

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
 import os
 import statistics
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/workflows.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.background import LOAD_TYPE, BackgroundLoad
 from bench.data import (
     JOB_TYPES,
     POSTGRES_VARIABLE,
@@ -60,7 +60,7 @@ from tests.servers import GunicornServer
 # Each row's jobs are of types nothing else there claims, so that no claim takes another's job:
 # the background load's jobs and the fan-in's children; a chain's dependency and the fan-in's
 # final job; a chain's dependent and the fan-in's joiners.
-LOAD_TYPE, FIRST_TYPE, SECOND_TYPE = "email", "charge", "report"
+FIRST_TYPE, SECOND_TYPE = "charge", "report"
 SERVER_TYPES = f"{JOB_TYPES},{FIRST_TYPE}"
 KEYS = {"producer": "producer", "worker-0": "worker", "worker-1": "worker",
         "load-producer": "producer", "load-worker": "worker"}
@@ -86,8 +86,6 @@ SMOKE = Sizes(chains=3, load_clients=2, roots=2, fan_out=4, rounds=1, joiners=2,
 WAIT_SECONDS = 5
 # Long enough for the waiting claim to have found nothing and be waiting.
 SETTLE_SECONDS = 0.2
-# The background load runs this long before the first chain.
-WARM_UP_SECONDS = 1.0
 WAKE_GOAL_MS = 100
 ENQUEUE_GOAL = 0.5
 FAN_IN_TOLERANCE = 0.2
@@ -132,71 +130,6 @@ def claim(client: Client, job_type: str, wait_seconds: float = 0) -> dict[str, A
 
 
 # -- 1. wake latency under load ------------------------------------------------------------------
-
-def _load_process(port: int, producer: str, worker: str, clients: int, stop: Any,
-                  moved: Any, failed: Any) -> None:
-    """The background load (in a forked process, off this process's GIL): `clients` threads,
-    each enqueuing a job, claiming one and completing it, until `stop` is set."""
-
-    def cycle(n: int) -> None:
-        enqueuer, claimer = Client(port, producer), Client(port, worker)
-        try:
-            while not stop.is_set():
-                enqueuer.call("POST", "/jobs", job_body(n), expect=(201,))
-                job = claim(claimer, LOAD_TYPE)
-                if job is not None:
-                    complete(claimer, job)
-                    with moved.get_lock():
-                        moved.value += 1
-        except Exception:  # counted; the parent fails the run
-            with failed.get_lock():
-                failed.value += 1
-        finally:
-            enqueuer.close()
-            claimer.close()
-
-    threads = [threading.Thread(target=cycle, args=(n,), daemon=True) for n in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-
-class BackgroundLoad:
-    """Enqueue + claim + complete of LOAD_TYPE jobs by `clients` closed-loop clients in a
-    process of their own, for as long as the `with` lasts."""
-
-    def __init__(self, port: int, producer: str, worker: str, clients: int) -> None:
-        context = multiprocessing.get_context("fork")
-        self.stop = context.Event()
-        self.moved = context.Value("q", 0)
-        self.failed = context.Value("q", 0)
-        self.process = context.Process(target=_load_process, daemon=True, args=(
-            port, producer, worker, clients, self.stop, self.moved, self.failed))
-        self.started_at, self.started_moved = 0.0, 0
-
-    def __enter__(self) -> BackgroundLoad:
-        self.process.start()
-        time.sleep(WARM_UP_SECONDS)
-        self.started_at, self.started_moved = time.perf_counter(), self.moved.value
-        return self
-
-    def jobs_per_second(self) -> float:
-        """Jobs enqueued, claimed and completed per second since the warm-up."""
-        moved: int = self.moved.value - self.started_moved
-        return moved / (time.perf_counter() - self.started_at)
-
-    def check(self) -> None:
-        if self.failed.value or not self.process.is_alive():
-            raise HttpError("the background load failed")
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.process.join(timeout=30)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-
 
 def chain_jobs(chains: int) -> list[dict[str, Any]]:
     jobs: list[dict[str, Any]] = []
