@@ -1,4 +1,4 @@
-"""Concurrent claims against real gunicorn servers: 2,000 jobs, 16 worker clients claiming and
+"""Concurrent claims against real gunicorn servers: 1,000 jobs, 16 worker clients claiming and
 completing while producers enqueue, until the queue is empty. Every job must be completed
 exactly once, no job handed to two workers, and no request answered 5xx."""
 
@@ -20,7 +20,9 @@ from app.storage.schema import job_attempts, job_events
 from tests.e2e.client import QueueClient, server_errors
 from tests.servers import LiveServer, create_api_key
 
-JOBS = 2000
+# Each claim races the other 15 workers' for the same head of the queue: more jobs repeat the
+# same race, they add no new kind of it (2,000 took twice the CI time).
+JOBS = 1000
 PRODUCERS = 4
 WORKERS = 16
 # Enough that no lease runs out while the run lasts: a rescue would be a second claim by
@@ -182,7 +184,7 @@ def assert_history_agrees(database_url: str, tally: Tally) -> None:
 
 
 @pytest.mark.slow
-def test_2000_jobs_16_workers_every_job_completed_exactly_once(
+def test_1000_jobs_16_workers_every_job_completed_exactly_once(
         start_server: Callable[..., LiveServer], server_database_url: str) -> None:
     server = start_server(server_database_url)
     tally, clients = run_race([server], server_database_url)
