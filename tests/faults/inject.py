@@ -3,14 +3,17 @@ sees in one place what each test does to the machine (issue 36)."""
 
 from __future__ import annotations
 
-import contextlib as _pg_contextlib
-import os as _pg_os
-import shutil as _pg_shutil
-import subprocess as _pg_subprocess
-import tempfile as _pg_tempfile
-import uuid as _pg_uuid
-from collections.abc import Iterator as _PgIterator
-from pathlib import Path as _PgPath
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -21,13 +24,13 @@ def unavailable(what: str, reason: str) -> NoReturn:
     where .ci/run runs as root on a machine with mount, loop devices and PostgreSQL's binaries,
     so a missing tool there is a broken CI, not a reason to prove less."""
     message = f"{what}: {reason}"
-    if _pg_os.environ.get("CI") == "true":
+    if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)
 
 
-# --- BEGIN postgres (private clusters: restart, shutdown, killed backends, a held snapshot) ---
-POSTGRES_BIN = _PgPath("/usr/lib/postgresql/15/bin")
+# --- Private PostgreSQL clusters: restart, shutdown, killed backends, a held snapshot ---
+POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
 POSTGRES_USER = "postgres"
 PG_CTL_TIMEOUT_SECONDS = 60
 
@@ -36,11 +39,11 @@ def postgres_unavailable() -> str | None:
     """Why a private cluster cannot be made here, or None when it can."""
     if not (POSTGRES_BIN / "initdb").exists():
         return f"no PostgreSQL binaries in {POSTGRES_BIN}"
-    if _pg_os.geteuid() == 0:
+    if os.geteuid() == 0:
         try:
-            _pg_subprocess.run(["runuser", "-u", POSTGRES_USER, "--", "true"], check=True,
+            subprocess.run(["runuser", "-u", POSTGRES_USER, "--", "true"], check=True,
                                capture_output=True, timeout=10)
-        except (OSError, _pg_subprocess.SubprocessError):
+        except (OSError, subprocess.SubprocessError):
             return f"running as root without a usable '{POSTGRES_USER}' user for runuser"
     return None
 
@@ -60,24 +63,24 @@ class PrivatePostgres:
         self.port = port or free_port()
         # Not under pytest's tmp_path: its parents are root's 0700 directories, which the
         # postgres user could not enter.
-        self.directory = _PgPath(_pg_tempfile.mkdtemp(prefix="queuelog-faults-pg-"))
+        self.directory = Path(tempfile.mkdtemp(prefix="queuelog-faults-pg-"))
         self.data = self.directory / "data"
         self.log_path = self.directory / "postgres.log"
-        self._as_root = _pg_os.geteuid() == 0
+        self._as_root = os.geteuid() == 0
         self._template: str | None = None  # a migrated database the others are copies of
         if self._as_root:
-            _pg_shutil.chown(self.directory, POSTGRES_USER, POSTGRES_USER)
+            shutil.chown(self.directory, POSTGRES_USER, POSTGRES_USER)
 
     # -- commands ----------------------------------------------------------------------------
 
-    def _run(self, tool: str, *args: str, check: bool = True) -> _pg_subprocess.CompletedProcess:
+    def _run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         argv = [str(POSTGRES_BIN / tool), *args]
         if self._as_root:
             argv = ["runuser", "-u", POSTGRES_USER, "--", *argv]
-        return _pg_subprocess.run(argv, check=check, capture_output=True, text=True,
+        return subprocess.run(argv, check=check, capture_output=True, text=True,
                                   timeout=PG_CTL_TIMEOUT_SECONDS + 30, cwd=self.directory)
 
-    def _pg_ctl(self, action: str, *args: str) -> None:
+    def ctl(self, action: str, *args: str) -> None:
         done = self._run("pg_ctl", action, "-D", str(self.data), "-l", str(self.log_path),
                          "-w", "-t", str(PG_CTL_TIMEOUT_SECONDS), *args, check=False)
         if done.returncode != 0:
@@ -107,24 +110,24 @@ class PrivatePostgres:
         return self
 
     def start(self) -> None:
-        self._pg_ctl("start")
+        self.ctl("start")
 
     def stop(self, mode: str = "fast") -> None:
         """pg_ctl stop -m smart|fast|immediate (fast: every session cut, a clean shutdown;
         immediate: a crash, recovered from the WAL at the next start)."""
-        self._pg_ctl("stop", "-m", mode)
+        self.ctl("stop", "-m", mode)
 
     def restart(self, mode: str = "fast") -> None:
-        self._pg_ctl("restart", "-m", mode)
+        self.ctl("restart", "-m", mode)
 
     def running(self) -> bool:
         return self._run("pg_ctl", "status", "-D", str(self.data), check=False).returncode == 0
 
     def destroy(self) -> None:
-        with _pg_contextlib.suppress(RuntimeError, _pg_subprocess.SubprocessError):
+        with contextlib.suppress(RuntimeError, subprocess.SubprocessError):
             if self.running():
                 self.stop("immediate")
-        _pg_shutil.rmtree(self.directory, ignore_errors=True)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -151,7 +154,7 @@ class PrivatePostgres:
         if migrated and not self._template:
             self._template = self.create_database(migrated=False).rpartition("/")[2]
             upgrade(self.url(self._template))
-        name = f"queuelog_faults_{_pg_uuid.uuid4().hex[:12]}"
+        name = f"queuelog_faults_{uuid.uuid4().hex[:12]}"
         template = f' TEMPLATE "{self._template}"' if migrated else ""
         with self._connect() as conn:
             conn.execute(f'CREATE DATABASE "{name}"{template}')
@@ -166,8 +169,8 @@ class PrivatePostgres:
                 "AND backend_type = 'client backend'", (database,)).fetchone()
         return int(row[0]) if row else 0
 
-    @_pg_contextlib.contextmanager
-    def hold_xmin(self, database: str) -> _PgIterator[int]:
+    @contextlib.contextmanager
+    def hold_xmin(self, database: str) -> Iterator[int]:
         """A REPEATABLE READ transaction in `database`, idle with its snapshot, for as long as
         the block runs: its xmin is the horizon below which no row version a later update or
         delete left behind can be removed, so SKIP LOCKED scans meet ever more dead rows.
@@ -180,7 +183,7 @@ class PrivatePostgres:
             pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
             yield int(pid)
         finally:
-            with _pg_contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):
                 conn.execute("ROLLBACK")
             conn.close()
 
@@ -192,27 +195,17 @@ def database_of(url: str) -> str:
     name = make_url(url).database
     assert name, url
     return name
-# --- END postgres ---
 
-# --- BEGIN host (a small or read-only filesystem, a stepped wall clock) ---
+# --- The host: a small or read-only filesystem, a stepped wall clock ---
 # Imported here, below the other section, by the rule of one section per helper.
-import contextlib as _host_contextlib  # noqa: E402
-import errno as _host_errno  # noqa: E402
-import os as _host_os  # noqa: E402
-import shutil as _host_shutil  # noqa: E402
-import subprocess as _host_subprocess  # noqa: E402
-import sys as _host_sys  # noqa: E402
-import tempfile as _host_tempfile  # noqa: E402
-import time as _host_time  # noqa: E402
-from pathlib import Path as _HostPath  # noqa: E402
 
 HOST_COMMAND_TIMEOUT_SECONDS = 30
 _MIB = 1024 * 1024
 
 
-def _host_run(*argv: str) -> str:
+def run(*argv: str) -> str:
     """Run a command of the machine's (mount, losetup, …); its stderr in the error."""
-    done = _host_subprocess.run(list(argv), capture_output=True, text=True,
+    done = subprocess.run(list(argv), capture_output=True, text=True,
                                 timeout=HOST_COMMAND_TIMEOUT_SECONDS)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): "
@@ -220,26 +213,26 @@ def _host_run(*argv: str) -> str:
     return done.stdout
 
 
-def _host_umount(directory: _HostPath) -> None:
+def umount(directory: Path) -> None:
     """Unmount, lazily when something still holds it open (a test that failed before it
     stopped its server): the directory is detached at once either way."""
     try:
-        _host_run("umount", str(directory))
+        run("umount", str(directory))
     except RuntimeError:
-        _host_run("umount", "-l", str(directory))
+        run("umount", "-l", str(directory))
 
 
 def mount_unavailable() -> str | None:
     """Why this process cannot mount a filesystem (tmpfs), or None when it can."""
-    if _host_os.geteuid() != 0:
+    if os.geteuid() != 0:
         return "mounting a filesystem needs root (CAP_SYS_ADMIN)"
-    if _host_shutil.which("mount") is None or _host_shutil.which("umount") is None:
+    if shutil.which("mount") is None or shutil.which("umount") is None:
         return "no mount/umount command"
-    probe = _HostPath(_host_tempfile.mkdtemp(prefix="queuelog-faults-probe-"))
+    probe = Path(tempfile.mkdtemp(prefix="queuelog-faults-probe-"))
     try:
-        _host_run("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe))
-        _host_umount(probe)
-    except (OSError, RuntimeError, _host_subprocess.SubprocessError) as exc:
+        run("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe))
+        umount(probe)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return f"cannot mount a tmpfs here: {exc}"
     finally:
         probe.rmdir()
@@ -252,9 +245,9 @@ def loop_unavailable() -> str | None:
     if reason:
         return reason
     for tool in ("losetup", "mkfs.ext4", "e2fsck"):
-        if _host_shutil.which(tool) is None:
+        if shutil.which(tool) is None:
             return f"no {tool} command (e2fsprogs, util-linux)"
-    if not _HostPath("/dev/loop-control").exists():
+    if not Path("/dev/loop-control").exists():
         return "no loop devices (/dev/loop-control)"
     return None
 
@@ -269,37 +262,37 @@ class SmallFilesystem:
 
     def __init__(self, size_bytes: int = 8 * _MIB) -> None:
         self.size_bytes = size_bytes
-        self.path = _HostPath(_host_tempfile.mkdtemp(prefix="queuelog-faults-fs-"))
+        self.path = Path(tempfile.mkdtemp(prefix="queuelog-faults-fs-"))
         self.filler = self.path / "filler"
         self.mounted = False
 
     def mount(self) -> SmallFilesystem:
-        _host_run("mount", "-t", "tmpfs", "-o", f"size={self.size_bytes},mode=0755",
+        run("mount", "-t", "tmpfs", "-o", f"size={self.size_bytes},mode=0755",
                   "tmpfs", str(self.path))
         self.mounted = True
         return self
 
     def free_bytes(self) -> int:
-        stats = _host_os.statvfs(self.path)
+        stats = os.statvfs(self.path)
         return stats.f_bavail * stats.f_frsize
 
     def fill(self) -> int:
         """Take every free byte (a filler file written until ENOSPC); the bytes taken."""
         taken = 0
         chunk = b"\0" * 65536
-        descriptor = _host_os.open(self.filler, _host_os.O_WRONLY | _host_os.O_CREAT
-                                   | _host_os.O_APPEND, 0o600)
+        descriptor = os.open(self.filler, os.O_WRONLY | os.O_CREAT
+                                   | os.O_APPEND, 0o600)
         try:
             for size in (65536, 4096, 512, 1):  # a short write fills up to the last block
                 try:
                     while True:
-                        taken += _host_os.write(descriptor, chunk[:size])
+                        taken += os.write(descriptor, chunk[:size])
                 except OSError as exc:
-                    if exc.errno != _host_errno.ENOSPC:
+                    if exc.errno != errno.ENOSPC:
                         raise
-            _host_os.fsync(descriptor)
+            os.fsync(descriptor)
         finally:
-            _host_os.close(descriptor)
+            os.close(descriptor)
         return taken
 
     def free(self) -> None:
@@ -307,16 +300,16 @@ class SmallFilesystem:
         self.filler.unlink(missing_ok=True)
 
     def read_only(self) -> None:
-        _host_run("mount", "-o", "remount,ro", str(self.path))
+        run("mount", "-o", "remount,ro", str(self.path))
 
     def read_write(self) -> None:
-        _host_run("mount", "-o", "remount,rw", str(self.path))
+        run("mount", "-o", "remount,rw", str(self.path))
 
     def unmount(self) -> None:
         if self.mounted:
-            _host_umount(self.path)
+            umount(self.path)
             self.mounted = False
-        with _host_contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
             self.path.rmdir()
 
     def __enter__(self) -> SmallFilesystem:
@@ -338,7 +331,7 @@ class LoopFilesystem:
 
     def __init__(self, size_bytes: int = 32 * _MIB) -> None:
         self.size_bytes = size_bytes
-        self.work = _HostPath(_host_tempfile.mkdtemp(prefix="queuelog-faults-loop-"))
+        self.work = Path(tempfile.mkdtemp(prefix="queuelog-faults-loop-"))
         self.image = self.work / "disk.img"
         self.path = self.work / "mnt"
         self.path.mkdir()
@@ -348,29 +341,29 @@ class LoopFilesystem:
         if not self.image.exists():
             with self.image.open("wb") as image:
                 image.truncate(self.size_bytes)
-            _host_run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", str(self.image))
-        _host_run("mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.path))
+            run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", str(self.image))
+        run("mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.path))
         self.mounted = True
         return self
 
     def device(self) -> str:
-        return _host_run("findmnt", "-n", "-o", "SOURCE", str(self.path)).strip()
+        return run("findmnt", "-n", "-o", "SOURCE", str(self.path)).strip()
 
     def read_only_now(self) -> bool:
-        options = _host_run("findmnt", "-n", "-o", "OPTIONS", str(self.path)).strip()
+        options = run("findmnt", "-n", "-o", "OPTIONS", str(self.path)).strip()
         return "ro" in options.split(",") or "emergency_ro" in options.split(",")
 
     def fail_read_only(self) -> None:
         """The kernel's reaction to a disk error: the filesystem read-only from now on."""
-        name = _HostPath(self.device()).name
-        _HostPath(f"/sys/fs/ext4/{name}/trigger_fs_error").write_text("queuelog fault test\n")
+        name = Path(self.device()).name
+        Path(f"/sys/fs/ext4/{name}/trigger_fs_error").write_text("queuelog fault test\n")
 
     def repair(self) -> str:
         """Unmount, check (e2fsck -fy) and mount read-write again; e2fsck's summary. Stop
         every process using it first."""
-        _host_umount(self.path)
+        umount(self.path)
         self.mounted = False
-        done = _host_subprocess.run(["e2fsck", "-fy", str(self.image)], capture_output=True,
+        done = subprocess.run(["e2fsck", "-fy", str(self.image)], capture_output=True,
                                     text=True, timeout=HOST_COMMAND_TIMEOUT_SECONDS)
         if done.returncode not in (0, 1):  # 1: errors were corrected
             raise RuntimeError(f"e2fsck failed ({done.returncode}): {done.stdout}{done.stderr}")
@@ -379,9 +372,9 @@ class LoopFilesystem:
 
     def unmount(self) -> None:
         if self.mounted:
-            _host_umount(self.path)
+            umount(self.path)
             self.mounted = False
-        _host_shutil.rmtree(self.work, ignore_errors=True)
+        shutil.rmtree(self.work, ignore_errors=True)
 
     def __enter__(self) -> LoopFilesystem:
         return self.mount()
@@ -393,23 +386,23 @@ class LoopFilesystem:
 def stepped_clock_unavailable() -> str | None:
     """Why a process cannot be run on a SteppedClock here, or None when it can: a step must
     move its time.time() and leave time.monotonic() alone."""
-    directory = _HostPath(_host_tempfile.mkdtemp(prefix="queuelog-faults-clock-"))
+    directory = Path(tempfile.mkdtemp(prefix="queuelog-faults-clock-"))
     try:
         clock = SteppedClock(directory)
         clock.step(-3600)
         probe = "import time; time.sleep(0.01); print(time.time(), time.monotonic())"
-        done = _host_subprocess.run([_host_sys.executable, "-c", probe], capture_output=True,
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True,
                                     text=True, timeout=HOST_COMMAND_TIMEOUT_SECONDS,
-                                    env={**_host_os.environ, **clock.env()})
+                                    env={**os.environ, **clock.env()})
         wall, monotonic = (float(value) for value in done.stdout.split())
-        if abs(wall - (_host_time.time() - 3600)) > 60:
+        if abs(wall - (time.time() - 3600)) > 60:
             return f"the stepped clock did not step time.time() ({done.stderr.strip()})"
-        if abs(monotonic - _host_time.monotonic()) > 60:
+        if abs(monotonic - time.monotonic()) > 60:
             return "the stepped clock stepped time.monotonic() too"
-    except (OSError, ValueError, _host_subprocess.SubprocessError) as exc:
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
         return f"the stepped clock does not work here: {exc}"
     finally:
-        _host_shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
     return None
 
 
@@ -461,7 +454,7 @@ class SteppedClock:
     time.monotonic() alone, as a real step does (gunicorn's arbiter times its workers with
     it, the service its waits)."""
 
-    def __init__(self, directory: _HostPath) -> None:
+    def __init__(self, directory: Path) -> None:
         self.offset_file = directory / "clock-offset"
         self.shim = directory / "clock-shim"
         self.shim.mkdir(exist_ok=True)
@@ -473,7 +466,7 @@ class SteppedClock:
         """The variables a process needs to run on this clock; `pythonpath`, the
         PYTHONPATH it would have otherwise (the shim goes first)."""
         return {OFFSET_FILE_VARIABLE: str(self.offset_file),
-                "PYTHONPATH": _host_os.pathsep.join(
+                "PYTHONPATH": os.pathsep.join(
                     part for part in (str(self.shim), pythonpath) if part)}
 
     def step(self, seconds: int) -> None:
@@ -483,13 +476,12 @@ class SteppedClock:
 
     def now(self) -> float:
         """The stepped processes' time.time()."""
-        return _host_time.time() + self.offset_seconds
+        return time.time() + self.offset_seconds
 
     def _write(self) -> None:
         # Written aside and renamed in: a process reading it never sees half a number.
         part = self.offset_file.with_suffix(".part")
         part.write_text(f"{self.offset_seconds:+d}\n")
-        _host_os.replace(part, self.offset_file)
+        os.replace(part, self.offset_file)
 
 
-# --- END host ---
