@@ -14,6 +14,7 @@ from app.core.clock import Clock
 from app.history.failures import FailureGroups
 from app.history.service import HistoryService
 from app.jobs.counts import BacklogCounts
+from app.jobs.host_wake import HostWake, wake_directory
 from app.jobs.ids import JobIdConverter
 from app.jobs.intake import IntakeRules
 from app.jobs.models import Backoff
@@ -28,7 +29,7 @@ from app.ops import init_ops
 from app.ops.metrics import QueueMetrics
 from app.schedules.service import FiringSink, ScheduleService, ScheduleSettings
 from app.stats.service import StatsService
-from app.storage.engine import Database, make_engine
+from app.storage.engine import Database, database_identity, make_engine
 from app.storage.uow import EventSink, UnitOfWork
 from app.types.flow import FlowControl, SkipSink
 from app.types.repository import key_modes_of
@@ -177,14 +178,18 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     keys = KeyService(db, clock, check_url_prefixes=config["CHECK_URL_ORIGINS"])
     counts = BacklogCounts(db, clock, config["TYPE_COUNTS_MAX_AGE_SECONDS"])
     flow = FlowControl(db, clock, on_skip=on_skip)
-    # Told when a job of this process may have finished: the reads waiting for one wake.
-    finished = JobSignal()
+    # The sibling processes on this host (gunicorn's other workers) wake each other's
+    # waiting requests; other hosts' changes are noticed by the waiters' peeks.
+    host = HostWake(wake_directory(database_identity(config["DATABASE_URL"])))
+    # Told when a job may have finished: the reads waiting for one wake.
+    finished = JobSignal(host, FINISHED)
     recorder = HistoryRecorder(events=config["JOB_EVENTS"], stats=config["STATS"])
     uow = UnitOfWork(db, bind_jobs(recorder, keys.confirm_live, clock, key_modes_of),
                      on_event=on_event, signals={FINISHED: finished.notify})
-    jobs = JobService(uow, clock, settings, flow=flow, finished=finished)
-    # Jobs released by their last dependency's end wake this process's waiting claims, as
-    # an enqueue does.
+    jobs = JobService(uow, clock, settings, flow=flow, finished=finished,
+                      claimable=JobSignal(host, CLAIMABLE))
+    # Jobs released by their last dependency's end wake the waiting claims, as an enqueue
+    # does.
     uow.signals[CLAIMABLE] = jobs.signal.notify
     return Services(
         db=db,

@@ -96,9 +96,10 @@ def measure(options: object) -> Report:
     report.notes += [
         "Two gunicorn servers under the shipped gunicorn.conf.py, over one SQLite file: the "
         "waiting GET /jobs/{id}?wait_seconds=10 goes to one, the claim and complete to the "
-        "other, so the waiting request is never in the process that completed the job and "
-        "cannot be woken by its in-process signal: it notices on its next read of the job "
-        "(every 50 ms).",
+        "other, so the waiting request is never in the process that completed the job: it "
+        "is woken by the datagram that process sends to the host's other queuelog processes "
+        "(app/jobs/host_wake.py), or else notices on its next read of the job (every "
+        "50 ms).",
         f"Each trial: enqueue, claim, start the waiting read, {SETTLE_SECONDS * 1000:.0f} ms "
         "later complete; the figure is the waiting read's answer minus the moment the worker "
         "read the complete's 200.",

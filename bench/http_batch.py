@@ -422,8 +422,9 @@ def measure(options: Any) -> Report:
         "claims run over a table of tens to hundreds of thousands of jobs.",
         "Long polling: a worker's POST /jobs/claim with wait_seconds=5 waits; 250 ms later a "
         "producer enqueues one job it may take. A claim waiting in the gunicorn worker that "
-        "stored the job is woken at once; in the other worker it notices on its next peek "
-        "(every 50 ms), so the samples mix the two cases. 'Empty' runs on a second server "
+        "stored the job is woken at once by its condition variable; in the other worker by "
+        "the datagram the storing worker sends it (app/jobs/host_wake.py), its 50 ms peek "
+        "the fallback, so the samples mix the two cases. 'Empty' runs on a second server "
         "over its own database, where nothing else is ever pending.",
         "The second row waits behind the jobs the runs above left pending (of type "
         "'email'), for a 'report' job: each peek and each claim reads only the 'report' "

@@ -115,15 +115,18 @@ class ClaimService:
             return WaitAnswer([])
         ask = _Ask(caller, wanted, limit,
                    (lease_seconds or self.settings.lease_seconds) * MICROS, push)
-        seen = self.signal.generation
-        claimed = self._claim_now(ask)
-        if claimed or wait_seconds <= 0:
-            return WaitAnswer(claimed)
-        with self._waits.slot() as granted:
-            deadline = time.monotonic() + wait_seconds
-            while granted and not claimed and self._wait_for_work(ask, seen, deadline):
-                seen = self.signal.generation
-                claimed = self._claim_now(ask)
+        if wait_seconds <= 0:
+            return WaitAnswer(self._claim_now(ask))
+        with self.signal.watching():
+            seen = self.signal.generation
+            claimed = self._claim_now(ask)
+            if claimed:
+                return WaitAnswer(claimed)
+            with self._waits.slot() as granted:
+                deadline = time.monotonic() + wait_seconds
+                while granted and not claimed and self._wait_for_work(ask, seen, deadline):
+                    seen = self.signal.generation
+                    claimed = self._claim_now(ask)
         return WaitAnswer(claimed, not_waited=not granted)
 
     def _claim_now(self, ask: _Ask) -> list[Claimed]:

@@ -48,17 +48,20 @@ class JobReads:
         cancelled or the time is up; then it is answered as it is. Past the process's budget
         of waiting requests it is answered at once, marked `not_waited`.
         """
-        seen = self.finished.generation
-        job = self._read_visible(caller, job_id)
-        if job.status in TERMINAL_STATUSES or wait_seconds <= 0:
-            return WaitAnswer(job)
-        with self._result_waits.slot() as granted:
-            deadline = time.monotonic() + wait_seconds
-            while (granted and job.status not in TERMINAL_STATUSES
-                   and (remaining := deadline - time.monotonic()) > 0):
-                self.finished.wait(seen, timeout=min(POLL_SECONDS, remaining))
-                seen = self.finished.generation
-                job = self._read_visible(caller, job_id)
+        if wait_seconds <= 0:
+            return WaitAnswer(self._read_visible(caller, job_id))
+        with self.finished.watching():
+            seen = self.finished.generation
+            job = self._read_visible(caller, job_id)
+            if job.status in TERMINAL_STATUSES:
+                return WaitAnswer(job)
+            with self._result_waits.slot() as granted:
+                deadline = time.monotonic() + wait_seconds
+                while (granted and job.status not in TERMINAL_STATUSES
+                       and (remaining := deadline - time.monotonic()) > 0):
+                    self.finished.wait(seen, timeout=min(POLL_SECONDS, remaining))
+                    seen = self.finished.generation
+                    job = self._read_visible(caller, job_id)
         return WaitAnswer(job, not_waited=not granted)
 
     def _read_visible(self, caller: Caller, job_id: int) -> Job:

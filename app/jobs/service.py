@@ -26,15 +26,17 @@ from app.jobs.waiting import JobSignal, WaitingBudget
 
 class JobService:
     """`finished` is the unit of work's FINISHED signal (app/__init__.py wires both); `signal`
-    is told when jobs may have become claimable (enqueue), and wakes the waiting claims."""
+    (`claimable`, else one of this process alone) is told when jobs may have become
+    claimable (enqueue), and wakes the waiting claims."""
 
     def __init__(self, uow: JobsUnitOfWork, clock: Clock, settings: QueueSettings,
                  rng: random.Random | None = None, flow: FlowPolicy | None = None,
-                 finished: JobSignal | None = None) -> None:
+                 finished: JobSignal | None = None,
+                 claimable: JobSignal | None = None) -> None:
         self.uow = uow
         self.clock = clock
         self.settings = settings
-        self.signal = JobSignal()
+        self.signal = claimable or JobSignal()
         intake = IntakeRules(settings.job_types, settings.max_payload_bytes,
                              settings.check_url_prefixes)
         enqueuing = Enqueuing(uow, clock, intake, self.signal)

@@ -2,9 +2,10 @@
 and reads waiting for a job to finish (GET /jobs/{id}?wait_seconds=N).
 
 A change made by this process wakes its waiting requests at once through a condition
-variable. Changes made by other gunicorn workers or other hosts, and delayed jobs coming
-due, are noticed by a cheap indexed peek every POLL_SECONDS, which works the same on SQLite
-and PostgreSQL and needs no connection held while waiting.
+variable, and those of this host's other queuelog processes (the sibling gunicorn workers)
+through a datagram (app/jobs/host_wake.py). Changes made on other hosts, and delayed jobs
+coming due, are noticed by a cheap indexed peek every POLL_SECONDS, which works the same on
+SQLite and PostgreSQL and needs no connection held while waiting.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from app.jobs.host_wake import HostWake
 
 POLL_SECONDS = 0.05
 # What a request that asked to wait but found the budget full is told (Retry-After): come
@@ -35,16 +38,40 @@ class WaitAnswer(Generic[T]):
 
 
 class JobSignal:
-    def __init__(self) -> None:
+    """Something the waiting requests wait for (jobs that may have become claimable, jobs
+    that may have finished). With `host` and a `kind`, told to this host's other processes
+    too, and woken by theirs."""
+
+    def __init__(self, host: HostWake | None = None, kind: str = "") -> None:
         self._condition = threading.Condition()
         self._generation = 0
+        self._host = host
+        self._kind = kind
+        if host is not None:
+            host.on_wake(kind, self.notify_here)
 
     @property
     def generation(self) -> int:
         return self._generation
 
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """While a request looks and maybe waits: the host's other processes' wakes are heard
+        too (from before its first look, so that no change they commit after it goes unheard)."""
+        if self._host is None:
+            yield
+            return
+        with self._host.watching():
+            yield
+
     def notify(self) -> None:
-        """A job may have become claimable in this process."""
+        """It may have happened: this process's waiting requests look, and the host's others'."""
+        self.notify_here()
+        if self._host is not None:
+            self._host.send(self._kind)
+
+    def notify_here(self) -> None:
+        """As notify, for this process's waiting requests alone (another process told it)."""
         with self._condition:
             self._generation += 1
             self._condition.notify_all()

@@ -120,6 +120,12 @@ def sqlite_path(url: str) -> str | None:
     return os.path.abspath(parsed.database or "")
 
 
+def database_identity(url: str) -> str:
+    """The database `url` names, the same for every URL that names it and never with a
+    password: a SQLite file's absolute path, a PostgreSQL URL with its password hidden."""
+    return sqlite_path(url) or shown_url(url)
+
+
 def explain_database_error(error: BaseException, url: str) -> str | None:
     """One line for an operator: what went wrong talking to the database at `url`, and what to
     do. None for an error that is not the database's (a bug, which keeps its traceback).
