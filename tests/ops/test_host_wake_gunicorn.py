@@ -1,0 +1,69 @@
+"""The workers of one gunicorn wake each other's waiting requests through Unix sockets in a
+directory of their database under $TMPDIR (app/jobs/host_wake.py): a worker's socket is
+bound while a request waits in it, and a stopped server leaves none behind."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.conftest import JOB_TYPES
+from tests.servers import GunicornServer, bearer, gunicorn_argv, server_environment
+from tests.servers import create_api_key as create_key
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def short_tmpdir() -> Iterator[Path]:
+    # A socket's path must fit in about 100 bytes: pytest's own directories can be too deep.
+    path = Path(tempfile.mkdtemp(prefix="ql-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def sockets(tmpdir: Path) -> list[Path]:
+    return [path for directory in tmpdir.glob("queuelog-wake-*") for path in directory.iterdir()]
+
+
+def test_a_waiting_claim_binds_its_workers_socket_and_a_stopped_server_leaves_none(
+        start_server: Callable[..., GunicornServer], db_url: str, tmp_path: Path,
+        short_tmpdir: Path) -> None:
+    producer = bearer(create_key(db_url, "producer-1", "producer"))
+    worker = bearer(create_key(db_url, "worker-1", "worker"))
+    server = start_server(gunicorn_argv(), server_environment(
+        tmp_path, QUEUELOG_DATABASE_URL=db_url, QUEUELOG_JOB_TYPES=",".join(sorted(JOB_TYPES)),
+        GUNICORN_WORKERS="2", TMPDIR=str(short_tmpdir)))
+    server.wait_until_answering()
+    assert sockets(short_tmpdir) == []  # nothing bound until a request waits
+
+    answer: dict[str, Any] = {}
+
+    def claim() -> None:
+        answer["response"] = requests.post(server.url_of("/jobs/claim"),
+                                           json={"wait_seconds": 20}, headers=worker,
+                                           timeout=60)
+
+    waiting = threading.Thread(target=claim)
+    waiting.start()
+    server.wait_for(lambda: bool(sockets(short_tmpdir)), "the waiting claim's socket")
+    [bound] = sockets(short_tmpdir)
+    assert int(bound.name.split(".")[0]) in server.worker_pids()
+    assert bound.parent.stat().st_mode & 0o777 == 0o700
+
+    made = requests.post(server.url_of("/jobs"), json={"type": "email"}, headers=producer,
+                         timeout=30)
+    waiting.join(timeout=60)
+    assert answer["response"].status_code == 200
+    assert answer["response"].json()["id"] == made.json()["id"]
+
+    assert server.stop() == 0
+    assert sockets(short_tmpdir) == []
+    assert list(short_tmpdir.glob("queuelog-wake-*")) == []  # the last worker out removed it
