@@ -234,6 +234,17 @@ class Api:
     def list(self, key: Key, **query: Any) -> Any:
         return self.client.get("/jobs", query_string=query, headers=key.headers)
 
+    def explain(self, key: Key, job_id: int) -> dict[str, Any]:
+        """The job's explanation, whose every reason code /openapi.json documents (a client
+        generated from the document rejects any other)."""
+        answer = self.client.get(f"/jobs/{job_id}/explain", headers=key.headers)
+        assert answer.status_code == 200, answer.json
+        documented = self.client.get("/openapi.json").json["components"]["schemas"]["Reason"]
+        for reason in answer.json["reasons"]:
+            assert reason["code"] in documented["properties"]["code"]["enum"], reason
+        explanation: dict[str, Any] = answer.json
+        return explanation
+
 
 @pytest.fixture
 def api(client: FlaskClient) -> Api:

@@ -15,7 +15,7 @@ import pytest
 
 from app import create_app
 from app.core.callers import Role
-from tests.conftest import Key
+from tests.conftest import Api, Key
 
 LIMIT = 5
 
@@ -27,10 +27,7 @@ def app_config(app_config: dict[str, Any]) -> dict[str, Any]:
 
 
 def explain(client: Any, key: Key, job_id: int) -> dict[str, Any]:
-    answer = client.get(f"/jobs/{job_id}/explain", headers=key.headers)
-    assert answer.status_code == 200, answer.json
-    shown: dict[str, Any] = answer.json
-    return shown
+    return Api(client).explain(key, job_id)
 
 
 def jobs_ahead(client: Any, key: Key, job_id: int) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from markdown_it.token import Token
 from marshmallow import Schema
 
 from app.config import SETTINGS
+from app.history.explain import ReasonCode
 from app.jobs.schemas import BatchJobSchema, JobSchema
 from app.types.schemas import TypeSchema
 
@@ -266,3 +267,10 @@ def test_the_layers_drawn_are_the_layers_ci_checks(path: Path, heading: str) -> 
     checked = [line.strip() for line in
                config["importlinter:contract:layers"]["layers"].splitlines() if line.strip()]
     assert _layers_drawn(path, heading) == checked
+
+
+def test_the_explain_table_in_jobs_md_lists_every_reason_code() -> None:
+    text = (ROOT / "docs" / "JOBS.md").read_text()
+    table = text.split("| code | means | evidence |", 1)[1].split("\n\n", 1)[0]
+    listed = re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.MULTILINE)
+    assert sorted(listed) == sorted(ReasonCode)

@@ -9,6 +9,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from app.history.explain import ReasonCode
 from app.web.openapi import api_rules
 from tests.conftest import JOB_TYPES
 
@@ -212,3 +213,9 @@ def test_the_documented_examples_are_accepted(
                       (f"/jobs/{second}/fail", "Fail")):
         answer = client.post(url, json=example(name), headers=worker.headers)
         assert answer.status_code == 200, (name, answer.get_json())
+
+
+def test_the_documented_reason_codes_are_every_code_explain_gives(
+        document: dict[str, Any]) -> None:
+    code = document["components"]["schemas"]["Reason"]["properties"]["code"]
+    assert sorted(code["enum"]) == sorted(ReasonCode)

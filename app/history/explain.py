@@ -15,6 +15,7 @@ back, and stands in for the worker reasons, which do not concern such a job.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,26 @@ from app.types.repository import TypeRepository
 IDLE_WORKER_US = 5 * 60 * MICROS
 
 Reason = dict[str, Any]
-PUSH_TYPE = "push_type"
+
+
+class ReasonCode(enum.StrEnum):
+    """Every code an explanation may give: /openapi.json documents exactly these."""
+
+    FINISHED = "finished"
+    RUNNING = "running"
+    RESERVED = "reserved"
+    WAITING_ON = "waiting_on"
+    SCHEDULED = "scheduled"
+    TYPE_PAUSED = "type_paused"
+    TYPE_AT_MAX_RUNNING = "type_at_max_running"
+    KEY_AT_MAX_RUNNING = "key_at_max_running"
+    RATE_LIMITED = "rate_limited"
+    PUSH_TYPE = "push_type"
+    KEY_BLOCKED = "key_blocked"
+    KEY_TURN = "key_turn"
+    FAIR_SHARE = "fair_share"
+    JOBS_AHEAD = "jobs_ahead"
+    NO_WORKER_FOR_TYPE = "no_worker_for_type"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +86,7 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
         return []
     reasons: list[Reason] = []
     if settings.paused:
-        reasons.append(_reason("type_paused", f"Type {job.type} is paused: no claim takes "
+        reasons.append(_reason(ReasonCode.TYPE_PAUSED, f"Type {job.type} is paused: no claim takes "
                                "its jobs until an admin resumes it.", type=job.type))
     jobs = JobRepository(conn)
     capped = settings.max_running is not None or settings.max_running_per_key is not None
@@ -79,7 +99,7 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
                     f"; a slot frees when one ends (the next lease runs out at "
                     f"{to_rfc3339(expiry)})")
             reasons.append(_reason(
-                "type_at_max_running",
+                ReasonCode.TYPE_AT_MAX_RUNNING,
                 f"{of_type} job(s) of type {job.type} run, its max_running is "
                 f"{settings.max_running}{when}.",
                 type=job.type, running=of_type, limit=settings.max_running,
@@ -89,22 +109,23 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
         of_key = running.get((job.type, key), 0)
         if of_key >= cap:
             reasons.append(_reason(
-                "key_at_max_running",
+                ReasonCode.KEY_AT_MAX_RUNNING,
                 f"{of_key} job(s) of type {job.type} with concurrency key {key} run, its "
                 f"max_running_per_key is {cap}.",
                 type=job.type, concurrency_key=key, running=of_key, limit=cap))
     next_token_at = settings.next_token_at(now_us)
     if next_token_at is not None:
         reasons.append(_reason(
-            "rate_limited",
+            ReasonCode.RATE_LIMITED,
             f"Type {job.type}'s rate ({settings.rate_per_second}/s) is spent: its next "
             f"token comes at {to_rfc3339(next_token_at)}.",
             type=job.type, rate_per_second=settings.rate_per_second,
             next_token_at=to_rfc3339(next_token_at)))
     if settings.is_push:
         reasons.append(_reason(
-            PUSH_TYPE, f"Type {job.type} is a push type: the dispatcher (queuelog dispatch) "
-            "delivers its jobs to the type's endpoint; workers never claim them.",
+            ReasonCode.PUSH_TYPE,
+            f"Type {job.type} is a push type: the dispatcher (queuelog dispatch) delivers its "
+            "jobs to the type's endpoint; workers never claim them.",
             type=job.type))
     return reasons
 
@@ -123,18 +144,19 @@ def key_reasons(conn: Connection, job: Job, now_us: int, cap: int) -> list[Reaso
         if turn.job_id == job.id:
             if not turn.blocked:
                 return []
-            return [_reason("key_blocked", f"Its failure blocks concurrency key {key} of "
+            return [_reason(ReasonCode.KEY_BLOCKED, f"Its failure blocks concurrency key {key} of "
                             f"ordered type {job.type}: no later job of the key runs until an "
                             "admin retries or cancels it.", job_id=job.id,
                             concurrency_key=key, since=to_rfc3339(turn.since))]
         if turn.blocked:
-            return [_reason("key_blocked", f"Job {turn.job_id} of its ordered key {key} "
+            return [_reason(ReasonCode.KEY_BLOCKED, f"Job {turn.job_id} of its ordered key {key} "
                             "failed and blocks the key (on_failure block): nothing more of "
                             "the key runs until an admin retries or cancels that job.",
                             job_id=turn.job_id, concurrency_key=key,
                             since=to_rfc3339(turn.since))]
-        return [_reason("key_turn", f"Type {job.type} runs the jobs of each concurrency key "
-                        f"one at a time, in order: job {turn.job_id} of key {key} goes first.",
+        return [_reason(ReasonCode.KEY_TURN,
+                        f"Type {job.type} runs the jobs of each concurrency key one at a time, "
+                        f"in order: job {turn.job_id} of key {key} goes first.",
                         job_id=turn.job_id, concurrency_key=key)]
     if (job.status != JobStatus.PENDING or job.run_at > now_us or job.fair_round is None):
         return []
@@ -145,14 +167,14 @@ def key_reasons(conn: Connection, job: Job, now_us: int, cap: int) -> list[Reaso
     names = sorted({key for key in ahead if key is not None})
     keyless = any(key is None for key in ahead)
     count = f"at least {len(ahead)}" if more else str(len(ahead))
-    return [_reason("fair_share", f"Type {job.type} takes turns across concurrency keys: "
+    return [_reason(ReasonCode.FAIR_SHARE, f"Type {job.type} takes turns across concurrency keys: "
                     f"{count} job(s) of {len(names) + keyless} key(s) come first, in their "
                     f"turns (its round is {job.fair_round}).", fair_round=job.fair_round,
                     keys_ahead=names, keyless_ahead=keyless, count=len(ahead),
                     count_capped=more)]
 
 
-def _reason(code: str, message: str, **evidence: Any) -> Reason:
+def _reason(code: ReasonCode, message: str, **evidence: Any) -> Reason:
     return {"code": code, "message": message, **evidence}
 
 
@@ -168,7 +190,7 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
     `key_reasons`)."""
     if job.status in TERMINAL_STATUSES:
         return Explanation(job.id, job.status, False, [_reason(
-            "finished", f"The job is {job.status}; it will not run again unless an admin "
+            ReasonCode.FINISHED, f"The job is {job.status}; it will not run again unless an admin "
             "retries it." if job.status != JobStatus.COMPLETED else
             "The job is completed.", status=job.status, at=to_rfc3339(job.updated_at)),
             *keyed])
@@ -179,18 +201,20 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
                    f"Worker {job.worker_id}'s lease ran out at {to_rfc3339(expires)}; the "
                    "next claim takes it back as a failed attempt.")
         return Explanation(job.id, job.status, False, [_reason(
-            "running", message, worker_id=job.worker_id, claimed_at=to_rfc3339(job.claimed_at),
-            lease_expires_at=to_rfc3339(expires), lease_expired=expires <= now_us)])
+            ReasonCode.RUNNING, message, worker_id=job.worker_id,
+            claimed_at=to_rfc3339(job.claimed_at), lease_expires_at=to_rfc3339(expires),
+            lease_expired=expires <= now_us)])
 
     if job.status == JobStatus.RESERVED:
         return Explanation(job.id, job.status, False, [_reason(
-            "reserved", "It is reserved: it waits for its producer's confirm (after its own "
-            "commit) or release, or for its deadline's check; never claimed until "
+            ReasonCode.RESERVED,
+            "It is reserved: it waits for its producer's confirm (after its own commit) or "
+            "release, or for its deadline's check; never claimed until "
             "confirmed.")])
     if job.status == JobStatus.WAITING:
         ids = list(waiting_on)
         on_dependencies = [_reason(
-            "waiting_on", f"It waits for {len(ids)} unfinished dependenc"
+            ReasonCode.WAITING_ON, f"It waits for {len(ids)} unfinished dependenc"
             f"{'y' if len(ids) == 1 else 'ies'} ({', '.join(map(str, ids))}): it becomes "
             "pending when the last one completes.", ids=ids)] if ids or not keyed else []
         return Explanation(job.id, job.status, False, [*keyed, *on_dependencies])
@@ -198,19 +222,21 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
     reasons: list[Reason] = []
     due = job.run_at <= now_us
     if not due:
-        reasons.append(_reason("scheduled", f"It is not claimable before {to_rfc3339(job.run_at)}.",
+        reasons.append(_reason(ReasonCode.SCHEDULED,
+                               f"It is not claimable before {to_rfc3339(job.run_at)}.",
                                until=to_rfc3339(job.run_at)))
     reasons += flow
     # push_type says who takes the job, not what holds it back.
-    pushed = any(reason["code"] == PUSH_TYPE for reason in flow)
-    held = [reason for reason in flow if reason["code"] != PUSH_TYPE]
+    pushed = any(reason["code"] == ReasonCode.PUSH_TYPE for reason in flow)
+    held = [reason for reason in flow if reason["code"] != ReasonCode.PUSH_TYPE]
     reasons += keyed
     # A fair type's claims read round order, not claim order: fair_share (in `keyed`) says
     # what comes first there.
     if due and ahead is not None and ahead.value and job.fair_round is None:
         of_type = ahead_of_type or BoundedCount(0, False)
         reasons.append(_reason(
-            "jobs_ahead", f"{_at_least(ahead)} claimable job(s) come before it in claim order "
+            ReasonCode.JOBS_AHEAD,
+            f"{_at_least(ahead)} claimable job(s) come before it in claim order "
             f"({_at_least(of_type)} of type {job.type}).", count=ahead.value,
             count_capped=ahead.capped, of_its_type=of_type.value,
             of_its_type_capped=of_type.capped))
@@ -228,7 +254,7 @@ def _worker_reasons(job: Job, now_us: int, workers: Sequence[WorkerFacts],
                     names_workers: bool) -> list[Reason]:
     able = [worker for worker in workers if worker.may_claim(job.type)]
     if not able:
-        return [_reason("no_worker_for_type",
+        return [_reason(ReasonCode.NO_WORKER_FOR_TYPE,
                         f"No live worker key may claim type {job.type}.",
                         type=job.type, **({"workers": []} if names_workers else {}),
                         last_claim_at=None)]
@@ -238,7 +264,7 @@ def _worker_reasons(job: Job, now_us: int, workers: Sequence[WorkerFacts],
         return []
     last = ("none has ever claimed" if last_claim_at is None
             else f"the last claim was at {to_rfc3339(last_claim_at)}")
-    return [_reason("no_worker_for_type",
+    return [_reason(ReasonCode.NO_WORKER_FOR_TYPE,
                     f"No worker that may claim type {job.type} has claimed in the last 5 "
                     f"minutes ({last}): is one running?",
                     type=job.type,

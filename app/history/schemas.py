@@ -9,14 +9,11 @@ from typing import Any, ClassVar
 from marshmallow import Schema, fields, validate
 
 from app.core.clock import to_rfc3339
-from app.history.explain import Explanation
+from app.history.explain import Explanation, ReasonCode
 from app.history.service import Worker
 from app.jobs.timeline.models import Attempt, EventName, JobEvent, Outcome
 
 _DATE_TIME = {"format": "date-time"}
-REASON_CODES = ("finished", "running", "scheduled", "type_paused", "type_at_max_running",
-                "key_at_max_running", "rate_limited", "push_type", "jobs_ahead",
-                "no_worker_for_type")
 
 
 class AttemptSchema(Schema):
@@ -65,7 +62,8 @@ class ReasonSchema(Schema):
     # Each code carries its own evidence beside code and message.
     openapi_extra: ClassVar[dict[str, Any]] = {"additionalProperties": True}
 
-    code = fields.String(required=True, validate=validate.OneOf(REASON_CODES))
+    code = fields.String(required=True,
+                         validate=validate.OneOf([code.value for code in ReasonCode]))
     message = fields.String(required=True)
 
 

@@ -18,6 +18,7 @@ from app.core.errors import QueueError
 from app.core.limits import BULK_JOBS
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.core.tracecontext import Trace
+from app.history.explain import ReasonCode
 from app.history.failure_schemas import represent_detail
 from app.history.schemas import (
     represent_attempt,
@@ -341,7 +342,7 @@ def job(job_id: int) -> tuple[str, int]:
     shown = _shown(found, extras.dependencies, extras.controls, extras.tags, extras.traces)
     explanation = represent_explanation(services.history.explain(caller, job_id))
     # A failed job that blocks its ordered key may be cancelled too: that passes the turn on.
-    blocks_its_key = any(reason["code"] == "key_blocked" and reason.get("job_id") == job_id
+    blocks_its_key = any(reason["code"] == ReasonCode.KEY_BLOCKED and reason.get("job_id") == job_id
                          for reason in explanation["reasons"])
     return _page("job.html", job=shown, blocks_its_key=blocks_its_key,
                  workflow_id=services.workflows.workflow_of_job(caller, job_id),

@@ -186,8 +186,7 @@ def test_a_push_urls_secrets_are_never_shown_stored_or_logged(
         make_push(client, admin, refused, job_type="pdf")
         ids = [api.enqueue(producer, type=job_type, max_retries=0).json["id"]
                for job_type in ("email", "pdf")]
-        explained = [client.get(f"/jobs/{job_id}/explain", headers=producer.headers).json
-                     for job_id in ids]
+        explained = [api.explain(producer, job_id) for job_id in ids]
         running = dispatching()
         wait_until(lambda: all(job_of(api, admin, j)["status"] == "failed" for j in ids),
                    "both failures", timeout=20)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from app.core.clock import to_rfc3339
+from tests.conftest import Api
 
 
 def explain(client, key, job_id):
-    answer = client.get(f"/jobs/{job_id}/explain", headers=key.headers)
-    assert answer.status_code == 200, answer.json
-    return answer.json
+    return Api(client).explain(key, job_id)
 
 
 def codes(shown):

@@ -209,6 +209,6 @@ def test_a_batch_or_a_workflow_takes_no_reserve(client, producer):
 
 def test_explain_says_a_reserved_job_waits_for_its_producer(api, client, producer, admin):
     job_id = reserve(api, producer).json["id"]
-    shown = client.get(f"/jobs/{job_id}/explain", headers=admin.headers).json
+    shown = api.explain(admin, job_id)
     assert (shown["claimable_now"], [r["code"] for r in shown["reasons"]]) == (
         False, ["reserved"])

@@ -49,9 +49,7 @@ def claim_key(api: Api, worker: Key, **body: Any) -> tuple[int, str | None] | No
 
 
 def explain(api: Api, admin: Key, job_id: int) -> dict[str, Any]:
-    response = api.client.get(f"/jobs/{job_id}/explain", headers=admin.headers)
-    assert response.status_code == 200, response.json
-    return response.json
+    return api.explain(admin, job_id)
 
 
 # -- fair share --------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Key
+from tests.conftest import Api, Key
 
 
 def patch(client: Any, key: Key, job_type: str, **body: Any) -> Any:
@@ -104,7 +104,7 @@ def test_workers_never_claim_jobs_of_a_push_type(client, api, admin, producer, w
     assert client.post("/jobs/claim-many", json={"types": ["email"]},
                        headers=worker.headers).json["jobs"] == []
 
-    explained = client.get(f"/jobs/{email}/explain", headers=admin.headers).json
+    explained = Api(client).explain(admin, email)
     codes = [reason["code"] for reason in explained["reasons"]]
     assert "push_type" in codes and "no_worker_for_type" not in codes
     assert explained["claimable_now"] is True

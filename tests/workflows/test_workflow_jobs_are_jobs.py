@@ -31,7 +31,7 @@ def test_a_released_job_of_a_paused_type_waits_for_its_resume(api, producer, wor
     assert finish_next(api, worker) == ids["a"]
     assert api.get(producer, ids["b"]).json["status"] == "pending"
     assert api.claim(worker).status_code == 204
-    explained = api.client.get(f"/jobs/{ids['b']}/explain", headers=admin.headers).json
+    explained = api.explain(admin, ids['b'])
     assert explained["reasons"][0]["code"] == "type_paused"
     patch_type(api, admin, "pdf", paused=False)
     assert finish_next(api, worker) == ids["b"]
@@ -78,14 +78,14 @@ def test_workers_never_claim_a_push_types_released_job(api, producer, worker, ad
     assert finish_next(api, worker) == ids["a"]
     assert api.get(producer, ids["b"]).json["status"] == "pending"
     assert api.claim(worker).status_code == 204
-    explained = api.client.get(f"/jobs/{ids['b']}/explain", headers=admin.headers).json
+    explained = api.explain(admin, ids['b'])
     assert "push_type" in [reason["code"] for reason in explained["reasons"]]
 
 
 def test_a_workflow_jobs_history_tells_its_wait(api, producer, worker, admin):
     ids = create(api, producer, [{"ref": "a", "type": "email"},
                                  {"ref": "b", "type": "pdf", "depends_on": ["a"]}])
-    explained = api.client.get(f"/jobs/{ids['b']}/explain", headers=producer.headers).json
+    explained = api.explain(producer, ids['b'])
     assert explained["claimable_now"] is False
     assert explained["reasons"][0] == {
         "code": "waiting_on", "ids": [ids["a"]],
