@@ -14,7 +14,7 @@ peek would. A lost, late or extra one costs a peek at most, and the peek stays t
 changes from other hosts (several servers on one PostgreSQL) are noticed. The directory is
 the user's own (mode 0700, checked): nobody else can send into it. Where it cannot be used
 (a path too long for a socket, a directory someone else owns), waiting falls back to the
-peek alone.
+peek alone, with one log line saying why.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ _DATAGRAM_BYTES = 16
 LINGER_SECONDS = 5.0
 # How often the receiver looks up from its socket to see whether it may close it.
 _IDLE_CHECK_SECONDS = 1.0
+# After a bind that failed for want of a resource (EMFILE, ENOSPC, ...), how long waiting
+# requests only peek before a wait tries to bind again.
+_BIND_RETRY_SECONDS = 60.0
 # Each HostWake of a process binds a socket of its own name (a test may run two apps).
 _instances = itertools.count(1)
 # The directory's mtime says when a process came or went, but in the kernel's coarse ticks
@@ -51,6 +54,15 @@ _instances = itertools.count(1)
 # change, and in any case this often.
 _MTIME_TICK_NS = 50_000_000
 _PEERS_MAX_AGE_SECONDS = 1.0
+
+
+class _NotOwnedAlone(OSError):
+    """The wake directory is not this user's alone: another user could send into it."""
+
+
+def _owned_alone(info: os.stat_result) -> bool:
+    return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+            and not info.st_mode & 0o077)
 
 
 def wake_directory(database: str) -> str:
@@ -86,9 +98,17 @@ class HostWake:
         self._peers_version = -1
         self._peers_read_at = 0.0
         self._peers_read_ns = 0
+        # Why this process neither sends nor receives (said once, at the first wait), if so:
+        # no directory, or one no socket's path fits in, or one this user does not own alone.
+        self._refused: str | None = None
         # The longest name a socket gets: a pid (at most 2**22 on Linux) and an instance.
-        self._usable = directory is not None and len(
-            os.path.join(directory, f"{2 ** 22}.{10 ** 6}")) <= _SOCKET_PATH_MAX
+        if directory is not None and len(
+                os.path.join(directory, f"{2 ** 22}.{10 ** 6}")) > _SOCKET_PATH_MAX:
+            self._refused = (f"the path of {directory} is too long for a socket's: set "
+                             "TMPDIR to a shorter directory")
+        self._refusal_said = False
+        # A bind that failed for want of a resource stops receiving, not sending, for a while.
+        self._bind_again_at = 0.0
 
     def on_wake(self, kind: str, notify: Callable[[], None]) -> None:
         self._handlers[kind.encode()] = notify
@@ -108,31 +128,49 @@ class HostWake:
 
     def _listen(self) -> None:
         """Bind this process's socket and start its receiver, unless bound already."""
-        if not self._usable or self._listening_pid == os.getpid():
+        if self.directory is None or self._listening_pid == os.getpid():
+            return
+        if self._refused is not None:
+            self._say_refusal()
+            return
+        if time.monotonic() < self._bind_again_at:
             return
         try:
             try:
                 receiver = self._bind()
             except FileNotFoundError:  # the last process out removed the directory meanwhile
                 receiver = self._bind()
+        except _NotOwnedAlone as refusal:
+            self._refused = str(refusal)
+            self._say_refusal()
+            return
         except OSError as error:
-            self._usable = False
+            self._bind_again_at = time.monotonic() + _BIND_RETRY_SECONDS
             log.warning("waiting requests will notice other processes' changes by polling "
-                        "only: %s", error)
+                        "for %.0f s: %s", _BIND_RETRY_SECONDS, error)
             return
         self._listening_pid = os.getpid()
         threading.Thread(target=self._receive, args=(receiver,), daemon=True,
                          name="queuelog-host-wake").start()
 
+    def _say_refusal(self) -> None:
+        if not self._refusal_said:
+            self._refusal_said = True
+            log.warning("waiting requests will notice other processes' changes by polling "
+                        "only: %s", self._refused)
+
     def send(self, kind: str) -> None:
         """Tell the other processes' waiting requests that `kind` happened."""
-        if not self._usable:
+        if self.directory is None or self._refused is not None:
             return
-        assert self.directory is not None
         try:
-            version = os.stat(self.directory).st_mtime_ns
+            info = os.lstat(self.directory)
         except FileNotFoundError:
             return  # no process has listened yet
+        if not _owned_alone(info):
+            self._refused = f"{self.directory} is not a directory of this user's alone"
+            return  # a process that waits says it
+        version = info.st_mtime_ns
         if (version != self._peers_version
                 or self._peers_read_ns - version < _MTIME_TICK_NS
                 or time.monotonic() - self._peers_read_at > _PEERS_MAX_AGE_SECONDS):
@@ -152,10 +190,8 @@ class HostWake:
     def _bind(self) -> socket.socket:
         assert self.directory is not None
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        info = os.lstat(self.directory)
-        if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
-                or info.st_mode & 0o077):
-            raise OSError(f"{self.directory} is not a directory of this user's alone")
+        if not _owned_alone(os.lstat(self.directory)):
+            raise _NotOwnedAlone(f"{self.directory} is not a directory of this user's alone")
         path = os.path.join(self.directory, f"{os.getpid()}.{next(_instances)}")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a dead process's, whose pid this one now has
@@ -207,11 +243,11 @@ class HostWake:
 
     def _read_peers(self, version: int) -> None:
         assert self.directory is not None
+        read_ns = time.time_ns()  # before the listing: a change after it is not in it
         try:
             names = os.listdir(self.directory)
         except OSError:
             names = []
-        read_ns = time.time_ns()  # before the listing: a change after it is not in it
         own = self._own_path if self._listening_pid == os.getpid() else None
         self._peers = tuple(path for name in names
                             if (path := os.path.join(self.directory, name)) != own)

@@ -106,3 +106,63 @@ def test_an_app_hears_another_process_finishing_and_enqueueing(app):
         seen = jobs.signal.generation
         send_from_another_process(directory, "claimable")
         assert jobs.signal.wait(seen, timeout=NEVER_SECONDS)
+
+
+def test_a_directory_others_may_write_to_gets_no_wake_sent_into_it(directory):
+    os.makedirs(directory)
+    os.chmod(directory, 0o777)  # noqa: S103 - the mistake under test
+    planted = os.path.join(directory, "999999.1")  # another user's socket, say
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(planted)
+    listener.setblocking(False)
+    try:
+        HostWake(directory).send("claimable")
+
+        with pytest.raises(BlockingIOError):
+            listener.recv(16)  # nothing was sent into it
+    finally:
+        listener.close()
+
+
+def test_a_temp_directory_too_long_for_a_socket_is_said_once_and_waits_peek(tmp_path, caplog):
+    too_long = str(tmp_path / ("x" * 120))
+    host = HostWake(too_long)
+    signal = JobSignal(host, "claimable")
+
+    with caplog.at_level(logging.WARNING, logger="app.jobs.host_wake"):
+        for _ in range(3):
+            with signal.watching():
+                seen = signal.generation
+                signal.notify()  # this process's own waiters are still woken
+                assert signal.wait(seen, timeout=NEVER_SECONDS)
+        host.send("claimable")
+    assert not os.path.exists(too_long)
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 1 and "polling only" in said[0] and "TMPDIR" in said[0]
+
+
+def test_a_bind_that_failed_for_want_of_a_resource_stops_receiving_not_sending(
+        directory, monkeypatch, caplog):
+    monkeypatch.setattr(host_wake, "_BIND_RETRY_SECONDS", 0.0)
+    listening = JobSignal(HostWake(directory), "claimable")
+    starved = HostWake(directory)
+    bind, failures = starved._bind, [OSError(24, "Too many open files")]  # as at `ulimit -n`
+
+    def bind_once_out_of_descriptors() -> socket.socket:
+        if failures:
+            raise failures.pop()
+        return bind()
+
+    monkeypatch.setattr(starved, "_bind", bind_once_out_of_descriptors)
+    with caplog.at_level(logging.WARNING, logger="app.jobs.host_wake"), \
+            listening.watching(), JobSignal(starved, "claimable").watching():
+        seen = listening.generation
+        starved.send("claimable")  # still tells the others
+        assert listening.wait(seen, timeout=NEVER_SECONDS)
+    assert "Too many open files" in caplog.text
+
+    recovered = JobSignal(starved, "claimable")
+    with recovered.watching():  # the retry's time has come: this wait binds
+        seen = recovered.generation
+        send_from_another_process(directory, "claimable")
+        assert recovered.wait(seen, timeout=NEVER_SECONDS)
