@@ -13,8 +13,8 @@ A datagram carries nothing but a kind: it only makes the receiver's waiters look
 peek would. A lost, late or extra one costs a peek at most, and the peek stays the way
 changes from other hosts (several servers on one PostgreSQL) are noticed. The directory is
 the user's own (mode 0700, checked): nobody else can send into it. Where it cannot be used
-(a path too long for a socket, a directory someone else owns), waiting falls back to the
-peek alone, with one log line saying why.
+(a directory someone else owns, or one too deep for a socket's path even under /tmp),
+waiting falls back to the peek alone, with one log line saying why.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 # sun_path holds 108 bytes on Linux and 104 on macOS, its terminating NUL included.
 _SOCKET_PATH_MAX = 100
+_SHORT_TEMPORARY_DIRECTORY = "/tmp"  # noqa: S108 - checked as the user's own (0700) before use
 # Many datagrams waiting are as good as one: the receiver drains them before it wakes anyone.
 _DATAGRAM_BYTES = 16
 # How long a process keeps its socket once no request waits in it.
@@ -67,9 +68,20 @@ def _owned_alone(info: os.stat_result) -> bool:
 
 def wake_directory(database: str) -> str:
     """The directory of the host's processes that serve `database` (a SQLite file's absolute
-    path, or a PostgreSQL URL without its password): one per user and database."""
-    digest = hashlib.sha256(database.encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), f"queuelog-wake-{os.getuid()}-{digest}")
+    path, or a PostgreSQL URL without its password): one per user and database, in the
+    temporary directory, or in /tmp when the temporary directory is too deep for a socket's
+    path (a TMPDIR of a test or a service manager's often is): every process of the database
+    with that TMPDIR chooses alike."""
+    name = f"queuelog-wake-{os.getuid()}-{hashlib.sha256(database.encode()).hexdigest()[:16]}"
+    preferred = os.path.join(tempfile.gettempdir(), name)
+    if _socket_paths_fit(preferred) or not os.path.isdir(_SHORT_TEMPORARY_DIRECTORY):
+        return preferred
+    return os.path.join(_SHORT_TEMPORARY_DIRECTORY, name)
+
+
+def _socket_paths_fit(directory: str) -> bool:
+    # The longest name a socket gets: a pid (at most 2**22 on Linux) and an instance.
+    return len(os.path.join(directory, f"{2 ** 22}.{10 ** 6}")) <= _SOCKET_PATH_MAX
 
 
 class HostWake:
@@ -101,9 +113,7 @@ class HostWake:
         # Why this process neither sends nor receives (said once, at the first wait), if so:
         # no directory, or one no socket's path fits in, or one this user does not own alone.
         self._refused: str | None = None
-        # The longest name a socket gets: a pid (at most 2**22 on Linux) and an instance.
-        if directory is not None and len(
-                os.path.join(directory, f"{2 ** 22}.{10 ** 6}")) > _SOCKET_PATH_MAX:
+        if directory is not None and not _socket_paths_fit(directory):
             self._refused = (f"the path of {directory} is too long for a socket's: set "
                              "TMPDIR to a shorter directory")
         self._refusal_said = False

@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,7 +125,21 @@ def test_a_directory_others_may_write_to_gets_no_wake_sent_into_it(directory):
         listener.close()
 
 
-def test_a_temp_directory_too_long_for_a_socket_is_said_once_and_waits_peek(tmp_path, caplog):
+def test_a_temporary_directory_too_deep_for_a_socket_falls_back_to_tmp(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / ("deep" * 20)))
+    chosen = wake_directory(str(tmp_path / "queuelog.sqlite3"))
+    assert os.path.dirname(chosen) == "/tmp"
+    try:
+        signal = JobSignal(HostWake(chosen), "claimable")
+        with signal.watching():
+            seen = signal.generation
+            send_from_another_process(chosen, "claimable")
+            assert signal.wait(seen, timeout=NEVER_SECONDS)
+    finally:
+        shutil.rmtree(chosen, ignore_errors=True)
+
+
+def test_a_directory_too_deep_for_a_socket_is_said_once_and_waits_peek(tmp_path, caplog):
     too_long = str(tmp_path / ("x" * 120))
     host = HostWake(too_long)
     signal = JobSignal(host, "claimable")

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import requests
 
+from app.jobs.host_wake import wake_directory
+from app.storage.engine import database_identity
 from tests.conftest import JOB_TYPES
 from tests.servers import GunicornServer, bearer, gunicorn_argv, server_environment
 from tests.servers import create_api_key as create_key
@@ -29,20 +31,23 @@ def short_tmpdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def sockets(tmpdir: Path) -> list[Path]:
-    return [path for directory in tmpdir.glob("queuelog-wake-*") for path in directory.iterdir()]
+def wake_directory_under(parent: Path, db_url: str) -> Path:
+    """The wake directory a server of `db_url` makes under `parent` (as its $TMPDIR)."""
+    return parent / Path(wake_directory(database_identity(db_url))).name
 
 
-def test_a_waiting_claim_binds_its_workers_socket_and_a_stopped_server_leaves_none(
-        start_server: Callable[..., GunicornServer], db_url: str, tmp_path: Path,
-        short_tmpdir: Path) -> None:
+def sockets(directory: Path) -> list[Path]:
+    return list(directory.iterdir()) if directory.exists() else []
+
+
+def claim_while_a_job_is_enqueued(server: GunicornServer, db_url: str,
+                                  directory: Path) -> None:
+    """A claim waits in one of the server's two workers and gets the job enqueued meanwhile;
+    while it waits, its worker's socket is bound in `directory`, of mode 0700."""
     producer = bearer(create_key(db_url, "producer-1", "producer"))
     worker = bearer(create_key(db_url, "worker-1", "worker"))
-    server = start_server(gunicorn_argv(), server_environment(
-        tmp_path, QUEUELOG_DATABASE_URL=db_url, QUEUELOG_JOB_TYPES=",".join(sorted(JOB_TYPES)),
-        GUNICORN_WORKERS="2", TMPDIR=str(short_tmpdir)))
     server.wait_until_answering()
-    assert sockets(short_tmpdir) == []  # nothing bound until a request waits
+    assert sockets(directory) == []  # nothing bound until a request waits
 
     answer: dict[str, Any] = {}
 
@@ -53,8 +58,8 @@ def test_a_waiting_claim_binds_its_workers_socket_and_a_stopped_server_leaves_no
 
     waiting = threading.Thread(target=claim)
     waiting.start()
-    server.wait_for(lambda: bool(sockets(short_tmpdir)), "the waiting claim's socket")
-    [bound] = sockets(short_tmpdir)
+    server.wait_for(lambda: bool(sockets(directory)), "the waiting claim's socket")
+    [bound] = sockets(directory)
     assert int(bound.name.split(".")[0]) in server.worker_pids()
     assert bound.parent.stat().st_mode & 0o777 == 0o700
 
@@ -64,6 +69,29 @@ def test_a_waiting_claim_binds_its_workers_socket_and_a_stopped_server_leaves_no
     assert answer["response"].status_code == 200
     assert answer["response"].json()["id"] == made.json()["id"]
 
+
+def test_a_waiting_claim_binds_its_workers_socket_and_a_stopped_server_leaves_none(
+        start_server: Callable[..., GunicornServer], db_url: str, tmp_path: Path,
+        short_tmpdir: Path) -> None:
+    server = start_server(gunicorn_argv(), server_environment(
+        tmp_path, QUEUELOG_DATABASE_URL=db_url, QUEUELOG_JOB_TYPES=",".join(sorted(JOB_TYPES)),
+        GUNICORN_WORKERS="2", TMPDIR=str(short_tmpdir)))
+    claim_while_a_job_is_enqueued(server, db_url, wake_directory_under(short_tmpdir, db_url))
+
     assert server.stop() == 0
-    assert sockets(short_tmpdir) == []
     assert list(short_tmpdir.glob("queuelog-wake-*")) == []  # the last worker out removed it
+
+
+def test_a_tmpdir_too_deep_for_a_socket_binds_under_tmp_instead(
+        start_server: Callable[..., GunicornServer], db_url: str, tmp_path: Path) -> None:
+    deep = tmp_path / ("deep" * 20)
+    deep.mkdir()
+    server = start_server(gunicorn_argv(), server_environment(
+        tmp_path, QUEUELOG_DATABASE_URL=db_url, QUEUELOG_JOB_TYPES=",".join(sorted(JOB_TYPES)),
+        GUNICORN_WORKERS="2", TMPDIR=str(deep)))
+    under_tmp = wake_directory_under(Path("/tmp"), db_url)
+    claim_while_a_job_is_enqueued(server, db_url, under_tmp)
+    assert list(deep.glob("queuelog-wake-*")) == []
+
+    assert server.stop() == 0
+    assert not under_tmp.exists()
