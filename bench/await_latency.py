@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from bench.data import create_keys, migrated_database, scratch_directory
-from bench.load import Client, HttpError
+from bench.load import Client, HttpError, settle
 from bench.report import Report, Table, Target, run_script
 from bench.servers import queuelog_server
 from bench.stats import Spread, ms, percentile
@@ -53,7 +53,7 @@ def one_trial(waiting_port: int, completing_port: int, producer: str, worker: st
 
         waiting = threading.Thread(target=wait_for_result, daemon=True)
         waiting.start()
-        time.sleep(SETTLE_SECONDS)
+        settle(SETTLE_SECONDS)
         completer.call("POST", f"/jobs/{job['id']}/complete",
                        {"lease_token": claimed["lease_token"], "result": {"ok": True}},
                        expect=(200,))
@@ -101,8 +101,9 @@ def measure(options: object) -> Report:
         "(app/jobs/host_wake.py), or else notices on its next read of the job (every "
         "50 ms).",
         f"Each trial: enqueue, claim, start the waiting read, {SETTLE_SECONDS * 1000:.0f} ms "
-        "later complete; the figure is the waiting read's answer minus the moment the worker "
-        "read the complete's 200.",
+        "later (plus a random 0-50 ms, so that the 50 ms read is not lined up with the "
+        "complete and a wake that failed shows) complete; the figure is the waiting read's "
+        "answer minus the moment the worker read the complete's 200.",
         "The clients are threads of this process, sharing the 2 cores with both servers.",
     ]
     return report

@@ -39,7 +39,7 @@ from bench.data import (
     migrated_database,
     scratch_directory,
 )
-from bench.load import Client, HttpError, run_load, scenario
+from bench.load import Client, HttpError, run_load, scenario, settle
 from bench.raw_batch import raw_cycle_rate, raw_insert_rate
 from bench.report import Report, Table, Target, run_script
 from bench.servers import queuelog_server
@@ -135,7 +135,7 @@ def long_poll_latency(port: int, producer: str, worker: str,
 
     waiter = threading.Thread(target=wait_for_job, daemon=True)
     waiter.start()
-    time.sleep(0.25)  # the claim has found nothing and is waiting
+    settle(0.25)  # the claim has found nothing and is waiting
     client = Client(port, producer)
     try:
         sent = time.perf_counter()
@@ -435,11 +435,13 @@ def measure(options: Any) -> Report:
         "its jobs are those claimed and completed. The queue is filled through /jobs/batch "
         "before each cycle run (not timed); jobs left by the enqueue runs stay pending, so "
         "claims run over a table of tens to hundreds of thousands of jobs.",
-        "Long polling: a worker's POST /jobs/claim with wait_seconds=5 waits; 250 ms later a "
-        "producer enqueues one job it may take. A claim waiting in the gunicorn worker that "
-        "stored the job is woken at once by its condition variable; in the other worker by "
-        "the datagram the storing worker sends it (app/jobs/host_wake.py), its 50 ms peek "
-        "the fallback, so the samples mix the two cases. 'Empty' runs on a second server "
+        "Long polling: a worker's POST /jobs/claim with wait_seconds=5 waits; 250 ms later "
+        "(plus a random 0-50 ms, so that the 50 ms peek is not lined up with the enqueue and "
+        "a wake that failed shows) a producer enqueues one job it may take. A claim waiting "
+        "in the gunicorn worker that stored the job is woken at once by its condition "
+        "variable; in the other worker by the datagram the storing worker sends it "
+        "(app/jobs/host_wake.py), its 50 ms peek the fallback, so the samples mix the two "
+        "cases. 'Empty' runs on a second server "
         "over its own database, where nothing else is ever pending. The bench process "
         "collects its garbage before each block of samples and not during it (the servers' "
         "collectors run as shipped): a collection of the client's landing in a sample "

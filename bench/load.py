@@ -8,12 +8,14 @@ import http.client
 import json
 import multiprocessing
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app.jobs.waiting import POLL_SECONDS
 from bench.stats import ms, percentile
 
 LOOPBACK = "127.0.0.1"
@@ -194,3 +196,10 @@ def run_load(name: str, port: int | Sequence[int], tokens: Sequence[str], *, cli
     if errors:
         raise HttpError(f"{len(errors)} client(s) failed; first: {errors[0]}")
     return LoadResult(len(latencies), jobs, last - began, latencies, errors, cpu)
+
+
+def settle(seconds: float) -> None:
+    """Sleep `seconds` and a random part of the waiting requests' peek period. A settle that is
+    a multiple of the period lines their peek up with the change that follows it, and hides a
+    wake that failed: its sample shows a few ms instead of up to POLL_SECONDS."""
+    time.sleep(seconds + random.uniform(0, POLL_SECONDS))

@@ -51,7 +51,7 @@ from bench.data import (
     postgres_database,
     scratch_directory,
 )
-from bench.load import Client, HttpError
+from bench.load import Client, HttpError, settle
 from bench.report import Report, Table, Target, run_script
 from bench.servers import queuelog_server
 from bench.stats import Spread, ms, percentile
@@ -166,7 +166,7 @@ def wake_latencies(port: int, tokens: dict[str, str], chains: int, name: str) ->
             waiting = threading.Thread(target=wait_for_dependent, args=(waiter, answered),
                                        daemon=True)
             waiting.start()
-            time.sleep(SETTLE_SECONDS)
+            settle(SETTLE_SECONDS)
             complete(driver, dependency)
             completed = time.perf_counter()
             waiting.join(WAIT_SECONDS + 10)
@@ -496,11 +496,13 @@ def measure(options: Any) -> Report:
         "QUEUELOG_BENCH_POSTGRES_URL set, a fresh PostgreSQL database on the same machine.",
         f"Wake-up: the chains are one POST /workflows per repeat. For each, worker A claims "
         f"the dependency; worker B's POST /jobs/claim (types=['{SECOND_TYPE}'], wait_seconds="
-        f"{WAIT_SECONDS}) starts, {SETTLE_SECONDS * 1000:.0f} ms later A completes the "
-        "dependency, and the figure is B's answer minus the moment A read the complete's "
-        "answer (negative when B answered first). A claim waiting in the gunicorn worker "
-        "that ran the complete is woken at once; in the other it notices on its next peek "
-        f"(every 50 ms), so the samples mix the two. Meanwhile {sizes.load_clients} clients "
+        f"{WAIT_SECONDS}) starts, {SETTLE_SECONDS * 1000:.0f} ms later (plus a random 0-50 ms, "
+        "so that the 50 ms peek is not lined up with the complete and a wake that failed "
+        "shows) A completes the dependency, and the figure is B's answer minus the moment A "
+        "read the complete's answer (negative when B answered first). A claim waiting in the "
+        "gunicorn worker that ran the complete is woken at once; in the other by the "
+        "datagram that worker sends it (app/jobs/host_wake.py), its next peek (every 50 ms) "
+        f"the fallback. Meanwhile {sizes.load_clients} clients "
         f"in a process of their own each loop POST /jobs, a claim of '{LOAD_TYPE}' and its "
         "complete, as fast as the server answers (the load column: jobs through that cycle "
         f"per second). With {sizes.chains} samples, nearest-rank p99 is the largest or "
