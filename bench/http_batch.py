@@ -17,12 +17,11 @@ PostgreSQL database.
 from __future__ import annotations
 
 import contextlib
-import gc
 import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -181,33 +180,19 @@ class LongPoll:
                types: list[str] | None) -> None:
         stored: list[float] = []
         sent: list[float] = []
-        with _collector_paused():
-            for _ in range(3 * count):
-                if len(stored) == count:
-                    break
-                one = long_poll_latency(port, producer, worker, types)
-                if one is not None:  # else the claim took a leftover job: sampled again
-                    stored.append(one[0])
-                    sent.append(one[1])
+        for _ in range(3 * count):
+            if len(stored) == count:
+                break
+            one = long_poll_latency(port, producer, worker, types)
+            if one is not None:  # else the claim took a leftover job: sampled again
+                stored.append(one[0])
+                sent.append(one[1])
         if len(stored) < count:
             raise HttpError("the waiting claims kept taking jobs other than the one enqueued")
         self.stored.add(percentile(stored, 50))
         self.stored_p99.add(percentile(stored, 99))
         self.maximum.add(max(stored))
         self.sent.add(percentile(sent, 50))
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The bench's own garbage collector off while it samples: after the heavy runs before
-    each block, one of its collections landing inside a sample timed the client, not the
-    server (30-80 ms on one sample of 30 in a repeat)."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def pending_jobs(url: str) -> int:
@@ -440,12 +425,8 @@ def measure(options: Any) -> Report:
         "a wake that failed shows) a producer enqueues one job it may take. A claim waiting "
         "in the gunicorn worker that stored the job is woken at once by its condition "
         "variable; in the other worker by the datagram the storing worker sends it "
-        "(app/jobs/host_wake.py), its 50 ms peek the fallback, so the samples mix the two "
-        "cases. 'Empty' runs on a second server "
-        "over its own database, where nothing else is ever pending. The bench process "
-        "collects its garbage before each block of samples and not during it (the servers' "
-        "collectors run as shipped): a collection of the client's landing in a sample "
-        "timed the client, not the wake.",
+        "(app/jobs/host_wake.py), its 50 ms peek the fallback. 'Empty' runs on a second "
+        "server over its own database, where nothing else is ever pending.",
         "The second row waits behind the jobs the runs above left pending (of type "
         "'email'), for a 'report' job: each peek and each claim reads only the 'report' "
         "part of the per-type claim-order index, so the backlog of other types costs it "
