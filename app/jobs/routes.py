@@ -194,7 +194,7 @@ def enqueue_batch() -> Response:
     trace = _request_trace()
     results = _service().enqueue_many(current_caller(), body["jobs"], trace=trace)
     show_error = current_caller().is_admin
-    extras = _extras_of_batch(body["jobs"], results, trace)
+    extras = _extras_of_enqueued(body["jobs"], results, trace)
     response = jsonify({"jobs": [represent(outcome.job, show_error=show_error,
                                            dependencies=extras.dependencies,
                                            controls=extras.controls, tags=extras.tags,
@@ -206,11 +206,11 @@ def enqueue_batch() -> Response:
     return response
 
 
-def _extras_of_batch(requests: list[dict[str, Any]], results: list[Enqueued],
-                     trace: Trace | None) -> JobExtras:
-    """What a batch's jobs show beside their rows. As for one enqueue, the jobs it made
-    without depends_on wait for nothing and have the tags and trace they were sent with; only
-    the jobs it met (replays, unique twins) and a graph's are read."""
+def _extras_of_enqueued(requests: list[dict[str, Any]], results: list[Enqueued],
+                        trace: Trace | None) -> JobExtras:
+    """What enqueued jobs show beside their rows (one enqueue's, or a batch's). A job made
+    without depends_on waits for nothing and has the tags and trace it was sent with: only
+    the jobs met (replays, unique twins) and a graph's are read."""
     if any(item.get("depends_on") for item in requests):
         return _service().extras_of([outcome.job for outcome in results])
     made = {outcome.job.id: item for item, outcome in zip(requests, results, strict=True)
@@ -286,25 +286,15 @@ def enqueue_job() -> Response:
     body = load_body(_enqueue_schema)
     trace = _request_trace()
     outcome = _service().enqueue(current_caller(), body, header_key, trace=trace)
-    # A new job without depends_on waits for nothing, and has the tags and trace it was
-    # sent with: no read needed to say so.
-    plain = outcome.created and not body.get("depends_on")
-    job_id = outcome.job.id
+    extras = _extras_of_enqueued([body], [outcome], trace)
     response = _job_response(outcome.job, 201 if outcome.created else 200,
-                             with_dependencies=not plain,
-                             dependencies=_WAITS_FOR_NOTHING if plain else None,
-                             controls=_NO_CONTROLS if plain else None,
-                             tags={job_id: body.get("tags") or []} if plain else None,
-                             traces=_traces_sent(job_id, trace) if plain else None)
+                             dependencies=extras.dependencies, controls=extras.controls,
+                             tags=extras.tags, traces=extras.traces)
     response.headers["Location"] = url_for("jobs.get_job", job_id=outcome.job.id)
     if outcome.replayed:
         response.headers["Idempotent-Replayed"] = "true"
     _say_deduplicated(response, outcome)
     return response
-
-
-def _traces_sent(job_id: int, trace: Trace | None) -> dict[int, Trace]:
-    return {} if trace is None else {job_id: trace}
 
 
 def _say_deduplicated(response: Response, outcome: Enqueued) -> None:
