@@ -79,6 +79,7 @@ class DocumentRun:
         self.background: list[tuple[Example, subprocess.Popen[bytes], Path]] = []
         self.state = self.work / ".state.sh"
         self.state.write_text("")
+        self.last_output = ""  # the last block's, for a failure's message
         self.lease_tokens: dict[int, str] = {}  # by job id, from the claims' answers
         self.updates: dict[int, str] = {}  # answers to write back, by line
         self.environment = {"QUEUELOG_DATABASE_URL": self.db_url,
@@ -95,7 +96,7 @@ class DocumentRun:
              if name not in ("QUEUELOG_BIND", "QUEUELOG_DATABASE_URL")})
         port = self.ports["8000"]
         self.server = GunicornServer(
-            gunicorn_argv(*UNCONFIGURED, "--workers", "2", "--worker-class", WORKER_CLASS,
+            gunicorn_argv(*UNCONFIGURED, "--workers", "1", "--worker-class", WORKER_CLASS,
                           "--threads", "8", "--bind", f"127.0.0.1:{port}"),
             server_environment(self.directory, **self.environment),
             port=port, logs=self.directory)
@@ -140,9 +141,7 @@ class DocumentRun:
     def shell(self, code: str) -> subprocess.CompletedProcess[str]:
         script = (f"set -a\n. {self.state}\nset -e\n{self.localised(code)}\n"
                   f"export -p > {self.state}\n")
-        return subprocess.run(["bash", "-c", script], cwd=self.work, capture_output=True,
-                              text=True, timeout=BLOCK_TIMEOUT_SECONDS,
-                              env=self.shell_environment())
+        return _run(["bash", "-c", script], cwd=self.work, env=self.shell_environment())
 
     def shell_variable(self, name: str) -> str:
         done = self.shell(f'printf %s "${{{name}:-}}"')
@@ -172,8 +171,8 @@ class DocumentRun:
             self.serve({})
         if example.language == "sh":
             if example.background:
-                self.start_background(example, ["bash", "-c", f". {self.state}\nexec "
-                                                 f"{self.localised(example.code).strip()}"],
+                self.start_background(example, ["bash", "-c", f"set -a\n. {self.state}\n"
+                                                 f"set +a -e\n{self.localised(example.code)}"],
                                       self.shell_environment())
                 return None
             done = self.shell(self.with_lease_tokens(example.code))
@@ -187,8 +186,8 @@ class DocumentRun:
             if example.background:
                 self.start_background(example, [sys.executable, name], env)
                 return None
-            done = subprocess.run([sys.executable, name], cwd=self.work, capture_output=True,
-                                  text=True, timeout=BLOCK_TIMEOUT_SECONDS, env=env)
+            done = _run([sys.executable, name], cwd=self.work, env=env)
+        self.last_output = done.stdout
         if done.returncode != 0:
             return (f"{example.where} exited {done.returncode}:\n{done.stdout}\n"
                     f"{done.stderr}{self.server_log()}")
@@ -216,20 +215,35 @@ class DocumentRun:
                 problems.append(f"{example.where} ended early ({process.returncode}):\n"
                                 f"{log.read_text(errors='replace')}")
                 continue
-            process.send_signal(signal.SIGTERM)
+            # The whole group: a shell block's command (gunicorn, say) is the shell's child.
+            os.killpg(process.pid, signal.SIGTERM)
             try:
                 status = process.wait(timeout=STOP_TIMEOUT_SECONDS)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
                 status = None
-            if status not in (0, -signal.SIGTERM):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            # A Python block (a worker) must exit 0 on SIGTERM; a shell ends by the signal.
+            stopped = (0,) if example.language == "python" else (0, -signal.SIGTERM)
+            if status not in stopped:
                 problems.append(f"{example.where} exited {status} on SIGTERM:\n"
                                 f"{log.read_text(errors='replace')}")
         if self.server is not None:
             self.server.kill()
         return problems
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a block; one that outruns BLOCK_TIMEOUT_SECONDS is a failed block (status -9)."""
+    with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=BLOCK_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            stderr += f"\n(killed after {BLOCK_TIMEOUT_SECONDS} s)"
+        return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
 def _makes_its_own_keys(document: Document) -> bool:

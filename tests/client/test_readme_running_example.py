@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.client.conftest import _child_env, wait_until
-from tests.client.test_readme_workflow_example import readme_examples
+from tests import doc_examples
 from tests.client.workflow_servers import WorkflowServer
 
 pytestmark = pytest.mark.slow
 
-SECTION = "Long jobs: progress, checkpoints, cancel"
 FINISH_TIMEOUT_SECONDS = 60.0
 
 
@@ -29,12 +28,8 @@ def server(tmp_path: Path, db_url: str) -> Iterator[WorkflowServer]:
     live.stop()
 
 
-def test_the_long_job_example_is_a_worker():
-    assert set(readme_examples(SECTION)) == {"worker"}
-
-
 def test_the_long_job_example_runs_as_written(server, tmp_path):
-    (tmp_path / "worker.py").write_text(readme_examples(SECTION)["worker"])
+    (tmp_path / "worker.py").write_text(doc_examples.named(doc_examples.README, "render.py"))
     producer = server.client(server.create_key("shop", "producer"))
 
     # From a directory of its own: only the installed (here: importable) client is used.
