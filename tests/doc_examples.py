@@ -27,6 +27,7 @@ comments; tests/test_docs.py checks it.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import re
@@ -361,16 +362,15 @@ def rewritten(answer: Answer, output: str) -> str | None:
             status = (old.status_line if old.status_line.split()[1:] ==
                       new.status_line.split()[1:] else new.status_line)
             head = [status] + [
-                f"{name}: {value if name.lower() in MASKED_HEADERS else received.get(name.lower(), value)}"
+                f"{name}: {value}" if name.lower() in MASKED_HEADERS
+                else f"{name}: {received[name.lower()]}"
                 for name, value in old.headers if name.lower() in received]
             body = new.body
             with_body = "\n".join(head)
             if body:
-                try:
+                with contextlib.suppress(json.JSONDecodeError):  # a text body stays as it is
                     body = _json_text(json_values(old.body) if old.body else [],
                                       json_values(body))
-                except json.JSONDecodeError:
-                    pass
                 with_body += "\n\n" + body
             parts.append(with_body)
         return "\n\n".join(parts) + "\n"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from app import create_app
+from app.core.callers import Role
 from tests import doc_examples
 from tests.doc_examples import Document, Example
 from tests.servers import (
@@ -54,12 +57,7 @@ _JOB_ROUTE = re.compile(r"/jobs/(\d+)/")
 _ITEM_TOKEN = re.compile(r'("id": (\d+), "lease_token": )"[0-9a-f]+\.\d+"')
 _ROLE_VARIABLES = {"producer": "P", "worker": "W", "admin": "A"}
 # API.md's and the README's keys, made for a document that makes none of its own.
-_KEYS = """\
-Q=http://127.0.0.1:8000
-P=$(.venv/bin/queuelog keys create shop --role producer | tail -n 1)
-W=$(.venv/bin/queuelog keys create mailer --role worker | tail -n 1)
-A=$(.venv/bin/queuelog keys create ops --role admin | tail -n 1)
-"""
+_KEYS = {"P": ("shop", Role.PRODUCER), "W": ("mailer", Role.WORKER), "A": ("ops", Role.ADMIN)}
 
 
 class DocumentRun:
@@ -84,6 +82,19 @@ class DocumentRun:
         self.updates: dict[int, str] = {}  # answers to write back, by line
         self.environment = {"QUEUELOG_DATABASE_URL": self.db_url,
                             "QUEUELOG_JOB_TYPES": SERVED_TYPES}
+
+    def make_keys(self) -> None:
+        """`$Q` and the walk-through's three keys, in the shell of the document's blocks."""
+        app = create_app({"DATABASE_URL": self.db_url, "JOB_TYPES": SERVED_TYPES})
+        try:
+            keys = app.extensions["queuelog"].keys
+            tokens = {variable: keys.create_key(name, role)
+                      for variable, (name, role) in _KEYS.items()}
+        finally:
+            app.extensions["queuelog"].db.engine.dispose()
+        exports = "".join(f"export {variable}={shlex.quote(token)}\n"
+                          for variable, token in tokens.items())
+        self.state.write_text(self.localised("export Q=http://127.0.0.1:8000\n") + exports)
 
     # -- the server -------------------------------------------------------------------------
 
@@ -269,8 +280,7 @@ def document_run(request: pytest.FixtureRequest, tmp_path: Path,
 def test_the_examples_run_in_order_and_answer_what_is_shown(document_run: DocumentRun) -> None:
     document = document_run.document
     if not _makes_its_own_keys(document):
-        done = document_run.shell(_KEYS)
-        assert done.returncode == 0, done.stderr
+        document_run.make_keys()
     # Every block runs, after a failure too: one run lists every drift of the document.
     failures = [failure for example in document.run
                 if (failure := document_run.run(example)) is not None]

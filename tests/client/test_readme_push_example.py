@@ -3,7 +3,6 @@ fed by a real `queuelog dispatch`, checking signatures with queuelog_client."""
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
@@ -14,18 +13,17 @@ import pytest
 import requests
 
 from queuelog_client.signature import signature_header
+from tests import doc_examples
 from tests.client.conftest import ROOT, LiveServer, _child_env, wait_until
 from tests.servers import UNCONFIGURED, GunicornServer, free_port, gunicorn_argv
 
 pytestmark = pytest.mark.slow
 
-_EXAMPLE = re.compile(r"<!-- example: receiver -->\s*```python\n(.*?)```", re.DOTALL)
-
-
 def receiver_example() -> str:
-    match = _EXAMPLE.search((ROOT / "docs" / "PUSH.md").read_text())
-    assert match is not None, "docs/PUSH.md has no receiver example"
-    return match[1]
+    """docs/PUSH.md's one Python block: the receiver."""
+    [code] = [example.code for example in doc_examples.read(ROOT / "docs" / "PUSH.md").examples
+              if example.language == "python"]
+    return code
 
 
 def test_the_readme_receiver_takes_signed_deliveries_and_refuses_others(

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.client.conftest import _child_env, wait_until
 from tests import doc_examples
+from tests.client.conftest import _child_env, wait_until
 from tests.client.workflow_servers import WorkflowServer
 
 pytestmark = pytest.mark.slow

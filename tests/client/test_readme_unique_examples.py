@@ -1,25 +1,26 @@
-"""docs/JOBS.md's Python examples for unique jobs and waiting for a result, run exactly as
-written against a live server."""
+"""docs/JOBS.md's Python example of waiting for a result, run exactly as written against a
+live server beside a worker (tests/test_doc_examples.py runs its unique-jobs example)."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import threading
 
 import pytest
 
-from tests.client.conftest import ROOT, _child_env, wait_until
+from tests import doc_examples
+from tests.client.conftest import _child_env, wait_until
 
 pytestmark = pytest.mark.slow
 
-_EXAMPLE = re.compile(r"<!-- example: (\w+) -->\s*```python\n(.*?)```", re.DOTALL)
-
-
-def readme_example(section: str, name: str) -> str:
-    text = (ROOT / "docs" / "JOBS.md").read_text().split(f"## {section}\n", 1)[1]
-    return dict(_EXAMPLE.findall(text.split("\n## ", 1)[0]))[name]
+def wait_example() -> str:
+    """The Python block of JOBS.md's "Waiting for a result"."""
+    jobs = doc_examples.ROOT / "docs" / "JOBS.md"
+    section = jobs.read_text().split("## Waiting for a result\n", 1)[1].split("\n## ", 1)[0]
+    [code] = [example.code for example in doc_examples.read(jobs).examples
+              if example.language == "python" and example.code in section]
+    return code
 
 
 def run_example(code: str, tmp_path, server, token: str) -> subprocess.Popen[str]:
@@ -32,18 +33,9 @@ def run_example(code: str, tmp_path, server, token: str) -> subprocess.Popen[str
         env=_child_env(QUEUELOG_URL=server.url, QUEUELOG_TOKEN=token))
 
 
-def test_the_unique_example_runs_as_written(live_server, tmp_path):
-    example = run_example(readme_example("Unique jobs", "unique"), tmp_path, live_server,
-                          live_server.create_key("shop", "producer"))
-    out, err = example.communicate(timeout=60)
-    assert example.returncode == 0, err
-    assert out.splitlines() == ["True replaced {'profile': 7, 'edit': 2}"]
-    assert len(live_server.client().list_jobs()["jobs"]) == 1
-
-
 def test_the_wait_example_runs_as_written(live_server, tmp_path):
     worker = live_server.client(live_server.create_key("mailer", "worker"))
-    example = run_example(readme_example("Waiting for a result", "wait"), tmp_path,
+    example = run_example(wait_example(), tmp_path,
                           live_server, live_server.create_key("shop", "producer"))
 
     def work() -> None:
