@@ -145,8 +145,8 @@ class DocumentRun:
         return code
 
     def learn_lease_tokens(self, output: str) -> None:
-        for match in re.finditer(r'"id": (\d+),.*?"lease_token": "([0-9a-f]+\.\d+)"', output,
-                                 re.DOTALL):
+        for match in re.finditer(r'"id":\s*(\d+),.*?"lease_token":\s*"([0-9a-f]+\.\d+)"',
+                                 output, re.DOTALL):
             self.lease_tokens[int(match[1])] = match[2]
 
     def shell(self, code: str) -> subprocess.CompletedProcess[str]:
