@@ -46,6 +46,10 @@ _MARK = re.compile(r"^<!--\s*(run|not run)\s*(?::\s*(.*?))?\s*-->\s*$", re.DOTAL
 ROLES = ("producer", "worker", "admin")
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 class MarkError(ValueError):
     """A comment of the convention that says something the tests cannot do."""
 
@@ -67,7 +71,7 @@ class Example:
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        return f"{_shown(self.path)}:{self.line}"
 
 
 @dataclass
@@ -85,7 +89,7 @@ class Unmarked:
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        return f"{_shown(self.path)}:{self.line}"
 
 
 @dataclass

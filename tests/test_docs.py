@@ -300,3 +300,60 @@ def test_the_client_docs_producer_and_worker_are_at_most_ten_lines() -> None:
     for name in ("producer.py", "worker.py"):
         code = doc_examples.named(ROOT / "docs" / "CLIENT.md", name)
         assert len([line for line in code.splitlines() if line.strip()]) <= 10, name
+
+
+# The comparison the docs' examples are held to (tests/test_doc_examples.py runs them).
+
+_JOB_ANSWER = ('{"id": 7, "status": "pending", "run_at": "2026-11-30T06:00:00.000000Z", '
+               '"lease_token": "bb14.1", "tags": []}')
+
+
+def _answer(info: str, text: str) -> doc_examples.Answer:
+    return doc_examples.Answer(line=1, info=info, text=text)
+
+
+def test_an_answer_compares_ids_and_fields_but_not_times_or_tokens() -> None:
+    shown = _answer("json", _JOB_ANSWER)
+    same_but_for_time_and_token = _JOB_ANSWER.replace("06:00:00", "07:12:13").replace(
+        "bb14.1", "ffff.2")
+    assert doc_examples.difference(shown, same_but_for_time_and_token) is None
+    assert "id" in (doc_examples.difference(shown, _JOB_ANSWER.replace("7", "8")) or "")
+    missing_a_field = _JOB_ANSWER.replace(', "tags": []', "")
+    assert doc_examples.difference(shown, missing_a_field) is not None
+    assert doc_examples.difference(shown, "<html>") is not None
+
+
+def test_an_http_answer_compares_the_status_and_the_headers_shown() -> None:
+    shown = _answer("", "HTTP/1.1 201 CREATED\nLocation: /jobs/7\n\n" + _JOB_ANSWER)
+    got = ("HTTP/1.1 201 CREATED\r\nDate: Sun, 06 Dec 2026 07:00:00 GMT\r\n"
+           "Location: /jobs/7\r\nContent-Type: application/json\r\n\r\n" + _JOB_ANSWER)
+    assert doc_examples.difference(shown, got) is None
+    assert doc_examples.difference(shown, got.replace("201 CREATED", "200 OK")) is not None
+    assert doc_examples.difference(shown, got.replace("/jobs/7", "/jobs/8")) is not None
+
+
+def test_an_ellipsis_in_a_text_answer_stands_for_anything() -> None:
+    shown = _answer("text", "401\n…\ndone")
+    assert doc_examples.difference(shown, "401\nmany lines\nof output\ndone\n") is None
+    assert doc_examples.difference(shown, "403\ndone\n") is not None
+
+
+def test_the_marks_say_what_runs_and_what_answers(tmp_path: Path) -> None:
+    document = tmp_path / "doc.md"
+    document.write_text(
+        "<!-- run: worker.py, worker, in the background -->\n```python\nprint(1)\n```\n\n"
+        "<!-- run -->\n```sh\ncurl -s $Q/healthz\n```\n```json\n{\"status\": \"ok\"}\n```\n\n"
+        "<!-- not run: needs a browser -->\n```sh\nopen http://x\n```\n\n"
+        "```sh\ncurl -s $Q/readyz\n```\n")
+    read = doc_examples.read(document)
+    worker, health, browser = read.examples
+    assert (worker.file, worker.role, worker.background) == ("worker.py", "worker", True)
+    assert health.run and health.answer is not None and '"ok"' in health.answer.text
+    assert not browser.run and browser.reason == "needs a browser"
+    assert [block.line for block in read.unmarked] == [19]
+    document.write_text("<!-- run: quickly -->\n```sh\ntrue\n```\n")
+    with pytest.raises(doc_examples.MarkError):
+        doc_examples.read(document)
+    document.write_text("<!-- not run -->\n```sh\ntrue\n```\n")
+    with pytest.raises(doc_examples.MarkError):
+        doc_examples.read(document)
