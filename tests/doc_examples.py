@@ -328,9 +328,27 @@ def merged(shown: Any, got: Any) -> Any:
 
 
 def wrapped(value: Any) -> str:
-    """Compact JSON as the documents show it: lines of at most WIDTH characters, broken after
-    a comma outside strings, continued one space in."""
-    text = json.dumps(value, ensure_ascii=False)
+    """JSON as the documents show it: compact, in lines of at most WIDTH characters broken
+    after a comma outside strings and continued one space in; a list of objects (a page of
+    jobs) one object to a line, each continued three spaces in."""
+    if isinstance(value, dict):
+        for key, member in value.items():
+            if isinstance(member, list) and member and all(isinstance(item, dict)
+                                                          for item in member):
+                keys = list(value)
+                before = {name: value[name] for name in keys[:keys.index(key)]}
+                after = {name: value[name] for name in keys[keys.index(key) + 1:]}
+                head = json.dumps(before, ensure_ascii=False)[:-1]
+                head = f"{head}, " if before else "{"
+                tail = ", " + json.dumps(after, ensure_ascii=False)[1:] if after else "}"
+                items = ",\n".join(
+                    _wrap(json.dumps(item, ensure_ascii=False), "  ", "   ")
+                    for item in member)
+                return f"{head}{json.dumps(key)}: [\n{items}]{tail}"
+    return _wrap(json.dumps(value, ensure_ascii=False), "", " ")
+
+
+def _wrap(text: str, first: str, rest: str) -> str:
     breaks, in_string, escaped = [], False, False
     for position, character in enumerate(text):
         if escaped:
@@ -341,14 +359,16 @@ def wrapped(value: Any) -> str:
             in_string = not in_string
         elif character == "," and not in_string:
             breaks.append(position + 1)
-    lines, start, last_break = [], 0, 0
+    lines: list[str] = []
+    start = last_break = 0
     for point in [*breaks, len(text)]:
-        if point - start > WIDTH - (1 if lines else 0) and last_break > start:
+        indent = rest if lines else first
+        if point - start > WIDTH - len(indent) and last_break > start:
             lines.append(text[start:last_break].strip())
             start = last_break
         last_break = point
     lines.append(text[start:].strip())
-    return "\n".join(line if number == 0 else " " + line for number, line in enumerate(lines))
+    return "\n".join((rest if number else first) + line for number, line in enumerate(lines))
 
 
 def _json_text(shown: list[Any], got: list[Any]) -> str:
