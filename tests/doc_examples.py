@@ -281,13 +281,13 @@ def _body_difference(shown: str, got: str) -> str | None:
 def _text_difference(shown: str, got: str) -> str | None:
     """Text compared with its runs of white space as one space, times masked, `…` in the
     shown text matching anything."""
-    shown = " ".join(_TIME_IN_TEXT.sub(MASK, shown).split())
-    got = " ".join(_TIME_IN_TEXT.sub(MASK, got).split())
-    pattern = ".*?".join(re.escape(part) for part in shown.split("…"))
-    if re.fullmatch(pattern, got, re.DOTALL):
+    shown_masked = " ".join(_TIME_IN_TEXT.sub(MASK, shown).split())
+    got_masked = " ".join(_TIME_IN_TEXT.sub(MASK, got).split())
+    pattern = ".*?".join(re.escape(part) for part in shown_masked.split("…"))
+    if re.fullmatch(pattern, got_masked, re.DOTALL):
         return None
-    return "\n".join(difflib.unified_diff(shown.splitlines(), got.splitlines(), "shown",
-                                          "got", lineterm=""))
+    return "\n".join(difflib.unified_diff(shown.strip().splitlines(), got.strip().splitlines(),
+                                          "shown", "got", lineterm=""))
 
 
 def difference(answer: Answer, output: str) -> str | None:
