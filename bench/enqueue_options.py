@@ -539,7 +539,8 @@ def measure(options: Any) -> Report:
         f"{sizes.counted} enqueues of each kind after the timing, BEGIN aside; reserve + confirm "
         "counts both transactions. Of plain's, two came with part three and are sent by every "
         "enqueue, with options or without: the read of the types' key modes in job_types "
-        "(§16) and the job_stats upsert (§20, QUEUELOG_STATS on, the default; "
+        "(docs/FLOW-CONTROL.md) and the job_stats upsert (GET /stats's counts, QUEUELOG_STATS on, "
+        "the default; "
         "bench/over_time.py measures it on and off).",
         f"Every option: type fair with a concurrency key, 3 tags, trace context, timeout + "
         "expiry, a unique key, an Idempotency-Key and depends_on one completed job (born "
