@@ -1,4 +1,4 @@
-"""Enqueue options (issue 37): what each field part three added costs a single enqueue, beside
+"""Enqueue options: what each field added after migration 0014 costs a single enqueue, beside
 a plain one, and what it writes beyond the plain job's row.
 
 Measured at the service level, as bench/heartbeat.py is: JobService in this process, one
@@ -13,12 +13,12 @@ rotating order) so that the machine's changing load falls on all kinds alike:
 - "plain": type + payload, the baseline;
 - "3 tags"; "trace context" (traceparent + tracestate headers);
 - "timeout + expiry" (timeout_seconds + expires_in_seconds);
-- "depends_on 1 job": one pending job, of the 100 enqueued first (contract §15);
-- "reserved": `reserve` with a deadline an hour ahead (contract §18), never answered; and
+- "depends_on 1 job": one pending job, of the 100 enqueued first (docs/WORKFLOWS.md);
+- "reserved": `reserve` with a deadline an hour ahead (docs/JOBS.md), never answered; and
   "reserve + confirm": the same, then POST /jobs/{id}/confirm's service call, two
   transactions timed together;
 - "concurrency key" on a type without key settings; "ordered key" and "fair key" on types
-  whose `ordering` / `fairness` is "key" (contract §16), 100 keys in turn;
+  whose `ordering` / `fairness` is "key" (docs/FLOW-CONTROL.md), 100 keys in turn;
 - "unique key" (a new key each time: every enqueue stores a job);
 - "Idempotency-Key" (a new key each time): part one's extra column, for scale.
 
