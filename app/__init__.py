@@ -86,6 +86,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
                                                  on_skip=metrics.count_flow_skip,
                                                  on_fired=metrics)
     init_ops(app, metrics)  # first: its request hooks wrap every other
+    # What gunicorn's stop signals call to answer the long polls at once
+    # (queuelog_gunicorn/shutdown.py, which imports nothing of the app).
+    app.extensions["queuelog_end_waits"] = app.extensions["queuelog"].jobs.end_waits
 
     register_error_handlers(app)
     init_auth(app)
