@@ -26,8 +26,8 @@ from app.jobs.host_wake import HostWake
 
 POLL_SECONDS = 0.05
 # What a request that asked to wait but found the budget full is told (Retry-After): come
-# back in this many seconds rather than at once, which would spin (issue 27.5: one client
-# made thousands of requests in 10 s). A waiting slot frees as soon as one of its requests
+# back in this many seconds rather than at once, which would spin (a client asking again
+# at once made thousands of requests in 10 s). A waiting slot frees as soon as one of its requests
 # is answered, so a short pause, which clients stretch with their own jittered backoff.
 NOT_WAITED_RETRY_AFTER_SECONDS = 1
 
