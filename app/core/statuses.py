@@ -8,9 +8,9 @@ from typing import Any
 
 class JobStatus(enum.StrEnum):
     # Stored by a producer's reserve, until it confirms (pending) or releases (cancelled)
-    # it (contract §18): never claimed, never pushed.
+    # it (docs/JOBS.md, Reserved jobs): never claimed, never pushed.
     RESERVED = "reserved"
-    # Waiting for its dependencies (contract §15): never claimed, never pushed.
+    # Waiting for its dependencies (docs/WORKFLOWS.md): never claimed, never pushed.
     WAITING = "waiting"
     PENDING = "pending"
     RUNNING = "running"

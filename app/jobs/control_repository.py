@@ -1,4 +1,4 @@
-"""The SQL of running jobs under control (contract §17): a job's cancel request and last
+"""The SQL of running jobs under control (docs/JOBS.md): a job's cancel request and last
 progress (columns of its row the claim never reads, nor the Job record holds), and its
 checkpoint (job_checkpoints, beside the row). Every method runs on the transaction it is
 given; the rules that call them are the reports', the admin's and the claim's."""

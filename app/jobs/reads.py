@@ -45,8 +45,8 @@ class JobReads:
 
         An unfinished job is read again as soon as this process finishes a job, and every
         POLL_SECONDS for the other processes and hosts, until it is completed, failed or
-        cancelled or the time is up; then it is answered as it is. Past the process's budget
-        of waiting requests it is answered at once, marked `not_waited`.
+        cancelled or the time is up (or the process stops); then it is answered as it is. Past
+        the process's budget of waiting requests it is answered at once, marked `not_waited`.
         """
         if wait_seconds <= 0:
             return WaitAnswer(self._read_visible(caller, job_id))
@@ -58,6 +58,7 @@ class JobReads:
             with self._result_waits.slot() as granted:
                 deadline = time.monotonic() + wait_seconds
                 while (granted and job.status not in TERMINAL_STATUSES
+                       and not self.finished.waits_ended
                        and (remaining := deadline - time.monotonic()) > 0):
                     self.finished.wait(seen, timeout=min(POLL_SECONDS, remaining))
                     seen = self.finished.generation

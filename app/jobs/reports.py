@@ -1,7 +1,7 @@
 """A worker's reports on the job it holds: heartbeat (with its progress and checkpoint),
 complete (one or several), fail; and the refusals of those it does not hold, each recorded as
 a report_refused event. A report on a job whose cancel was requested ends it cancelled
-(Transition.STOP), whatever it reports (contract §17)."""
+(Transition.STOP), whatever it reports (docs/JOBS.md, Running jobs)."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def _status_is_of(table: Any, statuses: Collection[JobStatus]) -> Any:
 
 
 _CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
-# A job past its expires_at is never handed out (contract §17): every claim's candidates and
+# A job past its expires_at is never handed out (docs/JOBS.md): every claim's candidates and
 # its UPDATE say so, at the claim's own moment; the claim's sweep cancels such jobs.
 _NOT_EXPIRED = or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > bindparam("now"))
 # Listed with their status as a literal, which matches their partial indexes of ids
@@ -123,7 +123,7 @@ _select_expired_leases = DriverStatement(
 
 def _capped_lease(claimed_at: Any, wanted: Any) -> Any:
     """The lease `wanted`, but never past the attempt's deadline, claimed_at +
-    timeout_seconds (contract §17): the claim's and every heartbeat's."""
+    timeout_seconds (docs/JOBS.md, Running jobs): the claim's and every heartbeat's."""
     deadline = claimed_at + cast(jobs.c.timeout_seconds, BigInteger) * MICROS
     return case((and_(jobs.c.timeout_seconds.is_not(None), deadline < wanted), deadline),
                 else_=wanted)
@@ -156,7 +156,7 @@ def _count_ahead(restricted_to_one_type: bool) -> Any:
     # index's start to the job's place (one OR of them scans the index whole), and no further
     # than `cap_plus_one` pending rows in all: UNION ALL under a LIMIT stops reading its
     # branches once it has that many, on both engines. So the cost is bounded by the cap, not
-    # by the backlog (issue 27): `examined` above the cap says the count stopped there.
+    # by the backlog: `examined` above the cap says the count stopped there.
     priority: Any = bindparam("priority")
     created_at: Any = bindparam("created_at")
     ranges = (
@@ -207,7 +207,7 @@ _candidates_one_type_by_key = (
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
 )
-# A fair type's candidates (contract §16), in round order: priority, then round, then claim
+# A fair type's candidates (docs/FLOW-CONTROL.md), in round order: priority, then round, then claim
 # order, read through its own partial index (app/jobs/key_rules.py gives the rounds).
 _FAIR_ORDER = (jobs.c.priority.desc(), jobs.c.fair_round, jobs.c.created_at, jobs.c.id)
 _fair_candidates = (
@@ -345,8 +345,8 @@ def _claim_next_any_type() -> Any:
     )
 
 
-# A claimed job comes back with the checkpoint its previous attempt saved (contract §17) and
-# the trace context it was enqueued with (contract §20), in this order after its columns.
+# A claimed job comes back with the checkpoint its previous attempt saved (docs/JOBS.md) and
+# the trace context it was enqueued with (docs/TRACING.md), in this order after its columns.
 _CLAIMED_COLUMNS = (*JOB_COLUMNS, CHECKPOINT, *TRACE)
 _claim_any_type = DriverStatement(_claim_next_any_type())
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
@@ -371,8 +371,9 @@ _no_unfinished_dependency = ~(select(job_dependencies.c.job_id)
                               .where(job_dependencies.c.job_id == jobs.c.id,
                                      job_dependencies.c.resolved == literal_column("0"))
                               .exists())
-# Nor is a job of an ordered key released while its key's turn is another job's (contract
-# §16): it waits for its turn, which app/jobs/key_rules.py passes on. Jobs of other types
+# Nor is a job of an ordered key released while its key's turn is another job's
+# (docs/FLOW-CONTROL.md, Ordered keys): it waits for its turn, which app/jobs/key_rules.py
+# passes on. Jobs of other types
 # and keyless jobs have no turn: the look-up by the table's key finds nothing.
 _not_behind_a_turn = ~(select(key_turns.c.job_id)
                        .where(key_turns.c.type == jobs.c.type,

@@ -103,7 +103,7 @@ _STATUS_NAMES = list(WHILE_STATUSES)
 
 
 class UniqueSchema(StrictSchema):
-    """`unique` on an enqueue: which jobs count as the same work (contract §10)."""
+    """`unique` on an enqueue: which jobs count as the same work (docs/JOBS.md, Unique jobs)."""
 
     key = fields.String(validate=[length_within(KEY_CHARS), PRINTABLE_ASCII_TEXT],
                         metadata={"description": "Default: a digest of type and payload."})
@@ -132,7 +132,7 @@ class UniqueSchema(StrictSchema):
 
 
 class ReserveSchema(StrictSchema):
-    """`reserve` on POST /jobs (contract §18): the job is stored reserved, never claimed,
+    """`reserve` on POST /jobs (docs/JOBS.md): the job is stored reserved, never claimed,
     until its producer confirms or releases it."""
 
     confirm_within_seconds = StrictInteger(
@@ -191,7 +191,7 @@ def tag_field(**options: Any) -> fields.String:
 
 
 class TagSet(fields.List[Any]):
-    """A job's tags: a list on the wire, a set inside (contract §20): loaded sorted, each
+    """A job's tags: a list on the wire, a set inside (docs/API.md, Tags): loaded sorted, each
     once. At most TAGS.max entries as sent, duplicates included, as /openapi.json says."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -442,7 +442,7 @@ class TraceSchema(Schema):
 
 
 class JobSchema(Schema):
-    """The job as the API shows it (contract section 1). Documents what `represent` builds."""
+    """The job as the API shows it (docs/API.md, The job). Documents what `represent` builds."""
 
     id = fields.Integer(required=True)
     type = fields.String(required=True)

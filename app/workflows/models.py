@@ -11,7 +11,7 @@ from app.core.statuses import UNFINISHED_STATUSES, JobStatus
 
 
 class WorkflowStatus(enum.StrEnum):
-    """A workflow's status, from its jobs' (contract §15)."""
+    """A workflow's status, from its jobs' (docs/WORKFLOWS.md)."""
 
     RUNNING = "running"
     COMPLETED = "completed"

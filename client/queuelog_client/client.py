@@ -254,7 +254,7 @@ class Client:
     def reserve(self, type: str, payload: Mapping[str, Any] | None = None, *,
                 confirm_within_seconds: int = 60, check_url: str | None = None,
                 idempotency_key: str | None = None, **options: Any) -> Iterator[Job]:
-        """Reserve a job around your own transaction (contract section 18):
+        """Reserve a job around your own transaction (docs/JOBS.md, Reserved jobs):
 
             with client.reserve("email", {"to": email}, idempotency_key=order_key) as job:
                 with db:  # your transaction, committed inside the block

@@ -45,6 +45,7 @@ from queuelog_client.errors import (
     ServerUnreachable,
     ValidationFailed,
 )
+from queuelog_client.logs import stderr_unless_configured
 from queuelog_client.tracing import job_trace_headers, run_span
 
 __all__ = ["CancelRequested", "ClaimedJob", "Handler", "RetryLater", "Worker", "load_handler"]
@@ -379,7 +380,14 @@ class Worker:
 
     def run(self, install_signal_handlers: bool = True) -> None:
         """Claim and run jobs until stop() (or SIGTERM/SIGINT), then let the held jobs
-        finish. Raises the ProblemError that made claiming impossible (e.g. 401, 403)."""
+        finish. Raises the ProblemError that made claiming impossible (e.g. 401, 403).
+
+        What it does is logged on the "queuelog_client" logger; in a program that
+        configured no logging, its INFO lines go to stderr (queuelog_client/logs.py)."""
+        with stderr_unless_configured():
+            self._run(install_signal_handlers)
+
+    def _run(self, install_signal_handlers: bool) -> None:
         restore = self._install_signal_handlers() if install_signal_handlers else {}
         heartbeats = threading.Thread(target=self._heartbeat_loop, name="queuelog-heartbeat",
                                       daemon=True)
