@@ -350,8 +350,9 @@ def job_dependencies(job_id: int) -> Response:
 @bp.post("/jobs/<id:job_id>/heartbeat")
 @documented("Extend the lease on a job the caller holds (never past its timeout_seconds), "
             "and report its progress and checkpoint; the answer says whether its cancel was "
-            "requested.",
-            body=HeartbeatSchema, replies=[_JOB], errors=[404, 409])
+            "requested. A job takes one heartbeat a second (one checkpoint a second); one "
+            "sent sooner is a 429 that writes nothing (docs/JOBS.md).",
+            body=HeartbeatSchema, replies=[_JOB], errors=[404, 409, 429])
 @require_roles(Role.WORKER)
 def heartbeat_job(job_id: int) -> Response:
     body = load_body(_heartbeat_schema)
