@@ -339,12 +339,15 @@ def get_job(job_id: int) -> Response:
 @bp.get("/jobs/<id:job_id>/dependencies")
 @documented("Read what a job's dependencies produced: for the worker holding it, its "
             "producer and admins.",
-            replies=[Reply(200, "Its dependencies in depends_on order.", DependencyListSchema)],
+            replies=[Reply(200, "Its dependencies in depends_on order, every one of them: one "
+                                "retention removed says so (status removed).",
+                           DependencyListSchema)],
             errors=[404])
 @require_roles(*ANY_ROLE)
 def job_dependencies(job_id: int) -> Response:
     shown = _service().dependencies_shown(current_caller(), job_id)
-    return jsonify({"dependencies": [represent_dependency(job) for job in shown]})
+    return jsonify({"dependencies": [represent_dependency(dep_id, job)
+                                     for dep_id, job in shown]})
 
 
 @bp.post("/jobs/<id:job_id>/heartbeat")
