@@ -19,6 +19,11 @@ class JobStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+# Not a status a job is ever in: what a job retention removed is shown as where another still
+# names it (a dependency of GET /jobs/{id}/dependencies, a job of a workflow). Retention only
+# removes finished jobs, so a removed job counts as finished.
+REMOVED = "removed"
+
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 UNFINISHED_STATUSES = frozenset({JobStatus.RESERVED, JobStatus.WAITING, JobStatus.PENDING,
                                  JobStatus.RUNNING})

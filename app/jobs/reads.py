@@ -86,16 +86,16 @@ class JobReads:
 
         return self.uow.read(read)
 
-    def dependencies_shown(self, caller: Caller, job_id: int) -> list[Job]:
+    def dependencies_shown(self, caller: Caller, job_id: int) -> list[tuple[int, Job | None]]:
         """The jobs `job_id` depends on, in depends_on order, for the worker holding it (or
-        that held it last), its producer and admins; NotFound otherwise. A dependency purged
-        since is left out."""
+        that held it last), its producer and admins; NotFound otherwise. Each is (its id, the
+        job), the job None when retention has removed it since: every entry of depends_on
+        stays, so a handler unpacking them by position keeps working."""
         job = self._read_visible(caller, job_id)
 
-        def read(tx: JobsTx) -> list[Job]:
+        def read(tx: JobsTx) -> list[tuple[int, Job | None]]:
             edges = tx.dependencies.dependencies_of([job.id]).get(job.id, [])
-            found = [tx.jobs.get_job(dep_id) for dep_id, _cancel, _resolved in edges]
-            return [dep for dep in found if dep is not None]
+            return [(dep_id, tx.jobs.get_job(dep_id)) for dep_id, _cancel, _resolved in edges]
 
         return self.uow.read(read)
 

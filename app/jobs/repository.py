@@ -45,6 +45,7 @@ from app.jobs.context_repository import TRACE, trace_of
 from app.jobs.control_repository import CHECKPOINT, CONTROL_COLUMNS, controls_from
 from app.jobs.flow import ClaimLimits
 from app.jobs.models import BoundedCount, Job, JobControls, PendingSummary
+from app.jobs.report_pace import HEARTBEAT_SPACING_US
 from app.jobs.timeline.failure_repository import last_failed_with
 from app.jobs.transitions import Transition
 from app.storage.dialects import conflict_insert_for, writers_serialised
@@ -421,6 +422,18 @@ _restamp_claimed = (
 )
 
 
+# A heartbeat is taken when it is due (app/jobs/report_pace.py): the first of its attempt
+# (updated_at is still the claim's: a heartbeat cannot reach the server within its claim's
+# microsecond), a second after the previous one, or once half the lease that one granted has
+# passed. Written on the bind parameters the heartbeat passes
+# (spaced_before: now less a second; twice_now) so that no arithmetic touches a parameter.
+_HEARTBEAT_DUE = or_(
+    jobs.c.updated_at == jobs.c.claimed_at,
+    jobs.c.updated_at <= bindparam("spaced_before"),
+    jobs.c.lease_expires_at + jobs.c.updated_at <= bindparam("twice_now"),
+)
+
+
 @functools.cache
 def _transition_update(transition: Transition, columns: frozenset[str],
                        fenced: bool) -> DriverStatement:
@@ -445,6 +458,7 @@ def _transition_update(transition: Transition, columns: frozenset[str],
         values["lease_expires_at"] = _capped_lease(jobs.c.claimed_at,
                                                    bindparam("new_lease_expires_at"))
         returned += CONTROL_COLUMNS
+        conditions.append(_HEARTBEAT_DUE)
     return DriverStatement(
         update(jobs)
         .where(jobs.c.id == bindparam("job_id"), *conditions)
@@ -924,11 +938,14 @@ class JobRepository:
                      now_us: int, lease_token: str | None) -> tuple[Job, JobControls] | None:
         """A heartbeat (Transition.HEARTBEAT's `values`, with its progress's columns when it
         reports any), its lease capped at the attempt's deadline: the job and its controls
-        (its cancel requested?); None when the worker does not hold it."""
+        (its cancel requested?); None when the worker does not hold it, or when it does and
+        the heartbeat is not due yet (app/jobs/report_pace.py)."""
         stmt = _transition_update(Transition.HEARTBEAT, frozenset(values),
                                   fenced=lease_token is not None)
         row = stmt.first(self.conn, {"job_id": job_id, "worker": worker, "now": now_us,
-                                     "held_lease_token": lease_token, **_new_values(values)})
+                                     "held_lease_token": lease_token,
+                                     "spaced_before": now_us - HEARTBEAT_SPACING_US,
+                                     "twice_now": 2 * now_us, **_new_values(values)})
         if row is None:
             return None
         return _job(row), controls_from(job_id, row[_JOB_COLUMNS:])

@@ -49,7 +49,7 @@ from app.core.limits import (
 )
 from app.core.origins import HTTP_URL_PATTERN
 from app.core.priorities import PRIORITY_LABELS, Priority
-from app.core.statuses import JobStatus
+from app.core.statuses import REMOVED, JobStatus
 from app.core.tracecontext import TRACEPARENT_CHARS, TRACESTATE_CHARS, Trace
 from app.jobs.cursor import encode_cursor
 from app.jobs.models import Job, JobControls, JobDependencies
@@ -525,8 +525,12 @@ class CompleteManyResultSchema(Schema):
 
 class DependencySchema(Schema):
     id = fields.Integer(required=True)
-    type = fields.String(required=True)
-    status = fields.String(required=True, validate=validate.OneOf([s.value for s in JobStatus]))
+    type = fields.String(required=True, allow_none=True,
+                         metadata={"description": "null once the job was removed."})
+    status = fields.String(required=True, validate=validate.OneOf(
+        [*(s.value for s in JobStatus), REMOVED]), metadata={
+            "description": "removed: retention removed the job (it had finished); its type "
+                           "and result are gone (null)."})
     result = fields.Dict(required=True, allow_none=True)
 
 
@@ -534,8 +538,11 @@ class DependencyListSchema(Schema):
     dependencies = fields.List(fields.Nested(DependencySchema), required=True)
 
 
-def represent_dependency(job: Job) -> dict[str, Any]:
-    """A dependency as GET /jobs/{id}/dependencies shows it (DependencySchema)."""
+def represent_dependency(job_id: int, job: Job | None) -> dict[str, Any]:
+    """A dependency as GET /jobs/{id}/dependencies shows it (DependencySchema); `job` None:
+    removed by retention, shown by its id alone."""
+    if job is None:
+        return {"id": job_id, "type": None, "status": REMOVED, "result": None}
     return {"id": job.id, "type": job.type, "status": job.status,
             "result": None if job.result is None else json.loads(job.result)}
 
