@@ -15,7 +15,7 @@ lint:
 	.venv-test/bin/lint-imports
 	.venv-test/bin/mypy
 
-# The benchmarks (docs/BENCHMARKS.md): about 30 minutes on 2 cores; writes
+# The benchmarks (docs/BENCHMARKS.md): about two hours on 2 cores; writes
 # bench/RESULTS.md. The venv holds the project and the peers bench/peers.py compares with.
 bench: .venv-bench/bin/python
 	PYTHONPATH=. .venv-bench/bin/python bench/run_all.py

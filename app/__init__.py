@@ -9,7 +9,7 @@ from typing import Any
 
 from flask import Flask
 
-from app.config import configuration_warnings, load_settings, normalise
+from app.config import CONFIGURATION_WARNED, configuration_warnings, load_settings, normalise
 from app.core.clock import Clock
 from app.history.failures import FailureGroups
 from app.history.service import HistoryService
@@ -86,6 +86,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
                                                  on_skip=metrics.count_flow_skip,
                                                  on_fired=metrics)
     init_ops(app, metrics)  # first: its request hooks wrap every other
+    # What gunicorn's stop signals call to answer the long polls at once
+    # (queuelog_gunicorn/shutdown.py, which imports nothing of the app).
+    app.extensions["queuelog_end_waits"] = app.extensions["queuelog"].jobs.end_waits
 
     register_error_handlers(app)
     init_auth(app)
@@ -126,7 +129,10 @@ def warn_about_configuration(app: Flask) -> None:
     """Log, on stderr (Flask's default handler, beside gunicorn's own messages), what the
     service will refuse because of its settings. Called where the app is served (wsgi.py,
     once per gunicorn worker), not by the factory: an operator's command run in a shell
-    without the service's settings would only be told something untrue of the service."""
+    without the service's settings would only be told something untrue of the service.
+    Under `queuelog serve`, which said them once before it started gunicorn, nothing."""
+    if os.environ.get(CONFIGURATION_WARNED):
+        return
     for warning in configuration_warnings(app.config):
         app.logger.warning("queuelog: %s", warning)
 

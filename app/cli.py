@@ -466,39 +466,70 @@ def backup(path: Path, force: bool) -> None:
     click.echo(f"backed up {jobs} jobs to {path}")
 
 
-# gunicorn's options are passed on as they are (`queuelog serve --workers 2`); -b/--bind
-# among them replaces QUEUELOG_BIND.
-_BIND_FLAGS = ("-b", "--bind")
+class _ServeMistake(click.ClickException):
+    """A mistake on `queuelog serve`'s command line: one line, exit 2 (a usage error)."""
+
+    exit_code = 2
 
 
-def _bind_arguments(args: tuple[str, ...]) -> list[str]:
-    """The addresses named by -b/--bind among gunicorn's arguments (empty when none is)."""
-    addresses = []
-    for index, arg in enumerate(args):
-        if arg in _BIND_FLAGS and index + 1 < len(args):
-            addresses.append(args[index + 1])
-        elif arg.startswith("--bind="):
-            addresses.append(arg.removeprefix("--bind="))
-        elif arg.startswith("-b") and len(arg) > 2:
-            addresses.append(arg[2:])
-    return addresses
+class _ServeCommand(click.Command):
+    """`queuelog serve`, whose every usage mistake is one line (click's own would print the
+    usage block first)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _ServeMistake(f"queuelog serve: {exc.format_message()}") from None
 
 
-@click.command("serve", context_settings={"ignore_unknown_options": True,
-                                          "allow_extra_args": True})
+def _serve_addresses(host: str | None, port: int | None, binds: tuple[str, ...]) -> list[str]:
+    """Where gunicorn will listen: --bind, else --host/--port (what is not given taken from
+    the configured address), else GUNICORN_CMD_ARGS's --bind, else QUEUELOG_BIND's."""
+    from queuelog_gunicorn import arguments, binding
+
+    if binds and (host is not None or port is not None):
+        raise _ServeMistake("queuelog serve: give --bind, or --host and --port, not both")
+    if binds:
+        return list(binds)
+    configured = arguments.binds_from_environment(os.environ) or binding.configured_binds()
+    if host is None and port is None:
+        return configured
+    return [binding.address_of(host, port, configured)]
+
+
+@click.command("serve", cls=_ServeCommand,
+               context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--database", "database_url", metavar="URL",
               help="the database to serve (sets QUEUELOG_DATABASE_URL); default: "
                    "QUEUELOG_DATABASE_URL, else queuelog.sqlite3 in the instance folder")
+@click.option("--host", metavar="HOST",
+              help="the address to listen on, e.g. 0.0.0.0 for every interface (default: "
+                   "QUEUELOG_BIND's host, else 127.0.0.1)")
+@click.option("--port", type=click.IntRange(1, 65_535), metavar="PORT",
+              help="the port to listen on (default: QUEUELOG_BIND's port, else 8000)")
+@click.option("-b", "--bind", "binds", multiple=True, metavar="HOST:PORT",
+              help="listen on this address instead (repeatable; unix:PATH too); replaces "
+                   "QUEUELOG_BIND")
 @click.argument("gunicorn_args", nargs=-1, type=click.UNPROCESSED)
-def serve(database_url: str | None, gunicorn_args: tuple[str, ...]) -> None:
+def serve(database_url: str | None, host: str | None, port: int | None,
+          binds: tuple[str, ...], gunicorn_args: tuple[str, ...]) -> None:
     """Serve the API and dashboard with gunicorn and the shipped production settings.
 
-    Listens where QUEUELOG_BIND says (default 127.0.0.1:8000). Any other option goes to
-    gunicorn (`queuelog serve --workers 2`; see gunicorn --help). The database must exist
-    and be migrated: `queuelog db upgrade` first.
+    Listens on --host/--port (or --bind) when given, else where QUEUELOG_BIND says (default
+    127.0.0.1:8000). Any other option goes to gunicorn (`queuelog serve --workers 2`; see
+    gunicorn --help). The database must exist and be migrated: `queuelog db upgrade` first.
     """
-    from queuelog_gunicorn import binding
+    from queuelog_gunicorn import arguments, binding
 
+    try:
+        arguments.read_options(gunicorn_args)
+    except arguments.ArgumentMistake as exc:
+        raise _ServeMistake(
+            f"queuelog serve: {exc}; its own options are --host, --port, --bind and "
+            "--database (queuelog serve --help), the others gunicorn's (gunicorn --help)"
+        ) from None
+    addresses = _serve_addresses(host, port, binds)
     app = current_app
     if database_url is not None:
         os.environ["QUEUELOG_DATABASE_URL"] = database_url
@@ -512,19 +543,33 @@ def serve(database_url: str | None, gunicorn_args: tuple[str, ...]) -> None:
         require_migrated_database(url, app.extensions["queuelog"].db.engine)
     except DBAPIError as exc:
         raise click.ClickException(explain_database_error(exc, url) or str(exc)) from None
-    addresses = _bind_arguments(gunicorn_args) or binding.configured_binds()
     unbindable = binding.first_unbindable(addresses)
     if unbindable is not None:
         address, reason = unbindable
         raise click.ClickException(
-            f"cannot listen on {address}: {reason}; choose another address with "
-            f"QUEUELOG_BIND=host:port (several comma-separated)")
+            f"cannot listen on {address}: {reason}; choose another address with --port PORT "
+            "(or QUEUELOG_BIND=host:port, several comma-separated)")
     click.echo(f"queuelog: serving {shown_url(url)} on {', '.join(addresses)}", err=True)
+    _say_configuration_warnings(app)
+    # On gunicorn's command line, which it reads after its settings file and
+    # GUNICORN_CMD_ARGS: the address said above is the one it listens on.
+    bind_args = [arg for address in addresses for arg in ("--bind", address)]
+    os.environ[binding.BIND_VARIABLE] = ",".join(addresses)
     # exec, not gunicorn in this process: the master must not hold the app's modules (see
     # queuelog_gunicorn/conf.py), and a container's stop signal must reach gunicorn itself.
     conf = Path(binding.__file__).with_name("conf.py")
     os.execv(sys.executable, [sys.executable, "-m", "gunicorn", "-c", str(conf),  # noqa: S606
-                              *gunicorn_args, "app.wsgi:app"])
+                              *bind_args, *gunicorn_args, "app.wsgi:app"])
+
+
+def _say_configuration_warnings(app: Flask) -> None:
+    """What the service will refuse because of its settings, said once here rather than by
+    each gunicorn worker as it loads the app (app/wsgi.py)."""
+    from app.config import CONFIGURATION_WARNED, configuration_warnings
+
+    for warning in configuration_warnings(app.config):
+        click.echo(f"queuelog: warning: {warning}", err=True)
+    os.environ[CONFIGURATION_WARNED] = "1"
 
 
 # The worker runner talks to a server over HTTP and needs neither the app nor a database:

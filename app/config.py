@@ -221,6 +221,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     return values
 
 
+# Set by `queuelog serve` once it has said the configuration's warnings, so that the gunicorn
+# workers it starts, which inherit its environment, do not each say them again.
+CONFIGURATION_WARNED = "QUEUELOG_CONFIGURATION_WARNED"
+
+
 def configuration_warnings(config: Mapping[str, Any]) -> list[str]:
     """What the service can run with but will not work well with: logged when the app is
     built and shown by /readyz."""
@@ -232,7 +237,9 @@ def configuration_warnings(config: Mapping[str, Any]) -> list[str]:
                         "may take every pooled connection from enqueues and claims.")
     if not config.get("JOB_TYPES"):
         warnings.append("QUEUELOG_JOB_TYPES is not set: every enqueue is refused (422) and "
-                        "every claim naming a type too, until the operator sets it.")
+                        "every claim naming a type too. Set it to the job types producers "
+                        "may enqueue, comma-separated (QUEUELOG_JOB_TYPES=email,report), and "
+                        "restart.")
     return warnings
 
 

@@ -1,4 +1,4 @@
-"""Backlog: what the counting read paths cost with a deep queue (issue 27, point 4), under
+"""Backlog: what the counting read paths cost with a deep queue (docs/SCALING.md), under
 real gunicorn (the shipped gunicorn.conf.py, 4 workers) on SQLite.
 
 With PENDING jobs pending (default 1,000,000; a fifth scheduled ahead, as bench/flow.py

@@ -52,7 +52,7 @@ FULL_CLAIMS, SMOKE_CLAIMS = 3_000, 60
 TURN = 20
 ENQUEUE_BATCH, CLAIM_BATCH = 1000, 100
 CHUNK = 10_000  # jobs per statement of the SQL cycle
-# PostgreSQL's goal was raised by issue 37 (from 0.8): autovacuum and the fillfactor should
+# PostgreSQL's goal is the higher: autovacuum and the fillfactor should
 # leave a cycled table as fast to claim from as a fresh one.
 TARGET_RATIO = {"SQLite": 0.8, "PostgreSQL": 0.95}
 FULL_VACUUM_WAIT, SMOKE_VACUUM_WAIT = 900.0, 3.0  # seconds at most

@@ -1,4 +1,4 @@
-"""A bulk retry over cancelled jobs whose unique keys pending twins hold (issue 27, point 8),
+"""A bulk retry over cancelled jobs whose unique keys pending twins hold (docs/SCALING.md),
 on SQLite: the longest write transaction it holds, and how long a concurrent enqueue waits
 meanwhile.
 

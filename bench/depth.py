@@ -53,7 +53,7 @@ class Case:
 def cases(smoke: bool) -> list[Case]:
     small, large = (100, 5_000) if smoke else (1_000, 1_000_000)
     middle = 1_000 if smoke else 100_000
-    # The target's deep store (issue 37 raised it from 1M to 10M claimable).
+    # The target's deep store: 10M claimable jobs.
     deepest = 20_000 if smoke else 10_000_000
     name = {100: "100", 1_000: "1k", 5_000: "5k", 20_000: "20k", 100_000: "100k",
             1_000_000: "1M", 10_000_000: "10M"}

@@ -1,4 +1,4 @@
-"""Enqueue options (issue 37): what each field part three added costs a single enqueue, beside
+"""Enqueue options: what each field added after migration 0014 costs a single enqueue, beside
 a plain one, and what it writes beyond the plain job's row.
 
 Measured at the service level, as bench/heartbeat.py is: JobService in this process, one
@@ -13,12 +13,12 @@ rotating order) so that the machine's changing load falls on all kinds alike:
 - "plain": type + payload, the baseline;
 - "3 tags"; "trace context" (traceparent + tracestate headers);
 - "timeout + expiry" (timeout_seconds + expires_in_seconds);
-- "depends_on 1 job": one pending job, of the 100 enqueued first (contract §15);
-- "reserved": `reserve` with a deadline an hour ahead (contract §18), never answered; and
+- "depends_on 1 job": one pending job, of the 100 enqueued first (docs/WORKFLOWS.md);
+- "reserved": `reserve` with a deadline an hour ahead (docs/JOBS.md), never answered; and
   "reserve + confirm": the same, then POST /jobs/{id}/confirm's service call, two
   transactions timed together;
 - "concurrency key" on a type without key settings; "ordered key" and "fair key" on types
-  whose `ordering` / `fairness` is "key" (contract §16), 100 keys in turn;
+  whose `ordering` / `fairness` is "key" (docs/FLOW-CONTROL.md), 100 keys in turn;
 - "unique key" (a new key each time: every enqueue stores a job);
 - "Idempotency-Key" (a new key each time): part one's extra column, for scale.
 
@@ -539,7 +539,8 @@ def measure(options: Any) -> Report:
         f"{sizes.counted} enqueues of each kind after the timing, BEGIN aside; reserve + confirm "
         "counts both transactions. Of plain's, two came with part three and are sent by every "
         "enqueue, with options or without: the read of the types' key modes in job_types "
-        "(§16) and the job_stats upsert (§20, QUEUELOG_STATS on, the default; "
+        "(docs/FLOW-CONTROL.md) and the job_stats upsert (GET /stats's counts, QUEUELOG_STATS on, "
+        "the default; "
         "bench/over_time.py measures it on and off).",
         f"Every option: type fair with a concurrency key, 3 tags, trace context, timeout + "
         "expiry, a unique key, an Idempotency-Key and depends_on one completed job (born "

@@ -1,4 +1,4 @@
-"""Failure groups (issue 34, contract §19): GET /failures and a group's page with a million
+"""Failure groups (docs/API.md, GET /failures): GET /failures and a group's page with a million
 stored jobs, beside the same groups over a small store.
 
 The store (setup, not timed), on types email, report, billing and thumbnail:

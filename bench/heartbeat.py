@@ -1,4 +1,4 @@
-"""Heartbeats with progress (issue 32, contract §17): what reporting progress costs a
+"""Heartbeats with progress (docs/JOBS.md): what reporting progress costs a
 heartbeat, beside the same heartbeat without it.
 
 Measured at the service level, as bench/keys.py is: JobService in this process, one thread,
@@ -14,7 +14,7 @@ falls on all kinds alike:
 - "progress + checkpoint": the same with a small checkpoint too, saved to job_checkpoints
   beside the row (for scale: not a target).
 
-The target (issue 32): a heartbeat with progress costs at most 20 % more than one without,
+The target: a heartbeat with progress costs at most 20 % more than one without,
 that is plain / progress heartbeats per second >= 1 / 1.2.
 
     PYTHONPATH=. python bench/heartbeat.py [--smoke] [--repeats N] [--engines sqlite,postgresql]

@@ -1,4 +1,4 @@
-"""Fair share and ordered keys (issue 31, contract §16): what each costs the claim, beside the
+"""Fair share and ordered keys (docs/FLOW-CONTROL.md): what each costs the claim, beside the
 same jobs without it, at 1,000 keys and with one key holding 1,000,000 jobs.
 
 Measured at the service level, as bench/flow.py's claim-transaction row is: JobService in

@@ -1,6 +1,6 @@
 """Long transaction: the claim rate while a transaction holds a snapshot open for minutes.
 
-PostgreSQL only (issue 36). A REPEATABLE READ transaction, idle with its snapshot, holds the
+PostgreSQL only. A REPEATABLE READ transaction, idle with its snapshot, holds the
 xmin horizon back: no row version that claims and completes leave behind can be removed or
 marked dead in the indexes while it stays open, so each claim's scan of the pending jobs
 steps over every job claimed since it began. Published measurements of SKIP LOCKED queues

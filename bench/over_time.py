@@ -1,4 +1,4 @@
-"""Stats over time (issue 35, contract §20): what counting costs the job transactions, and what
+"""Stats over time (docs/API.md, GET /stats): what counting costs the job transactions, and what
 the dashboard's charts cost to read.
 
 1. Over HTTP, against real gunicorn (the shipped gunicorn.conf.py), CLIENTS client threads:

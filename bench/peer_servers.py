@@ -502,7 +502,7 @@ def contestants(engines: list[str], procrastinate: bool,
 
 
 # (queuelog contestant, peer contestant, phase, goal): the ratios reported. Rows whose goal
-# is "> 1" are issue 37's targets: ahead of procrastinate on both engines' batch routes.
+# is "> 1" are the targets: ahead of procrastinate on both engines' batch routes.
 def ratio_rows(engines: list[str]) -> list[tuple[str, str, str, str]]:
     rows = []
     for engine in engines:

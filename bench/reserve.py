@@ -1,4 +1,4 @@
-"""Reserved jobs (issue 33, contract §18): what a reservation costs a producer, and how fast the
+"""Reserved jobs (docs/JOBS.md): what a reservation costs a producer, and how fast the
 check-back resolves reservations their producers left unanswered.
 
 1. Over HTTP, against real gunicorn (the shipped gunicorn.conf.py), CLIENTS client threads:

@@ -1,4 +1,4 @@
-"""Retention (issue 34, contract §19): single enqueues and claims while the ticker removes a
+"""Retention (docs/OPERATIONS.md): single enqueues and claims while the ticker removes a
 million expired jobs, beside the same server with nothing to remove; and the longest write
 lock one retention batch holds.
 

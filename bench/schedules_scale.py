@@ -1,6 +1,7 @@
 """Schedules at scale: 2,000 every-minute schedules (and 1,500 paused ones beside them) fired by
 the tickers of a real gunicorn with 4 workers; how late each slot's job is enqueued (its
-created_at after its scheduled_for), over two minute boundaries. The contract says within 2 s.
+created_at after its scheduled_for), over two minute boundaries. The goal: every slot's job
+within 2 s.
 
     PYTHONPATH=. python bench/schedules_scale.py [--active N] [--paused N] [--postgres URL]
 

@@ -49,7 +49,7 @@ WORKER = Caller(name="worker", role=Role.WORKER, max_priority=Priority.MEDIUM,
                 allowed_types=None)
 COLUMNS = [column.name for column in jobs.c]
 OPERATIONS = ("enqueue", "claim", "complete")
-# Raised by issue 37 from 0.5: the repository should cost little more than the SQL it sends.
+# The repository should cost little more than the SQL it sends.
 TARGET_RATIO = 0.9
 
 

@@ -1,4 +1,4 @@
-"""Tags (issue 35, contract §20): GET /jobs?tag= with a million stored jobs.
+"""Tags (docs/API.md, Tags): GET /jobs?tag= with a million stored jobs.
 
 The store (setup, not timed), on types email and report:
 - COMPLETED completed jobs with their attempts and events, inserted by SQL

@@ -1,4 +1,4 @@
-"""Workflows (issue 30): how soon a dependency's complete wakes its dependent, a 1,000-job
+"""Workflows (docs/WORKFLOWS.md): how soon a dependency's complete wakes its dependent, a 1,000-job
 workflow beside the same jobs through /jobs/batch, and what a fan-in's last complete costs
 beside its first.
 

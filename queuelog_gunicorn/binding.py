@@ -27,6 +27,19 @@ def configured_binds(environ: Mapping[str, str] = os.environ) -> list[str]:
     return [address.strip() for address in raw.split(",") if address.strip()]
 
 
+def address_of(host: str | None, port: int | None, configured: Sequence[str]) -> str:
+    """The one address `queuelog serve --host/--port` names. What is not given comes from the
+    first TCP address configured (configured_binds), else from 127.0.0.1:8000: `--port 9000`
+    under QUEUELOG_BIND=0.0.0.0:8000 listens on 0.0.0.0:9000."""
+    first = next((target for address in configured
+                  if (target := _host_and_port(address)) is not None), None)
+    default_host, default_port = first or ("127.0.0.1", 8000)
+    chosen = (host or default_host).strip("[]")
+    if ":" in chosen:  # an IPv6 address, bracketed as gunicorn reads it
+        chosen = f"[{chosen}]"
+    return f"{chosen}:{port or default_port}"
+
+
 def _host_and_port(address: str) -> tuple[str, int] | None:
     """(host, port) of a TCP address as gunicorn reads it; None for unix: and fd:// ones."""
     if address.startswith(("unix:", "fd://")):

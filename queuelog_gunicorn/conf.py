@@ -19,7 +19,7 @@ import gc
 import os
 from typing import Any
 
-from queuelog_gunicorn import dispatch, multiprocess
+from queuelog_gunicorn import dispatch, multiprocess, shutdown
 from queuelog_gunicorn.binding import configured_binds
 
 
@@ -55,9 +55,10 @@ threads = _env_int("GUNICORN_THREADS", 16)
 # the main loop keeps reporting while requests run in threads, so a long poll never trips
 # it: this catches a wedged process, not a slow request.
 timeout = _env_int("GUNICORN_TIMEOUT", 30)
-# After SIGTERM, how long in-flight requests may take to finish: longer than the longest
-# long poll (20 s). Give the container runtime a longer stop timeout than this (e.g.
-# `docker stop -t 40`), or it kills the process before the requests are done.
+# After SIGTERM, how long in-flight requests may take to finish. Long polls do not count:
+# a stop signal answers them at once (queuelog_gunicorn/shutdown.py). Give the container
+# runtime a longer stop timeout than this (e.g. `docker stop -t 40`), or it may kill the
+# process before a slow request is done.
 graceful_timeout = _env_int("GUNICORN_GRACEFUL_TIMEOUT", 30)
 # Producers and workers reuse connections; a few seconds covers a client's next call without
 # keeping idle sockets around. Behind a load balancer, set it above the balancer's idle
@@ -125,6 +126,8 @@ def post_worker_init(worker: Any) -> None:
     # process; see bench/PROFILE.md). What is garbage now is collected first.
     gc.collect()
     gc.freeze()
+    # A stop signal ends the app's long polls at once (queuelog_gunicorn/shutdown.py).
+    shutdown.end_waits_on_stop(worker)
 
 
 def worker_exit(server: Any, worker: Any) -> None:

@@ -39,7 +39,8 @@ from gunicorn.workers.gthread import STOP_KEEPALIVE_LINGER, TConn, ThreadWorker
 
 from queuelog_gunicorn.framing import Limits, RequestProgress, Verdict
 
-# The contract's bound on a slow client: a request not whole by then is dropped.
+# The bound on a slow client (docs/OPERATIONS.md, Slow clients): a request not whole by
+# then is dropped.
 REQUEST_DEADLINE_SECONDS = 10.0
 # QUEUELOG_MAX_CONTENT_LENGTH's default, as app/config.py has it (a test keeps them equal);
 # this module must not import the app to read it.

@@ -3,8 +3,9 @@
 # Job types default to "email,report" here; set QUEUELOG_JOB_TYPES to choose your own.
 # The install is editable, so the checkout's code is what runs, and its instance/ folder
 # holds the SQLite file. `queuelog serve` runs gunicorn with the shipped settings
-# (queuelog_gunicorn/conf.py), which alone decide the address (QUEUELOG_BIND, several
-# comma-separated); arguments to this script go to gunicorn.
+# (queuelog_gunicorn/conf.py). Arguments to this script go to `queuelog serve`: --port 9000
+# and --host 0.0.0.0 choose the address (else QUEUELOG_BIND, several comma-separated), and
+# any other option is gunicorn's (--workers 2).
 set -eu
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

@@ -344,7 +344,7 @@ def wrapped(value: Any) -> str:
                 items = ",\n".join(
                     _wrap(json.dumps(item, ensure_ascii=False), "  ", "   ")
                     for item in member)
-                return f"{head}{json.dumps(key)}: [\n{items}]{tail}"
+                return f"{_wrap(f'{head}{json.dumps(key)}: [', '', ' ')}\n{items}]{tail}"
     return _wrap(json.dumps(value, ensure_ascii=False), "", " ")
 
 

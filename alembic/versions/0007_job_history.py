@@ -1,6 +1,7 @@
 """Job history: attempts, the timeline of events, and when each key was last seen.
 
-One row per attempt; the job's events (contract section 13); key activity for /workers.
+One row per attempt; the job's events (docs/API.md, GET /jobs/{id}/events); key activity for
+/workers.
 
 Revision ID: 0007
 Revises: 0006

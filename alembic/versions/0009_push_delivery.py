@@ -1,4 +1,4 @@
-"""Push delivery: a type's endpoint, its timeout and its signing secret (contract section 12).
+"""Push delivery: a type's endpoint, its timeout and its signing secret (docs/PUSH.md).
 
 Nullable columns at the end of job_types: no table rewrite on either engine. A type is a
 push type while push_url is set.

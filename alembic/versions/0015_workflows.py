@@ -1,4 +1,4 @@
-"""Workflows (contract §15): the waiting status, dependencies between jobs, and workflows.
+"""Workflows (docs/WORKFLOWS.md): the waiting status, dependencies between jobs, and workflows.
 
 - job_dependencies: one row per (dependent, dependency), with the dependent's
   on_dependency_failure and whether the edge was applied; indexed by dependency, which a

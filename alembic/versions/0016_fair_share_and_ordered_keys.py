@@ -1,4 +1,4 @@
-"""Fair share and ordered keys (contract §16).
+"""Fair share and ordered keys (docs/FLOW-CONTROL.md).
 
 - jobs.fair_round (NULL but for a fair type's pending jobs; -1 for those not yet due) and its
   partial indexes: ix_jobs_fair_order, which a fair type's claims read in round order,

@@ -1,4 +1,4 @@
-"""Running jobs under control (contract §17): deadlines, expiry, cancel requests, progress and
+"""Running jobs under control (docs/JOBS.md): deadlines, expiry, cancel requests, progress and
 checkpoints.
 
 - jobs.timeout_seconds and jobs.expires_at, which the claim reads (NULL: no limit, the

@@ -1,4 +1,4 @@
-"""Reserved jobs (contract §18): a job stored by a producer's reserve, pending once confirmed,
+"""Reserved jobs (docs/JOBS.md): a job stored by a producer's reserve, pending once confirmed,
 cancelled once released, resolved by its check url or its deadline when left unanswered.
 
 - job_reservations: each reserved job's deadline, check url and checks, kept once resolved

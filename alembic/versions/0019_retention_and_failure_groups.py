@@ -1,4 +1,4 @@
-"""Retention and failure groups (contract §19).
+"""Retention and failure groups (docs/OPERATIONS.md).
 
 - job_types.retention_{completed,failed,cancelled}_seconds: a type's own retention of its
   finished jobs (NULL: the QUEUELOG_RETENTION_… default, which every type stored before has).

@@ -1,4 +1,4 @@
-"""The queue over time, tags and trace context (contract §20).
+"""The queue over time, tags and trace context (docs/OPERATIONS.md, docs/TRACING.md).
 
 - job_tags: a job's tags, beside the row (a job without tags has none); indexed by
   (tag, job_id) for GET /jobs?tag=. Starts empty: no job stored before has tags.

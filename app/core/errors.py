@@ -49,6 +49,11 @@ class UniqueConflict(Conflict):
         self.existing_job_id = existing_job_id
 
 
+class TooManyRequests(QueueError):
+    """The caller asks faster than the queue takes this request (a job's heartbeats, say):
+    nothing was done; `retry_after_seconds` says when to ask again."""
+
+
 class ValidationFailed(QueueError):
     """The request is well formed and its values are not acceptable; `errors` says which."""
 

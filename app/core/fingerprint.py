@@ -1,4 +1,4 @@
-"""The fingerprint of a failed attempt's error (contract section 19): the error with its
+"""The fingerprint of a failed attempt's error (docs/OPERATIONS.md): the error with its
 variable parts replaced by placeholders, hashed, so that failures group by problem.
 
     timeout after 30012 ms on 10.0.3.7:5432   -> timeout after <num> ms on <addr>

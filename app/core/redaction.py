@@ -1,5 +1,5 @@
-"""Scrubbing secrets out of worker error text before it is stored (finding V-10), and the
-one display form of a push url (issue 27.3)."""
+"""Scrubbing secrets out of worker error text before it is stored (docs/SECURITY.md), and
+the one display form of a push url, without its credentials or query values."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ from typing import Any
 
 class JobStatus(enum.StrEnum):
     # Stored by a producer's reserve, until it confirms (pending) or releases (cancelled)
-    # it (contract §18): never claimed, never pushed.
+    # it (docs/JOBS.md, Reserved jobs): never claimed, never pushed.
     RESERVED = "reserved"
-    # Waiting for its dependencies (contract §15): never claimed, never pushed.
+    # Waiting for its dependencies (docs/WORKFLOWS.md): never claimed, never pushed.
     WAITING = "waiting"
     PENDING = "pending"
     RUNNING = "running"
@@ -18,6 +18,11 @@ class JobStatus(enum.StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+
+# Not a status a job is ever in: what a job retention removed is shown as where another still
+# names it (a dependency of GET /jobs/{id}/dependencies, a job of a workflow). Retention only
+# removes finished jobs, so a removed job counts as finished.
+REMOVED = "removed"
 
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 UNFINISHED_STATUSES = frozenset({JobStatus.RESERVED, JobStatus.WAITING, JobStatus.PENDING,

@@ -1,5 +1,5 @@
 """W3C Trace Context (https://www.w3.org/TR/trace-context/): the `traceparent` and `tracestate`
-headers a request carries, kept with the jobs it enqueues and handed on unchanged (contract §20).
+headers a request carries, kept with the jobs it enqueues and handed on unchanged (docs/TRACING.md).
 
 Pure: no HTTP, no database. A header that is not valid W3C trace context is ignored, as the
 recommendation asks of every participant ("vendors MUST ignore the traceparent when the

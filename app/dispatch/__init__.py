@@ -1,1 +1,1 @@
-"""Push delivery (contract section 12): the dispatcher, its HTTP client and outcomes."""
+"""Push delivery (docs/PUSH.md): the dispatcher, its HTTP client and outcomes."""

@@ -1,4 +1,4 @@
-"""Reservations' checks (contract §18): the dispatcher asks a reservation's check url, after its
+"""Reservations' checks (docs/JOBS.md): the dispatcher asks a reservation's check url, after its
 deadline, whether its producer committed.
 
     GET <check_url>?job_id=<id>&idempotency_key=<key, or empty>

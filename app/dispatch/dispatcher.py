@@ -255,7 +255,7 @@ class Dispatcher:
                                                job_id=job.id, attempt=attempt),
         }
         if delivery.claimed.trace is not None:
-            # The producer's trace context, unchanged (contract §20): the receiver's spans
+            # The producer's trace context, unchanged (docs/TRACING.md): the receiver's spans
             # join the producer's trace as a worker's would.
             headers.update(delivery.claimed.trace.as_headers())
         refused = push_origin_refusal(target.push_url or "", self.types.push_origins)

@@ -1,4 +1,4 @@
-"""What a delivery's answer means for its job (contract section 12), free of I/O.
+"""What a delivery's answer means for its job (docs/PUSH.md), free of I/O.
 
 2xx: completed, a JSON object body becoming the result. 429 or 503 with Retry-After: a failed
 attempt, retried after that delay. Anything else (3xx included: redirects are not followed),

@@ -1,5 +1,5 @@
 """Why a job is or is not running: reason codes, each with its evidence and a sentence, the
-most important first (contract section 13). Pure but for `flow_reasons`: the service
+most important first (docs/JOBS.md). Pure but for `flow_reasons`: the service
 gathers the facts.
 
 Reasons of flow control (type_paused, type_at_max_running, key_at_max_running,
@@ -131,10 +131,11 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
 
 
 def key_reasons(conn: Connection, job: Job, now_us: int, cap: int) -> list[Reason]:
-    """Contract §16's reasons: a job held back by its ordered key (`key_blocked`, the failed
-    job that blocks the key; `key_turn`, the job whose turn it is), a failure that blocks its
-    key, and a due job of a fair type that waits for other keys' turns (`fair_share`, with
-    the keys ahead of it, at most `cap` of their jobs read)."""
+    """The reasons of fair and ordered keys (docs/FLOW-CONTROL.md): a job held back by its
+    ordered key (`key_blocked`, the failed job that blocks the key; `key_turn`, the job whose
+    turn it is), a failure that blocks its key, and a due job of a fair type that waits for
+    other keys' turns (`fair_share`, with the keys ahead of it, at most `cap` of their jobs
+    read)."""
     keys = KeyRepository(conn)
     key = job.concurrency_key
     if job.status in (JobStatus.WAITING, JobStatus.FAILED) and key is not None:
@@ -186,8 +187,8 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
     (all types, and its own type), up to a cap; None when the job is not claimable.
     `names_workers` (admins) lists the worker keys' names in `no_worker_for_type`; without
     it the reason says what it says without naming other principals. `waiting_on`: the ids
-    of a waiting job's unfinished dependencies; `keyed`, the reasons of its key (§16,
-    `key_reasons`)."""
+    of a waiting job's unfinished dependencies; `keyed`, the reasons of its key (fair or
+    ordered, `key_reasons`)."""
     if job.status in TERMINAL_STATUSES:
         return Explanation(job.id, job.status, False, [_reason(
             ReasonCode.FINISHED, f"The job is {job.status}; it will not run again unless an admin "

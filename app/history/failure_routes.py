@@ -1,4 +1,4 @@
-"""Thin handlers of the failure groups (contract §19): admins only."""
+"""Thin handlers of the failure groups (docs/OPERATIONS.md): admins only."""
 
 from __future__ import annotations
 

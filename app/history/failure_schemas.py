@@ -1,4 +1,4 @@
-"""marshmallow schemas of GET /failures (contract §19): its query and the groups as shown."""
+"""marshmallow schemas of GET /failures (docs/OPERATIONS.md): its query and the groups as shown."""
 
 from __future__ import annotations
 

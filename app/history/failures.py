@@ -1,4 +1,4 @@
-"""Failure groups (contract §19): the failed attempts of each type grouped by the fingerprint
+"""Failure groups (docs/OPERATIONS.md): the failed attempts of each type grouped by the fingerprint
 of their error, as GET /failures and the dashboard's failures page read them. The groups are
 rows the failing transactions keep (app/jobs/timeline/recorder.py); reading them scans
 nothing."""

@@ -1,6 +1,6 @@
 """An admin's transitions: cancel and retry one job, or every job filters name (bulk, a
 batch per transaction). A producer may cancel its own jobs too; a running job's cancel is a
-request its holder is told of (contract §17)."""
+request its holder is told of (docs/JOBS.md, Running jobs)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class Administration:
                     not caller.is_admin and job.producer != caller.name):
                 raise NotFound("No such job.")
             if job.status == JobStatus.RESERVED:
-                # A reserved job's cancel is its release (contract §18), by the canceller.
+                # A reserved job's cancel is its release (docs/JOBS.md), by the canceller.
                 released = decide(tx, job_id, Transition.RELEASE_RESERVATION,
                                   actor=caller.name, now_us=self.clock.now_us(),
                                   detail={"by": "cancel"})
@@ -166,7 +166,7 @@ class Administration:
         made = transition
         job = self._transition_holding_keys(repo, job_id, made, made.values(now_us=now))
         if job is None and made is Transition.CANCEL and caller.is_admin:
-            # A failure that blocks its ordered key may be cancelled too (§16): its
+            # A failure that blocks its ordered key may be cancelled too (docs/FLOW-CONTROL.md): its
             # key's turn passes on.
             failed = repo.get_job(job_id, for_update=True)
             if failed is not None and tx.keys.blocks_its_key(failed):

@@ -200,8 +200,9 @@ class ClaimService:
         return self.settings.job_types if wanted is None else wanted
 
     def _wait_for_work(self, ask: _Ask, seen_generation: int, deadline: float) -> bool:
-        """Sleep until a job may be claimable (True) or the deadline passes (False)."""
-        while (remaining := deadline - time.monotonic()) > 0:
+        """Sleep until a job may be claimable (True), or the deadline passes or the process
+        stops (False)."""
+        while (remaining := deadline - time.monotonic()) > 0 and not self.signal.waits_ended:
             if self.signal.wait(seen_generation, timeout=min(POLL_SECONDS, remaining)):
                 return True
             if self.uow.read(lambda tx: self._may_claim_now(tx, ask)):

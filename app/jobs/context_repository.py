@@ -1,4 +1,4 @@
-"""The SQL of a job's context (contract §20): its tags (job_tags) and the W3C trace context it
+"""The SQL of a job's context (docs/API.md, Tags): its tags (job_tags) and the W3C trace context it
 was enqueued with (job_traces), both beside the job row. A job without tags or trace has no
 row here, so an enqueue without them writes nothing more than it did. Every method runs on
 the transaction it is given."""

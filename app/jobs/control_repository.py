@@ -1,4 +1,4 @@
-"""The SQL of running jobs under control (contract §17): a job's cancel request and last
+"""The SQL of running jobs under control (docs/JOBS.md): a job's cancel request and last
 progress (columns of its row the claim never reads, nor the Job record holds), and its
 checkpoint (job_checkpoints, beside the row). Every method runs on the transaction it is
 given; the rules that call them are the reports', the admin's and the claim's."""
@@ -65,6 +65,18 @@ def _save_checkpoint(dialect: str) -> DriverStatement:
         set_={"checkpoint": stmt.excluded.checkpoint, "saved_at": stmt.excluded.saved_at}))
 
 
+@functools.cache
+def _save_paced_checkpoint(dialect: str) -> DriverStatement:
+    # A heartbeat's checkpoint replaces the saved one only when that is old enough
+    # (app/jobs/report_pace.py): decided by the upsert itself, which returns no row when not.
+    stmt = conflict_insert_for(dialect, job_checkpoints)
+    return DriverStatement(stmt.on_conflict_do_update(
+        index_elements=[job_checkpoints.c.job_id],
+        set_={"checkpoint": stmt.excluded.checkpoint, "saved_at": stmt.excluded.saved_at},
+        where=job_checkpoints.c.saved_at <= bindparam("spaced_before"))
+        .returning(job_checkpoints.c.job_id))
+
+
 class ControlRepository:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -104,6 +116,14 @@ class ControlRepository:
         """The job's checkpoint (compact JSON), replacing the one saved before."""
         _save_checkpoint(self.conn.dialect.name).rows(
             self.conn, {"job_id": job_id, "checkpoint": checkpoint, "saved_at": now_us})
+
+    def save_checkpoint_if_due(self, job_id: int, checkpoint: str, now_us: int,
+                               spacing_us: int) -> bool:
+        """Save the job's checkpoint as save_checkpoint does, unless the one saved before is
+        younger than `spacing_us`; False (nothing written) then."""
+        return bool(_save_paced_checkpoint(self.conn.dialect.name).rows(
+            self.conn, {"job_id": job_id, "checkpoint": checkpoint, "saved_at": now_us,
+                        "spaced_before": now_us - spacing_us}))
 
     def delete_checkpoints_of(self, job_ids: Collection[int]) -> None:
         if job_ids:

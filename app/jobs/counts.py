@@ -3,8 +3,8 @@ completed, failed and cancelled. One place for them: GET /types, the dashboard (
 type service) and /metrics read the same snapshot, at most QUEUELOG_TYPE_COUNTS_MAX_AGE_SECONDS old.
 
 Counting them reads one index entry per stored pending or finished job (about 0.5 s at a
-million on SQLite): too slow for every request, and a cost that grows with the backlog
-(issue 27). A stale snapshot is answered at once while one thread of the process counts
+million on SQLite): too slow for every request, and a cost that grows with the backlog.
+A stale snapshot is answered at once while one thread of the process counts
 again in the background; only the first request of a process (or every request, with max
 age 0) waits for the count, and concurrent first requests share one count. The running
 jobs are not here: they are as many as the workers hold, and read live by whoever needs them.
@@ -38,7 +38,7 @@ class BacklogSnapshot:
     finished: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # type -> count of its jobs waiting for dependencies.
     waiting: Mapping[str, int] = field(default_factory=dict)
-    # type -> count of its reserved jobs (contract §18).
+    # type -> count of its reserved jobs (docs/JOBS.md, Reserved jobs).
     reserved: Mapping[str, int] = field(default_factory=dict)
 
     def pending_of(self, job_type: str) -> PendingSummary:

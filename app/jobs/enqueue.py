@@ -369,7 +369,7 @@ def insert_or_meet(tx: JobsTx, new: NewJob, actor: str | None = None) -> Enqueue
 
 def add_context(tx: JobsTx, made: Sequence[tuple[int, NewJob]]) -> None:
     """The tags and trace context of jobs just inserted (job id, the NewJob it was made
-    of): one INSERT per table for them all, none for jobs without any (contract §20)."""
+    of): one INSERT per table for them all, none for jobs without any (docs/API.md)."""
     tags = [(job_id, tag) for job_id, new in made for tag in new.tags]
     traces = [(job_id, new.trace) for job_id, new in made if new.trace is not None]
     if tags:

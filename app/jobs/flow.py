@@ -60,7 +60,7 @@ class ClaimLimits:
     # The dispatcher's claim: only these types (the push types) may be taken. None: a
     # worker's claim.
     only: frozenset[str] | None = None
-    # Fair types (contract §16): their candidates are read in round order.
+    # Fair types (docs/FLOW-CONTROL.md): their candidates are read in round order.
     fair: frozenset[str] = frozenset()
 
     def allowed(self, wanted: Collection[str]) -> frozenset[str]:

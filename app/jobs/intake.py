@@ -86,7 +86,7 @@ class NewReservation:
 class NewJob:
     """A validated enqueue request: the row it stores, its unique options, whether it
     named a schedule (a replacing request without one keeps its twin's run_at), its
-    reservation when it is reserved, and its context beside the row (contract §20): its
+    reservation when it is reserved, and its context beside the row (docs/API.md): its
     tags (sorted, each once) and the trace context of the request that sent it."""
 
     values: dict[str, Any]

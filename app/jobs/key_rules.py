@@ -1,5 +1,5 @@
-"""Fair share and ordered keys (contract §16): what a job's entry and its transitions do to its
-key, in the same transaction.
+"""Fair share and ordered keys (docs/FLOW-CONTROL.md): what a job's entry and its transitions
+do to its key, in the same transaction.
 
 Ordered keys. Each key of an ordered type has at most one job whose turn it is (key_turns):
 the oldest job of the key not yet finished. Every later job of the key is stored `waiting`
@@ -36,7 +36,7 @@ from app.jobs.transitions import Transition
 
 @dataclass(frozen=True, slots=True)
 class KeyMode:
-    """A type's settings of contract §16."""
+    """A type's key modes: fairness, ordering and on_failure (docs/FLOW-CONTROL.md)."""
 
     fair: bool = False
     ordered: bool = False
@@ -66,8 +66,8 @@ _ENDS_A_WAITING_JOB = frozenset({Transition.CANCEL, Transition.DEPENDENCY_CANCEL
 
 
 class KeyRules:
-    """The rules of §16 in one job transaction. `modes` reads the types' modes on its
-    connection, once per transaction and type."""
+    """The rules of fair and ordered keys in one job transaction. `modes` reads the types'
+    modes on its connection, once per transaction and type."""
 
     def __init__(self, jobs: JobRepository, keys: KeyRepository, modes: ModeSource,
                  record: Record) -> None:
@@ -261,7 +261,7 @@ class KeyRules:
 
 def change_modes(jobs: JobRepository, keys: KeyRepository, job_type: str, before: KeyMode,
                  after: KeyMode, now_us: int) -> None:
-    """A type's settings of §16 changed (PATCH /types): its stored jobs are brought under the
+    """A type's key modes changed (PATCH /types): its stored jobs are brought under the
     new ones in the change's transaction, once; its cost is that of the type's unfinished
     jobs. These moves record no event: the type's change is what made them."""
     rules = KeyRules(jobs, keys, lambda _conn, _types: {job_type: after},

@@ -63,8 +63,8 @@ class Job:
     schedule: str | None = None  # the schedule that enqueued it (app/schedules)
     scheduled_for: int | None = None  # the schedule's slot it was enqueued for
     fair_round: int | None = None  # a fair type's pending job's round (app/jobs/key_rules.py)
-    timeout_seconds: int | None = None  # each attempt's limit from its claim (contract §17)
-    expires_at: int | None = None  # not claimed by then, it is not run (contract §17)
+    timeout_seconds: int | None = None  # each attempt's limit from its claim (docs/JOBS.md)
+    expires_at: int | None = None  # not claimed by then, it is not run (docs/JOBS.md, Running jobs)
 
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""
@@ -122,7 +122,7 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class JobControls:
-    """What a running job's holder and its readers share beside the job row (contract §17):
+    """What a running job's holder and its readers share beside the job row (docs/JOBS.md):
     a cancel request (when and by whom), the last progress reported, and whether a
     checkpoint is saved. Times are microseconds since the epoch."""
 
@@ -141,7 +141,7 @@ class JobControls:
 
 @dataclass(frozen=True, slots=True)
 class JobDependencies:
-    """What a job waits for (contract §15): its dependencies in depends_on order, how many of
+    """What a job waits for (docs/WORKFLOWS.md): its dependencies in depends_on order, how many of
     them have not finished, and whether a failed or cancelled one cancels it."""
 
     depends_on: tuple[int, ...]

@@ -45,8 +45,8 @@ class JobReads:
 
         An unfinished job is read again as soon as this process finishes a job, and every
         POLL_SECONDS for the other processes and hosts, until it is completed, failed or
-        cancelled or the time is up; then it is answered as it is. Past the process's budget
-        of waiting requests it is answered at once, marked `not_waited`.
+        cancelled or the time is up (or the process stops); then it is answered as it is. Past
+        the process's budget of waiting requests it is answered at once, marked `not_waited`.
         """
         if wait_seconds <= 0:
             return WaitAnswer(self._read_visible(caller, job_id))
@@ -58,6 +58,7 @@ class JobReads:
             with self._result_waits.slot() as granted:
                 deadline = time.monotonic() + wait_seconds
                 while (granted and job.status not in TERMINAL_STATUSES
+                       and not self.finished.waits_ended
                        and (remaining := deadline - time.monotonic()) > 0):
                     self.finished.wait(seen, timeout=min(POLL_SECONDS, remaining))
                     seen = self.finished.generation
@@ -85,16 +86,16 @@ class JobReads:
 
         return self.uow.read(read)
 
-    def dependencies_shown(self, caller: Caller, job_id: int) -> list[Job]:
+    def dependencies_shown(self, caller: Caller, job_id: int) -> list[tuple[int, Job | None]]:
         """The jobs `job_id` depends on, in depends_on order, for the worker holding it (or
-        that held it last), its producer and admins; NotFound otherwise. A dependency purged
-        since is left out."""
+        that held it last), its producer and admins; NotFound otherwise. Each is (its id, the
+        job), the job None when retention has removed it since: every entry of depends_on
+        stays, so a handler unpacking them by position keeps working."""
         job = self._read_visible(caller, job_id)
 
-        def read(tx: JobsTx) -> list[Job]:
+        def read(tx: JobsTx) -> list[tuple[int, Job | None]]:
             edges = tx.dependencies.dependencies_of([job.id]).get(job.id, [])
-            found = [tx.jobs.get_job(dep_id) for dep_id, _cancel, _resolved in edges]
-            return [dep for dep in found if dep is not None]
+            return [(dep_id, tx.jobs.get_job(dep_id)) for dep_id, _cancel, _resolved in edges]
 
         return self.uow.read(read)
 

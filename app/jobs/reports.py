@@ -1,7 +1,7 @@
 """A worker's reports on the job it holds: heartbeat (with its progress and checkpoint),
 complete (one or several), fail; and the refusals of those it does not hold, each recorded as
 a report_refused event. A report on a job whose cancel was requested ends it cancelled
-(Transition.STOP), whatever it reports (contract §17)."""
+(Transition.STOP), whatever it reports (docs/JOBS.md, Running jobs)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,12 @@ from app.jobs.attempts import end_attempt
 from app.jobs.control_repository import progress_columns
 from app.jobs.intake import sized_json
 from app.jobs.models import Job, JobControls
+from app.jobs.report_pace import (
+    CHECKPOINT_SPACING_US,
+    CheckpointTooSoon,
+    HeartbeatTooSoon,
+    next_heartbeat_at,
+)
 from app.jobs.settings import QueueSettings
 from app.jobs.transitions import Transition, refusal
 from app.jobs.uow import JobsTx, JobsUnitOfWork
@@ -73,7 +79,9 @@ class WorkerReports:
                   lease_seconds: int | None, progress: Progress | None = None) -> Beat:
         """Extend the caller's live lease on the job (never past its attempt's deadline) and
         store what it reports of its progress; the answer says whether its cancel was
-        requested. Progress is not an event: a heartbeat writes no history."""
+        requested. Progress is not an event: a heartbeat writes no history. One sent before
+        the job takes the next (app/jobs/report_pace.py) raises HeartbeatTooSoon or
+        CheckpointTooSoon, having written nothing."""
         lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
         progress = progress or Progress()
         message = None if progress.message is None else redact_error(progress.message)
@@ -88,10 +96,17 @@ class WorkerReports:
             beat = repo.extend_lease(job_id, values, worker=caller.name, now_us=now,
                                      lease_token=lease_token)
             if beat is None:
-                self._refuse_report(repo.get_job(job_id), caller, now, lease_token)
+                held = repo.get_job(job_id)
+                if held is not None and held.is_held_by(caller.name, now, lease_token):
+                    # Held, so refused for its pace alone: a 429, and no report_refused
+                    # event (that would be a write per refused heartbeat).
+                    raise HeartbeatTooSoon(next_heartbeat_at(
+                        held.updated_at, held.lease_expires_at or now) - now)
+                self._refuse_report(held, caller, now, lease_token)
             job, controls = beat
-            if checkpoint is not None:
-                tx.controls.save_checkpoint(job_id, checkpoint, now)
+            if checkpoint is not None and not tx.controls.save_checkpoint_if_due(
+                    job_id, checkpoint, now, CHECKPOINT_SPACING_US):
+                raise CheckpointTooSoon()  # the whole heartbeat is rolled back
             tx.made(Transition.HEARTBEAT, [job], actor=caller.name, now_us=now)
             tx.timeline.seen(caller.name, now, claimed=False)
             return Beat(job, controls)

@@ -45,6 +45,7 @@ from app.jobs.context_repository import TRACE, trace_of
 from app.jobs.control_repository import CHECKPOINT, CONTROL_COLUMNS, controls_from
 from app.jobs.flow import ClaimLimits
 from app.jobs.models import BoundedCount, Job, JobControls, PendingSummary
+from app.jobs.report_pace import HEARTBEAT_SPACING_US
 from app.jobs.timeline.failure_repository import last_failed_with
 from app.jobs.transitions import Transition
 from app.storage.dialects import conflict_insert_for, writers_serialised
@@ -77,7 +78,7 @@ def _status_is_of(table: Any, statuses: Collection[JobStatus]) -> Any:
 
 
 _CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
-# A job past its expires_at is never handed out (contract §17): every claim's candidates and
+# A job past its expires_at is never handed out (docs/JOBS.md): every claim's candidates and
 # its UPDATE say so, at the claim's own moment; the claim's sweep cancels such jobs.
 _NOT_EXPIRED = or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > bindparam("now"))
 # Listed with their status as a literal, which matches their partial indexes of ids
@@ -123,7 +124,7 @@ _select_expired_leases = DriverStatement(
 
 def _capped_lease(claimed_at: Any, wanted: Any) -> Any:
     """The lease `wanted`, but never past the attempt's deadline, claimed_at +
-    timeout_seconds (contract §17): the claim's and every heartbeat's."""
+    timeout_seconds (docs/JOBS.md, Running jobs): the claim's and every heartbeat's."""
     deadline = claimed_at + cast(jobs.c.timeout_seconds, BigInteger) * MICROS
     return case((and_(jobs.c.timeout_seconds.is_not(None), deadline < wanted), deadline),
                 else_=wanted)
@@ -156,7 +157,7 @@ def _count_ahead(restricted_to_one_type: bool) -> Any:
     # index's start to the job's place (one OR of them scans the index whole), and no further
     # than `cap_plus_one` pending rows in all: UNION ALL under a LIMIT stops reading its
     # branches once it has that many, on both engines. So the cost is bounded by the cap, not
-    # by the backlog (issue 27): `examined` above the cap says the count stopped there.
+    # by the backlog: `examined` above the cap says the count stopped there.
     priority: Any = bindparam("priority")
     created_at: Any = bindparam("created_at")
     ranges = (
@@ -207,7 +208,7 @@ _candidates_one_type_by_key = (
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
 )
-# A fair type's candidates (contract §16), in round order: priority, then round, then claim
+# A fair type's candidates (docs/FLOW-CONTROL.md), in round order: priority, then round, then claim
 # order, read through its own partial index (app/jobs/key_rules.py gives the rounds).
 _FAIR_ORDER = (jobs.c.priority.desc(), jobs.c.fair_round, jobs.c.created_at, jobs.c.id)
 _fair_candidates = (
@@ -345,8 +346,8 @@ def _claim_next_any_type() -> Any:
     )
 
 
-# A claimed job comes back with the checkpoint its previous attempt saved (contract §17) and
-# the trace context it was enqueued with (contract §20), in this order after its columns.
+# A claimed job comes back with the checkpoint its previous attempt saved (docs/JOBS.md) and
+# the trace context it was enqueued with (docs/TRACING.md), in this order after its columns.
 _CLAIMED_COLUMNS = (*JOB_COLUMNS, CHECKPOINT, *TRACE)
 _claim_any_type = DriverStatement(_claim_next_any_type())
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
@@ -371,8 +372,9 @@ _no_unfinished_dependency = ~(select(job_dependencies.c.job_id)
                               .where(job_dependencies.c.job_id == jobs.c.id,
                                      job_dependencies.c.resolved == literal_column("0"))
                               .exists())
-# Nor is a job of an ordered key released while its key's turn is another job's (contract
-# §16): it waits for its turn, which app/jobs/key_rules.py passes on. Jobs of other types
+# Nor is a job of an ordered key released while its key's turn is another job's
+# (docs/FLOW-CONTROL.md, Ordered keys): it waits for its turn, which app/jobs/key_rules.py
+# passes on. Jobs of other types
 # and keyless jobs have no turn: the look-up by the table's key finds nothing.
 _not_behind_a_turn = ~(select(key_turns.c.job_id)
                        .where(key_turns.c.type == jobs.c.type,
@@ -420,6 +422,18 @@ _restamp_claimed = (
 )
 
 
+# A heartbeat is taken when it is due (app/jobs/report_pace.py): the first of its attempt
+# (updated_at is still the claim's: a heartbeat cannot reach the server within its claim's
+# microsecond), a second after the previous one, or once half the lease that one granted has
+# passed. Written on the bind parameters the heartbeat passes
+# (spaced_before: now less a second; twice_now) so that no arithmetic touches a parameter.
+_HEARTBEAT_DUE = or_(
+    jobs.c.updated_at == jobs.c.claimed_at,
+    jobs.c.updated_at <= bindparam("spaced_before"),
+    jobs.c.lease_expires_at + jobs.c.updated_at <= bindparam("twice_now"),
+)
+
+
 @functools.cache
 def _transition_update(transition: Transition, columns: frozenset[str],
                        fenced: bool) -> DriverStatement:
@@ -444,6 +458,7 @@ def _transition_update(transition: Transition, columns: frozenset[str],
         values["lease_expires_at"] = _capped_lease(jobs.c.claimed_at,
                                                    bindparam("new_lease_expires_at"))
         returned += CONTROL_COLUMNS
+        conditions.append(_HEARTBEAT_DUE)
     return DriverStatement(
         update(jobs)
         .where(jobs.c.id == bindparam("job_id"), *conditions)
@@ -923,11 +938,14 @@ class JobRepository:
                      now_us: int, lease_token: str | None) -> tuple[Job, JobControls] | None:
         """A heartbeat (Transition.HEARTBEAT's `values`, with its progress's columns when it
         reports any), its lease capped at the attempt's deadline: the job and its controls
-        (its cancel requested?); None when the worker does not hold it."""
+        (its cancel requested?); None when the worker does not hold it, or when it does and
+        the heartbeat is not due yet (app/jobs/report_pace.py)."""
         stmt = _transition_update(Transition.HEARTBEAT, frozenset(values),
                                   fenced=lease_token is not None)
         row = stmt.first(self.conn, {"job_id": job_id, "worker": worker, "now": now_us,
-                                     "held_lease_token": lease_token, **_new_values(values)})
+                                     "held_lease_token": lease_token,
+                                     "spaced_before": now_us - HEARTBEAT_SPACING_US,
+                                     "twice_now": 2 * now_us, **_new_values(values)})
         if row is None:
             return None
         return _job(row), controls_from(job_id, row[_JOB_COLUMNS:])

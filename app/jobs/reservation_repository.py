@@ -1,4 +1,4 @@
-"""The SQL of reserved jobs (contract §18): each reservation's row of job_reservations, kept once
+"""The SQL of reserved jobs (docs/JOBS.md): each reservation's row of job_reservations, kept once
 it is resolved. Every method runs on the transaction it is given; the rules that call them are
 app/jobs/reservations.py."""
 

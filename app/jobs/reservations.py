@@ -1,4 +1,4 @@
-"""Reserved jobs (contract §18): a producer reserves a job inside its own transaction's span,
+"""Reserved jobs (docs/JOBS.md): a producer reserves a job inside its own transaction's span,
 then confirms it (pending) once its own commit is done, or releases it (cancelled).
 
 Every reservation is resolved, by whichever comes first of: its producer's confirm or release;
@@ -29,7 +29,7 @@ from app.jobs.uow import CLAIMABLE, JobsTx, JobsUnitOfWork
 # Reservations the ticker releases in one transaction at most.
 RELEASE_BATCH = 100
 # How long a check url may leave a reservation unanswered, from its deadline: then it is
-# released (contract §18).
+# released (docs/JOBS.md, Reserved jobs).
 GIVE_UP_AFTER_US = 24 * 3600 * MICROS
 
 CONFIRMED = "confirmed"

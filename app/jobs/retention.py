@@ -1,5 +1,5 @@
 """Retention: finished jobs deleted once old enough, with their history, in short batches —
-by hand (`queuelog purge`) and by every served process's ticker, per type (contract §19).
+by hand (`queuelog purge`) and by every served process's ticker, per type (docs/OPERATIONS.md).
 
 The ticker's retention keeps no state another process needs: each batch is one short write
 transaction that finds the type's jobs past their window, deletes them and their history, and

@@ -339,19 +339,23 @@ def get_job(job_id: int) -> Response:
 @bp.get("/jobs/<id:job_id>/dependencies")
 @documented("Read what a job's dependencies produced: for the worker holding it, its "
             "producer and admins.",
-            replies=[Reply(200, "Its dependencies in depends_on order.", DependencyListSchema)],
+            replies=[Reply(200, "Its dependencies in depends_on order, every one of them: one "
+                                "retention removed says so (status removed).",
+                           DependencyListSchema)],
             errors=[404])
 @require_roles(*ANY_ROLE)
 def job_dependencies(job_id: int) -> Response:
     shown = _service().dependencies_shown(current_caller(), job_id)
-    return jsonify({"dependencies": [represent_dependency(job) for job in shown]})
+    return jsonify({"dependencies": [represent_dependency(dep_id, job)
+                                     for dep_id, job in shown]})
 
 
 @bp.post("/jobs/<id:job_id>/heartbeat")
 @documented("Extend the lease on a job the caller holds (never past its timeout_seconds), "
             "and report its progress and checkpoint; the answer says whether its cancel was "
-            "requested.",
-            body=HeartbeatSchema, replies=[_JOB], errors=[404, 409])
+            "requested. A job takes one heartbeat a second (one checkpoint a second); one "
+            "sent sooner is a 429 that writes nothing (docs/JOBS.md).",
+            body=HeartbeatSchema, replies=[_JOB], errors=[404, 409, 429])
 @require_roles(Role.WORKER)
 def heartbeat_job(job_id: int) -> Response:
     body = load_body(_heartbeat_schema)

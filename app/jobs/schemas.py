@@ -49,7 +49,7 @@ from app.core.limits import (
 )
 from app.core.origins import HTTP_URL_PATTERN
 from app.core.priorities import PRIORITY_LABELS, Priority
-from app.core.statuses import JobStatus
+from app.core.statuses import REMOVED, JobStatus
 from app.core.tracecontext import TRACEPARENT_CHARS, TRACESTATE_CHARS, Trace
 from app.jobs.cursor import encode_cursor
 from app.jobs.models import Job, JobControls, JobDependencies
@@ -103,7 +103,7 @@ _STATUS_NAMES = list(WHILE_STATUSES)
 
 
 class UniqueSchema(StrictSchema):
-    """`unique` on an enqueue: which jobs count as the same work (contract §10)."""
+    """`unique` on an enqueue: which jobs count as the same work (docs/JOBS.md, Unique jobs)."""
 
     key = fields.String(validate=[length_within(KEY_CHARS), PRINTABLE_ASCII_TEXT],
                         metadata={"description": "Default: a digest of type and payload."})
@@ -132,7 +132,7 @@ class UniqueSchema(StrictSchema):
 
 
 class ReserveSchema(StrictSchema):
-    """`reserve` on POST /jobs (contract §18): the job is stored reserved, never claimed,
+    """`reserve` on POST /jobs (docs/JOBS.md): the job is stored reserved, never claimed,
     until its producer confirms or releases it."""
 
     confirm_within_seconds = StrictInteger(
@@ -191,7 +191,7 @@ def tag_field(**options: Any) -> fields.String:
 
 
 class TagSet(fields.List[Any]):
-    """A job's tags: a list on the wire, a set inside (contract §20): loaded sorted, each
+    """A job's tags: a list on the wire, a set inside (docs/API.md, Tags): loaded sorted, each
     once. At most TAGS.max entries as sent, duplicates included, as /openapi.json says."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -442,7 +442,7 @@ class TraceSchema(Schema):
 
 
 class JobSchema(Schema):
-    """The job as the API shows it (contract section 1). Documents what `represent` builds."""
+    """The job as the API shows it (docs/API.md, The job). Documents what `represent` builds."""
 
     id = fields.Integer(required=True)
     type = fields.String(required=True)
@@ -525,8 +525,12 @@ class CompleteManyResultSchema(Schema):
 
 class DependencySchema(Schema):
     id = fields.Integer(required=True)
-    type = fields.String(required=True)
-    status = fields.String(required=True, validate=validate.OneOf([s.value for s in JobStatus]))
+    type = fields.String(required=True, allow_none=True,
+                         metadata={"description": "null once the job was removed."})
+    status = fields.String(required=True, validate=validate.OneOf(
+        [*(s.value for s in JobStatus), REMOVED]), metadata={
+            "description": "removed: retention removed the job (it had finished); its type "
+                           "and result are gone (null)."})
     result = fields.Dict(required=True, allow_none=True)
 
 
@@ -534,8 +538,11 @@ class DependencyListSchema(Schema):
     dependencies = fields.List(fields.Nested(DependencySchema), required=True)
 
 
-def represent_dependency(job: Job) -> dict[str, Any]:
-    """A dependency as GET /jobs/{id}/dependencies shows it (DependencySchema)."""
+def represent_dependency(job_id: int, job: Job | None) -> dict[str, Any]:
+    """A dependency as GET /jobs/{id}/dependencies shows it (DependencySchema); `job` None:
+    removed by retention, shown by its id alone."""
+    if job is None:
+        return {"id": job_id, "type": None, "status": REMOVED, "result": None}
     return {"id": job.id, "type": job.type, "status": job.status,
             "result": None if job.result is None else json.loads(job.result)}
 

@@ -40,7 +40,8 @@ class JobService:
         intake = IntakeRules(settings.job_types, settings.max_payload_bytes,
                              settings.check_url_prefixes)
         enqueuing = Enqueuing(uow, clock, intake, self.signal)
-        reads = JobReads(uow, clock, finished or JobSignal(),
+        self.finished = finished or JobSignal()
+        reads = JobReads(uow, clock, self.finished,
                          WaitingBudget(settings.max_waiting_requests))
         reports = WorkerReports(uow, clock, settings, rng or random.SystemRandom())
         admin = Administration(uow, clock, settings.bulk_batch_size)
@@ -83,3 +84,9 @@ class JobService:
     def max_payload_bytes(self) -> int:
         """The largest payload, or result, a job may carry (QUEUELOG_MAX_PAYLOAD_BYTES)."""
         return self.settings.max_payload_bytes
+
+    def end_waits(self) -> None:
+        """The process is stopping: the waiting claims and reads answer now with what there
+        is, and none waits from now on (app/jobs/waiting.py)."""
+        self.signal.end_waits()
+        self.finished.end_waits()

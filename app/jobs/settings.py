@@ -17,6 +17,6 @@ class QueueSettings:
     bulk_batch_size: int
     max_waiting_claims: int = 8
     max_waiting_requests: int = 4
-    # The url prefixes a reservation's check url must start with (contract §18): none, none
+    # The url prefixes a reservation's check url must start with (docs/JOBS.md): none, none
     # allowed.
     check_url_prefixes: tuple[str, ...] = ()

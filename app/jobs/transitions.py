@@ -91,7 +91,7 @@ JOB_METRICS: Mapping[JobMetric, str] = {
     JobMetric.RELEASED: "Reserved jobs released (by their producer, their check's answer or "
                         "their deadline): cancelled.",
     JobMetric.REMOVED: "Finished jobs deleted with their history, by retention (each type's "
-                       "window, contract §19) or `queuelog purge`.",
+                       "window, docs/OPERATIONS.md) or `queuelog purge`.",
 }
 
 
@@ -210,7 +210,7 @@ def released(*, now_us: Any, run_at: Any) -> dict[str, Any]:
 
 
 def held(*, now_us: int) -> dict[str, Any]:
-    """Behind an earlier job of its ordered key: waiting for its turn (contract §16)."""
+    """Behind an earlier job of its ordered key: waiting for its turn (docs/FLOW-CONTROL.md)."""
     return {"status": JobStatus.WAITING.value, "updated_at": now_us}
 
 
@@ -336,7 +336,7 @@ class Transition(enum.Enum):
     HOLD = Edge((JobStatus.PENDING,), Guard.ANYONE, held, Marks(None))
     CANCEL_BLOCKING = Edge((JobStatus.FAILED,), Guard.ANYONE, cancelled,
                            Marks(EventName.CANCELLED, (JobMetric.CANCELLED,)))
-    # Running jobs under control (contract §17). A running job's cancel is a request (its
+    # Running jobs under control (docs/JOBS.md). A running job's cancel is a request (its
     # record is app/jobs/controls.py's): its holder's report, or its lease's expiry, ends it
     # cancelled (the event names who asked). An attempt past its timeout_seconds is over, a
     # failed attempt retried per the budget; a job still unclaimed past its expires_at is
@@ -356,7 +356,7 @@ class Transition(enum.Enum):
                     closes_attempt=Outcome.TIMED_OUT)
     EXPIRE = Edge((JobStatus.PENDING, JobStatus.WAITING), Guard.ANYONE, cancelled,
                   Marks(EventName.CANCELLED, (JobMetric.EXPIRED,), _expired_detail))
-    # Reserved jobs (contract §18; app/jobs/reservations.py): the first of a producer's
+    # Reserved jobs (docs/JOBS.md; app/jobs/reservations.py): the first of a producer's
     # confirm or release, its check's answer and its deadline decides; the event says which.
     CONFIRM = Edge((JobStatus.RESERVED,), Guard.ANYONE, confirmed,
                    Marks(EventName.CONFIRMED, (JobMetric.CONFIRMED,)))

@@ -1,4 +1,4 @@
-"""Unique jobs (contract §10), the pure part: a request's `unique` options as the columns a job
+"""Unique jobs (docs/JOBS.md), the pure part: a request's `unique` options as the columns a job
 stores, and the rule on which `while` sets the database can enforce. No SQL, no HTTP.
 
 Enforcement is the partial unique index on (producer, unique_scope) over the jobs whose

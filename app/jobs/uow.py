@@ -90,11 +90,11 @@ class Timeline:
 
 class JobsTx(Transaction):
     """A job transaction: `jobs` (JobRepository), `dependencies` (DependencyRepository),
-    `controls` (ControlRepository: §17's cancel requests, progress and checkpoints),
-    `reservations` (ReservationRepository: §18's reserved jobs),
-    `failures` (FailureRepository: §19's failure groups),
-    `context` (JobContextRepository: §20's tags and trace context),
-    `keys` (the §16 rules of fair and ordered keys, app/jobs/key_rules.py), `history`
+    `controls` (ControlRepository: running jobs' cancel requests, progress, checkpoints),
+    `reservations` (ReservationRepository: reserved jobs),
+    `failures` (FailureRepository: failure groups),
+    `context` (JobContextRepository: jobs' tags and trace context),
+    `keys` (the rules of fair and ordered keys, app/jobs/key_rules.py), `history`
     (HistoryRepository) and `timeline` (the history recorder), all on the transaction's one
     connection."""
 
@@ -124,7 +124,7 @@ class JobsTx(Transaction):
         return self.keys.entered(new, now_us)
 
     def before_commit(self) -> None:
-        """Leave the stats this work counted (contract §20) for the commit: the one who
+        """Leave the stats this work counted (docs/OPERATIONS.md) for the commit: the one who
         commits adds every caller's to the minute's row in one statement, last
         (app/storage/at_commit.py)."""
         if self.timeline.counts:

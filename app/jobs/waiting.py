@@ -6,6 +6,12 @@ variable, and those of this host's other queuelog processes (the sibling gunicor
 through a datagram (app/jobs/host_wake.py). Changes made on other hosts, and delayed jobs
 coming due, are noticed by a cheap indexed peek every POLL_SECONDS, which works the same on
 SQLite and PostgreSQL and needs no connection held while waiting.
+
+When the process is told to stop (gunicorn's SIGTERM, SIGINT or SIGQUIT: see
+queuelog_gunicorn/shutdown.py), every wait ends at once and the waiting requests answer with
+what there is (a claim 204, a read the job as it is), so that the server frees its port
+without waiting out its long polls; a request that asks to wait after that is answered at
+once too.
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ from app.jobs.host_wake import HostWake
 
 POLL_SECONDS = 0.05
 # What a request that asked to wait but found the budget full is told (Retry-After): come
-# back in this many seconds rather than at once, which would spin (issue 27.5: one client
-# made thousands of requests in 10 s). A waiting slot frees as soon as one of its requests
+# back in this many seconds rather than at once, which would spin (a client asking again
+# at once made thousands of requests in 10 s). A waiting slot frees as soon as one of its requests
 # is answered, so a short pause, which clients stretch with their own jittered backoff.
 NOT_WAITED_RETRY_AFTER_SECONDS = 1
 
@@ -45,6 +51,7 @@ class JobSignal:
     def __init__(self, host: HostWake | None = None, kind: str = "") -> None:
         self._condition = threading.Condition()
         self._generation = 0
+        self._ended = False
         self._host = host
         self._kind = kind
         if host is not None:
@@ -53,6 +60,19 @@ class JobSignal:
     @property
     def generation(self) -> int:
         return self._generation
+
+    @property
+    def waits_ended(self) -> bool:
+        """Whether end_waits was called: nothing waits for this signal any more."""
+        return self._ended
+
+    def end_waits(self) -> None:
+        """The process is stopping: every wait for this signal returns now, and any later one
+        at once. Safe from any thread (not from a signal handler: it takes a lock)."""
+        with self._condition:
+            self._ended = True
+            self._generation += 1
+            self._condition.notify_all()
 
     @contextmanager
     def watching(self) -> Iterator[None]:
@@ -77,10 +97,11 @@ class JobSignal:
             self._condition.notify_all()
 
     def wait(self, seen_generation: int, timeout: float) -> bool:
-        """Wait until notified after `seen_generation`, or the timeout. True when notified."""
+        """Wait until notified after `seen_generation`, or the timeout. True when notified
+        (or when the waits ended: a caller checks waits_ended before it waits again)."""
         with self._condition:
-            return self._condition.wait_for(lambda: self._generation != seen_generation,
-                                            timeout=timeout)
+            return self._condition.wait_for(
+                lambda: self._ended or self._generation != seen_generation, timeout=timeout)
 
 
 class WaitingBudget:

@@ -17,7 +17,7 @@ class ApiKey:
     job_types: str | None
     created_at: int
     revoked_at: int | None
-    check_url: str | None = None  # asked about its reservations left unanswered (§18)
+    check_url: str | None = None  # asked about its reservations left unanswered (docs/JOBS.md)
     check_secret: str | None = None  # signs those checks
 
     @property

@@ -64,7 +64,7 @@ class KeyService:
         """Store a new key and return its token. The token is shown once and never stored.
 
         `check_url`, a producer's only, is asked about its reservations left unanswered
-        (contract §18); a url the operator's prefixes refuse raises ValidationFailed. The key
+        (docs/JOBS.md); a url the operator's prefixes refuse raises ValidationFailed. The key
         has no check secret until rotate_check_secret makes one.
 
         `known_types`, from an operator's command, are the job types configured where the

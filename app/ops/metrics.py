@@ -172,7 +172,7 @@ class QueueGauges(Collector):
     the running jobs live, in one read of their partial index, which also says whether the
     database answers; the rest from the backlog counts, at most
     QUEUELOG_TYPE_COUNTS_MAX_AGE_SECONDS old: counting a million stored jobs on every scrape
-    cost a second, issue 27).
+    cost a second).
 
     A scrape that cannot reach the database still answers, with the counters and
     queuelog_database_up 0, so that the outage itself is visible on the dashboards.

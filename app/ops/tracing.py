@@ -1,4 +1,4 @@
-"""Optional OpenTelemetry export of queuelog's own spans (contract §20): enqueue, claim and
+"""Optional OpenTelemetry export of queuelog's own spans (docs/TRACING.md): enqueue, claim and
 report, each parented on the trace context its job carries, so they appear inside the
 producer's trace beside the worker's spans. docs/TRACING.md describes them.
 

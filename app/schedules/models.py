@@ -53,7 +53,7 @@ class Schedule:
     last_job_id: int | None  # of a workflow template: the first job of the slot's workflow
     created_at: int
     updated_at: int
-    # The trace context of the request that created it (contract §20; columns traceparent
+    # The trace context of the request that created it (docs/TRACING.md; columns traceparent
     # and tracestate): every job it enqueues carries it. None: none was sent.
     trace: Trace | None = None
     # Not a column: the workflow last_job_id is part of, read with the schedule (see

@@ -137,7 +137,7 @@ class SchedulePatchSchema(StrictSchema):
 
 
 class ScheduleSchema(Schema):
-    """The schedule as the API shows it (contract section 11)."""
+    """The schedule as the API shows it (docs/SCHEDULES.md)."""
 
     name = fields.String(required=True)
     cron = fields.String(required=True)

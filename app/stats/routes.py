@@ -1,4 +1,4 @@
-"""Thin handler of GET /stats (contract §20): admins only."""
+"""Thin handler of GET /stats (docs/OPERATIONS.md, The queue over time): admins only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""marshmallow schemas of GET /stats (contract §20): its query and the buckets as shown."""
+"""marshmallow schemas of GET /stats (docs/OPERATIONS.md): its query and the buckets as shown."""
 
 from __future__ import annotations
 

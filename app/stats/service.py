@@ -1,4 +1,4 @@
-"""The queue over time (contract §20): the buckets GET /stats and the dashboard read, and the
+"""The queue over time (docs/OPERATIONS.md): the buckets GET /stats and the dashboard read, and the
 ticker's chore that counts the pending depth each minute and forgets what is past keeping.
 
 The counts themselves are added by the job transactions (app/jobs/timeline/recorder.py); this

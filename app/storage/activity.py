@@ -1,5 +1,6 @@
 """What the database server itself says of its sessions: read by /metrics and /readyz, never
-on a request's path to the jobs (issue 36)."""
+on a request's path to the jobs, whose latency must not depend on the server's
+bookkeeping."""
 
 from __future__ import annotations
 

@@ -200,7 +200,7 @@ class Database:
     `counting_reads` is how many counting reads (`counting_read`: the reads whose cost grows
     with what is stored, even bounded) this process runs at once. Each holds a pooled
     connection; kept below the pool's size, they can never take every connection, so that
-    enqueues, claims, health checks and the schedule ticker always find one (issue 27).
+    enqueues, claims, health checks and the schedule ticker always find one.
     """
 
     def __init__(self, engine: Engine, counting_reads: int = DEFAULT_COUNTING_READS) -> None:

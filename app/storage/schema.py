@@ -72,7 +72,7 @@ jobs = Table(
     # Appended by migration 0016 (fair share): a fair type's pending job's round, which its
     # claims take in order (app/jobs/key_rules.py); NULL for every other job.
     Column("fair_round", BigInteger, nullable=True),
-    # Appended by migration 0017 (running jobs, contract §17): read by the claim, which caps
+    # Appended by migration 0017 (running jobs, docs/JOBS.md): read by the claim, which caps
     # an attempt's lease at claimed_at + timeout_seconds and never hands out a job past its
     # expires_at.
     Column("timeout_seconds", Integer, nullable=True),
@@ -215,7 +215,7 @@ Index("ix_jobs_worker_id_id", jobs.c.worker_id, jobs.c.id,
 Index("ix_jobs_waiting_type", jobs.c.type, sqlite_where=text("status = 'waiting'"),
       postgresql_where=text("status = 'waiting'"))
 
-# A fair type's claims read its pending jobs in round order (contract §16): priority first,
+# A fair type's claims read its pending jobs in round order (docs/FLOW-CONTROL.md): priority first,
 # then the round, then claim order. Partial on the round: only a fair type's numbered pending
 # jobs have one (>= 0), so no other enqueue writes here.
 Index(
@@ -249,7 +249,7 @@ Index(
     sqlite_where=text("status = 'pending' AND fair_round < 0"),
     postgresql_where=text("status = 'pending' AND fair_round < 0"),
 )
-# An ordered key's next job: its oldest waiting one (contract §16). Waiting rows only.
+# An ordered key's next job: its oldest waiting one (docs/FLOW-CONTROL.md). Waiting rows only.
 Index(
     "ix_jobs_waiting_key",
     jobs.c.type,
@@ -259,8 +259,8 @@ Index(
     postgresql_where=text("status = 'waiting' AND concurrency_key IS NOT NULL"),
 )
 
-# Jobs with an expiry that no claim has taken yet: each claim cancels those past it (contract
-# §17) through this index, which holds no other row.
+# Jobs with an expiry that no claim has taken yet: each claim cancels those past it
+# (docs/JOBS.md, Expiry) through this index, which holds no other row.
 Index(
     "ix_jobs_expires_at",
     jobs.c.expires_at,
@@ -268,7 +268,7 @@ Index(
     postgresql_where=text("status IN ('pending', 'waiting') AND expires_at IS NOT NULL"),
 )
 
-# -- checkpoints (contract §17) -----------------------------------------------------------------
+# -- checkpoints (docs/JOBS.md) -----------------------------------------------------------------
 # Beside the jobs table: a checkpoint may be as large as a payload, and most jobs never save
 # one. The claim reads it for the job it hands out (one look-up by key, inside its UPDATE).
 job_checkpoints = Table(
@@ -279,11 +279,11 @@ job_checkpoints = Table(
     Column("saved_at", Micros, nullable=False),
 )
 
-# The reserved jobs of each type, which GET /types counts (contract §18).
+# The reserved jobs of each type, which GET /types counts (docs/JOBS.md, Reserved jobs).
 Index("ix_jobs_reserved_type", jobs.c.type,
       sqlite_where=text("status = 'reserved'"), postgresql_where=text("status = 'reserved'"))
 
-# -- reserved jobs (contract §18) --------------------------------------------------------------
+# -- reserved jobs (docs/JOBS.md) --------------------------------------------------------------
 # A reservation of each job reserved, kept once it is resolved (its outcome, for a repeat of
 # the confirm or release that resolved it). `check_url` is the reserve's own or its
 # producer key's, as they were at the reserve; without one the ticker releases the job at
@@ -303,7 +303,7 @@ job_reservations = Table(
 Index("ix_job_reservations_due", job_reservations.c.next_check_at,
       sqlite_where=text("outcome IS NULL"), postgresql_where=text("outcome IS NULL"))
 
-# -- ordered keys (contract §16): the one job of each key whose turn it is -------------------
+# -- ordered keys (docs/FLOW-CONTROL.md): the one job of each key whose turn it is -----------------
 # One row per (type, key) of an ordered type while the key has a job that is not finished,
 # or a failed one that blocks it: `job_id` is the job whose turn it is (pending, running,
 # waiting for its dependencies, or failed and `blocked`); the key's later jobs wait. Every
@@ -322,7 +322,7 @@ Index("ix_key_turns_blocked", key_turns.c.blocked, key_turns.c.type,
       key_turns.c.concurrency_key, sqlite_where=text("blocked = 1"),
       postgresql_where=text("blocked = 1"))
 
-# -- workflows (contract §15): dependencies between jobs, and the graphs enqueued together ---
+# -- workflows (docs/WORKFLOWS.md): dependencies between jobs, and the graphs enqueued together ---
 # Kept beside the jobs table, not on it: the claim never reads them, so a job row stays as
 # narrow as it was, and a job without dependencies has no row here at all.
 
@@ -399,12 +399,12 @@ job_types = Table(
     Column("push_url", Text, nullable=True),
     Column("push_timeout_seconds", Integer, nullable=True),
     Column("push_secret", String(64), nullable=True),
-    # Fair share and ordered keys (migration 0016, contract §16): 'key' or NULL each, and
+    # Fair share and ordered keys (migration 0016, docs/FLOW-CONTROL.md): 'key' or NULL each, and
     # what a failed job does to its ordered key ('skip' or 'block'; NULL: skip).
     Column("fairness", String(8), nullable=True),
     Column("ordering", String(8), nullable=True),
     Column("on_failure", String(8), nullable=True),
-    # Retention (migration 0019, contract §19): how long the type's finished jobs of each
+    # Retention (migration 0019, docs/OPERATIONS.md): how long the type's finished jobs of each
     # status are kept, in seconds; NULL: the QUEUELOG_RETENTION_… default; 0: for ever.
     Column("retention_completed_seconds", Integer, nullable=True),
     Column("retention_failed_seconds", Integer, nullable=True),
@@ -460,7 +460,7 @@ Index("ix_job_attempts_fingerprint_ended_at", job_attempts.c.fingerprint,
       job_attempts.c.ended_at, sqlite_where=text("fingerprint IS NOT NULL"),
       postgresql_where=text("fingerprint IS NOT NULL"))
 
-# Failure groups (contract §19): per type, the failed attempts whose errors share a
+# Failure groups (docs/OPERATIONS.md): per type, the failed attempts whose errors share a
 # fingerprint (app/core/fingerprint.py), kept up to date by the failing transactions
 # themselves, so that GET /failures reads a few rows rather than scanning attempts.
 failure_groups = Table(
@@ -476,7 +476,7 @@ failure_groups = Table(
 )
 Index("ix_failure_groups_last_seen", failure_groups.c.last_seen)
 
-# -- tags and trace context (contract §20) -------------------------------------------------------
+# -- tags and trace context (docs/API.md) -------------------------------------------------------
 # Beside the jobs table, as checkpoints are: most jobs have neither, and the claim never reads
 # a tag. A job without tags writes no row here; GET /jobs?tag= walks (tag, job_id) newest
 # first, the order of the listing.
@@ -498,7 +498,7 @@ job_traces = Table(
     Column("tracestate", String(512), nullable=True),
 )
 
-# -- the queue over time (contract §20) ----------------------------------------------------------
+# -- the queue over time (docs/OPERATIONS.md) ------------------------------------------------------
 # Per type and minute (`minute`: the minute's first microsecond), what the job transactions
 # counted: each adds to its row in the transaction that changed the jobs. On PostgreSQL a
 # transaction adds to the row of its connection's `slot`, so that concurrent transactions
@@ -559,7 +559,7 @@ schedules = Table(
     Column("last_job_id", Id, nullable=True),
     Column("created_at", Micros, nullable=False),
     Column("updated_at", Micros, nullable=False),
-    # The trace context of the request that created the schedule (contract §20): every job
+    # The trace context of the request that created the schedule (docs/TRACING.md): every job
     # it enqueues carries it.
     Column("traceparent", String(55), nullable=True),
     Column("tracestate", String(512), nullable=True),

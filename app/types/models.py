@@ -15,7 +15,7 @@ from app.jobs.flow import RunningCounts, running_by_type
 from app.jobs.key_rules import KeyMode
 from app.jobs.retention import RetentionWindows
 
-# The values of contract §16's settings (each may also be null).
+# The values of a type's key-mode settings (docs/FLOW-CONTROL.md); each may also be null.
 FAIRNESS_KEY = "key"
 ORDERING_KEY = "key"
 ON_FAILURE_BLOCK = "block"
@@ -61,7 +61,7 @@ class TypeSettings:
     fairness: str | None = None  # "key": claims take turns across concurrency keys
     ordering: str | None = None  # "key": one job per concurrency key at a time, in order
     on_failure: str | None = None  # of an ordered key: "skip" (None) or "block"
-    # Retention of its finished jobs, in seconds (contract §19): None the default, 0 for ever.
+    # Retention of its finished jobs, in seconds (docs/OPERATIONS.md): None the default, 0 for ever.
     retention_completed_seconds: int | None = None
     retention_failed_seconds: int | None = None
     retention_cancelled_seconds: int | None = None
@@ -107,7 +107,8 @@ class TypeSettings:
 
     @property
     def key_mode(self) -> KeyMode:
-        """Its settings of contract §16, as the job transactions apply them."""
+        """Its key modes (fairness, ordering, on_failure), as the job transactions apply
+        them."""
         return KeyMode(fair=self.is_fair, ordered=self.ordering == ORDERING_KEY,
                        block_on_failure=self.on_failure == ON_FAILURE_BLOCK)
 

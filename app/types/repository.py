@@ -28,7 +28,7 @@ _counts_running = or_(
     job_types.c.max_running_per_key.is_not(None),
     job_types.c.rate_per_second.is_not(None),
 )
-# A fair type is "limited" too: its claims read round order (contract §16).
+# A fair type is "limited" too: its claims read round order (docs/FLOW-CONTROL.md).
 _paused_or_pushed = or_(job_types.c.paused.is_(True), job_types.c.push_url.is_not(None),
                         job_types.c.fairness.is_not(None))
 # Every claim asks; on most servers no type is limited, and the answer is no row. Read in one
@@ -101,7 +101,8 @@ class TypeRepository:
         return [TypeSettings.from_values(row) for row in _select_limited.rows(self.conn, {})]
 
     def key_modes(self, types: Collection[str]) -> dict[str, KeyMode]:
-        """The fair or ordered types among `types`, with their settings of contract §16."""
+        """The fair or ordered types among `types`, with their key modes
+        (docs/FLOW-CONTROL.md, Fair share and ordered keys)."""
         wanted = set(types)
         return {job_type: TypeSettings(type=job_type, fairness=fairness, ordering=ordering,
                                        on_failure=on_failure).key_mode

@@ -28,7 +28,7 @@ from app.web.fields import StrictBoolean, StrictInteger, StrictNumber, StrictSch
 
 
 class PushSchema(StrictSchema):
-    """A push type's endpoint (contract section 12)."""
+    """A push type's endpoint (docs/PUSH.md)."""
 
     url = fields.String(required=True, validate=[
         validate.Length(max=PUSH_URL_CHARS.max),
@@ -51,7 +51,7 @@ def _retention(status: str) -> StrictInteger:
 
 
 class RetentionSchema(StrictSchema):
-    """A type's retention of its finished jobs (contract §19); a status left out keeps its
+    """A type's retention of its finished jobs (docs/OPERATIONS.md); a status left out keeps its
     window."""
 
     completed_seconds = _retention("completed")

@@ -1,4 +1,4 @@
-"""The dashboard (contract section 14): server-rendered pages for admins under /ui/."""
+"""The dashboard (docs/DASHBOARD.md): server-rendered pages for admins under /ui/."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The dashboard's charts of the queue over time (contract §20): a stats Series as inline SVG,
+"""The dashboard's charts of the queue over time (docs/OPERATIONS.md): a stats Series as inline SVG,
 drawn here on the server so that the pages need no script and the CSP stays as strict as it is.
 
 Each chart says what it shows in words as well as in shapes: the whole chart's <title> and

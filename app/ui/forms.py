@@ -57,7 +57,7 @@ def limits_patch(form: Mapping[str, str]) -> dict[str, Any]:
     return loaded
 
 
-# The key modes form's choices (contract §16). A select cannot send null, so "off" stands
+# The key modes form's choices (docs/FLOW-CONTROL.md). A select cannot send null, so "off" stands
 # for it; on_failure's null already means "skip", which the API takes as well.
 OFF = "off"
 KEY_MODE_CHOICES = {"fairness": (OFF, FAIRNESS_KEY), "ordering": (OFF, ORDERING_KEY),

@@ -45,7 +45,7 @@ class GraphJob:
 
     id: int
     ref: str
-    type: str
+    type: str | None  # None: retention removed it
     status: str
     depends_on: tuple[int, ...]
 
@@ -63,7 +63,8 @@ class PlacedJob:
 
     @property
     def title(self) -> str:
-        return f"{self.job.ref} (job {self.job.id}, {self.job.type}): {self.job.status}"
+        kind = "" if self.job.type is None else f", {self.job.type}"
+        return f"{self.job.ref} (job {self.job.id}{kind}): {self.job.status}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -550,7 +550,7 @@ def cancel_workflow(workflow_id: int) -> Response:
 
 @bp.get("/failures")
 def failures() -> tuple[str, int]:
-    """Failure groups (contract §19), most recently seen first: each with its failed attempts
+    """Failure groups (docs/OPERATIONS.md), most recently seen first: each with its failed attempts
     per hour over the last day, its newest jobs and a button that retries its failed jobs."""
     services = _services()
     job_types = sorted(services.types.job_types)

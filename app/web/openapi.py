@@ -46,10 +46,14 @@ _PROBLEMS: dict[int, tuple[str, str]] = {
     413: ("PayloadTooLarge", "The request body is larger than the service accepts."),
     415: ("UnsupportedMediaType", "The body is not `application/json`."),
     422: ("ValidationFailed", "The request did not validate; `errors` names each field."),
+    429: ("TooManyRequests", "Sent sooner than the service takes it (a job's heartbeats: "
+                             "docs/JOBS.md); nothing was done. Send it again after "
+                             "Retry-After."),
     503: ("ServiceUnavailable", "The database is not answering, or its storage refuses "
                                 "writes (disk full, read-only); retry later."),
 }
-_PROBLEM_HEADERS = {401: {"WWW-Authenticate": True}, 503: {"Retry-After": False}}
+_PROBLEM_HEADERS = {401: {"WWW-Authenticate": True}, 429: {"Retry-After": True},
+                    503: {"Retry-After": False}}
 
 _HEADERS: dict[str, dict[str, Any]] = {
     "Location": {"description": "The new job's (or schedule's) URL.",

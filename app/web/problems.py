@@ -34,6 +34,7 @@ from app.core.errors import (
     ServiceUnavailable,
     SlotTaken,
     StorageUnavailable,
+    TooManyRequests,
     Unauthorized,
     UniqueConflict,
     UniqueIndexRefused,
@@ -93,6 +94,7 @@ PROBLEM_TYPES: dict[type[Exception], ProblemType] = {
     RequestURITooLarge: ProblemType(414, "Request line too long", "request-line-too-long"),
     UnsupportedMediaType: ProblemType(415, "Unsupported media type", "unsupported-media-type"),
     ValidationFailed: ProblemType(422, "Validation failed", "validation-failed"),
+    TooManyRequests: ProblemType(429, "Too many requests", "too-many-requests"),
     RequestHeaderFieldsTooLarge: ProblemType(431, "Request header fields too large",
                                              "request-header-fields-too-large"),
     # The use cases catch these (a write a unique index refused): one that reached the

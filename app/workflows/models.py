@@ -7,11 +7,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from app.core.statuses import UNFINISHED_STATUSES, JobStatus
+from app.core.statuses import REMOVED, UNFINISHED_STATUSES, JobStatus
 
 
 class WorkflowStatus(enum.StrEnum):
-    """A workflow's status, from its jobs' (contract §15)."""
+    """A workflow's status, from its jobs' (docs/WORKFLOWS.md)."""
 
     RUNNING = "running"
     COMPLETED = "completed"
@@ -20,8 +20,9 @@ class WorkflowStatus(enum.StrEnum):
 
 
 def workflow_status(counts: Mapping[str, int]) -> WorkflowStatus:
-    """running while any job is unfinished; then completed if every job completed, else
-    failed if one failed, else cancelled."""
+    """running while any job is unfinished; then failed if one failed, else cancelled if
+    one was cancelled, else completed. A job retention removed had finished: it counts
+    under REMOVED, its outcome no longer known, and the status is the remaining jobs'."""
     if any(counts.get(status.value) for status in UNFINISHED_STATUSES):
         return WorkflowStatus.RUNNING
     if counts.get(JobStatus.FAILED.value):
@@ -32,9 +33,10 @@ def workflow_status(counts: Mapping[str, int]) -> WorkflowStatus:
 
 
 def count_statuses(statuses: Iterable[str]) -> dict[str, int]:
-    """How many jobs are in each status, every status named (0 for none)."""
+    """How many jobs are in each status, every status named (0 for none), and how many
+    retention removed (REMOVED)."""
     counted = Counter(statuses)
-    return {status.value: counted.get(status.value, 0) for status in JobStatus}
+    return {name: counted.get(name, 0) for name in [*(s.value for s in JobStatus), REMOVED]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,7 @@ class WorkflowJob:
 
     ref: str
     id: int
-    type: str
+    type: str | None  # None once retention removed it (status REMOVED)
     status: str
     depends_on: tuple[int, ...]
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, insert, select, text
 
+from app.core.statuses import REMOVED
 from app.storage.dialects import writers_serialised
 from app.storage.schema import jobs, workflow_jobs, workflows
 from app.workflows.models import Workflow
@@ -76,13 +77,14 @@ class WorkflowRepository:
         stmt = stmt.order_by(workflows.c.id).limit(limit)
         return [_workflow(row) for row in self.conn.execute(stmt)]
 
-    def jobs_of(self, workflow_id: int) -> list[tuple[str, int, str, str]]:
-        """(ref, id, type, status) of the workflow's stored jobs, in request order."""
-        stmt = (select(workflow_jobs.c.ref, jobs.c.id, jobs.c.type, jobs.c.status)
-                .join(jobs, jobs.c.id == workflow_jobs.c.job_id)
+    def jobs_of(self, workflow_id: int) -> list[tuple[str, int, str | None, str]]:
+        """(ref, id, type, status) of each of the workflow's jobs, in request order; one
+        retention removed since has no type (None) and the status REMOVED."""
+        stmt = (select(workflow_jobs.c.ref, workflow_jobs.c.job_id, jobs.c.type, jobs.c.status)
+                .outerjoin(jobs, jobs.c.id == workflow_jobs.c.job_id)
                 .where(workflow_jobs.c.workflow_id == workflow_id)
                 .order_by(workflow_jobs.c.position))
-        return [(ref, job_id, job_type, status)
+        return [(ref, int(job_id), job_type, REMOVED if status is None else status)
                 for ref, job_id, job_type, status in self.conn.execute(stmt)]
 
     def created_jobs_in(self, workflow_id: int, statuses: Collection[str]) -> list[int]:
@@ -105,29 +107,37 @@ class WorkflowRepository:
         return {int(job_id): int(workflow_id) for job_id, workflow_id in self.conn.execute(stmt)}
 
     def statuses_of(self, workflow_ids: Collection[int]) -> dict[int, dict[str, int]]:
-        """Each workflow's jobs counted by status."""
+        """Each workflow's jobs counted by status, those retention removed as REMOVED."""
         if not workflow_ids:
             return {}
         stmt = (select(workflow_jobs.c.workflow_id, jobs.c.status, func.count())
-                .join(jobs, jobs.c.id == workflow_jobs.c.job_id)
+                .outerjoin(jobs, jobs.c.id == workflow_jobs.c.job_id)
                 .where(workflow_jobs.c.workflow_id.in_(sorted(workflow_ids)))
                 .group_by(workflow_jobs.c.workflow_id, jobs.c.status))
         found: dict[int, dict[str, int]] = {}
         for workflow_id, status, count in self.conn.execute(stmt):
-            found.setdefault(int(workflow_id), {})[status] = int(count)
+            found.setdefault(int(workflow_id), {})[REMOVED if status is None else status] = (
+                int(count))
         return found
 
     def forget_jobs(self, job_ids: Collection[int]) -> None:
-        """Purged jobs leave their workflows; a workflow left without jobs goes too."""
+        """Jobs just purged (their rows deleted in this transaction) stay in their workflows,
+        shown as removed, so that a workflow's jobs and counts keep every job it was made
+        of; a workflow none of whose jobs is left goes, with its rows. Two statements bound
+        to these ids alone, however many workflows name them."""
         if not job_ids:
             return
-        emptied = (select(workflow_jobs.c.workflow_id).distinct()
-                   .where(workflow_jobs.c.job_id.in_(sorted(job_ids))))
-        candidates = list(self.conn.execute(emptied).scalars())
+        ids = sorted(job_ids)
+        touched = select(workflow_jobs.c.workflow_id).where(workflow_jobs.c.job_id.in_(ids))
+        member = workflow_jobs.alias("member")
+        job_left = (select(member.c.workflow_id)
+                    .join(jobs, jobs.c.id == member.c.job_id)
+                    .where(member.c.workflow_id == workflows.c.id))
+        self.conn.execute(delete(workflows).where(workflows.c.id.in_(touched),
+                                                  ~job_left.exists()))
+        workflow_left = select(workflows.c.id).where(
+            workflows.c.id == workflow_jobs.c.workflow_id)
         self.conn.execute(delete(workflow_jobs).where(
-            workflow_jobs.c.job_id.in_(sorted(job_ids))))
-        if candidates:
-            still_there = select(workflow_jobs.c.workflow_id).where(
-                workflow_jobs.c.workflow_id == workflows.c.id)
-            self.conn.execute(delete(workflows).where(workflows.c.id.in_(candidates),
-                                                      ~still_there.exists()))
+            workflow_jobs.c.workflow_id.in_(
+                select(member.c.workflow_id).where(member.c.job_id.in_(ids))),
+            ~workflow_left.exists()))

@@ -8,7 +8,7 @@ from marshmallow import Schema, fields, validate
 
 from app.core.clock import to_rfc3339
 from app.core.limits import WORKFLOW_JOBS, WORKFLOW_NAME_CHARS
-from app.core.statuses import JobStatus
+from app.core.statuses import REMOVED, JobStatus
 from app.jobs.schemas import GraphItemSchema, ref_field
 from app.web.fields import (
     PRINTABLE_ASCII_TEXT,
@@ -47,22 +47,30 @@ class WorkflowListQuerySchema(PageQuerySchema):
     status = fields.String(validate=_WORKFLOW_STATUS)
 
 
-_STATUSES = [status.value for status in JobStatus]
+# A job's status, or removed: retention removed it (it had finished).
+_STATUSES = [*(status.value for status in JobStatus), REMOVED]
 
 
 class WorkflowJobShownSchema(Schema):
     ref = fields.String(required=True)
     id = fields.Integer(required=True)
-    type = fields.String(required=True)
-    status = fields.String(required=True, validate=validate.OneOf(_STATUSES))
-    depends_on = fields.List(fields.Integer(), required=True)
+    type = fields.String(required=True, allow_none=True,
+                         metadata={"description": "null once the job was removed."})
+    status = fields.String(required=True, validate=validate.OneOf(_STATUSES), metadata={
+        "description": "removed: retention removed the job, which had finished."})
+    depends_on = fields.List(fields.Integer(), required=True, metadata={
+        "description": "[] once the job was removed."})
 
 
 class WorkflowSummarySchema(Schema):
     id = fields.Integer(required=True)
     name = fields.String(required=True, allow_none=True)
     status = fields.String(required=True, validate=_WORKFLOW_STATUS)
-    counts = fields.Dict(keys=fields.String(), values=fields.Integer(), required=True)
+    counts = fields.Dict(keys=fields.String(validate=validate.OneOf(_STATUSES)),
+                         values=fields.Integer(), required=True, metadata={
+        "description": "How many of its jobs are in each status (every status named, 0 for "
+                       "none), and how many retention removed (removed): they add up to "
+                       "its jobs."})
     created_at = fields.String(required=True, metadata={"format": "date-time"})
 
 

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from queuelog_client._version import __version__
 from queuelog_client.client import MAX_CLAIM_WAIT_SECONDS, check_url
 from queuelog_client.errors import ProblemError
+from queuelog_client.logs import FORMAT as LOG_FORMAT
 from queuelog_client.worker import RECONNECT_BACKOFF_MAX_SECONDS, Worker, load_handler
 
 TOKEN_VARIABLE = "QUEUELOG_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -111,8 +112,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if not token:
         parser.error(f"no token: set {TOKEN_VARIABLE} or use --token-file PATH")
 
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level, stream=sys.stderr, format=LOG_FORMAT)
     # Like `flask --app` and gunicorn: a handler module in the working directory imports.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())

@@ -39,6 +39,7 @@ from queuelog_client.errors import (
     QueuelogError,
     ServerError,
     ServerUnreachable,
+    TooManyRequests,
     WaitTimeout,
     problem_error,
 )
@@ -254,7 +255,7 @@ class Client:
     def reserve(self, type: str, payload: Mapping[str, Any] | None = None, *,
                 confirm_within_seconds: int = 60, check_url: str | None = None,
                 idempotency_key: str | None = None, **options: Any) -> Iterator[Job]:
-        """Reserve a job around your own transaction (contract section 18):
+        """Reserve a job around your own transaction (docs/JOBS.md, Reserved jobs):
 
             with client.reserve("email", {"to": email}, idempotency_key=order_key) as job:
                 with db:  # your transaction, committed inside the block
@@ -442,7 +443,9 @@ class Client:
     def dependencies(self, job_id: int) -> list[dict[str, Any]]:
         """The jobs this job depends on, in its `depends_on` order, each `{"id", "type",
         "status", "result"}` (the worker holding or last holding the job, its producer,
-        admins): how a job of a workflow reads what the jobs before it produced."""
+        admins): how a job of a workflow reads what the jobs before it produced. Every entry
+        of depends_on is there: one the server's retention removed since (it had finished)
+        is `{"id", "type": None, "status": "removed", "result": None}`."""
         dependencies: list[dict[str, Any]] = self._object(
             "GET", f"/jobs/{int(job_id)}/dependencies")["dependencies"]
         return dependencies
@@ -489,7 +492,8 @@ class Client:
     def heartbeat(self, job_id: int, lease_token: str | None = None, *,
                   lease_seconds: int | None = None, progress: tuple[int, int] | None = None,
                   message: str | None = None,
-                  checkpoint: Mapping[str, Any] | None = None) -> Job:
+                  checkpoint: Mapping[str, Any] | None = None,
+                  wait_if_too_soon: bool = True) -> Job:
         """Extend the lease (by `lease_seconds`, or the server's default) and return the job.
         Its `"cancel_requested"` says whether someone asked for the job's cancel: the
         handler should stop (whatever it reports then, the job ends cancelled).
@@ -497,10 +501,26 @@ class Client:
         `progress`, a (done, total) pair, and `message` are shown in the job's `"progress"`;
         `checkpoint`, a JSON object, is stored (durably, once this returns) and handed to
         the job's next attempt in its claim's `"checkpoint"`. Conflict (409) when the lease
-        was lost."""
+        was lost.
+
+        A job takes one heartbeat a second, and one checkpoint a second: one sent sooner is
+        answered 429 with Retry-After, having changed nothing. This waits that long and
+        sends it again (`max_attempts` times in all), then raises TooManyRequests; with
+        `wait_if_too_soon=False` it raises at the first 429 (the runner plans its next
+        heartbeat instead of waiting)."""
         body = _fenced(lease_token) | _heartbeat_fields(lease_seconds, progress, message,
                                                         checkpoint)
-        return self._object("POST", f"/jobs/{int(job_id)}/heartbeat", body)
+        path = f"/jobs/{int(job_id)}/heartbeat"
+        attempt = 1
+        while True:
+            try:
+                return self._object("POST", path, body)
+            except TooManyRequests as too_soon:
+                if not wait_if_too_soon or attempt >= self.max_attempts:
+                    raise
+                attempt += 1
+                time.sleep(self._delay(attempt, too_soon.retry_after
+                                       if too_soon.retry_after is not None else 1.0))
 
     def complete(self, job_id: int, lease_token: str | None = None, *,
                  result: Mapping[str, Any] | None = None, traceparent: str | None = None,

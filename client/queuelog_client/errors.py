@@ -84,6 +84,11 @@ class ValidationFailed(ProblemError):
     """422: the request did not validate; `errors` maps each field to its messages."""
 
 
+class TooManyRequests(ProblemError):
+    """429: sent sooner than the server takes it (a job's heartbeats and checkpoints, once a
+    second each): nothing was done; `retry_after` says how many seconds to wait."""
+
+
 class ServerError(ProblemError):
     """5xx after every attempt."""
 
@@ -99,6 +104,7 @@ _BY_STATUS: dict[int, type[ProblemError]] = {
     409: Conflict,
     413: PayloadTooLarge,
     422: ValidationFailed,
+    429: TooManyRequests,
     503: ServiceUnavailable,
 }
 

@@ -1,5 +1,5 @@
 """Signatures of push deliveries: how queuelog signs each POST to a push type's endpoint, and
-how a receiver checks one (contract section 12).
+how a receiver checks one (docs/PUSH.md).
 
     Queuelog-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">,
                         v2=<hex HMAC-SHA256 of "<t>.<job id>.<attempt>.<body>">
@@ -12,7 +12,7 @@ id and be taken for a new job. v1 is still sent for receivers that do not check 
 receiver also refuses a `t` too far from its own clock, so that a delivery captured once
 cannot be replayed later.
 
-Reservations' checks (contract section 18) are signed the same way, with the request's raw
+Reservations' checks (docs/JOBS.md, Reserved jobs) are signed the same way, with the request's raw
 query string standing for the body: GET <check url>?job_id=<id>&idempotency_key=<key> under
 the producer key's check secret. `verify_check` checks one in the producer's check endpoint.
 """

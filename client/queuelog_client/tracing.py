@@ -1,4 +1,4 @@
-"""W3C trace context for the client and the runner (contract §20), with OpenTelemetry when the
+"""W3C trace context for the client and the runner (docs/TRACING.md), with OpenTelemetry when the
 process has it and without it otherwise.
 
 A producer's enqueue sends `traceparent`/`tracestate` headers: those given, else (OpenTelemetry

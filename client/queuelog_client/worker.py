@@ -43,8 +43,10 @@ from queuelog_client.errors import (
     ProblemError,
     ServerError,
     ServerUnreachable,
+    TooManyRequests,
     ValidationFailed,
 )
+from queuelog_client.logs import stderr_unless_configured
 from queuelog_client.tracing import job_trace_headers, run_span
 
 __all__ = ["CancelRequested", "ClaimedJob", "Handler", "RetryLater", "Worker", "load_handler"]
@@ -67,6 +69,9 @@ FINAL_REPORT_SECONDS = 5.0
 # A heartbeat carries new progress at most this often beyond its usual pace: prompt enough to
 # watch, and a handler calling job.progress() in a tight loop still sends a request a second.
 PROGRESS_EVERY_SECONDS = 1.0
+# The server takes one heartbeat a second per job (or one per half lease, for a lease under
+# two seconds): the runner beats every third of the lease, never sooner than that.
+HEARTBEAT_SPACING_SECONDS = 1.0
 # The server's bounds of a heartbeat's progress (tests/client/test_running_jobs.py checks
 # them against /openapi.json): done and total within JSON's exact integers, a message cut.
 MAX_PROGRESS = 2**53 - 1
@@ -116,11 +121,16 @@ class ClaimedJob(dict[str, Any]):
         # The runner's heartbeat thread: "beat for this job at this monotonic time".
         self._beat_soon = beat_soon
         self._progress = _ProgressMailbox()
+        # Set while checkpoint() sends its heartbeat (waiting out a 429 included): that
+        # heartbeat keeps the lease, and the runner's own would only be refused in its way.
+        self._checkpointing = threading.Event()
 
     def dependencies(self) -> list[dict[str, Any]]:
         """The jobs this one depends on, in its `depends_on` order, each `{"id", "type",
         "status", "result"}` ([] for a job without dependencies): what the jobs before it
-        in a workflow produced. Read from the server on the first call only (a claim does
+        in a workflow produced. Every entry of depends_on is there, one removed by the
+        server's retention since with `"status": "removed"` and no type or result. Read from
+        the server on the first call only (a claim does
         not carry them); an error reaching the server is raised here and, unless the handler
         catches it, fails the attempt like any other exception."""
         with self._lock:
@@ -188,15 +198,22 @@ class ClaimedJob(dict[str, Any]):
 
     def checkpoint(self, state: Mapping[str, Any]) -> None:
         """Save `state` (a JSON object) for the job's next attempt, which finds it in
-        `job["checkpoint"]`: a heartbeat sent now, durable once this returns. Raises
+        `job["checkpoint"]`: a heartbeat sent now, durable once this returns. The server
+        saves one checkpoint a second per job (and takes one heartbeat a second): sent
+        sooner, it is sent again after the Retry-After of its 429, so this may wait up to a
+        second or two. Raises
         Conflict when the lease was lost (another attempt owns the job: stop),
         ValidationFailed when the server refuses the state (larger than a payload may be),
         and ServerUnreachable when the server did not answer for as long as the lease."""
         body = dict(state)
         within = float(self._lease_seconds or CHECKPOINT_TRY_SECONDS)
-        answer = _until_answered(lambda: self._client.heartbeat(
-            int(self["id"]), self._lease_token, lease_seconds=self._lease_seconds,
-            checkpoint=body), within)
+        self._checkpointing.set()
+        try:
+            answer = _until_answered(lambda: self._client.heartbeat(
+                int(self["id"]), self._lease_token, lease_seconds=self._lease_seconds,
+                checkpoint=body), within)
+        finally:
+            self._checkpointing.clear()
         self._heard(answer)
 
     def _heard(self, answer: Job) -> bool:
@@ -237,7 +254,10 @@ class _ProgressMailbox:
         self._latest: tuple[dict[str, int], str | None] | None = None
         self._recorded = 0  # calls of record(), numbering each progress
         self._sent = 0  # the number of the last progress a heartbeat delivered
-        self._sent_at = -math.inf
+        # When the server last took a heartbeat of this job (with progress or without): a
+        # progress beat comes no sooner than PROGRESS_EVERY_SECONDS after it, which is the
+        # server's pace too.
+        self._beat_at = -math.inf
         self._beat_planned = False
 
     def record(self, done: int, total: int, message: str | None, now: float) -> float | None:
@@ -249,7 +269,7 @@ class _ProgressMailbox:
             if self._beat_planned:
                 return None
             self._beat_planned = True
-            return max(now, self._sent_at + PROGRESS_EVERY_SECONDS)
+            return max(now, self._beat_at + PROGRESS_EVERY_SECONDS)
 
     def unsent(self) -> tuple[int, dict[str, int] | None, str | None]:
         """(its number, progress, message) of the latest progress not yet delivered, or
@@ -260,16 +280,23 @@ class _ProgressMailbox:
             return self._recorded, *self._latest
 
     def delivered(self, number: int, now: float) -> float | None:
-        """A heartbeat took progress `number` (0: none). When the next should carry a newer
-        one recorded meanwhile, or None."""
+        """The server took a heartbeat at `now`, carrying progress `number` (0: none). When
+        the next should carry a newer one recorded meanwhile, or None."""
         with self._lock:
+            self._beat_at = max(self._beat_at, now)
             if number > self._sent:
-                self._sent, self._sent_at = number, now
+                self._sent = number
             if self._recorded == self._sent:
                 self._beat_planned = False
                 return None
             self._beat_planned = True
-            return max(now, self._sent_at + PROGRESS_EVERY_SECONDS)
+            return max(now, self._beat_at + PROGRESS_EVERY_SECONDS)
+
+
+def heartbeat_interval(lease_seconds: float) -> float:
+    """How often the runner beats for a job of this lease: a third of it, so that two beats
+    may go astray before it runs out, but never sooner than the server takes them."""
+    return max(lease_seconds / 3, min(HEARTBEAT_SPACING_SECONDS, lease_seconds / 2))
 
 
 def _until_answered(send: Callable[[], Job], within: float) -> Job:
@@ -379,7 +406,14 @@ class Worker:
 
     def run(self, install_signal_handlers: bool = True) -> None:
         """Claim and run jobs until stop() (or SIGTERM/SIGINT), then let the held jobs
-        finish. Raises the ProblemError that made claiming impossible (e.g. 401, 403)."""
+        finish. Raises the ProblemError that made claiming impossible (e.g. 401, 403).
+
+        What it does is logged on the "queuelog_client" logger; in a program that
+        configured no logging, its INFO lines go to stderr (queuelog_client/logs.py)."""
+        with stderr_unless_configured():
+            self._run(install_signal_handlers)
+
+    def _run(self, install_signal_handlers: bool) -> None:
         restore = self._install_signal_handlers() if install_signal_handlers else {}
         heartbeats = threading.Thread(target=self._heartbeat_loop, name="queuelog-heartbeat",
                                       daemon=True)
@@ -487,7 +521,8 @@ class Worker:
                           beat_soon=lambda when: self._beat_soon(int(job["id"]), when))
         held = _HeldJob(job=job, view=view, lease_token=job.get("lease_token"),
                         lease_seconds=lease,
-                        next_heartbeat=time.monotonic() + lease / 3 if self.heartbeat_enabled
+                        next_heartbeat=time.monotonic() + heartbeat_interval(lease)
+                        if self.heartbeat_enabled
                         else math.inf)
         with self._changed:
             self._held[held.id] = held
@@ -645,13 +680,27 @@ class Worker:
                 self._changed.notify_all()
 
     def _beat(self, held: _HeldJob) -> None:
-        interval = held.lease_seconds / 3
+        interval = heartbeat_interval(held.lease_seconds)
+        if held.view._checkpointing.is_set():
+            # The handler's checkpoint is a heartbeat on its way: beat after it instead.
+            self._plan_beat(held, time.monotonic() + min(interval, HEARTBEAT_SPACING_SECONDS))
+            return
         number, progress, message = held.view._progress.unsent()
         try:
             answer = self.client.heartbeat(
                 held.id, held.lease_token, lease_seconds=held.lease_seconds,
                 progress=None if progress is None else (progress["done"], progress["total"]),
-                message=message)
+                message=message, wait_if_too_soon=False)
+        except TooManyRequests as exc:
+            # Sooner than the server takes this job's heartbeats (the handler's checkpoint
+            # beat just before, say): nothing was written, the lease stands. Beat again when
+            # it says, with the same progress; a lease under two seconds is beaten at half
+            # its length (the server's pace then), as Retry-After counts whole seconds.
+            wait = 1.0 if exc.retry_after is None else exc.retry_after
+            self._plan_beat(held, time.monotonic() + min(wait, held.lease_seconds / 2))
+            log.debug("job %s: heartbeat sooner than the server takes it; again in %.1f s",
+                      held.id, wait)
+            return
         except _UNREACHABLE as exc:
             # Sooner than usual: the lease runs out while the server is away.
             self._plan_beat(held, time.monotonic() + min(interval, 1.0))

@@ -33,6 +33,9 @@ NOT_ARGUMENTS = {
 # context, sent as headers (contract §20).
 PATH_ARGUMENTS = {"job_id"}
 HEADER_ARGUMENTS = {"traceparent", "tracestate"}
+# Arguments that say what the client does, not what it sends: a heartbeat answered 429
+# waits out its Retry-After and goes again, or raises (the runner plans its next beat).
+BEHAVIOUR_ARGUMENTS = {"wait_if_too_soon"}
 
 
 @pytest.fixture
@@ -51,7 +54,7 @@ def _body_schema(document: dict[str, Any], path: str) -> dict[str, Any]:
 
 def _arguments(method: Any) -> set[str]:
     return {name for name in inspect.signature(method).parameters
-            if name != "self"} - PATH_ARGUMENTS - HEADER_ARGUMENTS
+            if name != "self"} - PATH_ARGUMENTS - HEADER_ARGUMENTS - BEHAVIOUR_ARGUMENTS
 
 
 @pytest.mark.parametrize(("path", "method"), [

@@ -1,4 +1,4 @@
-"""The only place the SQL of failure groups lives (contract §19): the rows the failing
+"""The only place the SQL of failure groups lives (docs/OPERATIONS.md): the rows the failing
 transactions keep up to date, and what GET /failures, the dashboard's failures page and a
 retry by fingerprint read of them and of the attempts they count."""
 

@@ -12,7 +12,7 @@ class Outcome(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     LEASE_EXPIRED = "lease_expired"
-    CANCELLED = "cancelled"  # its cancel was requested while it ran (contract §17)
+    CANCELLED = "cancelled"  # its cancel was requested while it ran (docs/JOBS.md, Running jobs)
     TIMED_OUT = "timed_out"  # it ran past its job's timeout_seconds
 
 
@@ -30,9 +30,9 @@ class EventName(enum.StrEnum):
     REPLACED = "replaced"  # a unique enqueue's debounce gave this pending job its request
     DELIVERED = "delivered"  # the dispatcher's POST got an answer (its status in detail)
     READY = "ready"  # a waiting job's last dependency finished: pending
-    CANCEL_REQUESTED = "cancel_requested"  # of a running job; its holder is told (§17)
-    CONFIRMED = "confirmed"  # a reserved job made pending (§18); the detail says by what
-    RELEASED = "released"  # a reserved job cancelled (§18); the detail says by what
+    CANCEL_REQUESTED = "cancel_requested"  # of a running job; its holder is told (docs/JOBS.md)
+    CONFIRMED = "confirmed"  # a reserved job made pending (docs/JOBS.md); the detail says by what
+    RELEASED = "released"  # a reserved job cancelled (docs/JOBS.md); the detail says by what
 
 
 # The actor of the service's own acts (a lease rescue).

@@ -45,7 +45,7 @@ def _detail(**values: Any) -> str | None:
 
 class HistoryRecorder:
     """Writes attempts always, events unless `events` is off (QUEUELOG_JOB_EVENTS=0), and the
-    per-minute stats (contract §20) unless `stats` is off (QUEUELOG_STATS=0)."""
+    per-minute stats (docs/OPERATIONS.md) unless `stats` is off (QUEUELOG_STATS=0)."""
 
     def __init__(self, *, events: bool = True, stats: bool = True) -> None:
         self.events = events
@@ -156,8 +156,9 @@ class HistoryRecorder:
 
     def _close_attempts(self, conn: Connection, repo: HistoryRepository, outcome: Outcome,
                         jobs: Sequence[Job], now_us: int) -> None:
-        """End the jobs' attempts; a failed one is counted into its failure group (contract
-        §19), by the fingerprint of its error as stored (redacted)."""
+        """End the jobs' attempts; a failed one is counted into its failure group
+        (docs/OPERATIONS.md, Failure groups), by the fingerprint of its error as stored
+        (redacted)."""
         rows, failures = [], []
         for job in jobs:
             error = self._error(outcome, job)

@@ -1,4 +1,4 @@
-"""The only place the SQL of the queue's stats over time lives (contract §20): the per-minute
+"""The only place the SQL of the queue's stats over time lives (docs/OPERATIONS.md): the per-minute
 counts the job transactions add to, the pending depth the ticker writes, and their reads.
 
 A job transaction adds its counts to the row of (type, minute, slot) in one statement, its
