@@ -282,13 +282,7 @@ def test_the_explain_table_in_jobs_md_lists_every_reason_code() -> None:
 
 # Examples: each says whether the tests run it (tests/doc_examples.py has the convention).
 
-# Its commands are the benchmarks (bench/run_all.py), which no test runs; until its blocks
-# carry `<!-- not run: … -->` it is left out of this check.
-_UNMARKED_FOR_NOW = {"docs/BENCHMARKS.md"}
-
-
-@pytest.mark.parametrize("path", [doc for doc in DOCUMENTS if _named(doc) not in _UNMARKED_FOR_NOW],
-                         ids=_named)
+@pytest.mark.parametrize("path", DOCUMENTS, ids=_named)
 def test_every_example_says_whether_it_is_run(path: Path) -> None:
     unmarked = [block.where for block in doc_examples.read(path).unmarked]
     assert not unmarked, (
