@@ -8,11 +8,12 @@ deadline, whether its producer committed.
 
 The HMAC key is the producer key's check secret (`queuelog keys check-secret NAME`); the
 producer checks it with queuelog_client.signature.verify_check. 200 {"commit": true}
-confirms the job, {"commit": false} releases it; anything else (another status or body, a
-timeout, no connection) is asked again after a backoff, until the ticker releases the job 24
-hours after its deadline (app/jobs/reservations.py). Redirects are not followed. A check
-names its own job by id, and only its answer's commit is read: no answer can reach another
-job, let alone another producer's.
+confirms the job, {"commit": false} releases it (exactly these bodies: answered_commit);
+anything else (another status or body, a timeout, no connection) is asked again after a
+backoff, until the ticker releases the job 24 hours after its deadline
+(app/jobs/reservations.py). Redirects are not followed. A check names its own job by id, and
+an answer says nothing but its commit: no answer can reach another job, let alone another
+producer's.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 from urllib.parse import urlencode
 
 from app.core.clock import MICROS, Clock
@@ -49,18 +51,34 @@ def check_target(check_url: str, job_id: int, idempotency_key: str | None) -> tu
     return f"{base}?{query}", query
 
 
+class _NotAnAnswer(ValueError):
+    """The body is not exactly one of the two answers."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    if len({key for key, _ in pairs}) != len(pairs):
+        # JSON leaves duplicate keys to the reader; "last wins" would let
+        # {"commit": false, "commit": true} mean what a reader that keeps the first does not.
+        raise _NotAnAnswer("a key appears twice")
+    return dict(pairs)
+
+
 def answered_commit(status: int, body: bytes) -> bool | None:
-    """What a check's answer decides: True (commit), False (release), None (ask again)."""
+    """What a check's answer decides: True (commit), False (release), None (ask again).
+
+    Only 200 with a body that is exactly {"commit": true} or {"commit": false} (JSON, any
+    whitespace, UTF-8) decides: another key beside it, a key twice, a value that is not a
+    JSON boolean, anything else is no answer. The Content-Type is not read: the body is."""
     if status != 200:
         return None
     try:
-        answer = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
+        answer = json.loads(body.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
-    if not isinstance(answer, dict) or not isinstance(answer.get("commit"), bool):
+    if not isinstance(answer, dict) or list(answer) != ["commit"]:
         return None
-    commit: bool = answer["commit"]
-    return commit
+    commit = answer["commit"]
+    return commit if isinstance(commit, bool) else None
 
 
 def backoff_us(checks_before: int) -> int:

@@ -137,7 +137,13 @@ def test_a_checks_answer_decides_a_reservation_left_unanswered(
 @pytest.mark.parametrize("answer", [
     (500, b'{"commit": true}'), (200, b"yes"), (200, b'{"commit": "true"}'), (200, b"[]"),
     (302, b""), (200, b'{"commit": true, "pad": "' + b"x" * 5000 + b'"}'),
-], ids=["500", "not json", "a string", "not an object", "a redirect", "too long"])
+    (200, b'{"commit": false, "commit": true}'), (200, b'{"commit": true, "commit": false}'),
+    (200, b'{"commit": true, "commit": true}'), (200, b'{"commit": true, "job_id": 1}'),
+    (200, b'{"commit": 1}'), (200, b'{"commit": null}'), (200, b'[{"commit": true}]'),
+    (200, b'{"Commit": true}'), (200, b'{"commit": true}{"commit": true}'),
+], ids=["500", "not json", "a string", "not an object", "a redirect", "too long",
+        "a key twice, true last", "a key twice, false last", "a key twice, alike",
+        "another key", "a number", "null", "in an array", "another case", "two objects"])
 def test_any_other_answer_asks_again_after_a_backoff(api, client, producer, admin, clock,
                                                      checker, endpoint, answer):
     check = endpoint(lambda _job: answer)
@@ -198,16 +204,18 @@ def test_a_check_urls_credentials_are_sent_as_basic_auth_and_never_shown(
 def test_a_check_answers_for_its_own_job_alone(api, client, producer, admin, clock, checker,
                                               endpoint, make_key):
     """Two producers' reservations at one check url: each answer decides the job asked
-    about, whatever the body says of other jobs."""
+    about; an answer that says anything more (another job's id) decides nothing."""
     other = make_key("producer-2", "producer")
-    commits = {}
-    check = endpoint(lambda job: (200, json.dumps({"commit": commits[job],
-                                                   "job_id": 999}).encode()))
+    answers = {}
+    check = endpoint(lambda job: (200, answers[job]))
     mine = reserve(api, producer, check.url)
     theirs = reserve(api, other, check.url)
-    commits.update({mine: True, theirs: False})
+    third = reserve(api, other, check.url)
+    answers.update({mine: b'{"commit": true}', theirs: b'{"commit": false}',
+                    third: json.dumps({"commit": True, "job_id": mine}).encode()})
     clock.advance(30)
-    assert checker.run_once() == 2
+    assert checker.run_once() == 3
     assert api.get(admin, mine).json["status"] == "pending"
     assert api.get(admin, theirs).json["status"] == "cancelled"
+    assert api.get(admin, third).json["status"] == "reserved"
     assert SIGNATURE_HEADER not in check.asked[0].headers  # no check secret made yet
