@@ -14,7 +14,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from app.dispatch.checks import Checker, backoff_us
+from app.dispatch.check_rounds import Checker
+from app.dispatch.checks import backoff_us
 from app.dispatch.http import PushClient
 from queuelog_client.signature import SIGNATURE_HEADER, verify_check
 from tests.conftest import Api, Key
@@ -90,9 +91,23 @@ def endpoint(check_endpoint: CheckEndpoint) -> Callable[..., CheckEndpoint]:
     return answering
 
 
+class Rounds:
+    """The dispatcher's Checker a round at a time, each round's checks waited for."""
+
+    def __init__(self, checker: Checker) -> None:
+        self.checker = checker
+
+    def run_once(self) -> int:
+        taken = self.checker.run_once()
+        assert self.checker.wait_idle(timeout=30), "the round's checks did not end"
+        return taken
+
+
 @pytest.fixture
-def checker(app: Any, clock: Any) -> Checker:
-    return Checker(app.extensions["queuelog"].jobs.reservations, PushClient(4), clock)
+def checker(app: Any, clock: Any) -> Rounds:
+    services = app.extensions["queuelog"]
+    return Rounds(Checker(services.jobs.reservations, PushClient(4), clock,
+                          prefixes=services.jobs.settings.check_url_prefixes))
 
 
 def reserve(api: Api, producer: Key, check_url: str, **body: Any) -> int:
