@@ -199,9 +199,9 @@ SETTINGS: tuple[Setting, ...] = (
             "released at their deadline"),
     Setting("DISPATCH_CONCURRENCY", 16, _int_in(1, 256),
             "deliveries the dispatcher makes at once (its --concurrency default)"),
-    Setting("CHECK_CONCURRENCY", 32, _int_in(1, 256),
+    Setting("CHECK_CONCURRENCY", 64, _int_in(1, 256),
             "reservation checks the dispatcher asks at once (each on a thread of its own)"),
-    Setting("CHECK_ORIGIN_CONCURRENCY", 4, _int_in(1, 256),
+    Setting("CHECK_ORIGIN_CONCURRENCY", 16, _int_in(1, 256),
             "of those, the most at one origin (scheme://host:port): a check url that hangs "
             "holds no more threads than this, and the checks of other origins go on"),
     Setting("CHECK_TIMEOUT_SECONDS", 5.0, _float_in(0.5, 60),

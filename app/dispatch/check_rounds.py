@@ -43,7 +43,7 @@ CHECK_INTERVAL_SECONDS = 0.5
 # An origin's queue: this many checks for each request it may have in flight; and checks
 # taken (queued, asked or being recorded) at once: this many per thread. So origins that
 # hang fill the room no sooner than they hold every thread: concurrency / per_origin of them.
-QUEUED_PER_SLOT = 4
+QUEUED_PER_SLOT = 8
 # What a held check leaves beyond its wait and its timeout to record its answer.
 RECORD_SECONDS = 5.0
 # What a check of an origin never asked yet is guessed to take.
@@ -63,7 +63,6 @@ class _Origin:
     queued: deque[DueCheck] = field(default_factory=deque)
     asking: dict[int, float] = field(default_factory=dict)  # job id: when sent (monotonic)
     seconds: float = FIRST_GUESS_SECONDS  # the recent average a check takes
-    put_off_until: int = 0  # when the last check put off is due again (clock µs)
 
     @property
     def in_hand(self) -> int:
@@ -83,7 +82,6 @@ class _Plan:
     room: int
     in_hand: dict[str, int]
     pace: dict[str, float]
-    put_off_until: dict[str, int]
 
 
 class Checker:
@@ -109,7 +107,7 @@ class Checker:
         threads (daemons): one cut short is asked again once its hold ends."""
         while not stopping.is_set():
             try:
-                full = self._round()[1]
+                _taken, full, put_off_for = self._round()
             except Exception as exc:
                 if not self._failing:
                     log.warning("dispatch: reservation checks failed (%s); retrying",
@@ -121,7 +119,8 @@ class Checker:
                 log.warning("dispatch: reservation checks resumed")
                 self._failing = False
             if not full:
-                stopping.wait(CHECK_INTERVAL_SECONDS)
+                # Until the soonest check put off is due, if that comes first.
+                stopping.wait(min(CHECK_INTERVAL_SECONDS, put_off_for))
                 continue
             with self._lock:  # more may be due: as soon as there is room
                 self._lock.wait_for(lambda: self._held < self.max_held,
@@ -138,60 +137,58 @@ class Checker:
 
     # -- a round ------------------------------------------------------------------------
 
-    def _round(self) -> tuple[int, bool]:
-        """Take what fits of the checks due now: (how many, whether the round was full,
-        so that more may be due)."""
+    def _round(self) -> tuple[int, bool, float]:
+        """Take what fits of the checks due now: how many, whether the round was full (so
+        that more may be due now), and the seconds until the soonest check it put off is
+        due (CHECK_INTERVAL_SECONDS if none)."""
         plan = self._plan()
         if plan.room <= 0:
-            return 0, True
+            return 0, True, CHECK_INTERVAL_SECONDS
         looked = [0]
-        chosen: list[dict[str, int]] = []
-        timeout = self.settings.timeout_seconds
+        soonest = [latest_us := round(PUT_OFF_MAX_SECONDS * MICROS)]
+        per_origin = self.settings.per_origin
+        share = per_origin * QUEUED_PER_SLOT
 
         def choose(due: list[DueCheck], now_us: int) -> tuple[list[DueCheck],
                                                               dict[int, int]]:
             # Inside the round's transaction (on SQLite perhaps on another thread): reads
-            # the plan, its own copy, and changes nothing but its own locals.
+            # the plan, and changes nothing but its own locals.
             looked[0] = len(due)
-            in_hand = dict(plan.in_hand)
-            until = dict(plan.put_off_until)
+            in_hand = dict(plan.in_hand)  # with those put off: the origin's line
             take: list[DueCheck] = []
             put_off: dict[int, int] = {}
-            share = self.settings.per_origin * QUEUED_PER_SLOT
             for check in due:
                 origin = origin_of(check)
-                if in_hand.get(origin, 0) < share and len(take) < plan.room:
+                ahead = in_hand.get(origin, 0)
+                if ahead < share and len(take) < plan.room:
                     take.append(check)
-                    in_hand[origin] = in_hand.get(origin, 0) + 1
-                elif in_hand.get(origin, 0) >= share:
+                elif ahead >= share:
+                    # When its origin, at its pace, would come to it.
                     pace = plan.pace.get(origin, FIRST_GUESS_SECONDS)
-                    ahead = pace * (in_hand[origin] // self.settings.per_origin)
-                    at = (max(until.get(origin, 0), now_us + round(ahead * MICROS))
-                          + round(pace / self.settings.per_origin * MICROS))
-                    until[origin] = at
-                    put_off[check.reservation.job_id] = min(
-                        at, now_us + round(PUT_OFF_MAX_SECONDS * MICROS))
-            chosen[:] = [until]
+                    wait_us = min(round((ahead // per_origin) * pace * MICROS), latest_us)
+                    put_off[check.reservation.job_id] = now_us + wait_us
+                    soonest[0] = min(soonest[0], wait_us)
+                else:
+                    continue  # no room left this round: still due
+                in_hand[origin] = ahead + 1
             return take, put_off
 
-        wait = (QUEUED_PER_SLOT + 2) * timeout + RECORD_SECONDS
+        wait = (QUEUED_PER_SLOT + 2) * self.settings.timeout_seconds + RECORD_SECONDS
         taken = self.reservations.take_due_checks(plan.room, choose,
                                                   asking_us=round(wait * MICROS))
-        self._hand_out(taken, chosen[0] if chosen else {})
-        return len(taken), looked[0] >= plan.room
+        self._hand_out(taken)
+        return (len(taken), looked[0] >= plan.room,
+                min(soonest[0] / MICROS, CHECK_INTERVAL_SECONDS))
 
     def _plan(self) -> _Plan:
         timeout = self.settings.timeout_seconds
         with self._lock:
             return _Plan(self.max_held - self._held,
                          {name: o.in_hand for name, o in self._origins.items()},
-                         {name: o.pace(timeout) for name, o in self._origins.items()},
-                         {name: o.put_off_until for name, o in self._origins.items()})
+                         {name: o.pace(timeout) for name, o in self._origins.items()})
 
-    def _hand_out(self, checks: list[DueCheck], put_off_until: dict[str, int]) -> None:
+    def _hand_out(self, checks: list[DueCheck]) -> None:
         with self._lock:
-            for name, until in put_off_until.items():
-                self._origin(name).put_off_until = until
             for check in checks:
                 self._origin(origin_of(check)).queued.append(check)
             self._held += len(checks)

@@ -48,8 +48,8 @@ class CheckSettings:
     are documented): at most `concurrency` at once, at most `per_origin` of them at one
     origin, each answered whole within `timeout_seconds` or given up."""
 
-    concurrency: int = 32
-    per_origin: int = 4
+    concurrency: int = 64
+    per_origin: int = 16
     timeout_seconds: float = 5.0
 
 
