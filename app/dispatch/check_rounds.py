@@ -52,7 +52,7 @@ FIRST_GUESS_SECONDS = 0.05
 AVERAGE_WEIGHT = 0.2
 # A check put off is due again within this.
 PUT_OFF_MAX_SECONDS = 300.0
-# Origins remembered (their pace, their put-off cursor) while they have nothing in hand.
+# Origins remembered (their pace) while they have nothing in hand.
 IDLE_ORIGINS_KEPT = 1024
 
 
@@ -144,8 +144,9 @@ class Checker:
         plan = self._plan()
         if plan.room <= 0:
             return 0, True, CHECK_INTERVAL_SECONDS
+        latest_us = round(PUT_OFF_MAX_SECONDS * MICROS)
         looked = [0]
-        soonest = [latest_us := round(PUT_OFF_MAX_SECONDS * MICROS)]
+        soonest = [latest_us]
         per_origin = self.settings.per_origin
         share = per_origin * QUEUED_PER_SLOT
 

@@ -139,10 +139,12 @@ def test_a_hanging_check_url_holds_its_share_and_other_producers_checks_go_on(
         assert len(prompt.received) == 5
     finally:
         release.set()
-    # Once it answers, its checks are decided in turn, still two at a time.
+    # Once it answers, its checks are decided in turn, still two at a time; those put off
+    # while it hung were not counted as asked.
     wait_until(lambda: statuses(api, admin, stuck).count("pending") >= 6,
                "the released origin's checks to be decided")
     assert hanging.max_running == 2
+    assert {received.attempt for received in hanging.received} == {1}
 
 
 def test_the_dispatchers_checks_of_a_hanging_origin_never_keep_another_waiting(
