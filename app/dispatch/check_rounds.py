@@ -105,6 +105,9 @@ class Checker:
         """Ask due checks until `stopping` is set; a failed round is logged (once per
         outage) and tried again after the interval. Checks held then are left to their
         threads (daemons): one cut short is asked again once its hold ends."""
+        if not self.asker.prefixes:
+            log.warning("dispatch: QUEUELOG_CHECK_URL_ORIGINS is not set here: no "
+                        "reservation's check url will be asked (set it as the service's)")
         while not stopping.is_set():
             try:
                 _taken, full, put_off_for = self._round()
