@@ -269,7 +269,7 @@ def measure_checks(engine: str, directory: str, sizes: Sizes, repeats: int) -> C
             # The dispatcher's client: a connection per delivery thread and per check of one
             # origin in flight.
             checker = Checker(reservations, PushClient(16 + settings.per_origin), clock,
-                              prefixes=(receiver.prefix,), settings=settings)
+                              settings)
             reserve_many(app, token, receiver.url, WARM_RESERVATIONS)  # warm, not measured
             ask_all(checker, WARM_RESERVATIONS)
             for repeat in range(repeats):

@@ -52,14 +52,24 @@ def check_url_refusal(url: str, prefixes: tuple[str, ...]) -> str | None:
         return "it names no http or https host"
     if not prefixes:
         return "QUEUELOG_CHECK_URL_ORIGINS is not set: the operator allows no check url"
+    disguised = disguised_step_refusal(url)
+    if disguised is not None:
+        return disguised
     path = _path_of(url)
-    if _hides_a_step(path):
-        return ("its path holds a dot segment or a slash in disguise (%2e%2e, ..;, %2f, %5c "
-                "or a backslash): write the path plainly")
     for prefix in prefixes:
         if push_origin(prefix) == origin and path.startswith(_path_of(prefix)):
             return None
     return "it does not start with one of QUEUELOG_CHECK_URL_ORIGINS (the operator's list)"
+
+
+def disguised_step_refusal(url: str) -> str | None:
+    """Why a check url's path may not be sent as it is (None: it may): the part of the
+    check url rule that needs no prefix list, so the dispatcher applies it again to the
+    urls stored before it."""
+    if _hides_a_step(_path_of(url)):
+        return ("its path holds a dot segment or a slash in disguise (%2e%2e, ..;, %2f, %5c "
+                "or a backslash): write the path plainly")
+    return None
 
 
 def _hides_a_step(path: str) -> bool:

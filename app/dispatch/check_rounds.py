@@ -87,12 +87,11 @@ class _Plan:
 class Checker:
     """Asks due checks on its own threads (started as needed); thread-safe."""
 
-    def __init__(self, reservations: Reservations, client: PushClient, clock: Clock, *,
-                 prefixes: tuple[str, ...],
+    def __init__(self, reservations: Reservations, client: PushClient, clock: Clock,
                  settings: CheckSettings | None = None) -> None:
         self.reservations = reservations
         self.settings = settings or CheckSettings()
-        self.asker = CheckAsker(reservations, client, clock, prefixes=prefixes,
+        self.asker = CheckAsker(reservations, client, clock,
                                 timeout_seconds=self.settings.timeout_seconds)
         self.max_held = self.settings.concurrency * QUEUED_PER_SLOT
         self._lock = threading.Condition()
@@ -105,9 +104,6 @@ class Checker:
         """Ask due checks until `stopping` is set; a failed round is logged (once per
         outage) and tried again after the interval. Checks held then are left to their
         threads (daemons): one cut short is asked again once its hold ends."""
-        if not self.asker.prefixes:
-            log.warning("dispatch: QUEUELOG_CHECK_URL_ORIGINS is not set here: no "
-                        "reservation's check url will be asked (set it as the service's)")
         while not stopping.is_set():
             try:
                 _taken, full, put_off_for = self._round()

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from app.core.clock import MICROS, Clock
-from app.core.origins import check_url_refusal
+from app.core.origins import disguised_step_refusal
 from app.core.redaction import display_url
 from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
 from app.jobs.reservation_repository import DueCheck
@@ -103,11 +103,10 @@ class CheckAsker:
     """Asks one check and records what its answer decides; thread-safe."""
 
     def __init__(self, reservations: Reservations, client: PushClient, clock: Clock, *,
-                 prefixes: tuple[str, ...], timeout_seconds: float) -> None:
+                 timeout_seconds: float) -> None:
         self.reservations = reservations
         self.client = client
         self.clock = clock
-        self.prefixes = prefixes
         self.timeout_seconds = timeout_seconds
 
     def ask(self, check: DueCheck, sent: Callable[[], None] = lambda: None) -> None:
@@ -116,11 +115,10 @@ class CheckAsker:
         reservation = check.reservation
         check_url = reservation.check_url or ""
         commit = None
-        refused = check_url_refusal(check_url, self.prefixes)
+        # A url stored before the rule refused such paths (a key's, say): never sent.
+        refused = disguised_step_refusal(check_url)
         try:
             if refused is not None:
-                # Taken before the operator's list (or the rule) changed: never sent,
-                # whatever it names, as a push url the allow list no longer admits.
                 why = f"not asked: the check url is refused: {refused}"
             else:
                 commit, why = self._send(check)

@@ -128,8 +128,7 @@ class Dispatcher:
     def _check_forever(self) -> None:
         """Ask the due checks of reservations until stop() (app/dispatch/check_rounds.py)."""
         Checker(self.jobs.reservations, self.client, self.clock,
-                prefixes=self.jobs.settings.check_url_prefixes,
-                settings=self.checks).run(self._stopping)
+                self.checks).run(self._stopping)
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -78,8 +78,7 @@ def checking(app: Any) -> Iterator[Callable[[CheckSettings], Checker]]:
     def start(settings: CheckSettings) -> Checker:
         services = app.extensions["queuelog"]
         checker = Checker(services.jobs.reservations, PushClient(16), services.clock,
-                          prefixes=services.jobs.settings.check_url_prefixes,
-                          settings=settings)
+                          settings)
         thread = threading.Thread(target=checker.run, args=(stopping,), daemon=True)
         thread.start()
         threads.append(thread)
@@ -175,8 +174,8 @@ def test_the_dispatchers_checks_of_a_hanging_origin_never_keep_another_waiting(
 
 def test_a_stored_check_url_the_rule_now_refuses_is_never_asked(
         app, api, producer, admin, endpoints, checking):
-    """A key's check url stored before the operator's list (or the rule) changed: its
-    reservations take it, and their checks are never sent; each counts as unanswered."""
+    """A key's check url stored before the rule refused disguised steps: its reservations
+    take it, and their checks are never sent; each counts as unanswered."""
     target = endpoints[0]
     with app.extensions["queuelog"].db.write() as conn:
         KeyRepository(conn).set_check_url(

@@ -106,8 +106,7 @@ class Rounds:
 @pytest.fixture
 def checker(app: Any, clock: Any) -> Rounds:
     services = app.extensions["queuelog"]
-    return Rounds(Checker(services.jobs.reservations, PushClient(4), clock,
-                          prefixes=services.jobs.settings.check_url_prefixes))
+    return Rounds(Checker(services.jobs.reservations, PushClient(4), clock))
 
 
 def reserve(api: Api, producer: Key, check_url: str, **body: Any) -> int:
