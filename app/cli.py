@@ -605,6 +605,7 @@ def dispatch(concurrency: int | None, metrics_port: int | None, only_if_enabled:
     """Deliver the jobs of push types to their endpoints, until SIGTERM (then exit 0)."""
     import logging
 
+    from app.dispatch.checks import CheckSettings
     from app.dispatch.dispatcher import Dispatcher
     from app.dispatch.metrics import DispatchMetrics
 
@@ -619,7 +620,10 @@ def dispatch(concurrency: int | None, metrics_port: int | None, only_if_enabled:
     dispatcher = Dispatcher(services.jobs, services.types,
                             concurrency=concurrency or config["DISPATCH_CONCURRENCY"],
                             grace_seconds=config["DISPATCH_GRACE_SECONDS"], metrics=metrics,
-                            clock=services.clock)
+                            clock=services.clock,
+                            checks=CheckSettings(config["CHECK_CONCURRENCY"],
+                                                 config["CHECK_ORIGIN_CONCURRENCY"],
+                                                 config["CHECK_TIMEOUT_SECONDS"]))
     dispatcher.install_signal_handlers()
     dispatcher.run()
 

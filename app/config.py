@@ -199,6 +199,14 @@ SETTINGS: tuple[Setting, ...] = (
             "released at their deadline"),
     Setting("DISPATCH_CONCURRENCY", 16, _int_in(1, 256),
             "deliveries the dispatcher makes at once (its --concurrency default)"),
+    Setting("CHECK_CONCURRENCY", 64, _int_in(1, 256),
+            "reservation checks the dispatcher asks at once (each on a thread of its own)"),
+    Setting("CHECK_ORIGIN_CONCURRENCY", 16, _int_in(1, 256),
+            "of those, the most at one origin (scheme://host:port): a check url that hangs "
+            "holds no more threads than this, and the checks of other origins go on"),
+    Setting("CHECK_TIMEOUT_SECONDS", 5.0, _float_in(0.5, 60),
+            "how long a check may take, connecting to reading the whole answer; then it is "
+            "asked again after the backoff"),
     Setting("DISPATCH_GRACE_SECONDS", 20.0, _float_in(0, 900),
             "on SIGTERM, how long deliveries in flight may take to finish before they are "
             "released (retried at once by the next claim)"),

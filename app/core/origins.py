@@ -5,6 +5,8 @@ the packages above it."""
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
@@ -50,11 +52,40 @@ def check_url_refusal(url: str, prefixes: tuple[str, ...]) -> str | None:
         return "it names no http or https host"
     if not prefixes:
         return "QUEUELOG_CHECK_URL_ORIGINS is not set: the operator allows no check url"
+    disguised = disguised_step_refusal(url)
+    if disguised is not None:
+        return disguised
     path = _path_of(url)
     for prefix in prefixes:
         if push_origin(prefix) == origin and path.startswith(_path_of(prefix)):
             return None
     return "it does not start with one of QUEUELOG_CHECK_URL_ORIGINS (the operator's list)"
+
+
+def disguised_step_refusal(url: str) -> str | None:
+    """Why a check url's path may not be sent as it is (None: it may): the part of the
+    check url rule that needs no prefix list, so the dispatcher applies it again to the
+    urls stored before it."""
+    if _hides_a_step(_path_of(url)):
+        return ("its path holds a dot segment or a slash in disguise (%2e%2e, ..;, %2f, %5c "
+                "or a backslash): write the path plainly")
+    return None
+
+
+def _hides_a_step(path: str) -> bool:
+    """Whether a path (literal dot segments already resolved, as the client resolves them)
+    holds a segment that a receiver's decoding could turn into a step out of the prefix: one
+    that decodes (as often as it decodes: a receiver may decode twice) to `.` or `..`,
+    before any `;parameters` too (`..;` is `..` to some servers), or to something holding a
+    `/` or a backslash. The prefix is compared on the path as sent; such a segment would make
+    that comparison say nothing of the path the receiver serves."""
+    for segment in path.split("/"):
+        decoded = segment
+        while "%" in decoded and (once := unquote(decoded)) != decoded:
+            decoded = once
+        if "/" in decoded or "\\" in decoded or decoded.split(";")[0] in {".", ".."}:
+            return True
+    return False
 
 
 def _path_of(url: str) -> str:

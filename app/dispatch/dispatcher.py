@@ -12,8 +12,11 @@ lease expiry would make it: the receiver may have acted on it) and the process e
 A dispatcher killed outright loses nothing either: its leases expire and the next claim
 takes the jobs back.
 
-One more thread asks the checks of reservations left unanswered past their deadline
-(app/dispatch/checks.py), about twice a second.
+One more thread looks for the checks of reservations left unanswered past their deadline,
+and `checks.concurrency` threads of their own ask them, at most `checks.per_origin` at one
+origin (app/dispatch/check_rounds.py). Deliveries and checks share the HTTP client: its
+pool holds, per host, a connection for each delivery thread and each check an origin may
+have in flight, so neither ever waits for the other's connections.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from app.core.clock import MICROS, Clock
 from app.core.errors import Conflict, NotFound, ServiceUnavailable, ValidationFailed
 from app.core.priorities import Priority
 from app.core.redaction import display_url, redact_error, scrub_url
-from app.dispatch.checks import Checker
+from app.dispatch.check_rounds import Checker
+from app.dispatch.checks import CheckSettings
 from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
 from app.dispatch.metrics import DispatchMetrics
 from app.dispatch.outcome import Kind, Outcome, outcome_of
@@ -54,8 +58,6 @@ log = logging.getLogger(__name__)
 DISPATCHER_NAME = "queuelog:dispatch"
 # Idle: wait this long before claiming again, doubling up to the maximum while nothing comes.
 IDLE_WAIT_SECONDS = (0.02, 0.5)
-# How often the checks of unanswered reservations are looked for.
-CHECK_INTERVAL_SECONDS = 0.5
 # Push settings are read again at most this often (a change applies within it).
 TARGETS_MAX_AGE_SECONDS = 1.0
 # What a delivery leaves of its lease to record the outcome: the deadline of a job that
@@ -92,6 +94,7 @@ def delivery_body(claimed: Claimed) -> bytes:
 class Dispatcher:
     def __init__(self, jobs: JobService, types: TypeService, *, concurrency: int,
                  grace_seconds: float, metrics: DispatchMetrics, clock: Clock,
+                 checks: CheckSettings | None = None,
                  client: PushClient | None = None) -> None:
         self.jobs = jobs
         self.types = types
@@ -99,7 +102,9 @@ class Dispatcher:
         self.grace_seconds = grace_seconds
         self.metrics = metrics
         self.clock = clock
-        self.client = client or PushClient(max_connections_per_host=concurrency)
+        self.checks = checks or CheckSettings()
+        self.client = client or PushClient(
+            max_connections_per_host=concurrency + self.checks.per_origin)
         self.caller = dispatcher_caller()
         self.max_body_bytes = jobs.max_payload_bytes
         self._stopping = threading.Event()
@@ -121,16 +126,9 @@ class Dispatcher:
             self._lock.notify_all()
 
     def _check_forever(self) -> None:
-        """Ask the due checks of reservations until stop(); a failure is logged and the next
-        round tries again (an outage of the database included)."""
-        checker = Checker(self.jobs.reservations, self.client, self.clock)
-        while not self._stopping.wait(CHECK_INTERVAL_SECONDS):
-            try:
-                while checker.run_once() and not self._stopping.is_set():
-                    pass  # a full batch: more may be due
-            except Exception as exc:
-                log.warning("dispatch: reservation checks failed (%s); retrying",
-                            type(exc).__name__)
+        """Ask the due checks of reservations until stop() (app/dispatch/check_rounds.py)."""
+        Checker(self.jobs.reservations, self.client, self.clock,
+                self.checks).run(self._stopping)
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, _frame: FrameType | None) -> None:

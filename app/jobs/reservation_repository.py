@@ -4,7 +4,7 @@ app/jobs/reservations.py."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,9 @@ _insert = DriverStatement(insert(job_reservations).values(
     check_url=func.coalesce(bindparam("own_check_url"), _key_check_url),
     checks=literal_column("0"), next_check_at=bindparam("confirm_by")))
 _UNRESOLVED = job_reservations.c.outcome.is_(None)
+_put_off = (update(job_reservations)
+            .where(job_reservations.c.job_id == bindparam("put_off_id"), _UNRESOLVED)
+            .values(next_check_at=bindparam("put_off_at")))
 
 
 def _due_checks(now_us: int, limit: int) -> Any:
@@ -113,18 +116,26 @@ class ReservationRepository:
         their job's producer and idempotency key and the producer key's check secret."""
         return self._due_checks(_due_checks(now_us, limit))
 
-    def take_due_checks(self, now_us: int, until_us: int, limit: int) -> list[DueCheck]:
-        """As due_checks, each moved to `until_us` (the time its asking may take) in this
-        transaction: another dispatcher, here or on another host, does not ask it too
-        meanwhile. On PostgreSQL the rows another one is taking are skipped."""
-        due = self._due_checks(_due_checks(now_us, limit).with_for_update(
+    def lock_due_checks(self, now_us: int, limit: int) -> list[DueCheck]:
+        """As due_checks, locked for this transaction on PostgreSQL, skipping the rows
+        another dispatcher is taking (SQLite's writer holds them all)."""
+        return self._due_checks(_due_checks(now_us, limit).with_for_update(
             of=job_reservations, skip_locked=True))
-        if due:
+
+    def hold_checks(self, job_ids: Collection[int], until_us: int) -> None:
+        """These reservations' checks are being asked: due again at `until_us` (their count
+        unchanged), when a dispatcher that died asking leaves them. At most a round's."""
+        if job_ids:
             self.conn.execute(update(job_reservations)
-                              .where(job_reservations.c.job_id.in_(
-                                  sorted(check.reservation.job_id for check in due)))
+                              .where(job_reservations.c.job_id.in_(sorted(job_ids)))
                               .values(next_check_at=until_us))
-        return due
+
+    def put_off_checks(self, due_at: Mapping[int, int]) -> None:
+        """These reservations' checks (job id: when) are due again then, their count
+        unchanged. At most a round's, in one statement run for each."""
+        if due_at:
+            self.conn.execute(_put_off, [{"put_off_id": job_id, "put_off_at": at}
+                                         for job_id, at in sorted(due_at.items())])
 
     def _due_checks(self, stmt: Any) -> list[DueCheck]:
         width = len(job_reservations.c)

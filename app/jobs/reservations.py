@@ -11,7 +11,7 @@ the other outcome is 409.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from app.core.callers import Caller
@@ -35,6 +35,9 @@ GIVE_UP_AFTER_US = 24 * 3600 * MICROS
 CONFIRMED = "confirmed"
 RELEASED = "released"
 _OUTCOME = {Transition.CONFIRM: CONFIRMED, Transition.RELEASE_RESERVATION: RELEASED}
+# Of the due checks given (and now): those to ask now, and those to put off, by job id, with
+# when each is due again.
+ChooseChecks = Callable[[list[DueCheck], int], tuple[list[DueCheck], dict[int, int]]]
 
 
 class Reservations:
@@ -101,12 +104,23 @@ class Reservations:
         now = self.now()
         return self.uow.read(lambda tx: tx.reservations.due_checks(now, limit))
 
-    def take_due_checks(self, limit: int, asking_us: int) -> list[DueCheck]:
-        """The reservations whose check is due now, each held for `asking_us` (the time its
-        check may take) so that no other dispatcher asks it meanwhile."""
+    def take_due_checks(self, limit: int, choose: ChooseChecks, *,
+                        asking_us: int) -> list[DueCheck]:
+        """Up to `limit` reservations whose check is due now, soonest first, given to
+        `choose` (with now), which says which to ask now and which to put off until when:
+        those asked are held for `asking_us` (the time a check may take) so that no other
+        dispatcher asks them meanwhile, those put off are due again then (their count of
+        checks unchanged), the rest stay due. Returns those to ask. `choose` runs inside
+        the transaction and must do nothing but choose."""
         now = self.now()
-        return self.uow.run(lambda tx: tx.reservations.take_due_checks(
-            now, now + asking_us, limit))
+
+        def take(tx: JobsTx) -> list[DueCheck]:
+            ask, put_off = choose(tx.reservations.lock_due_checks(now, limit), now)
+            tx.reservations.hold_checks([c.reservation.job_id for c in ask], now + asking_us)
+            tx.reservations.put_off_checks(put_off)
+            return ask
+
+        return self.uow.run(take)
 
     def answer_check(self, job_id: int, *, commit: bool, check_url: str) -> bool:
         """The check's answer: commit confirms, else releases; False when the job was

@@ -1,5 +1,6 @@
 """A real receiving endpoint on loopback for push tests and the benchmark: a threaded HTTP
-server that records each delivery and answers as its `answer` function says."""
+server that records each delivery (a POST) or reservation check (a GET) and answers as its
+`answer` function says."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ class Received:
     headers: dict[str, str]
     verified: bool
     at: float  # time.monotonic()
+    method: str = "POST"
+    query: str = ""  # a check's raw query string (what its signature covers)
 
 
 @dataclass
@@ -63,6 +66,9 @@ class Receiver:
                 raw = self.rfile.read(length)
                 receiver._handle(self, raw)
 
+            def do_GET(self) -> None:
+                receiver._handle(self, b"", query=self.path.partition("?")[2])
+
             def log_message(self, *_args: Any) -> None:
                 pass
 
@@ -73,10 +79,13 @@ class Receiver:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
 
-    def _handle(self, handler: http.server.BaseHTTPRequestHandler, raw: bytes) -> None:
+    def _handle(self, handler: http.server.BaseHTTPRequestHandler, raw: bytes,
+                query: str | None = None) -> None:
         headers = {name: value for name, value in handler.headers.items()}
+        # A check signs its query as a delivery signs its body.
+        signed = raw if query is None else query.encode("ascii")
         verified = bool(self.secret) and verify_signature(
-            self.secret, headers.get("Queuelog-Signature"), raw,
+            self.secret, headers.get("Queuelog-Signature"), signed,
             job_id=headers.get("Queuelog-Job-Id", ""),
             attempt=headers.get("Queuelog-Attempt", ""))
         try:
@@ -85,7 +94,7 @@ class Receiver:
             body = {}
         received = Received(int(headers.get("Queuelog-Job-Id") or 0),
                             int(headers.get("Queuelog-Attempt") or 0), body, headers, verified,
-                            time.monotonic())
+                            time.monotonic(), "POST" if query is None else "GET", query or "")
         with self.lock:
             if self.record:
                 self.received.append(received)

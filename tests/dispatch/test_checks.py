@@ -14,7 +14,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from app.dispatch.checks import Checker, backoff_us
+from app.dispatch.check_rounds import Checker
+from app.dispatch.checks import backoff_us
 from app.dispatch.http import PushClient
 from queuelog_client.signature import SIGNATURE_HEADER, verify_check
 from tests.conftest import Api, Key
@@ -90,9 +91,22 @@ def endpoint(check_endpoint: CheckEndpoint) -> Callable[..., CheckEndpoint]:
     return answering
 
 
+class Rounds:
+    """The dispatcher's Checker a round at a time, each round's checks waited for."""
+
+    def __init__(self, checker: Checker) -> None:
+        self.checker = checker
+
+    def run_once(self) -> int:
+        taken = self.checker.run_once()
+        assert self.checker.wait_idle(timeout=30), "the round's checks did not end"
+        return taken
+
+
 @pytest.fixture
-def checker(app: Any, clock: Any) -> Checker:
-    return Checker(app.extensions["queuelog"].jobs.reservations, PushClient(4), clock)
+def checker(app: Any, clock: Any) -> Rounds:
+    services = app.extensions["queuelog"]
+    return Rounds(Checker(services.jobs.reservations, PushClient(4), clock))
 
 
 def reserve(api: Api, producer: Key, check_url: str, **body: Any) -> int:
@@ -137,7 +151,13 @@ def test_a_checks_answer_decides_a_reservation_left_unanswered(
 @pytest.mark.parametrize("answer", [
     (500, b'{"commit": true}'), (200, b"yes"), (200, b'{"commit": "true"}'), (200, b"[]"),
     (302, b""), (200, b'{"commit": true, "pad": "' + b"x" * 5000 + b'"}'),
-], ids=["500", "not json", "a string", "not an object", "a redirect", "too long"])
+    (200, b'{"commit": false, "commit": true}'), (200, b'{"commit": true, "commit": false}'),
+    (200, b'{"commit": true, "commit": true}'), (200, b'{"commit": true, "job_id": 1}'),
+    (200, b'{"commit": 1}'), (200, b'{"commit": null}'), (200, b'[{"commit": true}]'),
+    (200, b'{"Commit": true}'), (200, b'{"commit": true}{"commit": true}'),
+], ids=["500", "not json", "a string", "not an object", "a redirect", "too long",
+        "a key twice, true last", "a key twice, false last", "a key twice, alike",
+        "another key", "a number", "null", "in an array", "another case", "two objects"])
 def test_any_other_answer_asks_again_after_a_backoff(api, client, producer, admin, clock,
                                                      checker, endpoint, answer):
     check = endpoint(lambda _job: answer)
@@ -198,16 +218,18 @@ def test_a_check_urls_credentials_are_sent_as_basic_auth_and_never_shown(
 def test_a_check_answers_for_its_own_job_alone(api, client, producer, admin, clock, checker,
                                               endpoint, make_key):
     """Two producers' reservations at one check url: each answer decides the job asked
-    about, whatever the body says of other jobs."""
+    about; an answer that says anything more (another job's id) decides nothing."""
     other = make_key("producer-2", "producer")
-    commits = {}
-    check = endpoint(lambda job: (200, json.dumps({"commit": commits[job],
-                                                   "job_id": 999}).encode()))
+    answers = {}
+    check = endpoint(lambda job: (200, answers[job]))
     mine = reserve(api, producer, check.url)
     theirs = reserve(api, other, check.url)
-    commits.update({mine: True, theirs: False})
+    third = reserve(api, other, check.url)
+    answers.update({mine: b'{"commit": true}', theirs: b'{"commit": false}',
+                    third: json.dumps({"commit": True, "job_id": mine}).encode()})
     clock.advance(30)
-    assert checker.run_once() == 2
+    assert checker.run_once() == 3
     assert api.get(admin, mine).json["status"] == "pending"
     assert api.get(admin, theirs).json["status"] == "cancelled"
+    assert api.get(admin, third).json["status"] == "reserved"
     assert SIGNATURE_HEADER not in check.asked[0].headers  # no check secret made yet

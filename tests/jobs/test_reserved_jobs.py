@@ -189,6 +189,32 @@ def test_bad_reserves_are_422s_naming_the_field(api, producer, admin, body, fiel
     assert [job["status"] for job in api.list(admin).json["jobs"]] in ([], ["pending"])
 
 
+@pytest.mark.parametrize("path", [
+    "%2e%2e/metrics", "%2E./metrics", ".%2e/metrics", "..%2fmetrics", "..%2Fmetrics",
+    "a%2f..%2f..%2fmetrics", "..%5cmetrics", "..\\metrics", "%252e%252e/metrics", "..;/metrics",
+    "%2e/check",
+])
+def test_a_check_url_hiding_a_step_out_of_its_prefix_is_a_422(api, producer, admin, path):
+    """A dot segment or a slash that only the receiver's decoding reveals would pass the
+    operator's prefix and reach another path of the host: refused as a literal `..` is."""
+    refused = reserve(api, producer, check={
+        "check_url": "https://shop.example/queuelog/" + path})
+
+    assert refused.status_code == 422, refused.json
+    assert list(refused.json["errors"]) == ["reserve.check_url"]
+    assert "in disguise" in refused.json["detail"]
+    assert api.list(admin).json["jobs"] == []
+
+
+def test_a_check_urls_plain_dot_segments_are_resolved_within_the_prefix(api, producer):
+    within = reserve(api, producer, check={
+        "check_url": "https://shop.example/queuelog/v1/../check?shop=%2e%2e%2f"})
+    out = reserve(api, producer, check={"check_url": "https://shop.example/queuelog/../metrics"})
+
+    assert within.status_code == 201, within.json
+    assert out.status_code == 422 and list(out.json["errors"]) == ["reserve.check_url"]
+
+
 def test_a_reserve_replays_with_its_idempotency_key(api, producer):
     headers = {"Idempotency-Key": "order-1001"}
     first = reserve(api, producer, headers=headers)

@@ -114,6 +114,9 @@ def test_a_reservations_own_check_url_wins_over_its_keys(app, api, clock, shop):
     pytest.param("https://shop.example/queuelog/a b", id="space"),
     pytest.param("shop.example/queuelog/check", id="no scheme"),
     pytest.param(PREFIX + "x" * 2000, id="too long"),
+    pytest.param(PREFIX + "%2e%2e/metrics", id="encoded dots"),
+    pytest.param(PREFIX + "..%2Fmetrics", id="encoded slash"),
+    pytest.param(PREFIX + "..%5cmetrics", id="encoded backslash"),
 ])
 def test_a_refused_check_url_is_never_stored(app, keys, url):
     keys.create_key("plain", Role.PRODUCER)
