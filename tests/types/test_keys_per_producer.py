@@ -240,3 +240,15 @@ def test_patch_refuses_an_unknown_key_scope(api, admin):
     assert response.headers["Content-Type"].startswith("application/problem+json")
     assert api.client.get("/types", headers=admin.headers).json["types"][0]["key_scope"] \
         == "producer"
+
+
+def test_the_cli_sets_and_shows_the_key_scope(runner, client, admin):
+    result = runner.invoke(args=["types", "set", "email", "--ordering", "key",
+                                 "--key-scope", "shared"])
+    assert result.exit_code == 0, result.output
+    assert "key_scope=shared" in result.output
+    assert client.get("/types/email", headers=admin.headers).json["key_scope"] == "shared"
+    result = runner.invoke(args=["types", "set", "email", "--key-scope", "producer"])
+    assert "key_scope=producer" in result.output
+    bad = runner.invoke(args=["types", "set", "email", "--key-scope", "everyone"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
