@@ -110,17 +110,40 @@ class KeyRules:
         if not any(m.fair or m.ordered for m in modes.values()):
             return list(new)
         held = [job.id for job in sorted(new, key=lambda job: job.id)
-                if self._joins_behind(job, modes[job.type], now_us)]
+                if self._joins_behind(job, modes[job.type], now_us, in_id_order=True)]
         current = self._apply(Transition.HOLD, held, now_us, list(new))
         return self._numbered(current, modes, now_us)
 
-    def _joins_behind(self, job: Job, mode: KeyMode, now_us: int) -> bool:
-        """The job joins its ordered key: True when it must wait for another job's turn."""
+    def _joins_behind(self, job: Job, mode: KeyMode, now_us: int, *,
+                      in_id_order: bool = False) -> bool:
+        """The job joins its ordered key: True when it must wait for another job's turn.
+        `in_id_order` (a job entering, not a retry): a job older than the one whose turn it
+        is (a reserved job confirmed after later jobs of its key came) takes the turn back
+        while that one has not started, so the key's turns go in id order."""
         if not mode.ordered or job.concurrency_key is None:
             return False
-        holder = self.keys.take_turn(job.type, key_owner(job, mode), job.concurrency_key,
-                                     job.id, now_us)
-        return holder != job.id and job.status == JobStatus.PENDING
+        owner = key_owner(job, mode)
+        holder = self.keys.take_turn(job.type, owner, job.concurrency_key, job.id, now_us)
+        if holder == job.id:
+            return False
+        if in_id_order and holder > job.id and self._takes_turn_back(job, owner, holder,
+                                                                     now_us):
+            return False
+        return job.status == JobStatus.PENDING
+
+    def _takes_turn_back(self, job: Job, owner: str | None, holder_id: int,
+                         now_us: int) -> bool:
+        """The turn passes from the later job `holder_id` to `job` if that one has not
+        started (pending, held back again; or waiting for its dependencies, which may be
+        this very job: a dependent must never hold the turn its dependency waits for)."""
+        self.keys.hold_job_row(holder_id)
+        holder = self.jobs.get_job(holder_id)
+        if holder is None or holder.status not in (JobStatus.PENDING, JobStatus.WAITING):
+            return False
+        if holder.status == JobStatus.PENDING:
+            self._apply(Transition.HOLD, [holder_id], now_us, [holder])
+        self.keys.pass_turn(job.type, owner, job.concurrency_key or "", job.id, now_us)
+        return True
 
     # -- a transition's consequences ------------------------------------------------------
 

@@ -77,3 +77,21 @@ def test_a_chain_listed_backwards_runs_from_its_root(api, producer, worker, admi
     ids = _workflow(api, producer, jobs)
 
     assert _run_all(api, worker, length + 1) == [ids[f"n{n}"] for n in reversed(range(length))]
+
+
+def test_a_job_depending_on_a_reserved_job_of_its_key_lets_it_run_once_confirmed(
+        api, producer, worker, admin):
+    """A reserved job holds no turn until confirmed: a later job of its key that depends on it
+    takes the turn meanwhile. Confirmed, the older job takes the turn back, so the dependent
+    does not hold the turn its dependency waits for."""
+    _ordered(api, admin)
+    reserved = api.enqueue(producer, type="email", concurrency_key="cust-7",
+                           reserve={"confirm_within_seconds": 600}).json["id"]
+    dependent = api.enqueue(producer, type="email", concurrency_key="cust-7",
+                            depends_on=[reserved]).json["id"]
+    later = api.enqueue(producer, type="email", concurrency_key="cust-7").json["id"]
+    confirmed = api.client.post(f"/jobs/{reserved}/confirm", headers=producer.headers)
+    assert confirmed.status_code == 200, confirmed.json
+    assert confirmed.json["status"] == "pending"
+
+    assert _run_all(api, worker, 5) == [reserved, dependent, later]
