@@ -275,11 +275,14 @@ _LIMIT = click.IntRange(TYPE_LIMIT.min, TYPE_LIMIT.max)
               help="key: one job per concurrency key at a time, in enqueue order")
 @click.option("--on-failure", type=click.Choice(["skip", "block"]),
               help="an ordered key whose job failed: run its next job, or block the key")
+@click.option("--key-scope", type=click.Choice(["producer", "shared"]),
+              help="whose are the fair and ordered keys: each producer's own, or one key "
+                   "for every producer (see docs/FLOW-CONTROL.md for the risk)")
 def types_set(job_type: str, paused: bool | None, max_running: int | None,
               max_running_per_key: int | None, rate: float | None, burst: int | None,
               clear_max_running: bool, clear_max_running_per_key: bool, clear_rate: bool,
               clear_burst: bool, fairness: str | None, ordering: str | None,
-              on_failure: str | None) -> None:
+              on_failure: str | None, key_scope: str | None) -> None:
     """Change a type's settings (the others stay); the next claim applies them."""
     patch: dict[str, object] = {}
     for name, mode in (("fairness", fairness), ("ordering", ordering)):
@@ -287,6 +290,8 @@ def types_set(job_type: str, paused: bool | None, max_running: int | None,
             patch[name] = None if mode == "off" else mode
     if on_failure is not None:
         patch["on_failure"] = on_failure
+    if key_scope is not None:
+        patch["key_scope"] = key_scope
     for name, value, clear in (("max_running", max_running, clear_max_running),
                                ("max_running_per_key", max_running_per_key,
                                 clear_max_running_per_key),
@@ -311,7 +316,7 @@ def types_set(job_type: str, paused: bool | None, max_running: int | None,
                f"max_running_per_key={_limit_text(s.max_running_per_key)} "
                f"rate_per_second={_limit_text(s.rate_per_second)} burst={_burst_text(s)} "
                f"fairness={s.fairness or 'off'} ordering={s.ordering or 'off'} "
-               f"on_failure={s.on_failure or 'skip'}")
+               f"on_failure={s.on_failure or 'skip'} key_scope={s.key_scope or 'producer'}")
 
 
 schedules_group = AppGroup("schedules", help="List, create, pause, resume and delete "

@@ -150,9 +150,10 @@ LISTED = {
                           more="a key's first job takes its turn (key_turns); each later one "
                                "is held waiting behind it (an UPDATE, an ix_jobs_waiting_key "
                                "entry)"),
-    "fair key": Writes(columns=("concurrency_key", "fair_round"),
-                       more="its round (a look-up of the key's last, an UPDATE); entries in "
-                            "ix_jobs_fair_order and ix_jobs_fair_key"),
+    "fair key": Writes(columns=("concurrency_key", "fair_round", "fair_key_round"),
+                       more="its rounds (look-ups of its key's last and its producer's, an "
+                            "UPDATE); entries in ix_jobs_fair_order, ix_jobs_fair_key, "
+                            "ix_jobs_fair_producer_key and ix_jobs_fair_producer_order"),
     "unique key": Writes(columns=("unique_key", "unique_scope", "unique_while"),
                          more="a uq_jobs_producer_unique_scope entry"),
     "Idempotency-Key": Writes(columns=("idempotency_key", "request_fingerprint"),

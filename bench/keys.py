@@ -173,10 +173,11 @@ def hold_backlog_in_sql(conn: Connection, now_us: int) -> None:
     Transition.HOLD): each key's turn is its oldest unfinished job, its other pending jobs
     wait. Only for a backlog update_type failed to hold."""
     conn.execute(text(
-        "INSERT INTO key_turns (type, concurrency_key, job_id, blocked, since) "
-        "SELECT type, concurrency_key, MIN(id), 0, :now FROM jobs "
+        "INSERT INTO key_turns (type, producer, concurrency_key, job_id, blocked, since) "
+        "SELECT type, producer, concurrency_key, MIN(id), 0, :now FROM jobs "
         "WHERE type = :type AND concurrency_key IS NOT NULL "
-        "AND status IN ('pending', 'running', 'waiting') GROUP BY type, concurrency_key"),
+        "AND status IN ('pending', 'running', 'waiting') "
+        "GROUP BY type, producer, concurrency_key"),
         {"type": JOB_TYPE, "now": now_us})
     conn.execute(text(
         "UPDATE jobs SET status = 'waiting', updated_at = :now "

@@ -300,7 +300,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0020"
+        assert current_revision(conn) == head_revision() == "0021_keys_per_producer"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
@@ -316,7 +316,7 @@ def test_postgres_tables_carry_the_storage_parameters_of_0011(empty_db_url, engi
     database = Database(make_engine(empty_db_url))
     if engine_name == "sqlite":
         with database.read() as conn:
-            assert current_revision(conn) == "0020"
+            assert current_revision(conn) == "0021_keys_per_producer"
         database.engine.dispose()
         return
     with database.read() as conn:
@@ -578,13 +578,14 @@ def test_fair_share_and_ordered_keys_migration_keeps_the_stored_jobs_and_types(e
     assert (changed.json["ordering"], changed.json["fairness"]) == ("key", "key")
     # Each key's turn is its running job, else its oldest unfinished one (not its highest
     # priority); the rest of the key waits. The key's and the keyless pending jobs are
-    # numbered, each its key's first round.
+    # numbered, each its key's first round among its producer's keys, hence one round each
+    # among the producers (keys per producer, migration 0021).
     assert stored("SELECT type, concurrency_key, job_id, blocked FROM key_turns "
                   "ORDER BY concurrency_key") == [("email", "a", 2, 0), ("email", "b", 5, 0)]
     assert statuses() == {1: ("completed", None), 2: ("running", None), 3: ("waiting", None),
                           4: ("waiting", None), 5: ("pending", 0), 6: ("waiting", None),
                           7: ("failed", None), 8: ("pending", None), 9: ("cancelled", None),
-                          10: ("pending", 0)}
+                          10: ("pending", 1)}
     reasons = client.get("/jobs/3/explain", headers=admin).json["reasons"]
     assert (reasons[0]["code"], reasons[0]["job_id"]) == ("key_turn", 2)
 

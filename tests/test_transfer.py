@@ -288,8 +288,9 @@ def test_copy_carries_ordered_keys_turns_and_fair_rounds(keyed_source, empty_db_
     assert result.exit_code == 0, result.output
     copied = _rows(empty_db_url)
     assert copied == _rows(source_url)
-    assert [turn[:4] for turn in copied["key_turns"]] == [("email", "acct-1", 1, 1),
-                                                           ("email", "acct-2", 3, 0)]
+    # (type, producer, key, job, blocked): each key is its producer's.
+    assert [turn[:5] for turn in copied["key_turns"]] == [("email", "shop", "acct-1", 1, 1),
+                                                           ("email", "shop", "acct-2", 3, 0)]
 
     moved = create_app({"DATABASE_URL": empty_db_url, "JOB_TYPES": JOB_TYPES, "CLOCK": clock,
                         "TESTING": True})

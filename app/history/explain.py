@@ -130,16 +130,20 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
     return reasons
 
 
-def key_reasons(conn: Connection, job: Job, now_us: int, cap: int) -> list[Reason]:
-    """The reasons of fair and ordered keys (docs/FLOW-CONTROL.md): a job held back by its
-    ordered key (`key_blocked`, the failed job that blocks the key; `key_turn`, the job whose
-    turn it is), a failure that blocks its key, and a due job of a fair type that waits for
-    other keys' turns (`fair_share`, with the keys ahead of it, at most `cap` of their jobs
-    read)."""
+def key_reasons(conn: Connection, job: Job, now_us: int, cap: int, *,
+                sees_every_producer: bool) -> list[Reason]:
+    """The reasons of fair and ordered keys (docs/FLOW-CONTROL.md): a job held back by its ordered key (`key_blocked`, the failed
+    job that blocks the key; `key_turn`, the job whose turn it is), a failure that blocks its
+    key, and a due job of a fair type that waits for other keys' turns (`fair_share`, with
+    the keys ahead of it, at most `cap` of their jobs read). Without `sees_every_producer`
+    (any caller but an admin) nothing names another producer's job or key: a type whose keys
+    are shared says that another producer's job goes first, not which."""
     keys = KeyRepository(conn)
     key = job.concurrency_key
     if job.status in (JobStatus.WAITING, JobStatus.FAILED) and key is not None:
-        turn = keys.turn_of_key(job.type, key)
+        # A type's keys are its producers' own or shared: one of the two is its key's turn.
+        turn = (keys.turn_of_key(job.type, job.producer, key)
+                or keys.turn_of_key(job.type, None, key))
         if turn is None:
             return []
         if turn.job_id == job.id:
@@ -149,6 +153,8 @@ def key_reasons(conn: Connection, job: Job, now_us: int, cap: int) -> list[Reaso
                             f"ordered type {job.type}: no later job of the key runs until an "
                             "admin retries or cancels it.", job_id=job.id,
                             concurrency_key=key, since=to_rfc3339(turn.since))]
+        if not sees_every_producer and _of_another_producer(conn, turn.job_id, job.producer):
+            return [_shared_turn_reason(job, key, turn.blocked, turn.since)]
         if turn.blocked:
             return [_reason(ReasonCode.KEY_BLOCKED, f"Job {turn.job_id} of its ordered key {key} "
                             "failed and blocks the key (on_failure block): nothing more of "
@@ -165,14 +171,37 @@ def key_reasons(conn: Connection, job: Job, now_us: int, cap: int) -> list[Reaso
                                   job.id, now_us, cap)
     if not ahead:
         return []
-    names = sorted({key for key in ahead if key is not None})
-    keyless = any(key is None for key in ahead)
+    shown = [(key, producer) for key, producer in ahead
+             if sees_every_producer or producer == job.producer]
+    names = sorted({key for key, _producer in shown if key is not None})
+    keyless = any(key is None for key, _producer in shown)
+    others = len(ahead) - len(shown)
     count = f"at least {len(ahead)}" if more else str(len(ahead))
-    return [_reason(ReasonCode.FAIR_SHARE, f"Type {job.type} takes turns across concurrency keys: "
-                    f"{count} job(s) of {len(names) + keyless} key(s) come first, in their "
+    of_whom = (f"{len(names) + keyless} of its producer's key(s) and other producers'"
+               if others else f"{len(names) + keyless} key(s)")
+    return [_reason(ReasonCode.FAIR_SHARE, f"Type {job.type} takes turns across producers and "
+                    f"their concurrency keys: {count} job(s) of {of_whom} come first, in their "
                     f"turns (its round is {job.fair_round}).", fair_round=job.fair_round,
                     keys_ahead=names, keyless_ahead=keyless, count=len(ahead),
-                    count_capped=more)]
+                    count_capped=more, of_other_producers=others)]
+
+
+def _of_another_producer(conn: Connection, job_id: int, producer: str) -> bool:
+    other = JobRepository(conn).get_job(job_id)
+    return other is not None and other.producer != producer
+
+
+def _shared_turn_reason(job: Job, key: str, blocked: bool, since: int) -> Reason:
+    """A shared key's turn held by another producer's job, told without naming it."""
+    if blocked:
+        return _reason(ReasonCode.KEY_BLOCKED, f"Another producer's job of the shared ordered "
+                       f"key {key} failed and blocks the key (on_failure block): nothing more "
+                       "of the key runs until an admin retries or cancels it.", job_id=None,
+                       concurrency_key=key, since=to_rfc3339(since))
+    return _reason(ReasonCode.KEY_TURN, f"Type {job.type} shares its concurrency keys across "
+                   f"producers and runs each key's jobs one at a time, in order: another "
+                   f"producer's job of key {key} goes first.", job_id=None,
+                   concurrency_key=key)
 
 
 def _reason(code: ReasonCode, message: str, **evidence: Any) -> Reason:

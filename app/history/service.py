@@ -98,7 +98,8 @@ class HistoryService:
             waiting_on = ([dep_id for dep_id, _cancel, resolved in DependencyRepository(conn)
                            .dependencies_of([job.id]).get(job.id, []) if not resolved]
                           if job.status == JobStatus.WAITING else [])
-            keyed = key_reasons(conn, job, now, self.ahead_limit)
+            keyed = key_reasons(conn, job, now, self.ahead_limit,
+                                sees_every_producer=caller.is_admin)
         # Other keys' names are an admin's to see; a producer is told its own job's facts.
         return explain(job, now, ahead=ahead, ahead_of_type=ahead_of_type, workers=workers,
                        flow=flow, names_workers=caller.is_admin, waiting_on=waiting_on,

@@ -21,7 +21,15 @@ from app.core.errors import (
 )
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.core.tracecontext import Trace
-from app.jobs.graph import Birth, Dependency, GraphItem, births, field, resolve_graph
+from app.jobs.graph import (
+    Birth,
+    Dependency,
+    GraphItem,
+    births,
+    dependency_first,
+    field,
+    resolve_graph,
+)
 from app.jobs.intake import (
     BatchPlan,
     IntakeRules,
@@ -230,6 +238,7 @@ class Enqueuing:
             for position, (kind, row, _how) in enumerate(plan.steps):
                 if kind == "new":
                     plan.new_rows[row]["status"] = decided[position].status.value
+            _store_dependencies_first(plan, dependency_first(request.deps, aliases))
 
         outcomes = _insert_or_meet_many(tx, request.items, before_insert=born_as)
         job_of = [outcome.job for outcome in outcomes]
@@ -394,6 +403,21 @@ def _refuse_unknown_dependencies(caller: Caller, request: GraphRequest,
     if errors:
         raise ValidationFailed("Some dependencies name no job this key may name; nothing "
                                "was stored.", errors=errors)
+
+
+def _store_dependencies_first(plan: BatchPlan, order: Sequence[int]) -> None:
+    """The plan's new rows put in `order` (item positions): inserted so, each job's id is
+    above those of the jobs it depends on."""
+    rows: list[dict[str, Any]] = []
+    row_of_item: dict[int, int] = {}
+    for position in order:
+        kind, row, _how = plan.steps[position]
+        if kind == "new":
+            row_of_item[position] = len(rows)
+            rows.append(plan.new_rows[row])
+    plan.new_rows[:] = rows
+    plan.steps[:] = [(kind, row_of_item[position], how) if kind == "new" else (kind, row, how)
+                     for position, (kind, row, how) in enumerate(plan.steps)]
 
 
 def _jobs_met(plan: BatchPlan) -> tuple[dict[int, str], dict[int, int]]:

@@ -121,6 +121,40 @@ def topological_order(deps: Sequence[Sequence[Dependency]]) -> list[int]:
     return order
 
 
+def dependency_first(deps: Sequence[Sequence[Dependency]],
+                     aliases: Mapping[int, int]) -> list[int]:
+    """The items' positions in request order, except that each item comes after the items it
+    depends on (pulled forward, in their own request order). Stored in this order, a job's
+    id is above the ids of everything it waits for, which is what an ordered key needs:
+    its turns go in id order, so a turn never falls to a job whose dependency waits behind
+    it (docs/WORKFLOWS.md). `aliases`: items that are an earlier item's job (position →
+    that item's); the graph, aliases followed, has no cycle."""
+    placed: set[int] = set()
+    order: list[int] = []
+    for start in range(len(deps)):
+        # Iterative depth-first: a chain of a thousand items is no recursion limit.
+        stack: list[tuple[int, int]] = [(start, 0)]
+        while stack:
+            position, next_dep = stack.pop()
+            if position in placed:
+                continue
+            item_deps = deps[position]
+            while next_dep < len(item_deps):
+                dep = item_deps[next_dep]
+                next_dep += 1
+                if dep.item is None:
+                    continue
+                target = aliases.get(dep.item, dep.item)
+                if target not in placed:
+                    stack.append((position, next_dep))
+                    stack.append((target, 0))
+                    break
+            else:
+                placed.add(position)
+                order.append(position)
+    return order
+
+
 def find_cycle(deps: Sequence[Sequence[Dependency]]) -> list[int]:
     """The positions on one cycle among the items, in dependency order; [] when none."""
     ordered = set(topological_order(deps))

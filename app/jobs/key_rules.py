@@ -41,6 +41,13 @@ class KeyMode:
     fair: bool = False
     ordered: bool = False
     block_on_failure: bool = False
+    shared: bool = False  # one key for every producer (key_scope "shared")
+
+
+def key_owner(job: Job, mode: KeyMode) -> str | None:
+    """Whose is the job's key: the producer key that enqueued it, as for idempotency and
+    unique keys; None where the type's keys are shared by every producer."""
+    return None if mode.shared else job.producer
 
 
 # The modes of these types, read in the transaction (types with neither left out).
@@ -58,6 +65,9 @@ def no_modes(_conn: Any, _types: Collection[str]) -> Mapping[str, KeyMode]:
 # Jobs that came due numbered by one claim of a fair type, at most: its transaction stays
 # short however many come due at once.
 NUMBERED_PER_CLAIM = 100
+
+# Beyond every round and id: a place after all of a producer's jobs.
+_END = 2**62
 
 # Transitions that end a job which was waiting (held behind its key's turn, or for its
 # dependencies): cancels.
@@ -100,16 +110,40 @@ class KeyRules:
         if not any(m.fair or m.ordered for m in modes.values()):
             return list(new)
         held = [job.id for job in sorted(new, key=lambda job: job.id)
-                if self._joins_behind(job, modes[job.type], now_us)]
+                if self._joins_behind(job, modes[job.type], now_us, in_id_order=True)]
         current = self._apply(Transition.HOLD, held, now_us, list(new))
         return self._numbered(current, modes, now_us)
 
-    def _joins_behind(self, job: Job, mode: KeyMode, now_us: int) -> bool:
-        """The job joins its ordered key: True when it must wait for another job's turn."""
+    def _joins_behind(self, job: Job, mode: KeyMode, now_us: int, *,
+                      in_id_order: bool = False) -> bool:
+        """The job joins its ordered key: True when it must wait for another job's turn.
+        `in_id_order` (a job entering, not a retry): a job older than the one whose turn it
+        is (a reserved job confirmed after later jobs of its key came) takes the turn back
+        while that one has not started, so the key's turns go in id order."""
         if not mode.ordered or job.concurrency_key is None:
             return False
-        holder = self.keys.take_turn(job.type, job.concurrency_key, job.id, now_us)
-        return holder != job.id and job.status == JobStatus.PENDING
+        owner = key_owner(job, mode)
+        holder = self.keys.take_turn(job.type, owner, job.concurrency_key, job.id, now_us)
+        if holder == job.id:
+            return False
+        if in_id_order and holder > job.id and self._takes_turn_back(job, owner, holder,
+                                                                     now_us):
+            return False
+        return job.status == JobStatus.PENDING
+
+    def _takes_turn_back(self, job: Job, owner: str | None, holder_id: int,
+                         now_us: int) -> bool:
+        """The turn passes from the later job `holder_id` to `job` if that one has not
+        started (pending, held back again; or waiting for its dependencies, which may be
+        this very job: a dependent must never hold the turn its dependency waits for)."""
+        self.keys.hold_job_row(holder_id)
+        holder = self.jobs.get_job(holder_id)
+        if holder is None or holder.status not in (JobStatus.PENDING, JobStatus.WAITING):
+            return False
+        if holder.status == JobStatus.PENDING:
+            self._apply(Transition.HOLD, [holder_id], now_us, [holder])
+        self.keys.pass_turn(job.type, owner, job.concurrency_key or "", job.id, now_us)
+        return True
 
     # -- a transition's consequences ------------------------------------------------------
 
@@ -134,7 +168,7 @@ class KeyRules:
                     released += self._turn_ends(transition, job, mode, now_us)
                     continue
                 if transition is Transition.RETRY:
-                    job = self._rejoin(job, now_us)
+                    job = self._rejoin(job, mode, now_us)
             if job.status == JobStatus.PENDING and job.fair_round is None:
                 entered_pending.append(job)
         self._numbered(entered_pending + released, modes, now_us)
@@ -145,25 +179,26 @@ class KeyRules:
         """The job finished: if the key's turn was its, the turn passes on (or, a failure
         under block, stays with it, blocked)."""
         key = job.concurrency_key or ""
+        owner = key_owner(job, mode)
         if transition in _ENDS_A_WAITING_JOB:
             # Mostly a job held behind the turn, which moves nothing: looked at without the
             # key's lock, which a turn being passed to this very job holds while it waits for
             # the job's row (that turn then passes over it: see _pass_turn). Only the job
             # whose turn it is can have it, and only its own end takes it away.
-            peek = self.keys.turn_of_key(job.type, key)
+            peek = self.keys.turn_of_key(job.type, owner, key)
             if peek is None or peek.job_id != job.id:
                 return []
-        turn = self.keys.lock_turn(job.type, key)
+        turn = self.keys.lock_turn(job.type, owner, key)
         if turn is None or turn.job_id != job.id:
             return []
         if job.status == JobStatus.FAILED and mode.block_on_failure:
-            self.keys.set_blocked(job.type, key, job.id, True, now_us)
+            self.keys.set_blocked(job.type, owner, key, job.id, True, now_us)
             return []
-        return self._pass_turn(job, key, now_us)
+        return self._pass_turn(job, owner, key, now_us)
 
-    def _pass_turn(self, job: Job, key: str, now_us: int) -> list[Job]:
-        while (next_id := self.keys.next_waiting(job.type, key)) is not None:
-            self.keys.pass_turn(job.type, key, next_id, now_us)
+    def _pass_turn(self, job: Job, owner: str | None, key: str, now_us: int) -> list[Job]:
+        while (next_id := self.keys.next_waiting(job.type, owner, key)) is not None:
+            self.keys.pass_turn(job.type, owner, key, next_id, now_us)
             # Its row held first: a dependency's end releasing it concurrently (which holds
             # the row from before its own release) has committed by then, and the release
             # below, a statement of its own, sees both that end and this turn.
@@ -177,18 +212,19 @@ class KeyRules:
             if following is not None and following.status == JobStatus.WAITING:
                 return []  # its turn, but a dependency still holds it
             # It left waiting meanwhile (cancelled by another transaction): the next one.
-        self.keys.end_turns(job.type, key)
+        self.keys.end_turns(job.type, owner, key)
         return []
 
-    def _rejoin(self, job: Job, now_us: int) -> Job:
+    def _rejoin(self, job: Job, mode: KeyMode, now_us: int) -> Job:
         """An admin's retry brought the job back: its turn again if it blocked the key,
         else it joins the key as a new job would (its turn, or held back)."""
         key = job.concurrency_key or ""
-        turn = self.keys.lock_turn(job.type, key)
+        owner = key_owner(job, mode)
+        turn = self.keys.lock_turn(job.type, owner, key)
         if turn is not None and turn.job_id == job.id:
-            self.keys.set_blocked(job.type, key, job.id, False, now_us)
+            self.keys.set_blocked(job.type, owner, key, job.id, False, now_us)
             return job
-        if self._joins_behind(job, KeyMode(ordered=True), now_us):
+        if self._joins_behind(job, mode, now_us):
             return self._apply(Transition.HOLD, [job.id], now_us, [job])[0]
         return job
 
@@ -200,7 +236,7 @@ class KeyRules:
             due = self.keys.due_deferred(job_type, now_us, NUMBERED_PER_CLAIM)
             if due:
                 jobs = [replace(job, fair_round=None) for job in self.jobs.jobs_by_ids(due)]
-                self._numbered(jobs, {job_type: KeyMode(fair=True)}, now_us)
+                self._numbered(jobs, self.modes_of([job_type]), now_us)
 
     # -- explain and the admin's cancel ---------------------------------------------------
 
@@ -213,7 +249,8 @@ class KeyRules:
         """The job failed and its failure blocks its ordered key."""
         if job.status != JobStatus.FAILED or job.concurrency_key is None:
             return False
-        turn = self.keys.turn_of_key(job.type, job.concurrency_key)
+        turn = self.keys.turn_of_key(job.type, key_owner(job, self.mode_of(job)),
+                                     job.concurrency_key)
         return turn is not None and turn.job_id == job.id and turn.blocked
 
     # -- helpers --------------------------------------------------------------------------
@@ -230,33 +267,94 @@ class KeyRules:
 
     def _numbered(self, jobs: list[Job], modes: Mapping[str, KeyMode],
                   now_us: int) -> list[Job]:
-        """Each pending job of a fair type without a round gets the next of its key's, no
-        earlier than the round being served; all returned as they are now."""
+        """Each pending job of a fair type without a round gets one, no earlier than the
+        round being served; all returned as they are now. Where keys are shared, a job's
+        round is the next of its key's. Per producer, a job first gets the next round of
+        its key among its producer's keys (no earlier than the producer's own first), and
+        then, as its round among the producers, the one after its producer's job just
+        before it in that order: each producer's jobs take one round each, its keys taking
+        turns within them."""
         serving: dict[str, int] = {}
-        last: dict[tuple[str, str | None], int] = {}
-        rounds: list[tuple[int, int]] = []
+        deferred: list[tuple[int, int, int | None]] = []
+        shared: list[Job] = []
+        per_producer: dict[tuple[str, str], list[Job]] = {}
         numbered: dict[int, Job] = {}
         for job in sorted(jobs, key=lambda job: job.id):
-            if (not modes.get(job.type, KeyMode()).fair or job.status != JobStatus.PENDING
+            mode = modes.get(job.type, KeyMode())
+            if (not mode.fair or job.status != JobStatus.PENDING
                     or job.fair_round is not None or job.id in numbered):
                 continue
+            numbered[job.id] = job
             if job.run_at > now_us:
                 # Numbered when it comes due (number_due), at the round served then.
-                rounds.append((job.id, DEFERRED_ROUND))
+                deferred.append((job.id, DEFERRED_ROUND, None))
                 numbered[job.id] = replace(job, fair_round=DEFERRED_ROUND)
-                continue
-            if job.type not in serving:
-                serving[job.type] = self.keys.head_round(job.type, now_us) or 0
+            elif mode.shared:
+                shared.append(job)
+            else:
+                per_producer.setdefault((job.type, job.producer), []).append(job)
+
+        def served(job_type: str) -> int:
+            if job_type not in serving:
+                serving[job_type] = self.keys.head_round(job_type, now_us) or 0
+            return serving[job_type]
+
+        rounds = deferred + self._rounds_of_shared_keys(shared, served)
+        for (job_type, producer), of_producer in per_producer.items():
+            rounds += self._rounds_of_producer(job_type, producer, of_producer,
+                                               served(job_type))
+        for job_id, fair_round, _key_round in rounds:
+            numbered[job_id] = replace(numbered[job_id], fair_round=fair_round)
+        self.keys.set_rounds(rounds)
+        return [numbered.get(job.id, job) for job in jobs]
+
+    def _rounds_of_shared_keys(self, jobs: list[Job], served: Callable[[str], int]
+                               ) -> list[tuple[int, int, int | None]]:
+        last: dict[tuple[str, str | None], int] = {}
+        rounds: list[tuple[int, int, int | None]] = []
+        for job in jobs:
             lane = (job.type, job.concurrency_key)
             if lane not in last:
                 stored = self.keys.last_round(job.type, job.concurrency_key)
                 last[lane] = -1 if stored is None else stored
-            fair_round = max(serving[job.type], last[lane] + 1)
+            fair_round = max(served(job.type), last[lane] + 1)
             last[lane] = fair_round
-            rounds.append((job.id, fair_round))
-            numbered[job.id] = replace(job, fair_round=fair_round)
-        self.keys.set_rounds(rounds)
-        return [numbered.get(job.id, job) for job in jobs]
+            rounds.append((job.id, fair_round, None))
+        return rounds
+
+    def _rounds_of_producer(self, job_type: str, producer: str, jobs: list[Job],
+                            serving: int) -> list[tuple[int, int, int | None]]:
+        """The rounds of one producer's jobs (in id order) of a fair type whose keys are
+        per producer: (id, round, round among the producer's keys)."""
+        head = self.keys.producer_head_key_round(job_type, producer)
+        first = 0 if head is None else head
+        last: dict[str | None, int] = {}
+        placed: list[tuple[int, int, int]] = []  # (key round, id, round)
+        for job in jobs:
+            key = job.concurrency_key
+            if key not in last:
+                stored = self.keys.last_key_round(job_type, producer, key)
+                last[key] = -1 if stored is None else stored
+            last[key] = max(first, last[key] + 1)
+            placed.append((last[key], job.id, 0))
+        placed.sort()
+        rounds: list[tuple[int, int, int | None]] = []
+        before: tuple[int, int, int] | None = None
+        # The producer's last stored job: a job placed after it (the usual case, jobs
+        # entering at their producer's end) needs no look-up of its own.
+        tail = self.keys.producer_job_before(job_type, producer, _END, _END)
+        for key_round, job_id, _ in placed:
+            if tail is not None and tail[:2] < (key_round, job_id):
+                stored_before: tuple[int, int, int] | None = tail
+            else:
+                stored_before = self.keys.producer_job_before(job_type, producer, key_round,
+                                                              job_id)
+            if stored_before is not None and (before is None or stored_before > before):
+                before = stored_before
+            fair_round = serving if before is None else max(serving, before[2] + 1)
+            before = (key_round, job_id, fair_round)
+            rounds.append((job_id, fair_round, key_round))
+        return rounds
 
 
 def change_modes(jobs: JobRepository, keys: KeyRepository, job_type: str, before: KeyMode,
@@ -266,21 +364,27 @@ def change_modes(jobs: JobRepository, keys: KeyRepository, job_type: str, before
     jobs. These moves record no event: the type's change is what made them."""
     rules = KeyRules(jobs, keys, lambda _conn, _types: {job_type: after},
                      lambda *_recorded: None)
+    rescoped = before.shared != after.shared
     if after.ordered and not before.ordered:
-        keys.start_ordering(job_type, now_us)
+        keys.start_ordering(job_type, after.shared, now_us)
     elif before.ordered and not after.ordered:
         keys.stop_ordering(job_type, now_us)
-    elif after.ordered and before.block_on_failure and not after.block_on_failure:
+    elif after.ordered and rescoped:
+        keys.rescope_turns(job_type, after.shared, now_us)
+    if after.ordered and before.block_on_failure and not after.block_on_failure:
         # Keys blocked under "block" go on under "skip": each failure's turn passes on.
         for turn in keys.blocked_turns_of(job_type):
             failed = jobs.get_job(turn.job_id)
             if failed is not None:
-                keys.lock_turn(job_type, turn.concurrency_key)
-                rules._pass_turn(failed, turn.concurrency_key, now_us)
+                keys.lock_turn(job_type, turn.producer, turn.concurrency_key)
+                rules._pass_turn(failed, turn.producer, turn.concurrency_key, now_us)
     if after.fair and not before.fair:
-        keys.number_rounds(job_type, now_us)
+        keys.number_rounds(job_type, after.shared, now_us)
     elif before.fair and not after.fair:
         keys.forget_rounds(job_type)
     elif after.fair:
-        # Jobs the change released: each numbered as it entered pending.
-        keys.number_rounds(job_type, now_us)
+        if rescoped:
+            keys.forget_rounds(job_type)
+        # Jobs the change released (or all, numbered again for their new keys): each
+        # numbered as it entered pending.
+        keys.number_rounds(job_type, after.shared, now_us)

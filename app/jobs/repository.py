@@ -208,9 +208,11 @@ _candidates_one_type_by_key = (
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
 )
-# A fair type's candidates (docs/FLOW-CONTROL.md), in round order: priority, then round, then claim
-# order, read through its own partial index (app/jobs/key_rules.py gives the rounds).
-_FAIR_ORDER = (jobs.c.priority.desc(), jobs.c.fair_round, jobs.c.created_at, jobs.c.id)
+# A fair type's candidates (docs/FLOW-CONTROL.md), in round order: priority, then round, then (keys
+# per producer) the round among its producer's keys, then claim order, read through its own
+# partial index (app/jobs/key_rules.py gives the rounds).
+_FAIR_ORDER = (jobs.c.priority.desc(), jobs.c.fair_round, jobs.c.fair_key_round,
+               jobs.c.created_at, jobs.c.id)
 _fair_candidates = (
     select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
     .where(jobs.c.status == _PENDING, jobs.c.fair_round >= literal_column("0"),
@@ -372,12 +374,13 @@ _no_unfinished_dependency = ~(select(job_dependencies.c.job_id)
                               .where(job_dependencies.c.job_id == jobs.c.id,
                                      job_dependencies.c.resolved == literal_column("0"))
                               .exists())
-# Nor is a job of an ordered key released while its key's turn is another job's
-# (docs/FLOW-CONTROL.md, Ordered keys): it waits for its turn, which app/jobs/key_rules.py
-# passes on. Jobs of other types
-# and keyless jobs have no turn: the look-up by the table's key finds nothing.
+# Nor is a job of an ordered key released while its key's turn is another job's (docs/FLOW-CONTROL.md,
+# Ordered keys): it waits for its turn, which app/jobs/key_rules.py passes on. Jobs of other types
+# and keyless jobs have no turn: the look-up by the table's key finds nothing. A type's keys
+# are its producers' own or shared (producer ''), never both: one of the two probes finds it.
 _not_behind_a_turn = ~(select(key_turns.c.job_id)
                        .where(key_turns.c.type == jobs.c.type,
+                              key_turns.c.producer.in_([jobs.c.producer, literal_column("''")]),
                               key_turns.c.concurrency_key == jobs.c.concurrency_key,
                               key_turns.c.job_id != jobs.c.id)
                        .exists())

