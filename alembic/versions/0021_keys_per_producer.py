@@ -18,7 +18,7 @@ the one that now has the turn and no unfinished dependency becomes pending; a fa
 blocks its key blocks its producer's key), and each fair type's pending jobs are numbered
 again per producer. No event is recorded: the upgrade is their reason.
 
-Revision ID: 0021_keys_per_producer
+Revision ID: 0021
 Revises: 0020
 Create Date: 2026-12-06
 """
@@ -28,7 +28,7 @@ import time
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0021_keys_per_producer"
+revision = "0021"
 down_revision = "0020"
 branch_labels = None
 depends_on = None
