@@ -1,0 +1,35 @@
+"""Cascades of a job's end in bounded steps.
+
+- dependency_cascades: the finished jobs whose edges are not all applied yet (a job's end
+  applies a bounded share of them in its own transaction, maintenance the rest in bounded
+  steps). Starts empty: every job finished before the upgrade had its edges applied in its
+  own transaction.
+
+Revision ID: 0021
+Revises: 0020
+Create Date: 2026-12-06
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0021"
+down_revision = "0020"
+branch_labels = None
+depends_on = None
+
+Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def upgrade() -> None:
+    op.create_table(
+        "dependency_cascades",
+        sa.Column("job_id", Id, nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("queued_at", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("job_id", name="pk_dependency_cascades"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("dependency_cascades")
