@@ -4,6 +4,8 @@
   applies a bounded share of them in its own transaction, maintenance the rest in bounded
   steps). Starts empty: every job finished before the upgrade had its edges applied in its
   own transaction.
+- ix_job_dependencies_unresolved: the edges not yet applied, by dependency (partial: an
+  applied edge leaves it), which each step of a cascade reads its next edges from.
 
 Revision ID: 0021
 Revises: 0020
@@ -29,7 +31,11 @@ def upgrade() -> None:
         sa.Column("queued_at", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("job_id", name="pk_dependency_cascades"),
     )
+    op.create_index("ix_job_dependencies_unresolved", "job_dependencies",
+                    ["depends_on_id", "job_id"], sqlite_where=sa.text("resolved = 0"),
+                    postgresql_where=sa.text("resolved = 0"))
 
 
 def downgrade() -> None:
+    op.drop_index("ix_job_dependencies_unresolved", table_name="job_dependencies")
     op.drop_table("dependency_cascades")

@@ -17,13 +17,13 @@ import threading
 import time
 
 from app.core.clock import Clock
-from app.jobs.dependency_repository import CascadeBacklog
+from app.jobs.dependencies import STEP_EDGES
 from app.jobs.maintenance import CASCADE, MaintenanceHealth
 from app.jobs.uow import JobsUnitOfWork
 
-# Remembered jobs one step goes on with: each applies a bounded step of its own, so a step
-# of many jobs with few edges left each stays as short as one with many.
-CASCADES_PER_STEP = 8
+# Remembered jobs one step goes on with: the step applies STEP_EDGES edges at most among
+# them all, so a step of many jobs with few edges left each is as short as one with many.
+CASCADES_PER_STEP = STEP_EDGES
 # How long the thread whose transaction left a cascade goes on with it before answering.
 FOLLOW_SECONDS = 0.5
 # And the ticker, per tick (a tick is 0.5 s): steps hold the write lock briefly each, and
@@ -76,6 +76,8 @@ class Cascades:
         """The ticker's share."""
         self.go_on(TICK_SECONDS)
 
-    def backlog(self) -> CascadeBacklog:
-        """The cascades under way, as the database holds them (every process's)."""
-        return self.uow.read(lambda tx: tx.dependencies.cascade_backlog())
+    def under_way(self) -> tuple[int, float]:
+        """The cascades under way, as the database holds them (every process's): how many,
+        and how long the oldest has been (seconds; 0 when none is)."""
+        backlog = self.uow.read(lambda tx: tx.dependencies.cascade_backlog())
+        return backlog.jobs, backlog.age_seconds(self.clock.now_us())

@@ -101,8 +101,15 @@ def settle_dependents(jobs: JobRepository, dependencies: DependencyRepository,
         next_level = {job.id: job.status for job in cancelled}
         if budget <= 0:
             # This level may have edges left, and the next has not begun.
-            settled.left = {**level, **next_level}
+            settled.left = _with_edges_left(dependencies, {**level, **next_level})
             return settled
         level = next_level
-    settled.left = level
+    settled.left = _with_edges_left(dependencies, level)
     return settled
+
+
+def _with_edges_left(dependencies: DependencyRepository,
+                     ended: Mapping[int, str]) -> dict[int, str]:
+    """Of these ended jobs, those with edges not applied yet: the cascade's next steps."""
+    left = dependencies.with_edges_left(ended)
+    return {job_id: status for job_id, status in ended.items() if job_id in left}

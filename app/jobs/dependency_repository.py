@@ -24,6 +24,7 @@ from sqlalchemy import (
     update,
 )
 
+from app.core.clock import MICROS
 from app.core.statuses import UNFINISHED_STATUSES
 from app.storage.chunks import chunked
 from app.storage.dialects import conflict_insert_for, writers_serialised
@@ -95,6 +96,12 @@ class CascadeBacklog:
     jobs: int
     oldest_queued_at: int | None
 
+    def age_seconds(self, now_us: int) -> float:
+        """How long the oldest has been under way at `now_us` (0 when none is)."""
+        if self.oldest_queued_at is None:
+            return 0.0
+        return max(0.0, (now_us - self.oldest_queued_at) / MICROS)
+
 
 class DependencyRepository:
     """Dependency SQL on one connection."""
@@ -145,6 +152,16 @@ class DependencyRepository:
                     break
         return [Edge(int(job_id), int(depends_on_id), bool(cancel))
                 for job_id, depends_on_id, cancel in rows]
+
+    def with_edges_left(self, ids: Collection[int]) -> set[int]:
+        """Of these jobs, the ones some edge not yet applied waits on."""
+        found: set[int] = set()
+        for chunk in chunked(sorted(ids)):
+            found.update(int(job_id) for job_id in self.conn.execute(
+                select(job_dependencies.c.depends_on_id).distinct()
+                .where(job_dependencies.c.depends_on_id.in_(chunk),
+                       job_dependencies.c.resolved == _UNRESOLVED)).scalars())
+        return found
 
     def queue_cascades(self, ended: Mapping[int, str], now_us: int) -> None:
         """Remember these finished jobs (id: the status they ended with) as having edges
