@@ -81,7 +81,7 @@ def sweep_alone(uow: JobsUnitOfWork, now: Callable[[], int], backoff: Backoff,
 
     def rescue(tx: JobsTx) -> list[tuple[int, Exception]]:
         at = now()
-        held = health.held_back(RESCUE)
+        held = health.held_back(RESCUE, suspects=False)
         expired = [job for job in tx.jobs.find_expired_leases(at, RESCUE_BATCH)
                    if job.id not in held]
         if not expired or _isolated(
@@ -94,7 +94,7 @@ def sweep_alone(uow: JobsUnitOfWork, now: Callable[[], int], backoff: Backoff,
 
     def expire(tx: JobsTx) -> list[tuple[int, Exception]]:
         at = now()
-        held = health.held_back(EXPIRY)
+        held = health.held_back(EXPIRY, suspects=False)
         overdue = [job_id for job_id in tx.jobs.find_expired_unclaimed(at, EXPIRY_BATCH)
                    if job_id not in held]
         if not overdue or _isolated(tx, lambda: cancel_expired_jobs(tx, overdue, at)) is None:
@@ -109,7 +109,7 @@ def sweep_alone(uow: JobsUnitOfWork, now: Callable[[], int], backoff: Backoff,
         def run(sweep: Callable[[JobsTx], list[tuple[int, Exception]]] = sweep,
                 chore: str = chore) -> None:
             for job_id, error in uow.run(sweep):
-                health.failed(chore, error, [job_id])
+                health.failed(chore, error, [job_id], alone=True)
         health.guarded(chore, run)
 
 

@@ -14,9 +14,13 @@ from sqlalchemy import text
 from app.jobs.dependencies import STEP_EDGES, STEP_LEVELS
 from app.jobs.uow import CASCADE_LEFT
 
-# Past PostgreSQL's 65,535 bind parameters: one list of these dependents in one statement
-# cannot be sent at all.
-MANY = 66_000
+
+@pytest.fixture
+def many(engine_name: str) -> int:
+    """Dependents of one end: on PostgreSQL past its 65,535 bind parameters, so that one
+    list of them in one statement cannot be sent at all; on SQLite (whose limit is 250,000)
+    enough for many steps, which the bounded-step tests below show one by one."""
+    return 66_000 if engine_name == "postgresql" else 6_000
 
 _JOB_COLUMNS = ("type, payload, priority, status, retry_count, max_retries, producer, run_at, "
                 "created_at, updated_at")
@@ -49,6 +53,10 @@ def bulk_edges(app: Any, dependents: list[int], dependency_of: Any, *,
                            f"{int(cancel_on_failure)}, 0)" for i, job_id in enumerate(chunk))
         sql(app, "INSERT INTO job_dependencies (job_id, position, depends_on_id, "  # noqa: S608
                  f"cancel_on_failure, resolved) VALUES {values}")
+    if "postgresql" in app.config["DATABASE_URL"]:
+        # What autovacuum would soon do after such a load: the planners see the rows.
+        sql(app, "ANALYZE jobs")
+        sql(app, "ANALYZE job_dependencies")
 
 
 def counts(app: Any, ids: list[int]) -> dict[str, int]:
@@ -82,11 +90,11 @@ def one_step_a_transaction(app: Any) -> Any:
 
 
 def test_a_root_with_more_dependents_than_a_statement_can_bind_completes_and_claims_go_on(
-        app, api, producer, worker):
+        app, api, producer, worker, many):
     root = api.enqueue(producer, type="email").json["id"]
     other = api.enqueue(producer, type="sync").json["id"]
     assert api.claim(worker, types=["email"]).json["id"] == root
-    dependents = bulk_jobs(app, MANY, status="waiting")
+    dependents = bulk_jobs(app, many, status="waiting")
     bulk_edges(app, dependents, lambda _i: root)
 
     assert api.complete(worker, root, result={}).status_code == 200
@@ -94,7 +102,7 @@ def test_a_root_with_more_dependents_than_a_statement_can_bind_completes_and_cla
     assert claimable_with_unfinished_dependency(app) == 0
     app.extensions["queuelog"].jobs.cascades.go_on(None)
 
-    assert counts(app, dependents) == {"pending": MANY}
+    assert counts(app, dependents) == {"pending": many}
     assert cascades_under_way(app) == 0
     assert api.get(producer, dependents[-1]).json["waiting_on"] == 0
 
@@ -163,18 +171,18 @@ def test_a_retried_root_does_not_revive_what_its_cascade_has_still_to_cancel(
 
 
 def test_roots_expiring_together_with_many_dependents_cancel_them_and_claims_go_on(
-        app, api, producer, worker, clock):
+        app, api, producer, worker, clock, many):
     expires_at = clock.now_us() + 60_000_000
     roots = bulk_jobs(app, 66, status="pending", job_type="email", expires_at=expires_at)
-    dependents = bulk_jobs(app, MANY, status="waiting")
-    bulk_edges(app, dependents, lambda i: roots[i // 1000])
+    dependents = bulk_jobs(app, many, status="waiting")
+    bulk_edges(app, dependents, lambda i: roots[i % 66])
     other = api.enqueue(producer, type="sync").json["id"]
     clock.advance(120)
 
     assert api.claim(worker, types=["sync"]).json["id"] == other
     assert counts(app, roots) == {"cancelled": 66}
     app.extensions["queuelog"].jobs.cascades.go_on(None)
-    assert counts(app, dependents) == {"cancelled": MANY}
+    assert counts(app, dependents) == {"cancelled": many}
     assert cascades_under_way(app) == 0
 
 
@@ -203,16 +211,16 @@ def test_a_batch_of_1000_jobs_each_naming_100_distinct_dependencies_is_stored(
 
 
 def test_a_workflow_cancel_with_many_outside_dependents_cancels_them_all(
-        app, api, producer, admin):
+        app, api, producer, admin, many):
     made = api.client.post("/workflows", json={"jobs": [
         {"type": "email", "ref": f"r{i}"} for i in range(100)]}, headers=producer.headers)
     workflow = made.json
     members = [workflow["jobs"][f"r{i}"] for i in range(100)]
-    outside = bulk_jobs(app, MANY, status="waiting")
+    outside = bulk_jobs(app, many, status="waiting")
     bulk_edges(app, outside, lambda i: members[i % 100])
 
     cancelled = api.client.post(f"/workflows/{workflow['id']}/cancel", headers=admin.headers)
     assert cancelled.status_code == 200, cancelled.json
     assert counts(app, members) == {"cancelled": 100}
     app.extensions["queuelog"].jobs.cascades.go_on(None)
-    assert counts(app, outside) == {"cancelled": MANY}
+    assert counts(app, outside) == {"cancelled": many}
