@@ -73,8 +73,10 @@ class Cascades:
         self.go_on(FOLLOW_SECONDS)
 
     def chore(self) -> None:
-        """The ticker's share."""
-        self.go_on(TICK_SECONDS)
+        """The ticker's share; a read first, so that a tick with no cascade under way (nearly
+        every tick) takes no write lock."""
+        if self.health.may_run(CASCADE) and self.under_way()[0]:
+            self.go_on(TICK_SECONDS)
 
     def under_way(self) -> tuple[int, float]:
         """The cascades under way, as the database holds them (every process's): how many,

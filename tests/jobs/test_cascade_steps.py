@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from app import create_app
 from app.jobs.dependencies import STEP_EDGES, STEP_LEVELS
 from app.jobs.uow import CASCADE_LEFT
 
@@ -224,3 +225,26 @@ def test_a_workflow_cancel_with_many_outside_dependents_cancels_them_all(
     assert counts(app, members) == {"cancelled": 100}
     app.extensions["queuelog"].jobs.cascades.go_on(None)
     assert counts(app, outside) == {"cancelled": many}
+
+
+def test_a_cascade_a_process_left_is_taken_over_by_another_process_ticker(
+        app, app_config, api, producer, worker, one_step_a_transaction):
+    root = api.enqueue(producer, type="email").json["id"]
+    api.claim(worker, types=["email"])
+    dependents = bulk_jobs(app, 3 * STEP_EDGES, status="waiting")
+    bulk_edges(app, dependents, lambda _i: root)
+    api.complete(worker, root, result={})
+    assert cascades_under_way(app) == 1
+
+    other = create_app(app_config)  # another process on the same database, its ticker
+    try:
+        cascades = other.extensions["queuelog"].jobs.cascades
+        ticks = 0
+        while cascades.under_way()[0]:
+            cascades.chore()
+            ticks += 1
+            assert ticks < 100
+        assert counts(app, dependents) == {"pending": 3 * STEP_EDGES}
+        assert other.extensions["queuelog"].jobs.maintenance.failing() == {}
+    finally:
+        other.extensions["queuelog"].db.engine.dispose()
