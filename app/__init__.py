@@ -143,7 +143,7 @@ def start_scheduler(app: Flask) -> None:
     app.extensions["queuelog_ticker"] = Ticker(
         services.schedules,
         chores=[services.jobs.sweep, services.jobs.cascades.chore,
-                services.jobs.reservations.release_overdue,
+                services.jobs.release_overdue_reservations,
                 services.jobs.retention.chore(services.types.retention_windows),
                 services.stats.chore()]).start()
 

@@ -16,7 +16,7 @@ from app.jobs.claim import ClaimService
 from app.jobs.enqueue import Enqueuing
 from app.jobs.flow import FlowPolicy
 from app.jobs.intake import IntakeRules
-from app.jobs.maintenance import MaintenanceHealth
+from app.jobs.maintenance import RESERVATIONS, MaintenanceHealth
 from app.jobs.reads import JobReads
 from app.jobs.reports import WorkerReports
 from app.jobs.reservations import Reservations
@@ -93,6 +93,11 @@ class JobService:
         own transaction; a failure is maintenance's, reported, never raised."""
         sweep_alone(self.uow, self.clock.now_us, self.settings.backoff, self.maintenance,
                     self.rng)
+
+    def release_overdue_reservations(self) -> None:
+        """The ticker's release of reservations past their deadline
+        (app/jobs/reservations.py), as maintenance: a failure is reported, never raised."""
+        self.maintenance.guarded(RESERVATIONS, self.reservations.release_overdue)
 
     @property
     def max_payload_bytes(self) -> int:

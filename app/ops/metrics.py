@@ -96,7 +96,8 @@ class QueueMetrics:
         # The chores are a few constants (app/jobs/maintenance.py): bounded label values.
         self._maintenance_failures = Counter(
             "queuelog_maintenance_failures",
-            "Failures of maintenance (lease_rescue, expiry, dependency_cascade), by chore: "
+            "Failures of maintenance (lease_rescue, expiry, dependency_cascade, "
+            "reservation_release), by chore: "
             "each is logged and retried with a backoff, and never fails a request; /readyz "
             "says which are failing now.",
             ("chore",), registry=owner)

@@ -248,3 +248,19 @@ def test_a_cascade_a_process_left_is_taken_over_by_another_process_ticker(
         assert other.extensions["queuelog"].jobs.maintenance.failing() == {}
     finally:
         other.extensions["queuelog"].db.engine.dispose()
+
+
+def test_a_reserved_root_with_many_dependents_is_released_at_its_deadline(
+        app, api, producer, clock, many):
+    root = api.enqueue(producer, type="email",
+                       reserve={"confirm_within_seconds": 30}).json["id"]
+    dependents = bulk_jobs(app, many, status="waiting")
+    bulk_edges(app, dependents, lambda _i: root)
+    clock.advance(31)
+
+    jobs = app.extensions["queuelog"].jobs
+    jobs.release_overdue_reservations()
+    assert jobs.maintenance.failing() == {}
+    assert api.get(producer, root).json["status"] == "cancelled"
+    jobs.cascades.go_on(None)
+    assert counts(app, dependents) == {"cancelled": many}
