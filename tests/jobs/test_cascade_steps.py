@@ -77,6 +77,24 @@ def claimable_with_unfinished_dependency(app: Any) -> int:
     """)[0][0])
 
 
+def settle(app: Any, dependents: list[int], status: str, engine_name: str) -> None:
+    """Go on with the cascades under way, and check what they did: on SQLite to the end; on
+    PostgreSQL (66,000 dependents: hundreds of steps) for a few ticks, each making progress
+    without a failure (the first test of this module goes to the end there)."""
+    jobs = app.extensions["queuelog"].jobs
+    if engine_name == "sqlite":
+        jobs.cascades.go_on(None)
+        assert counts(app, dependents) == {status: len(dependents)}
+        assert cascades_under_way(app) == 0
+    else:
+        for _tick in range(3):
+            before = counts(app, dependents).get(status, 0)
+            jobs.cascades.chore()
+            assert counts(app, dependents).get(status, 0) > before
+    assert jobs.maintenance.failing() == {}
+    assert claimable_with_unfinished_dependency(app) == 0
+
+
 def cascades_under_way(app: Any) -> int:
     return int(sql(app, "SELECT COUNT(*) FROM dependency_cascades")[0][0])
 
@@ -172,7 +190,7 @@ def test_a_retried_root_does_not_revive_what_its_cascade_has_still_to_cancel(
 
 
 def test_roots_expiring_together_with_many_dependents_cancel_them_and_claims_go_on(
-        app, api, producer, worker, clock, many):
+        app, api, producer, worker, clock, many, engine_name):
     expires_at = clock.now_us() + 60_000_000
     roots = bulk_jobs(app, 66, status="pending", job_type="email", expires_at=expires_at)
     dependents = bulk_jobs(app, many, status="waiting")
@@ -182,9 +200,7 @@ def test_roots_expiring_together_with_many_dependents_cancel_them_and_claims_go_
 
     assert api.claim(worker, types=["sync"]).json["id"] == other
     assert counts(app, roots) == {"cancelled": 66}
-    app.extensions["queuelog"].jobs.cascades.go_on(None)
-    assert counts(app, dependents) == {"cancelled": many}
-    assert cascades_under_way(app) == 0
+    settle(app, dependents, "cancelled", engine_name)
 
 
 @pytest.fixture
@@ -212,7 +228,7 @@ def test_a_batch_of_1000_jobs_each_naming_100_distinct_dependencies_is_stored(
 
 
 def test_a_workflow_cancel_with_many_outside_dependents_cancels_them_all(
-        app, api, producer, admin, many):
+        app, api, producer, admin, many, engine_name):
     made = api.client.post("/workflows", json={"jobs": [
         {"type": "email", "ref": f"r{i}"} for i in range(100)]}, headers=producer.headers)
     workflow = made.json
@@ -223,8 +239,7 @@ def test_a_workflow_cancel_with_many_outside_dependents_cancels_them_all(
     cancelled = api.client.post(f"/workflows/{workflow['id']}/cancel", headers=admin.headers)
     assert cancelled.status_code == 200, cancelled.json
     assert counts(app, members) == {"cancelled": 100}
-    app.extensions["queuelog"].jobs.cascades.go_on(None)
-    assert counts(app, outside) == {"cancelled": many}
+    settle(app, outside, "cancelled", engine_name)
 
 
 def test_a_cascade_a_process_left_is_taken_over_by_another_process_ticker(
@@ -251,7 +266,7 @@ def test_a_cascade_a_process_left_is_taken_over_by_another_process_ticker(
 
 
 def test_a_reserved_root_with_many_dependents_is_released_at_its_deadline(
-        app, api, producer, clock, many):
+        app, api, producer, clock, many, engine_name):
     root = api.enqueue(producer, type="email",
                        reserve={"confirm_within_seconds": 30}).json["id"]
     dependents = bulk_jobs(app, many, status="waiting")
@@ -262,5 +277,4 @@ def test_a_reserved_root_with_many_dependents_is_released_at_its_deadline(
     jobs.release_overdue_reservations()
     assert jobs.maintenance.failing() == {}
     assert api.get(producer, root).json["status"] == "cancelled"
-    jobs.cascades.go_on(None)
-    assert counts(app, dependents) == {"cancelled": many}
+    settle(app, dependents, "cancelled", engine_name)
