@@ -20,6 +20,7 @@ fails, so that one job the database refuses holds back no other."""
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 
@@ -40,15 +41,16 @@ def sweep_before_claim(tx: JobsTx, now: int, backoff: Backoff, health: Maintenan
     """The claim's sweeps, each isolated from the claim (see the module's docstring): a
     batch that fails is undone and its jobs held back for their backoff (the ticker finds
     which of them fails)."""
+    # Read past the jobs held back, so that they never crowd the others out of a batch.
     held = health.held_back(RESCUE)
-    expired = [job for job in tx.jobs.find_expired_leases(now, RESCUE_BATCH)
+    expired = [job for job in tx.jobs.find_expired_leases(now, RESCUE_BATCH + len(held))
                if job.id not in held]
     if expired:
         ids = [job.id for job in expired]
         _report(health, RESCUE, ids, _isolated(
             tx, lambda: rescue_expired_leases(tx, expired, now, backoff, rng)))
     held = health.held_back(EXPIRY)
-    overdue = [job_id for job_id in tx.jobs.find_expired_unclaimed(now, EXPIRY_BATCH)
+    overdue = [job_id for job_id in tx.jobs.find_expired_unclaimed(now, EXPIRY_BATCH + len(held))
                if job_id not in held]
     if overdue:
         _report(health, EXPIRY, overdue,
@@ -82,7 +84,7 @@ def sweep_alone(uow: JobsUnitOfWork, now: Callable[[], int], backoff: Backoff,
     def rescue(tx: JobsTx) -> list[tuple[int, Exception]]:
         at = now()
         held = health.held_back(RESCUE, suspects=False)
-        expired = [job for job in tx.jobs.find_expired_leases(at, RESCUE_BATCH)
+        expired = [job for job in tx.jobs.find_expired_leases(at, RESCUE_BATCH + len(held))
                    if job.id not in held]
         if not expired or _isolated(
                 tx, lambda: rescue_expired_leases(tx, expired, at, backoff, rng)) is None:
@@ -95,7 +97,8 @@ def sweep_alone(uow: JobsUnitOfWork, now: Callable[[], int], backoff: Backoff,
     def expire(tx: JobsTx) -> list[tuple[int, Exception]]:
         at = now()
         held = health.held_back(EXPIRY, suspects=False)
-        overdue = [job_id for job_id in tx.jobs.find_expired_unclaimed(at, EXPIRY_BATCH)
+        overdue = [job_id for job_id in
+                   tx.jobs.find_expired_unclaimed(at, EXPIRY_BATCH + len(held))
                    if job_id not in held]
         if not overdue or _isolated(tx, lambda: cancel_expired_jobs(tx, overdue, at)) is None:
             health.succeeded(EXPIRY, overdue)
@@ -119,7 +122,7 @@ def _one_by_one(tx: JobsTx, ids: list[int], work: Callable[[int], None],
     those that went through are no longer held back."""
     failed: list[tuple[int, Exception]] = []
     for job_id in ids:
-        error = _isolated(tx, lambda job_id=job_id: work(job_id))  # type: ignore[misc]
+        error = _isolated(tx, functools.partial(work, job_id))
         if error is None:
             health.succeeded(chore, [job_id])
         else:
