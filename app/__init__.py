@@ -148,7 +148,8 @@ def start_scheduler(app: Flask) -> None:
     services = app.extensions["queuelog"]
     app.extensions["queuelog_ticker"] = Ticker(
         services.schedules,
-        chores=[services.jobs.reservations.release_overdue,
+        chores=[services.jobs.sweep, services.jobs.cascades.chore,
+                services.jobs.release_overdue_reservations,
                 services.jobs.retention.chore(services.types.retention_windows),
                 services.stats.chore()]).start()
 

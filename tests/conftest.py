@@ -96,7 +96,7 @@ def _empty_postgres(url: str) -> None:
                           "key_activity, schedules, ui_sessions, ui_sign_in_failures, "
                           "job_dependencies, workflows, workflow_jobs, key_turns, job_checkpoints, "
                           "job_reservations, failure_groups, job_tags, job_traces, job_stats, "
-                          "job_depth "
+                          "job_depth, dependency_cascades "
                           "RESTART IDENTITY"))
     engine.dispose()
 

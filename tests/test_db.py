@@ -300,7 +300,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0021"
+        assert current_revision(conn) == head_revision() == "0022"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
@@ -316,7 +316,7 @@ def test_postgres_tables_carry_the_storage_parameters_of_0011(empty_db_url, engi
     database = Database(make_engine(empty_db_url))
     if engine_name == "sqlite":
         with database.read() as conn:
-            assert current_revision(conn) == "0021"
+            assert current_revision(conn) == "0022"
         database.engine.dispose()
         return
     with database.read() as conn:
@@ -895,4 +895,56 @@ def test_stats_tags_and_trace_migration_keeps_jobs_and_schedules_and_serves_the_
 
     assert stored("SELECT id, status FROM jobs ORDER BY id") == [
         (1, "running"), (2, "running"), (3, "running")]
+    engine.dispose()
+
+
+def test_dependency_cascades_migration_keeps_waiting_jobs_and_applies_their_dependencies_end(
+        empty_db_url):
+    """0022 on a database 0021 filled: a waiting job and its edge stay as they were, no
+    cascade is under way; the upgraded service releases the job when its dependency
+    completes; the way down drops the table and the index and keeps the jobs."""
+    upgrade(empty_db_url, "0021")
+    job = {"type": "email", "payload": "{}", "priority": 10, "retry_count": 0,
+           "max_retries": 3, "producer": "producer-1", "run_at": 0, "created_at": 1,
+           "updated_at": 2}
+    edge = {"job_id": 2, "position": 0, "depends_on_id": 1, "cancel_on_failure": 1,
+            "resolved": 0}
+    engine = make_engine(empty_db_url, pooled=False)
+    with engine.begin() as conn:  # the tables as 0021 left them
+        jobs_0021 = table("jobs", *map(column, [*job, "status"]))
+        conn.execute(jobs_0021.insert(), [{**job, "status": "pending"},
+                                          {**job, "status": "waiting"}])
+        conn.execute(table("job_dependencies", *map(column, edge)).insert(), [edge])
+
+    def stored(query: str) -> list[tuple[Any, ...]]:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(text(query))]
+
+    upgrade(empty_db_url)
+
+    assert stored("SELECT id, status FROM jobs ORDER BY id") == [(1, "pending"), (2, "waiting")]
+    assert stored("SELECT job_id, depends_on_id, resolved FROM job_dependencies") == [(2, 1, 0)]
+    assert stored("SELECT job_id FROM dependency_cascades") == []
+    application = create_app({"TESTING": True, "DATABASE_URL": empty_db_url,
+                              "JOB_TYPES": frozenset({"email"}), "DB_POOL_SIZE": 2,
+                              "CLOCK": ManualClock(start_us=1_800_000_000_000_000)})
+    services = application.extensions["queuelog"]
+    worker = {"Authorization": f"Bearer {services.keys.create_key('worker-1', Role.WORKER)}"}
+    client = application.test_client()
+    first = client.post("/jobs/claim", json={}, headers=worker).json
+    assert first["id"] == 1
+    assert client.post("/jobs/1/complete", json={"result": {}}, headers=worker).status_code == 200
+    assert client.post("/jobs/claim", json={}, headers=worker).json["id"] == 2
+    services.db.engine.dispose()
+
+    command.downgrade(alembic_config(empty_db_url), "0021")
+
+    assert stored("SELECT id, status FROM jobs ORDER BY id") == [(1, "completed"), (2, "running")]
+    with engine.connect() as conn:
+        tables = {row[0] for row in conn.execute(text(
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')"
+            if engine.dialect.name == "sqlite" else
+            "SELECT relname FROM pg_class WHERE relkind IN ('r', 'i')"))}
+    assert "dependency_cascades" not in tables
+    assert "ix_job_dependencies_unresolved" not in tables
     engine.dispose()

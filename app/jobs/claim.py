@@ -3,7 +3,8 @@
 One claim reads top to bottom, in one write transaction (`_claim_in`):
 
 1. sweep (app/jobs/sweeps.py): rescue the expired leases, so a job whose worker died is
-   claimable by this very claim, and cancel the jobs past their expiry;
+   claimable by this very claim, and cancel the jobs past their expiry (in a savepoint: a
+   sweep that fails is maintenance's failure, reported, and never the claim's);
 2. ask the flow-control policy (app/jobs/flow.py) what may run now: ClaimLimits, or None
    when no limit concerns the claim; a fair type's jobs that came due are numbered;
 3. claim with the conditions the repository makes of those limits;
@@ -30,9 +31,10 @@ from app.core.clock import MICROS, Clock
 from app.core.tracecontext import Trace
 from app.jobs.flow import ClaimLimits, FlowPolicy, LimitReached
 from app.jobs.intake import require_configured_types
+from app.jobs.maintenance import MaintenanceHealth
 from app.jobs.models import Job
 from app.jobs.settings import QueueSettings
-from app.jobs.sweeps import cancel_expired_jobs, rescue_expired_leases
+from app.jobs.sweeps import sweep_before_claim
 from app.jobs.transitions import Transition
 from app.jobs.uow import JobsTx, JobsUnitOfWork
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
@@ -77,8 +79,11 @@ class ClaimService:
 
     def __init__(self, uow: JobsUnitOfWork, clock: Clock, settings: QueueSettings,
                  signal: JobSignal, flow: FlowPolicy | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 health: MaintenanceHealth | None = None) -> None:
         self.uow = uow
+        # Where the claim's sweeps report a failure, which never fails the claim.
+        self.health = health or MaintenanceHealth()
         self.clock = clock
         self.settings = settings
         # Draws the backoff of an attempt that timed out.
@@ -152,8 +157,7 @@ class ClaimService:
         (where writers run concurrently)."""
         repo = tx.jobs_for(ask.caller)
         now = self.clock.now_us()
-        rescue_expired_leases(tx, now, self.settings.backoff, self.rng)
-        cancel_expired_jobs(tx, now)
+        sweep_before_claim(tx, now, self.settings.backoff, self.health, self.rng)
 
         limits = None if self.flow is None else self.flow.limits(
             tx.conn, ask.wanted, now, lock=not optimistic, push=ask.push)

@@ -8,15 +8,27 @@ same moment is seen by one of the two transactions (see lock_dependencies).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, insert, literal_column, select, update
+from sqlalchemy import (
+    Connection,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal_column,
+    select,
+    tuple_,
+    update,
+)
 
+from app.core.clock import MICROS
 from app.core.statuses import UNFINISHED_STATUSES
-from app.storage.dialects import writers_serialised
-from app.storage.schema import job_dependencies, jobs
+from app.storage.chunks import chunked
+from app.storage.dialects import conflict_insert_for, writers_serialised
+from app.storage.schema import dependency_cascades, job_dependencies, jobs
 from app.storage.statements import DriverStatement
 
 _UNRESOLVED: Any = literal_column("0")
@@ -45,16 +57,50 @@ class DependencyRow:
 
 _edge_columns = (job_dependencies.c.job_id, job_dependencies.c.depends_on_id,
                  job_dependencies.c.cancel_on_failure)
+
+
+def _resolve_first(waits_on: Any) -> Any:
+    """Mark applied, and return, the first `limit` unapplied edges that `waits_on` picks,
+    in (dependency, dependent) order: a job's end applies a bounded share of its edges per
+    transaction (app/jobs/dependencies.py), through the index by dependency."""
+    unresolved = job_dependencies.c.resolved == _UNRESOLVED
+    first = (select(job_dependencies.c.job_id, job_dependencies.c.position)
+             .where(waits_on, unresolved)
+             .order_by(job_dependencies.c.depends_on_id, job_dependencies.c.job_id)
+             .limit(bindparam("limit")))
+    return (update(job_dependencies)
+            .where(waits_on, unresolved,
+                   tuple_(job_dependencies.c.job_id, job_dependencies.c.position).in_(first))
+            .values(resolved=_RESOLVED)
+            .returning(*_edge_columns))
+
+
 # One finished job's edges, on the driver's cursor: this runs at the end of every job, and
 # nearly always finds nothing.
 _resolve_edges_of_one = DriverStatement(
-    update(job_dependencies)
-    .where(job_dependencies.c.depends_on_id == bindparam("finished_id"),
-           job_dependencies.c.resolved == _UNRESOLVED)
-    .values(resolved=_RESOLVED)
-    .returning(*_edge_columns)
-)
+    _resolve_first(job_dependencies.c.depends_on_id == bindparam("finished_id")))
+_resolve_edges_of_many = _resolve_first(
+    job_dependencies.c.depends_on_id.in_(bindparam("finished_ids", expanding=True)))
 _insert_edges = DriverStatement(insert(job_dependencies))
+# Cascades under way, oldest job first; those another process is stepping are skipped.
+_take_cascades = (select(dependency_cascades.c.job_id, dependency_cascades.c.status)
+                  .order_by(dependency_cascades.c.job_id)
+                  .limit(bindparam("limit"))
+                  .with_for_update(skip_locked=True))
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeBacklog:
+    """The cascades under way: how many jobs' ends have edges left, since when (None: none)."""
+
+    jobs: int
+    oldest_queued_at: int | None
+
+    def age_seconds(self, now_us: int) -> float:
+        """How long the oldest has been under way at `now_us` (0 when none is)."""
+        if self.oldest_queued_at is None:
+            return 0.0
+        return max(0.0, (now_us - self.oldest_queued_at) / MICROS)
 
 
 class DependencyRepository:
@@ -71,14 +117,15 @@ class DependencyRepository:
         dependency finishing now holds its row, so this waits for its commit and reads it
         finished; one finishing later waits for this enqueue's commit, and then finds the
         edges it stored. Locked in id order, so two enqueues never deadlock."""
-        if not ids:
-            return {}
-        stmt = (select(jobs.c.id, jobs.c.producer, jobs.c.status)
-                .where(jobs.c.id.in_(sorted(set(ids))))
-                .order_by(jobs.c.id)
-                .with_for_update(read=True))
-        return {row.id: DependencyRow(row.id, row.producer, row.status)
-                for row in self.conn.execute(stmt)}
+        found: dict[int, DependencyRow] = {}
+        for chunk in chunked(sorted(set(ids))):
+            stmt = (select(jobs.c.id, jobs.c.producer, jobs.c.status)
+                    .where(jobs.c.id.in_(chunk))
+                    .order_by(jobs.c.id)
+                    .with_for_update(read=True))
+            found.update((row.id, DependencyRow(row.id, row.producer, row.status))
+                         for row in self.conn.execute(stmt))
+        return found
 
     def add_edges(self, rows: Sequence[dict[str, Any]]) -> None:
         """Store edges: each row's job_id, position, depends_on_id, cancel_on_failure (0/1)
@@ -86,23 +133,66 @@ class DependencyRepository:
         if rows:
             _insert_edges.execute_many(self.conn, rows)
 
-    def resolve_edges(self, finished_ids: Collection[int]) -> list[Edge]:
-        """Mark applied, and return, the edges not yet applied that wait on these jobs, which
-        have just finished. Each edge is returned once, ever."""
-        if not finished_ids:
+    def resolve_edges(self, finished_ids: Collection[int], limit: int) -> list[Edge]:
+        """Mark applied, and return, up to `limit` of the edges not yet applied that wait on
+        these jobs, which have finished (lowest dependency, then dependent, first). Each
+        edge is returned once, ever; fewer than `limit` means none is left."""
+        if not finished_ids or limit <= 0:
             return []
         if len(finished_ids) == 1:
             [job_id] = finished_ids
-            rows: Sequence[Any] = _resolve_edges_of_one.rows(self.conn, {"finished_id": job_id})
+            rows: list[Sequence[Any]] = list(_resolve_edges_of_one.rows(
+                self.conn, {"finished_id": job_id, "limit": limit}))
         else:
-            rows = self.conn.execute(
-                update(job_dependencies)
-                .where(job_dependencies.c.depends_on_id.in_(sorted(finished_ids)),
-                       job_dependencies.c.resolved == _UNRESOLVED)
-                .values(resolved=_RESOLVED)
-                .returning(*_edge_columns)).all()
+            rows = []
+            for chunk in chunked(sorted(finished_ids)):
+                rows += self.conn.execute(_resolve_edges_of_many, {
+                    "finished_ids": chunk, "limit": limit - len(rows)}).all()
+                if len(rows) >= limit:
+                    break
         return [Edge(int(job_id), int(depends_on_id), bool(cancel))
                 for job_id, depends_on_id, cancel in rows]
+
+    def with_edges_left(self, ids: Collection[int]) -> set[int]:
+        """Of these jobs, the ones some edge not yet applied waits on."""
+        found: set[int] = set()
+        # One probe of the unapplied edges' index per job: a job with thousands left costs
+        # what one with a single edge does.
+        waits = (select(job_dependencies.c.job_id)
+                 .where(job_dependencies.c.depends_on_id == jobs.c.id,
+                        job_dependencies.c.resolved == _UNRESOLVED).exists())
+        for chunk in chunked(sorted(ids)):
+            found.update(int(job_id) for job_id in self.conn.execute(
+                select(jobs.c.id).where(jobs.c.id.in_(chunk), waits)).scalars())
+        return found
+
+    def queue_cascades(self, ended: Mapping[int, str], now_us: int) -> None:
+        """Remember these finished jobs (id: the status they ended with) as having edges
+        left to apply; a job remembered already keeps its row."""
+        if not ended:
+            return
+        stmt = conflict_insert_for(self.conn.dialect.name, dependency_cascades)
+        for chunk in chunked(sorted(ended)):
+            self.conn.execute(stmt.on_conflict_do_nothing(), [
+                {"job_id": job_id, "status": ended[job_id], "queued_at": now_us}
+                for job_id in chunk])
+
+    def take_cascades(self, limit: int) -> dict[int, str]:
+        """Up to `limit` cascades under way (job id: the status it ended with), locked
+        until the transaction ends (PostgreSQL: those another process holds are skipped)."""
+        return {int(job_id): status for job_id, status in
+                self.conn.execute(_take_cascades, {"limit": limit})}
+
+    def forget_cascades(self, job_ids: Collection[int]) -> None:
+        """These jobs' edges are all applied."""
+        for chunk in chunked(sorted(job_ids)):
+            self.conn.execute(delete(dependency_cascades).where(
+                dependency_cascades.c.job_id.in_(chunk)))
+
+    def cascade_backlog(self) -> CascadeBacklog:
+        count, oldest = self.conn.execute(select(
+            func.count(), func.min(dependency_cascades.c.queued_at))).one()
+        return CascadeBacklog(int(count), None if oldest is None else int(oldest))
 
     def lock_dependents(self, ids: Collection[int]) -> None:
         """Lock these jobs (dependents of jobs that just finished) FOR UPDATE, in id order,
@@ -113,38 +203,39 @@ class DependencyRepository:
         committed), and neither would release the job. Under it, the later one waits for
         the earlier one's commit, and its next statement reads both edges resolved."""
         if ids and not writers_serialised(self.conn):
-            self.conn.execute(select(jobs.c.id).where(jobs.c.id.in_(sorted(ids)))
-                              .order_by(jobs.c.id).with_for_update()).all()
+            for chunk in chunked(sorted(ids)):
+                self.conn.execute(select(jobs.c.id).where(jobs.c.id.in_(chunk))
+                                  .order_by(jobs.c.id).with_for_update()).all()
 
     def dependencies_of(self, ids: Collection[int]) -> dict[int, list[tuple[int, bool, bool]]]:
         """Each of these jobs' dependencies in depends_on order: (id, cancel_on_failure,
         resolved); jobs without any are not in the answer."""
-        if not ids:
-            return {}
-        stmt = (select(job_dependencies.c.job_id, job_dependencies.c.depends_on_id,
-                       job_dependencies.c.cancel_on_failure, job_dependencies.c.resolved)
-                .where(job_dependencies.c.job_id.in_(sorted(ids)))
-                .order_by(job_dependencies.c.job_id, job_dependencies.c.position))
         found: dict[int, list[tuple[int, bool, bool]]] = {}
-        for job_id, depends_on_id, cancel, resolved in self.conn.execute(stmt):
-            found.setdefault(int(job_id), []).append(
-                (int(depends_on_id), bool(cancel), bool(resolved)))
+        for chunk in chunked(sorted(ids)):
+            stmt = (select(job_dependencies.c.job_id, job_dependencies.c.depends_on_id,
+                           job_dependencies.c.cancel_on_failure, job_dependencies.c.resolved)
+                    .where(job_dependencies.c.job_id.in_(chunk))
+                    .order_by(job_dependencies.c.job_id, job_dependencies.c.position))
+            for job_id, depends_on_id, cancel, resolved in self.conn.execute(stmt):
+                found.setdefault(int(job_id), []).append(
+                    (int(depends_on_id), bool(cancel), bool(resolved)))
         return found
 
     def depended_on_by_unfinished(self, ids: Collection[int]) -> set[int]:
         """Of these jobs, the ones an unfinished job (waiting, pending or running) depends
         on: purge keeps them, so that the dependent still finds what they produced."""
-        if not ids:
-            return set()
         dependent = jobs.alias("dependent")
-        stmt = (select(job_dependencies.c.depends_on_id).distinct()
-                .join(dependent, dependent.c.id == job_dependencies.c.job_id)
-                .where(job_dependencies.c.depends_on_id.in_(sorted(ids)),
-                       dependent.c.status.in_(_UNFINISHED)))
-        return {int(job_id) for job_id in self.conn.execute(stmt).scalars()}
+        kept: set[int] = set()
+        for chunk in chunked(sorted(ids)):
+            stmt = (select(job_dependencies.c.depends_on_id).distinct()
+                    .join(dependent, dependent.c.id == job_dependencies.c.job_id)
+                    .where(job_dependencies.c.depends_on_id.in_(chunk),
+                           dependent.c.status.in_(_UNFINISHED)))
+            kept.update(int(job_id) for job_id in self.conn.execute(stmt).scalars())
+        return kept
 
     def delete_edges_of(self, job_ids: Collection[int]) -> None:
         """Forget the dependencies of these jobs (purged with them)."""
-        if job_ids:
+        for chunk in chunked(sorted(job_ids)):
             self.conn.execute(delete(job_dependencies).where(
-                job_dependencies.c.job_id.in_(sorted(job_ids))))
+                job_dependencies.c.job_id.in_(chunk)))

@@ -48,6 +48,7 @@ from app.jobs.models import BoundedCount, Job, JobControls, PendingSummary
 from app.jobs.report_pace import HEARTBEAT_SPACING_US
 from app.jobs.timeline.failure_repository import last_failed_with
 from app.jobs.transitions import Transition
+from app.storage.chunks import chunked
 from app.storage.dialects import conflict_insert_for, writers_serialised
 from app.storage.integrity import refused_in_savepoint, unique_indexes_translated
 from app.storage.schema import (
@@ -665,10 +666,11 @@ class JobRepository:
 
     def jobs_by_ids(self, job_ids: Collection[int]) -> list[Job]:
         """These jobs (those that exist), by id."""
-        if not job_ids:
-            return []
-        stmt = select(*JOB_COLUMNS).where(jobs.c.id.in_(sorted(job_ids))).order_by(jobs.c.id)
-        return [_job(row) for row in self.conn.execute(stmt)]
+        found: list[Job] = []
+        for chunk in chunked(sorted(job_ids)):
+            stmt = select(*JOB_COLUMNS).where(jobs.c.id.in_(chunk)).order_by(jobs.c.id)
+            found += [_job(row) for row in self.conn.execute(stmt)]
+        return found
 
     def find_by_idempotency_key(self, producer: str, idempotency_key: str) -> Job | None:
         row = self.conn.execute(
@@ -967,11 +969,13 @@ class JobRepository:
             return []
         if len(job_ids) == 1:
             [job_id] = job_ids
-            rows: Sequence[Any] = _release_one.rows(self.conn, {"released_id": job_id,
-                                                                "now": now_us})
+            rows: list[Sequence[Any]] = list(_release_one.rows(
+                self.conn, {"released_id": job_id, "now": now_us}))
         else:
-            rows = self.conn.execute(_release_many, {"released_ids": sorted(job_ids),
-                                                     "now": now_us}).all()
+            rows = []
+            for chunk in chunked(sorted(job_ids)):
+                rows += self.conn.execute(_release_many, {"released_ids": chunk,
+                                                          "now": now_us}).all()
         return sorted(map(_job, rows), key=lambda job: job.id)
 
     def wait_again(self, retried: list[Job]) -> list[Job]:
@@ -980,8 +984,10 @@ class JobRepository:
         dependencies': it waits for them as before); in their order."""
         if not retried:
             return []
-        rows = self.conn.execute(_wait_again, {"retried_ids": [job.id for job in retried]})
-        waiting = {row.id: _job(row) for row in rows}
+        waiting: dict[int, Job] = {}
+        for chunk in chunked([job.id for job in retried]):
+            waiting.update((row.id, _job(row)) for row in self.conn.execute(
+                _wait_again, {"retried_ids": chunk}))
         return [waiting.get(job.id, job) for job in retried]
 
     def highest_job_id(self) -> int:
@@ -1032,8 +1038,14 @@ class JobRepository:
         if not job_ids:
             return []
         stmt = _transition_many(transition, JobStatus(values["status"]), frozenset(values))
-        rows = self.conn.execute(stmt, {"ids": sorted(job_ids), **_new_values(values)})
-        return sorted((_job(row) for row in rows), key=lambda job: job.id)
+        new_values = _new_values(values)
+        changed: list[Job] = []
+        # Chunks in id order: a later chunk's statement sees the keys an earlier one's jobs
+        # entered, so the jobs are still taken as one by one in id order would take them.
+        for chunk in chunked(sorted(job_ids)):
+            rows = self.conn.execute(stmt, {"ids": chunk, **new_values})
+            changed += sorted((_job(row) for row in rows), key=lambda job: job.id)
+        return changed
 
     # -- retention ------------------------------------------------------------------------
 

@@ -11,16 +11,19 @@ import random
 
 from app.core.clock import Clock
 from app.jobs.admin import Administration
+from app.jobs.cascades import Cascades
 from app.jobs.claim import ClaimService
 from app.jobs.enqueue import Enqueuing
 from app.jobs.flow import FlowPolicy
 from app.jobs.intake import IntakeRules
+from app.jobs.maintenance import RESERVATIONS, MaintenanceHealth
 from app.jobs.reads import JobReads
 from app.jobs.reports import WorkerReports
 from app.jobs.reservations import Reservations
 from app.jobs.retention import Retention
 from app.jobs.settings import QueueSettings
-from app.jobs.uow import JobsUnitOfWork
+from app.jobs.sweeps import sweep_alone
+from app.jobs.uow import CASCADE_LEFT, JobsUnitOfWork
 from app.jobs.waiting import JobSignal, WaitingBudget
 
 
@@ -37,6 +40,12 @@ class JobService:
         self.clock = clock
         self.settings = settings
         self.signal = claimable or JobSignal()
+        self.rng = rng
+        # Maintenance (sweeps, cascades) reports here: /readyz and /metrics show it.
+        self.maintenance = MaintenanceHealth()
+        self.cascades = Cascades(uow, clock, self.maintenance)
+        # A transaction that left a cascade under way: its next steps follow its commit.
+        uow.signals.setdefault(CASCADE_LEFT, self.cascades.follow)
         intake = IntakeRules(settings.job_types, settings.max_payload_bytes,
                              settings.check_url_prefixes)
         enqueuing = Enqueuing(uow, clock, intake, self.signal)
@@ -60,7 +69,7 @@ class JobService:
         self.prepare_graph = enqueuing.prepare_graph
         self.enqueue_graph_in = enqueuing.enqueue_graph_in
         # flow None: no flow control at all (services built without the type settings).
-        claims = ClaimService(uow, clock, settings, self.signal, flow, rng)
+        claims = ClaimService(uow, clock, settings, self.signal, flow, rng, self.maintenance)
         self.claim = claims.claim
         self.await_claim = claims.await_claim
         self.heartbeat = reports.heartbeat
@@ -79,6 +88,17 @@ class JobService:
         self.retention = retention
         self.purge = retention.purge
         self.on_purged = retention.on_purged
+
+    def sweep(self) -> None:
+        """The ticker's sweeps of expired leases and jobs (app/jobs/sweeps.py), each in its
+        own transaction; a failure is maintenance's, reported, never raised."""
+        sweep_alone(self.uow, self.clock.now_us, self.settings.backoff, self.maintenance,
+                    self.rng)
+
+    def release_overdue_reservations(self) -> None:
+        """The ticker's release of reservations past their deadline
+        (app/jobs/reservations.py), as maintenance: a failure is reported, never raised."""
+        self.maintenance.guarded(RESERVATIONS, self.reservations.release_overdue)
 
     @property
     def max_payload_bytes(self) -> int:

@@ -9,7 +9,8 @@ transition made records and tells once committed.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection
@@ -41,6 +42,9 @@ FINISHED = "finished"
 # Likewise: jobs that became claimable other than by an enqueue (a waiting job released by
 # its last dependency's end), which wakes this process's waiting claims.
 CLAIMABLE = "claimable"
+# Likewise: a job's end left edges to apply (app/jobs/dependencies.py), which the cascade's
+# next steps, in transactions of their own, apply once this one has committed.
+CASCADE_LEFT = "cascade_left"
 
 # Confirms, inside a transaction, that the caller's key is still live (raises otherwise).
 CallerCheck = Callable[[Connection, Caller], None]
@@ -136,6 +140,21 @@ class JobsTx(Transaction):
         changes nothing, even on a request already under way."""
         self._confirm_caller(self.conn, caller)
 
+    @contextmanager
+    def isolated(self) -> Iterator[None]:
+        """Run the block in a savepoint: should it fail, what it wrote and counted is undone
+        and the transaction goes on (a sweep's failure is no claim's)."""
+        events, counts = Counter(self.events), Counter(self.timeline.counts)
+        try:
+            with self.conn.begin_nested():
+                yield
+        except Exception:
+            self.events.clear()
+            self.events.update(events)
+            self.timeline.counts.clear()
+            self.timeline.counts.update(counts)
+            raise
+
     def jobs_for(self, caller: Caller) -> JobRepository:
         """The job repository, once the caller's key is confirmed live (see confirm)."""
         self.confirm(caller)
@@ -153,19 +172,43 @@ class JobsTx(Transaction):
         self._record(transition, jobs, actor=actor, now_us=now_us, held_by=held_by,
                      details=details)
         moves: list[tuple[Transition, Sequence[Job]]] = [(transition, jobs)]
-        finished = [job for job in jobs if job.status in TERMINAL_STATUSES]
+        finished = {job.id: job.status for job in jobs if job.status in TERMINAL_STATUSES}
         if finished:
-
-            def record(made: Transition, changed: list[Job], at: int,
-                       extra: Mapping[int, Mapping[str, Any]]) -> None:
-                moves.append((made, changed))
-                self._record(made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra)
-
-            released = settle_dependents(self.jobs, self.dependencies, finished, now_us,
-                                         self.clock.now_us, record)
-            self.events[CLAIMABLE] += len(released)
+            self._settle(finished, now_us, moves)
         # Their keys' turns and rounds (app/jobs/key_rules.py), the cascade's moves included.
         self.events[CLAIMABLE] += len(self.keys.after(moves, now_us))
+
+    def go_on_with_cascades(self, limit: int, now_us: int) -> int:
+        """The next step of up to `limit` cascades under way (app/jobs/dependencies.py):
+        their jobs' edges left, applied as the jobs' end would have; returns how many
+        cascades it took (0: none is under way, or another process holds them)."""
+        ended = self.dependencies.take_cascades(limit)
+        if not ended:
+            return 0
+        moves: list[tuple[Transition, Sequence[Job]]] = []
+        left = self._settle(ended, now_us, moves)
+        self.dependencies.forget_cascades([job_id for job_id in ended if job_id not in left])
+        self.events[CLAIMABLE] += len(self.keys.after(moves, now_us))
+        return len(ended)
+
+    def _settle(self, ended: Mapping[int, str], now_us: int,
+                moves: list[tuple[Transition, Sequence[Job]]]) -> dict[int, str]:
+        """One step of what these jobs' end (id: the status each ended with) does to the
+        jobs waiting on them; the cascade's moves are added to `moves`, and what it left is
+        remembered for the next steps (and returned)."""
+
+        def record(made: Transition, changed: list[Job], at: int,
+                   extra: Mapping[int, Mapping[str, Any]]) -> None:
+            moves.append((made, changed))
+            self._record(made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra)
+
+        settled = settle_dependents(self.jobs, self.dependencies, ended, now_us,
+                                    self.clock.now_us, record)
+        self.events[CLAIMABLE] += len(settled.released)
+        if settled.left:
+            self.dependencies.queue_cascades(settled.left, now_us)
+            self.events[CASCADE_LEFT] += 1
+        return settled.left
 
     def _record(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
                 held_by: str | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify
@@ -12,6 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.config import configuration_warnings
 from app.core.errors import ServiceUnavailable
+from app.jobs.maintenance import MaintenanceHealth
 from app.storage.activity import oldest_transaction_seconds
 from app.storage.migrations import current_revision, head_revision
 from app.web.openapi import Reply, documented
@@ -41,14 +43,18 @@ def healthz() -> Response:
 @documented("Readiness: the database answers and its schema is at the newest migration.",
             replies=[Reply(200, "Ready to serve; `warnings`, when present, says what will be "
                                  "refused until the operator fixes a setting, or what slows "
-                                 "the service down (a long transaction on PostgreSQL).")],
+                                 "the service down (a long transaction on PostgreSQL, "
+                                 "failing maintenance); `maintenance` shows the cascades "
+                                 "under way and this process's failing chores.")],
             errors=[503])
 def readyz() -> Response:
     newest = newest_revision()
+    services = current_app.extensions["queuelog"]
     try:
-        with current_app.extensions["queuelog"].db.read() as conn:
+        with services.db.read() as conn:
             current = current_revision(conn)
             oldest_transaction = oldest_transaction_seconds(conn)
+        cascades = services.jobs.cascades.under_way() if current == newest else (0, 0.0)
     except SQLAlchemyError as exc:
         # The class name only: a driver's message can carry the host, the user or the SQL.
         log.warning("readiness: the database did not answer: %s", type(exc).__name__)
@@ -71,6 +77,28 @@ def readyz() -> Response:
             f"s (over QUEUELOG_LONG_TRANSACTION_WARNING_SECONDS, {limit:g}): it holds back "
             "the removal of dead rows, so claims slow down the longer it lasts. Find it in "
             "pg_stat_activity (the oldest xact_start) and end it.")
+    ready["maintenance"] = maintenance_detail(services.jobs.maintenance, *cascades)
+    for chore, failure in ready["maintenance"]["failing"].items():
+        # Ready still: requests never wait for maintenance, and another process (or this
+        # one, after the backoff) may well get through.
+        warnings.append(
+            f"Maintenance ({chore}) has failed {failure['failures']} time(s) in a row in this "
+            f"process ({failure['error']}); it is retried with a backoff. The log says more.")
     if warnings:
         ready["warnings"] = warnings
     return jsonify(ready)
+
+
+def maintenance_detail(health: MaintenanceHealth, cascades: int,
+                       oldest_cascade_seconds: float) -> dict[str, Any]:
+    """/readyz's `maintenance`: the cascades under way (every process's, from the database)
+    and this process's failing chores."""
+    return {
+        "cascades": {"under_way": cascades,
+                     "oldest_seconds": round(oldest_cascade_seconds, 3)},
+        "failing": {chore: {"since": datetime.fromtimestamp(failure.since, UTC)
+                            .isoformat().replace("+00:00", "Z"),
+                            "failures": failure.failures, "error": failure.error,
+                            "held_back_jobs": failure.held_back}
+                    for chore, failure in sorted(health.failing().items())},
+    }

@@ -16,7 +16,7 @@ import fcntl
 import glob
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from flask import Blueprint, Flask, Response, current_app, request
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -93,6 +93,14 @@ class QueueMetrics:
             "Time the app took to answer a request, by method, route (the URL rule, not the "
             "path) and status.",
             ("method", "route", "status"), buckets=LATENCY_BUCKETS, registry=owner)
+        # The chores are a few constants (app/jobs/maintenance.py): bounded label values.
+        self._maintenance_failures = Counter(
+            "queuelog_maintenance_failures",
+            "Failures of maintenance (lease_rescue, expiry, dependency_cascade, "
+            "reservation_release), by chore: "
+            "each is logged and retried with a backoff, and never fails a request; /readyz "
+            "says which are failing now.",
+            ("chore",), registry=owner)
         self._scrape_collectors: list[Collector] = []
 
     @classmethod
@@ -124,6 +132,10 @@ class QueueMetrics:
         (app/schedules/service.py): the label values are bounded."""
         if count > 0:
             self._schedule_skips.labels(reason).inc(count)
+
+    def count_maintenance_failure(self, chore: str) -> None:
+        """MaintenanceHealth's failure sink."""
+        self._maintenance_failures.labels(chore).inc()
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         if method not in KNOWN_METHODS:
@@ -182,10 +194,12 @@ class QueueGauges(Collector):
     longer it stays open (app/storage/activity.py).
     """
 
-    def __init__(self, types: TypeService, job_types: Iterable[str], db: Database) -> None:
+    def __init__(self, types: TypeService, job_types: Iterable[str], db: Database,
+                 cascades: Callable[[], tuple[int, float]] | None = None) -> None:
         self.types = types
         self.job_types = frozenset(job_types)
         self.db = db
+        self.cascades = cascades
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families())
@@ -215,13 +229,21 @@ class QueueGauges(Collector):
             "block): nothing more of such a key runs until the job is retried or cancelled.",
             labels=("type",))
         yield GaugeMetricFamily(
+            "queuelog_dependency_cascades",
+            "Finished jobs whose end is still being applied to the jobs waiting on them, in "
+            "bounded steps (docs/WORKFLOWS.md); 0 nearly always.")
+        yield GaugeMetricFamily(
+            "queuelog_dependency_cascade_oldest_seconds",
+            "How long the oldest cascade under way has been (0 when none is): growing, "
+            "maintenance is not keeping up or is failing (see /readyz).")
+        yield GaugeMetricFamily(
             "queuelog_database_oldest_transaction_seconds",
             "PostgreSQL: how long the server's oldest open transaction holding a snapshot "
             "has run (any database; 0 when none): dead rows it holds back slow claims down.")
 
     def collect(self) -> Iterable[Metric]:
         (up, jobs, oldest_age, type_pending, type_running, type_oldest,
-         type_blocked, oldest_transaction) = self._families()
+         type_blocked, cascades, cascade_age, oldest_transaction) = self._families()
         try:
             stats = self.types.stats()
         except SQLAlchemyError as exc:
@@ -244,6 +266,15 @@ class QueueGauges(Collector):
                                    stats.oldest_claimable_age_seconds(job_type) or 0.0)
             type_blocked.add_metric([job_type], stats.blocked_keys.get(job_type, 0))
         families = [up, jobs, oldest_age, type_pending, type_running, type_oldest, type_blocked]
+        if self.cascades is not None:
+            try:
+                under_way, cascade_seconds = self.cascades()
+            except SQLAlchemyError as exc:
+                log.warning("metrics: the database did not answer: %s", type(exc).__name__)
+                return families
+            cascades.add_metric([], under_way)
+            cascade_age.add_metric([], cascade_seconds)
+            families += [cascades, cascade_age]
         try:
             with self.db.read() as conn:
                 age = oldest_transaction_seconds(conn)
@@ -285,5 +316,6 @@ scrape.allowed_roles = frozenset({Role.ADMIN})  # type: ignore[attr-defined]
 def init_metrics(app: Flask, metrics: QueueMetrics) -> None:
     services = app.extensions["queuelog"]
     metrics.add_scrape_collector(QueueGauges(services.types, app.config["JOB_TYPES"],
-                                             services.db))
+                                             services.db, services.jobs.cascades.under_way))
+    services.jobs.maintenance.on_failure.append(metrics.count_maintenance_failure)
     app.register_blueprint(bp)

@@ -65,11 +65,13 @@ class Ticker:
 
     def tick(self) -> None:
         """One round: fire what is due, then the chores; log (once per outage) and carry on
-        if one fails."""
+        with the next chore if one fails."""
+        failed = False
         for chore in self.chores:
             try:
                 chore()
             except SQLAlchemyError as exc:
+                failed = True
                 if not self._failing:
                     refusal = storage_refusal(exc)
                     if refusal is not None:
@@ -79,11 +81,10 @@ class Ticker:
                         log.warning("schedules: the database did not answer (%s); retrying "
                                     "every %.1f s", type(exc).__name__, self.interval)
                 self._failing = True
-                return
             except Exception:
+                failed = True
                 log.exception("schedules: %s failed; retrying next tick",
                               getattr(chore, "__name__", "a chore"))
-                return
-        if self._failing:
+        if self._failing and not failed:
             log.warning("schedules: the database answers again; firing resumed")
             self._failing = False

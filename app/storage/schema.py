@@ -385,6 +385,24 @@ job_dependencies = Table(
 # and purge asks whether any unfinished job still depends on a job.
 Index("ix_job_dependencies_depends_on_id", job_dependencies.c.depends_on_id,
       job_dependencies.c.job_id)
+# The edges not yet applied, by dependency: a step of a cascade reads the next ones here
+# (in the index above it would step over every edge applied before it, each step again).
+Index("ix_job_dependencies_unresolved", job_dependencies.c.depends_on_id,
+      job_dependencies.c.job_id, sqlite_where=text("resolved = 0"),
+      postgresql_where=text("resolved = 0"))
+
+# Jobs whose end has edges left to apply: a job's end applies a bounded share of its edges in
+# its own transaction, and the rest (many dependents, a long chain of cancels) in bounded
+# steps of maintenance (app/jobs/cascades.py). `status` is the one the job ended with, which
+# its remaining edges apply whatever the job does later; `queued_at` says since when the
+# cascade has been under way. A job without such edges (nearly every job) has no row here.
+dependency_cascades = Table(
+    "dependency_cascades",
+    metadata,
+    Column("job_id", Id, primary_key=True),
+    Column("status", String(16), nullable=False),
+    Column("queued_at", Micros, nullable=False),
+)
 
 workflows = Table(
     "workflows",

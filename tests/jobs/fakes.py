@@ -223,7 +223,7 @@ class FakeControls:
 class FakeDependencies:
     """A store without dependencies between jobs: no job's end concerns another."""
 
-    def resolve_edges(self, finished_ids: Collection[int]) -> list[Any]:
+    def resolve_edges(self, finished_ids: Collection[int], limit: int) -> list[Any]:
         return []
 
 

@@ -66,7 +66,8 @@ def test_healthz_answers_while_the_database_is_unreachable(make_app: Any,
 def test_readyz_answers_ready_on_a_migrated_database_without_a_key(client: Any) -> None:
     response = client.get("/readyz")
     assert response.status_code == 200
-    assert response.json == {"status": "ready", "revision": head_revision()}
+    assert response.json == {"status": "ready", "revision": head_revision(), "maintenance": {
+        "cascades": {"under_way": 0, "oldest_seconds": 0.0}, "failing": {}}}
 
 
 def test_readyz_is_503_on_a_database_with_no_schema(make_app: Any, empty_db_url: str) -> None:
