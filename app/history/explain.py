@@ -132,10 +132,11 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
 
 def key_reasons(conn: Connection, job: Job, now_us: int, cap: int, *,
                 sees_every_producer: bool) -> list[Reason]:
-    """The reasons of fair and ordered keys (docs/FLOW-CONTROL.md): a job held back by its ordered key (`key_blocked`, the failed
-    job that blocks the key; `key_turn`, the job whose turn it is), a failure that blocks its
-    key, and a due job of a fair type that waits for other keys' turns (`fair_share`, with
-    the keys ahead of it, at most `cap` of their jobs read). Without `sees_every_producer`
+    """The reasons of fair and ordered keys (docs/FLOW-CONTROL.md): a job held back by its
+    ordered key (`key_blocked`, the failed job that blocks the key; `key_turn`, the job whose
+    turn it is), a failure that blocks its key, and a due job of a fair type that waits for
+    other keys' turns (`fair_share`, with the keys ahead of it, at most `cap` of their jobs
+    read). Without `sees_every_producer`
     (any caller but an admin) nothing names another producer's job or key: a type whose keys
     are shared says that another producer's job goes first, not which."""
     keys = KeyRepository(conn)

@@ -1,5 +1,5 @@
-"""The SQL of fair share and ordered keys (docs/FLOW-CONTROL.md): each ordered key's turn (key_turns)
-and the rounds of a fair type's pending jobs. Every method runs on the transaction it is
+"""The SQL of fair share and ordered keys (docs/FLOW-CONTROL.md): each ordered key's turn
+(key_turns) and the rounds of a fair type's pending jobs. Every method runs on the transaction it is
 given; the rules that call them are app/jobs/key_rules.py.
 
 A key is (type, producer, concurrency_key): `producer` is the producer key that enqueued

@@ -375,10 +375,11 @@ _no_unfinished_dependency = ~(select(job_dependencies.c.job_id)
                               .where(job_dependencies.c.job_id == jobs.c.id,
                                      job_dependencies.c.resolved == literal_column("0"))
                               .exists())
-# Nor is a job of an ordered key released while its key's turn is another job's (docs/FLOW-CONTROL.md,
-# Ordered keys): it waits for its turn, which app/jobs/key_rules.py passes on. Jobs of other types
-# and keyless jobs have no turn: the look-up by the table's key finds nothing. A type's keys
-# are its producers' own or shared (producer ''), never both: one of the two probes finds it.
+# Nor is a job of an ordered key released while its key's turn is another job's
+# (docs/FLOW-CONTROL.md, Ordered keys): it waits for its turn, which app/jobs/key_rules.py
+# passes on. Jobs of other types and keyless jobs have no turn: the look-up by the table's
+# key finds nothing. A type's keys are its producers' own or shared (producer ''), never
+# both: one of the two probes finds it.
 _not_behind_a_turn = ~(select(key_turns.c.job_id)
                        .where(key_turns.c.type == jobs.c.type,
                               key_turns.c.producer.in_([jobs.c.producer, literal_column("''")]),
