@@ -341,7 +341,7 @@ job_reservations = Table(
 Index("ix_job_reservations_due", job_reservations.c.next_check_at,
       sqlite_where=text("outcome IS NULL"), postgresql_where=text("outcome IS NULL"))
 
-# -- ordered keys (docs/FLOW-CONTROL.md): the one job of each key whose turn it is -------------------
+# -- ordered keys (docs/FLOW-CONTROL.md): the one job of each key whose turn it is -----------------
 # One row per (type, producer, key) of an ordered type while the key has a job that is not
 # finished, or a failed one that blocks it: `job_id` is the job whose turn it is (pending,
 # running, waiting for its dependencies, or failed and `blocked`); the key's later jobs wait.
