@@ -24,13 +24,13 @@ def make_job(**changes) -> Job:
 
 def test_job_fields_are_the_table_columns_in_order():
     # Rows are turned into Jobs positionally: the two must never drift apart. The table's
-    # later columns (a cancel request, progress: contract §17) are not the record's, and
-    # the claim never reads them.
+    # later columns (a cancel request and progress, docs/JOBS.md; a fair job's round among
+    # its producer's keys, which only the claim's order reads) are not the record's.
     names = [c.name for c in jobs_table.columns]
     assert list(Job.__dataclass_fields__) == names[:len(Job.__dataclass_fields__)]
     assert names[len(Job.__dataclass_fields__):] == [
         "cancel_requested_at", "cancel_requested_by", "progress_done", "progress_total",
-        "progress_message", "progress_at"]
+        "progress_message", "progress_at", "fair_key_round"]
 
 
 @pytest.mark.parametrize("retry_count,expected", [(0, (0.5, 1)), (1, (1, 2)), (3, (4, 8)),
