@@ -76,11 +76,14 @@ def test_checkpoints_in_a_row_are_each_saved_and_the_short_lease_stays_held(serv
             for row in (100, 200, 300):
                 claimed.checkpoint({"next_row": row})  # each durable once it returns
                 claimed.progress(row, 300)
-            time.sleep(2.5)  # past the 2 s lease: the runner's heartbeats keep it
+            # Past the 4 s lease: the runner's heartbeats keep it. (Three checkpoints take
+            # two seconds or more at one a second, while the runner holds its own beats: a
+            # lease of 2 s could run out in them on a loaded machine.)
+            time.sleep(4.5)
             raise RetryLater(0, "the database went away")
         return {"resumed_from": claimed["checkpoint"]["next_row"]}
 
-    with running_worker(server, handle, types=["report"], lease_seconds=2):
+    with running_worker(server, handle, types=["report"], lease_seconds=4):
         done = producer.wait(job["id"], timeout=FINISH_TIMEOUT_SECONDS)
     assert done["status"] == "completed" and done["result"] == {"resumed_from": 300}
     assert seen == [None, {"next_row": 300}]
