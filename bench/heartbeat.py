@@ -78,7 +78,6 @@ class Bench:
 
     def open(self, jobs: int) -> None:
         from app import create_app
-
         from app.core.clock import ManualClock
 
         # A job takes one heartbeat a second (docs/JOBS.md, Heartbeat pace), and the bench

@@ -180,7 +180,22 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
                                pool_reset_on_return=None, **options)
         _install_sqlite_hooks(engine, sqlite_synchronous, sqlite_busy_timeout_ms, read_only)
         return engine
-    return create_engine(url, pool_pre_ping=True, **options)
+    engine = create_engine(url, pool_pre_ping=True, **options)
+    _install_postgres_hooks(engine)
+    return engine
+
+
+def _install_postgres_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "handle_error")
+    def on_error(context: Any) -> None:
+        # A backend that dies in the middle of a pipelined statement (psycopg pipelines an
+        # executemany) leaves its connection unable to leave pipeline mode; psycopg then
+        # reports that rather than the lost connection. The connection can never run
+        # another statement: marked a disconnect, the pool discards it at once instead of
+        # failing (and logging a traceback) when it tries to roll it back on check-in.
+        raw = context.connection.connection.dbapi_connection if context.connection else None
+        if getattr(raw, "broken", False) or "pipeline mode" in str(context.original_exception):
+            context.is_disconnect = True
 
 
 # deadlock_detected, serialization_failure: a transaction PostgreSQL undid whole, to be run
