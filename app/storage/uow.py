@@ -44,10 +44,6 @@ class Transaction:
         self.conn = conn
         self.events: Events = Counter()
 
-    def before_commit(self) -> None:
-        """Called once `work` has returned, in its transaction: what a subclass writes last
-        (the rows every change adds to, whose locks are best held for the shortest time)."""
-
     def committed(self) -> None:
         """Called once the transaction holding `work` has committed, never for work rolled
         back, before the events are told: what a subclass hands on to its process (the
@@ -81,9 +77,7 @@ class UnitOfWork(Generic[TxT]):
         def in_transaction(conn: Connection) -> tuple[T, TxT]:
             # Built afresh on every run: a run again after a rollback starts from nothing.
             tx = self.bind(conn)
-            result = work(tx)
-            tx.before_commit()
-            return result, tx
+            return work(tx), tx
 
         result, tx = self.db.run_write(in_transaction)
         tx.committed()
@@ -106,7 +100,6 @@ class UnitOfWork(Generic[TxT]):
         with self.db.write() as conn:
             tx = self.bind(conn)
             result = work(tx)
-            tx.before_commit()
         tx.committed()
         self.publish(tx.events)
         return result
