@@ -61,7 +61,8 @@ class Services:
 
     def close(self) -> None:
         """Write the stats counts still kept, then close the database's connections (the
-        end of a test, or of a command that built the app)."""
+        end of a test; a served process's flusher is stopped by gunicorn's worker_exit
+        hook instead)."""
         self.stats_flusher.stop()
         self.db.engine.dispose()
 
