@@ -22,6 +22,8 @@ from app.jobs.retention import RetentionWindows
 from app.jobs.service import JobService
 from app.jobs.settings import QueueSettings
 from app.jobs.timeline.recorder import HistoryRecorder
+from app.jobs.timeline.stats_buffer import StatsBuffer
+from app.jobs.timeline.stats_flusher import StatsFlusher
 from app.jobs.uow import CLAIMABLE, FINISHED, bind_jobs
 from app.jobs.waiting import JobSignal
 from app.keys.service import KeyService
@@ -54,6 +56,15 @@ class Services:
     workflows: WorkflowService
     failures: FailureGroups
     stats: StatsService
+    # Writes this process's stats counts once a second once started (start_stats_flusher).
+    stats_flusher: StatsFlusher
+
+    def close(self) -> None:
+        """Write the stats counts still kept, then close the database's connections (the
+        end of a test; a served process's flusher is stopped by gunicorn's worker_exit
+        hook instead)."""
+        self.stats_flusher.stop()
+        self.db.engine.dispose()
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -89,6 +100,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # What gunicorn's stop signals call to answer the long polls at once
     # (queuelog_gunicorn/shutdown.py, which imports nothing of the app).
     app.extensions["queuelog_end_waits"] = app.extensions["queuelog"].jobs.end_waits
+    # What gunicorn's worker_exit hook stops, writing the worker's last counts.
+    app.extensions["queuelog_stats_flusher"] = app.extensions["queuelog"].stats_flusher
 
     register_error_handlers(app)
     init_auth(app)
@@ -161,6 +174,15 @@ def stop_scheduler(app: Flask) -> None:
         ticker.stop()
 
 
+def start_stats_flusher(app: Flask) -> None:
+    """Start this process's stats flusher (app/jobs/timeline/stats_flusher.py) unless
+    QUEUELOG_STATS is off. Called where the app is served (wsgi.py, once per gunicorn
+    worker) and by the push dispatcher, not by the factory: tests and operator commands
+    write what they counted when the stats are read or their services close."""
+    if app.config["STATS"]:
+        app.extensions["queuelog"].stats_flusher.start()
+
+
 def _build_services(config: Mapping[str, Any], on_event: EventSink,
                     on_skip: SkipSink, on_fired: FiringSink) -> Services:
     engine = make_engine(
@@ -191,7 +213,10 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     # Told when a job may have finished: the reads waiting for one wake.
     finished = JobSignal(host, FINISHED)
     recorder = HistoryRecorder(events=config["JOB_EVENTS"], stats=config["STATS"])
-    uow = UnitOfWork(db, bind_jobs(recorder, keys.confirm_live, clock, key_modes_of),
+    # Each committed job transaction's counts, written by the process once a second.
+    stats_buffer = StatsBuffer(db)
+    uow = UnitOfWork(db, bind_jobs(recorder, keys.confirm_live, clock, key_modes_of,
+                                   stats=stats_buffer),
                      on_event=on_event, signals={FINISHED: finished.notify})
     jobs = JobService(uow, clock, settings, flow=flow, finished=finished,
                       claimable=JobSignal(host, CLAIMABLE))
@@ -219,5 +244,6 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
             on_fired=on_fired),
         workflows=WorkflowService(jobs, clock),
         failures=FailureGroups(db, clock),
-        stats=StatsService(db, clock, counts, settings.job_types),
+        stats=StatsService(db, clock, counts, settings.job_types, stats_buffer),
+        stats_flusher=StatsFlusher(stats_buffer),
     )

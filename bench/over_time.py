@@ -4,7 +4,8 @@ the dashboard's charts cost to read.
 1. Over HTTP, against real gunicorn (the shipped gunicorn.conf.py), CLIENTS client threads:
    single-job enqueue (POST /jobs) and the worker's claim + complete (POST /jobs/claim, then
    POST /jobs/{id}/complete) on a server counting the stats (QUEUELOG_STATS=1, the default:
-   each job transaction adds its counts to its type's minute, app/jobs/timeline/recorder.py)
+   each process adds its committed transactions' counts once a second,
+   app/jobs/timeline/stats_buffer.py)
    beside the same server with them off (QUEUELOG_STATS=0). Each on a fresh database of its
    own; the counting one already holds HISTORY_DAYS days of minutes for HISTORY_TYPES types,
    as a server that has run for a while does. Each repeat runs on and off in turns, the order
@@ -277,12 +278,11 @@ def measure(options: Any) -> Report:
         "fresh database of its own, differing only in QUEUELOG_STATS; the clients are "
         "threads in forked processes on the same cores. The claim + complete queue is "
         "filled through /jobs/batch before each run (not timed).",
-        "Counting adds one statement to each job transaction, its last before the commit "
-        "(on SQLite one per group commit, for every caller in it): an upsert of the type's "
-        "row of the minute (on PostgreSQL the connection's slot's row, so concurrent "
-        "transactions seldom wait on one row lock). The counting server's job_stats starts "
-        "with the history above, as a server that has run for two weeks has; the other's is "
-        "empty.",
+        "Counting adds no statement to a job transaction: each process keeps its committed "
+        "transactions' counts in memory and adds them about once a second in one upsert of "
+        "a row per type and minute (on PostgreSQL the process's slot's rows, so processes "
+        "seldom wait on one row lock). The counting server's job_stats starts with the "
+        "history above, as a server that has run for two weeks has; the other's is empty.",
         "GET /stats sums the slots per minute over the span (an index range of job_stats and "
         "of job_depth) and folds the minutes into buckets in Python.",
     ]

@@ -131,12 +131,14 @@ def post_worker_init(worker: Any) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    # The worker's schedule ticker lets a firing under way end before the process does.
+    # The worker's schedule ticker lets a firing under way end before the process does; then
+    # its stats flusher writes the counts it still keeps (what the firing counted included).
     # (Reached through the loaded app: this file imports nothing of it.)
     extensions = getattr(getattr(worker, "wsgi", None), "extensions", {})
-    ticker = extensions.get("queuelog_ticker")
-    if ticker is not None:
-        ticker.stop()
+    for name in ("queuelog_ticker", "queuelog_stats_flusher"):
+        stoppable = extensions.get(name)
+        if stoppable is not None:
+            stoppable.stop()
 
 
 def when_ready(server: Any) -> None:

@@ -194,7 +194,7 @@ def app_config(db_url: str, clock: ManualClock) -> dict[str, Any]:
 def app(app_config: dict[str, Any]) -> Iterator[Flask]:
     application = create_app(app_config)
     yield application
-    application.extensions["queuelog"].db.engine.dispose()
+    application.extensions["queuelog"].close()
 
 
 @pytest.fixture

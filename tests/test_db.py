@@ -3,7 +3,6 @@ schema Alembic builds equal to the code's tables on both engines."""
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,6 @@ from app.jobs.repository import (
     _pending_by_type,
     _select_by_idempotency_key,
 )
-from app.storage.at_commit import state_for
 from app.storage.engine import Database, make_engine
 from app.storage.migrations import alembic_config, current_revision, head_revision, upgrade
 
@@ -132,43 +130,6 @@ def test_a_failing_caller_in_a_group_undoes_only_its_own_writes(counter_db):
     with sqlite3.connect(path) as reader:
         stored = sorted(v for (v,) in reader.execute("SELECT v FROM t"))
     assert stored == [v for v in range(300) if v % 3]
-
-
-def test_what_callers_leave_for_the_commit_is_written_once_a_group_and_never_when_undone(
-        counter_db):
-    """app/storage/at_commit.py: callers grouped in one transaction leave their additions in
-    one state, written once before the COMMIT; a caller whose work failed leaves nothing;
-    what a rolled-back transaction left is never written by a later one."""
-    database, _path = counter_db
-    flushed: list[int] = []
-
-    def flush(conn: Any, state: dict[str, Any]) -> None:
-        flushed.append(state["n"])
-
-    def add_one(value: int) -> None:
-        def work(conn: Any) -> None:
-            conn.exec_driver_sql("INSERT INTO t VALUES (?)", (value,))
-            if value % 10 == 0:
-                raise ValueError("this caller's work fails: its savepoint is undone")
-            # Left last, once nothing of the work can fail (as JobsTx.before_commit is).
-            state = state_for(conn, "test", flush)
-            state["n"] = state.get("n", 0) + 1
-
-        with contextlib.suppress(ValueError):
-            database.run_write(work)
-
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(add_one, range(1, 201)))
-    # Every successful caller's addition written, once, by the commit of its group.
-    assert sum(flushed) == 180 and len(flushed) <= 180
-
-    with pytest.raises(RuntimeError), database.write() as conn:
-        state_for(conn, "test", flush)["n"] = 1000
-        raise RuntimeError
-    flushed.clear()
-    with database.write() as conn:
-        state_for(conn, "test", flush)["n"] = 1
-    assert flushed == [1]
 
 
 def test_in_memory_sqlite_is_refused():

@@ -57,7 +57,7 @@ def source(sqlite_template, tmp_path, clock):
     services.schedules.create_schedule(ScheduleCreateSchema().load(
         {"name": "nightly", "cron": "0 3 * * *", "timezone": "Europe/Berlin",
          "job": {"type": "pdf"}, "catch_up": "all"}))
-    services.db.engine.dispose()
+    services.close()  # its stats counts written, as a stopped server's are
     return url, producer, worker
 
 

@@ -31,7 +31,8 @@ from app.jobs.timeline.failure_repository import FailureRepository
 from app.jobs.timeline.models import SERVICE_ACTOR
 from app.jobs.timeline.recorder import HistoryRecorder
 from app.jobs.timeline.repository import HistoryRepository
-from app.jobs.timeline.stats_repository import CountKey, minute_of, pending_counts
+from app.jobs.timeline.stats_buffer import StatsBuffer
+from app.jobs.timeline.stats_repository import CountKey, minute_of
 from app.jobs.transitions import Transition
 from app.storage.uow import Transaction, UnitOfWork
 
@@ -60,7 +61,8 @@ class Timeline:
     def __init__(self, recorder: HistoryRecorder, conn: Connection) -> None:
         self._recorder = recorder
         self._conn = conn
-        # What the transaction's changes add to the minute's stats, written once at its end.
+        # What the transaction's changes add to the minute's stats, handed over once it has
+        # committed (JobsTx.committed).
         self.counts: Counter[CountKey] = Counter()
 
     def transition(self, transition: Transition, jobs: Sequence[Job], *, actor: str,
@@ -104,7 +106,7 @@ class JobsTx(Transaction):
 
     def __init__(self, conn: Connection, recorder: HistoryRecorder,
                  confirm_caller: CallerCheck, clock: Clock | None = None,
-                 key_modes: ModeSource = no_modes) -> None:
+                 key_modes: ModeSource = no_modes, stats: StatsBuffer | None = None) -> None:
         super().__init__(conn)
         # Read again once a transaction holds the rows it waited for (a dependents' release).
         self.clock = clock or Clock()
@@ -120,6 +122,7 @@ class JobsTx(Transaction):
                              lambda made, changed, at, extra: self._record(
                                  made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra))
         self._confirm_caller = confirm_caller
+        self._stats = stats
 
     def entered(self, new: Sequence[Job], now_us: int) -> list[Job]:
         """Jobs this transaction just inserted, before their enqueue is recorded: their
@@ -127,13 +130,13 @@ class JobsTx(Transaction):
         they are now."""
         return self.keys.entered(new, now_us)
 
-    def before_commit(self) -> None:
-        """Leave the stats this work counted (docs/OPERATIONS.md) for the commit: the one who
-        commits adds every caller's to the minute's row in one statement, last
-        (app/storage/at_commit.py)."""
-        if self.timeline.counts:
-            pending_counts(self.conn)[minute_of(self.clock.now_us())].update(
-                self.timeline.counts)
+    def committed(self) -> None:
+        """Hand the stats this work counted (docs/OPERATIONS.md) to the process, which writes
+        them within a second (app/jobs/timeline/stats_buffer.py): in the minute the clock
+        reads at the commit, and only once committed (`isolated` takes a failed block's
+        counts back)."""
+        if self._stats is not None and self.timeline.counts:
+            self._stats.add(minute_of(self.clock.now_us()), self.timeline.counts)
 
     def confirm(self, caller: Caller) -> None:
         """Raise unless the caller's key is still live, in this transaction: a revoked key
@@ -227,8 +230,9 @@ JobsUnitOfWork = UnitOfWork[JobsTx]
 
 
 def bind_jobs(recorder: HistoryRecorder, confirm_caller: CallerCheck = trust_caller,
-              clock: Clock | None = None,
-              key_modes: ModeSource = no_modes) -> Callable[[Connection], JobsTx]:
+              clock: Clock | None = None, key_modes: ModeSource = no_modes,
+              stats: StatsBuffer | None = None) -> Callable[[Connection], JobsTx]:
     """The factory app/storage/uow.py builds each job transaction with; `key_modes` reads
-    which types are fair or ordered (app/types)."""
-    return lambda conn: JobsTx(conn, recorder, confirm_caller, clock, key_modes)
+    which types are fair or ordered (app/types); `stats` keeps the committed transactions'
+    counts (without: they are not kept)."""
+    return lambda conn: JobsTx(conn, recorder, confirm_caller, clock, key_modes, stats)

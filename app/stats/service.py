@@ -1,8 +1,9 @@
 """The queue over time (docs/OPERATIONS.md): the buckets GET /stats and the dashboard read, and the
 ticker's chore that counts the pending depth each minute and forgets what is past keeping.
 
-The counts themselves are added by the job transactions (app/jobs/timeline/recorder.py); this
-module only reads them, and writes the depth, which no job transaction could count cheaply.
+The counts themselves are counted by the job transactions (app/jobs/timeline/recorder.py) and
+written by each process about once a second (app/jobs/timeline/stats_buffer.py); this module
+reads them, and writes the depth, which no job transaction could count cheaply.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from app.core.clock import MICROS, Clock
 from app.core.errors import ValidationFailed
 from app.core.limits import STATS_BUCKETS
 from app.jobs.counts import BacklogCounts
+from app.jobs.timeline.stats_buffer import StatsBuffer
 from app.jobs.timeline.stats_repository import MINUTE_US, StatsRepository, minute_of
 from app.stats.models import Bucket, Series, Step
 from app.storage.engine import Database
@@ -28,14 +32,16 @@ DEFAULT_SPAN_US = 3600 * MICROS
 
 class StatsService:
     """`job_types` are the configured types (each gets a depth row a minute, 0 included, so
-    that a type's depth falls to 0 on the chart rather than keeping its last value)."""
+    that a type's depth falls to 0 on the chart rather than keeping its last value);
+    `unwritten` the counts this process has not written yet."""
 
     def __init__(self, db: Database, clock: Clock, counts: BacklogCounts,
-                 job_types: Collection[str]) -> None:
+                 job_types: Collection[str], unwritten: StatsBuffer) -> None:
         self.db = db
         self.clock = clock
         self.counts = counts
         self.job_types = frozenset(job_types)
+        self.unwritten = unwritten
         self._sampled_minute = 0
         self._lock = threading.Lock()
 
@@ -60,6 +66,7 @@ class StatsService:
                 f"{STATS_BUCKETS.max} fit one answer.",
                 errors={"from": [f"At most {STATS_BUCKETS.max} {step.value}s before to."]})
         now = self.clock.now_us()
+        self._write_own_counts()
         with self.db.read() as conn:
             repo = StatsRepository(conn)
             counts = repo.counts_by_minute(job_type, first, last + width)
@@ -79,9 +86,21 @@ class StatsService:
             buckets.append(Bucket(at, sums[0], sums[1], sums[2], sums[3], shown))
         return Series(job_type, step, buckets)
 
+    def _write_own_counts(self) -> int:
+        """Write what this process counted (the rows written). Before a read, written rather
+        than added to what the read finds: a flush under way on the flusher's thread is
+        waited for, so a count is never missed between the two nor shown twice, and the
+        statement is the one the flusher would send within the second anyway. Other
+        processes' counts show once their flushers have written them, within a second."""
+        try:
+            return self.unwritten.flush()
+        except SQLAlchemyError:
+            return 0  # kept for the next flush; a read shows what is written
+
     def chore(self) -> Callable[[], int]:
-        """A ticker chore: once a minute per process, count the pending depth of every type
-        and forget a batch of what is older than 14 days. Returns the rows written."""
+        """A ticker chore: once a minute per process, count the pending depth of every type,
+        write the counts kept so far (then no minute it forgets is written after it), and
+        forget a batch of what is older than 14 days. Returns the rows written."""
 
         def stats() -> int:
             minute = minute_of(self.clock.now_us())
@@ -89,7 +108,7 @@ class StatsService:
                 if minute == self._sampled_minute:
                     return 0
                 self._sampled_minute = minute
-            return self.sample_depth() + self.forget_old()
+            return self.sample_depth() + self._write_own_counts() + self.forget_old()
 
         return stats
 

@@ -30,7 +30,6 @@ from sqlalchemy.pool import NullPool
 from app.config import DEFAULT_COUNTING_READS
 from app.core.errors import CountingReadsBusy
 from app.core.redaction import redact_error
-from app.storage.at_commit import run_before_commit
 from app.storage.files import create_private
 from app.storage.group_commit import SqliteWriter
 
@@ -266,7 +265,6 @@ class Database:
             conn = conn.execution_options(queuelog_write=True)
             with conn.begin():
                 yield conn
-                run_before_commit(conn)
 
     @contextmanager
     def counting_read(self) -> Iterator[Connection]:

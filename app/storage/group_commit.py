@@ -40,7 +40,6 @@ from typing import IO, Any, Generic, TypeVar, cast
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from app.storage.at_commit import run_before_commit
 from app.storage.files import open_private
 
 T = TypeVar("T")
@@ -115,7 +114,6 @@ class SqliteWriter:
             conn = self._connection()
             with conn.begin():
                 yield conn
-                run_before_commit(conn)
 
     def _commit(self, batch: list[_Work[Any]]) -> BaseException | None:
         """Run `batch` in one transaction and mark each piece done, or requeue the pieces an
@@ -135,7 +133,6 @@ class SqliteWriter:
                                 if not isinstance(work.error, Exception | None):
                                     interrupt, ran = work.error, batch[: position + 1]
                                     break
-                        run_before_commit(conn)
                 except DBAPIError:
                     # After a failed COMMIT (a deferred constraint, a full disk) SQLite may
                     # keep the transaction open while SQLAlchemy counts it ended: never use

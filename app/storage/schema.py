@@ -562,9 +562,9 @@ job_traces = Table(
 
 # -- the queue over time (docs/OPERATIONS.md) ------------------------------------------------------
 # Per type and minute (`minute`: the minute's first microsecond), what the job transactions
-# counted: each adds to its row in the transaction that changed the jobs. On PostgreSQL a
-# transaction adds to the row of its connection's `slot`, so that concurrent transactions
-# seldom wait on one row's lock until the other commits; a read sums the slots.
+# counted: each process adds its committed transactions' counts about once a second
+# (app/jobs/timeline/stats_buffer.py). On PostgreSQL a process adds to the row of its own
+# `slot`, so that processes seldom wait on one row's lock; a read sums the slots.
 job_stats = Table(
     "job_stats",
     metadata,

@@ -4,7 +4,7 @@ A resource package (app/jobs/uow.py) supplies `bind`, which builds its Transacti
 repositories as attributes, all on the transaction's one connection. The use cases hand
 their work to `run` (write) or `read` and never see a Database or a Connection of their
 own. The events the work counts on `tx.events` are told once the transaction holding them
-has committed, and never for work rolled back.
+has committed (`Transaction.committed` is called then too), and never for work rolled back.
 
 The group-commit rule, enforced here for every write (app/storage/group_commit.py): `work`
 may run on another request's thread, inside a transaction shared with other requests'
@@ -44,9 +44,10 @@ class Transaction:
         self.conn = conn
         self.events: Events = Counter()
 
-    def before_commit(self) -> None:
-        """Called once `work` has returned, in its transaction: what a subclass writes last
-        (the rows every change adds to, whose locks are best held for the shortest time)."""
+    def committed(self) -> None:
+        """Called once the transaction holding `work` has committed, never for work rolled
+        back, before the events are told: what a subclass hands on to its process (the
+        stats counts it keeps). The connection is no longer its to use."""
 
 
 TxT = TypeVar("TxT", bound=Transaction)
@@ -73,15 +74,14 @@ class UnitOfWork(Generic[TxT]):
         committed, after telling what it counted. `work` keeps the rule in this module's
         docstring: it touches `tx` and its own locals alone."""
 
-        def in_transaction(conn: Connection) -> tuple[T, Events]:
+        def in_transaction(conn: Connection) -> tuple[T, TxT]:
             # Built afresh on every run: a run again after a rollback starts from nothing.
             tx = self.bind(conn)
-            result = work(tx)
-            tx.before_commit()
-            return result, tx.events
+            return work(tx), tx
 
-        result, events = self.db.run_write(in_transaction)
-        self.publish(events)
+        result, tx = self.db.run_write(in_transaction)
+        tx.committed()
+        self.publish(tx.events)
         return result
 
     def read(self, work: Callable[[TxT], T]) -> T:
@@ -100,7 +100,7 @@ class UnitOfWork(Generic[TxT]):
         with self.db.write() as conn:
             tx = self.bind(conn)
             result = work(tx)
-            tx.before_commit()
+        tx.committed()
         self.publish(tx.events)
         return result
 

@@ -61,7 +61,8 @@ class HistoryRecorder:
         """Record `transition`, which left `jobs` as they are; `held_by` names the worker a
         rescued lease belonged to; `details`, by job id, adds to an event's detail what the
         job alone does not say (the dependency that cancelled it). What it adds to the stats
-        goes into `counts`, for the transaction to write at its end (without: at once)."""
+        goes into `counts`, which the transaction hands to its process once committed
+        (app/jobs/timeline/stats_buffer.py; without: written at once, in the transaction)."""
         if not jobs:
             return
         repo = HistoryRepository(conn)

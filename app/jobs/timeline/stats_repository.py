@@ -1,27 +1,23 @@
 """The only place the SQL of the queue's stats over time lives (docs/OPERATIONS.md): the per-minute
-counts the job transactions add to, the pending depth the ticker writes, and their reads.
+counts each process adds to, the pending depth the ticker writes, and their reads.
 
-A job transaction adds its counts to the row of (type, minute, slot) in one statement, its
-last before the commit (app/jobs/uow.py JobsTx.before_commit): no second commit, and a
-rollback takes the counts back with the change. On PostgreSQL each pooled connection keeps
-one slot, the next of its process's (from a random start): concurrent transactions add to
-different rows, so they seldom wait on each other's row lock; SQLite's writers are
-serialised anyway and use slot 0. Readers sum the slots.
+A process keeps what its job transactions counted and adds it to the rows of (type, minute,
+slot) about once a second (app/jobs/timeline/stats_buffer.py), all in one statement. On
+PostgreSQL each process writes to its own slot (picked at random), so that processes and
+hosts seldom wait on each other's row lock; SQLite's writers are serialised anyway and use
+slot 0. Readers sum the slots.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-import random
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection, delete, func, select
 
 from app.core.clock import MICROS
-from app.storage.at_commit import state_for
 from app.storage.dialects import conflict_insert_for
 from app.storage.schema import job_depth, job_stats
 
@@ -30,19 +26,14 @@ COUNTS = ("enqueued", "claimed", "completed", "failed")
 SLOTS = 32
 # A count of one kind for one type: ("email", "claimed").
 CountKey = tuple[str, str]
+# Rows per statement when many are added at once (after an outage): 7 parameters a row stay
+# far below SQLite's and PostgreSQL's limits on a statement's parameters.
+ROWS_PER_STATEMENT = 1000
 
 
 def minute_of(at_us: int) -> int:
     """The first microsecond of the minute `at_us` falls in."""
     return at_us - at_us % MINUTE_US
-
-
-@functools.cache
-def _add_counts(dialect: str) -> Any:
-    stmt = conflict_insert_for(dialect, job_stats)
-    return stmt.on_conflict_do_update(
-        index_elements=[job_stats.c.type, job_stats.c.minute, job_stats.c.slot],
-        set_={name: job_stats.c[name] + stmt.excluded[name] for name in COUNTS})
 
 
 @functools.cache
@@ -53,56 +44,40 @@ def _write_depth(dialect: str) -> Any:
         set_={"pending": stmt.excluded.pending})
 
 
-# The slots this process hands its connections, in turn: a process's connections (at most
-# its pool) get distinct ones, and two processes' seldom meet.
-_next_slots = itertools.count(random.randrange(SLOTS))
-_SLOT_KEY = "queuelog_stats_slot"
-
-
-def _slot(conn: Connection) -> int:
-    if conn.dialect.name != "postgresql":
-        return 0
-    # The pooled connection's own info: it lasts as long as the database connection.
-    info = conn.connection.info
-    slot = info.get(_SLOT_KEY)
-    if slot is None:
-        slot = info[_SLOT_KEY] = next(_next_slots) % SLOTS
-    return int(slot)
-
-
-def _write_pending(conn: Connection, state: dict[str, Any]) -> None:
-    repo = StatsRepository(conn)
-    for minute, counts in sorted(state["minutes"].items()):
-        repo.add(counts, minute)
-
-
-def pending_counts(conn: Connection) -> defaultdict[int, Counter[CountKey]]:
-    """minute -> the counts the transaction of `conn` will add at its commit (in one
-    statement a minute, whatever the callers sharing it: app/storage/at_commit.py)."""
-    state = state_for(conn, "stats", _write_pending)
-    pending: defaultdict[int, Counter[CountKey]] = state.setdefault(
-        "minutes", defaultdict(Counter))
-    return pending
+def _rows(by_minute: Mapping[int, Counter[CountKey]], slot: int) -> list[dict[str, Any]]:
+    """One row per (type, minute) with a count, in type then minute order: two statements
+    adding to the same rows lock them in one order (no deadlock)."""
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for minute, counts in by_minute.items():
+        for (job_type, name), count in counts.items():
+            if count:
+                row = rows.setdefault((job_type, minute), {
+                    "type": job_type, "minute": minute, "slot": slot,
+                    **dict.fromkeys(COUNTS, 0)})
+                row[name] += count
+    return [rows[key] for key in sorted(rows)]
 
 
 class StatsRepository:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
+    def add_counts(self, by_minute: Mapping[int, Counter[CountKey]], slot: int = 0) -> int:
+        """Add the counts of each minute (minute -> counts) to the minutes' rows of `slot`:
+        one multi-row statement (one per ROWS_PER_STATEMENT rows). Returns the rows."""
+        rows = _rows(by_minute, slot)
+        for first in range(0, len(rows), ROWS_PER_STATEMENT):
+            stmt = conflict_insert_for(self.conn.dialect.name, job_stats).values(
+                rows[first:first + ROWS_PER_STATEMENT])
+            self.conn.execute(stmt.on_conflict_do_update(
+                index_elements=[job_stats.c.type, job_stats.c.minute, job_stats.c.slot],
+                set_={name: job_stats.c[name] + stmt.excluded[name] for name in COUNTS}))
+        return len(rows)
+
     def add(self, counts: Counter[CountKey], now_us: int) -> None:
-        """Add `counts` to this minute's rows, one per type, in type order (two transactions
-        adding to the same types lock their rows in one order: no deadlock)."""
-        by_type: dict[str, dict[str, Any]] = {}
-        for (job_type, name), count in counts.items():
-            if count:
-                row = by_type.setdefault(job_type, dict.fromkeys(COUNTS, 0))
-                row[name] += count
-        if not by_type:
-            return
-        minute, slot = minute_of(now_us), _slot(self.conn)
-        self.conn.execute(_add_counts(self.conn.dialect.name), [
-            {"type": job_type, "minute": minute, "slot": slot, **by_type[job_type]}
-            for job_type in sorted(by_type)])
+        """Add `counts` to the rows of the minute of `now_us` at once, in the caller's
+        transaction."""
+        self.add_counts({minute_of(now_us): counts})
 
     def write_depth(self, pending: Mapping[str, int], now_us: int) -> None:
         """The pending jobs of each type as counted in this minute (a later count of the
