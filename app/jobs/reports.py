@@ -88,7 +88,7 @@ class WorkerReports:
         checkpoint = self._stored_checkpoint(progress.checkpoint)
 
         def heartbeat_in(tx: JobsTx) -> Beat:
-            repo = tx.jobs_for(caller)
+            repo = tx.jobs_confirming(caller)  # by the heartbeat's UPDATE
             now = self.clock.now_us()
             values = Transition.HEARTBEAT.values(now_us=now, lease_expires_at=now + lease_us)
             # Progress rides on the heartbeat's own UPDATE: no statement, no page more.
@@ -142,7 +142,7 @@ class WorkerReports:
         results = [self._stored_result(item.get("result")) for item in items]
 
         def complete_each(tx: JobsTx) -> list[tuple[int, Job | QueueError]]:
-            tx.confirm(caller)
+            tx.jobs_confirming(caller)  # by the first complete's UPDATE
             answers: list[tuple[int, Job | QueueError] | None] = [None] * len(items)
             # The items are judged at one moment, and the jobs they complete recorded
             # together (one executemany per history table rather than two statements a job).
@@ -235,7 +235,7 @@ class WorkerReports:
         stored_checkpoint = self._stored_checkpoint(checkpoint)
 
         def fail_in(tx: JobsTx) -> Job:
-            repo = tx.jobs_for(caller)
+            repo = tx.jobs_confirming(caller)  # by the read that locks the job
             now = self.clock.now_us()
             job = repo.get_job(job_id, for_update=True)
             if job is None or not job.is_held_by(caller.name, now, lease_token):

@@ -33,6 +33,7 @@ from app.jobs.timeline.recorder import HistoryRecorder
 from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.timeline.stats_repository import CountKey, minute_of, pending_counts
 from app.jobs.transitions import Transition
+from app.keys.repository import KeyToConfirm
 from app.storage.uow import Transaction, UnitOfWork
 
 # Not a metric event: the count of jobs a transaction left completed, failed or cancelled,
@@ -128,9 +129,14 @@ class JobsTx(Transaction):
         return self.keys.entered(new, now_us)
 
     def before_commit(self) -> None:
-        """Leave the stats this work counted (docs/OPERATIONS.md) for the commit: the one who
+        """Confirm the caller's key if no statement of the step did (jobs_confirming), then
+        leave the stats this work counted (docs/OPERATIONS.md) for the commit: the one who
         commits adds every caller's to the minute's row in one statement, last
         (app/storage/at_commit.py)."""
+        key = self.jobs.key_to_confirm
+        if key is not None:
+            self.jobs.key_to_confirm = None
+            key.confirm()
         if self.timeline.counts:
             pending_counts(self.conn)[minute_of(self.clock.now_us())].update(
                 self.timeline.counts)
@@ -158,6 +164,21 @@ class JobsTx(Transaction):
     def jobs_for(self, caller: Caller) -> JobRepository:
         """The job repository, once the caller's key is confirmed live (see confirm)."""
         self.confirm(caller)
+        return self.jobs
+
+    def jobs_confirming(self, caller: Caller) -> JobRepository:
+        """The job repository, the caller's key to be confirmed live by the step's own
+        statement rather than by one of its own: the next of its statements that folds the
+        key in (app/keys/repository.py, KeyToConfirm) changes nothing for a revoked key, and
+        if it changes nothing, asks why (Unauthorized when the key is revoked). Use it only
+        where that statement is the step's first change; a step that runs none confirms the
+        key before its commit. A revoked key changes nothing, as with confirm."""
+        if not caller.live_checked and not caller.internal:
+            def found_live() -> None:
+                caller.live_checked = True
+
+            self.jobs.key_to_confirm = KeyToConfirm(
+                caller.token_digest, lambda: self.confirm(caller), found_live)
         return self.jobs
 
     def made(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
