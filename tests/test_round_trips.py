@@ -1,6 +1,7 @@
 """What a plain step sends to PostgreSQL, counted on the engine: the pool's checkouts, the
-pings, BEGIN, each statement, COMMIT. A plain enqueue, claim and complete pay no pre-ping
-and no read of their caller's key of its own (its liveness rides on the step's statement)."""
+pings, BEGIN, each statement, COMMIT. A plain enqueue, claim, heartbeat and complete pay no
+pre-ping and no read of their caller's key of its own (its liveness rides on the step's
+statement), and a step that is one statement runs in autocommit: one round trip."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ class Sent:
                    and "jobs" not in sql for sql in self.statements)
 
 
+def _begun(conn: Any) -> str:
+    # In autocommit SQLAlchemy still begins its own transaction, but sends no BEGIN.
+    autocommit = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+    return "autocommit" if autocommit else "begin"
+
+
 @contextmanager
 def counting(app: Any) -> Iterator[Sent]:
     engine = app.extensions["queuelog"].db.engine
@@ -44,7 +51,7 @@ def counting(app: Any) -> Iterator[Sent]:
         sent.statements.append(sql)
 
     listeners = [(engine, "before_cursor_execute", statement),
-                 (engine, "begin", lambda _conn: sent.counts.update(["begin"])),
+                 (engine, "begin", lambda conn: sent.counts.update([_begun(conn)])),
                  (engine, "commit", lambda _conn: sent.counts.update(["commit"])),
                  (engine.pool, "checkout", lambda *_args: sent.counts.update(["checkout"]))]
     for target, name, listener in listeners:
@@ -70,14 +77,20 @@ def test_a_plain_step_pays_no_ping_and_no_read_of_its_key(engine_name, app, api,
         job_id = api.enqueue(producer).json["id"]
     with counting(app) as claim:
         claimed = api.claim(worker).json
+    with counting(app) as heartbeat:
+        assert api.heartbeat(worker, job_id,
+                             lease_token=claimed["lease_token"]).status_code == 200
     with counting(app) as complete:
         assert api.complete(worker, job_id,
                             lease_token=claimed["lease_token"]).status_code == 200
 
-    steps = {"enqueue": enqueue, "claim": claim, "complete": complete}
+    steps = {"enqueue": enqueue, "claim": claim, "heartbeat": heartbeat, "complete": complete}
     for step, sent in steps.items():
         print(f"{step}: {sent.round_trips} round trips, {dict(sent.counts)}, "
               f"{len(sent.statements)} statements: {[sql[:60] for sql in sent.statements]}")
     for step, sent in steps.items():
         assert sent.counts["ping"] == 0, step
         assert not sent.reads_keys(), (step, sent.statements)
+    # Already one statement: sent alone, in autocommit.
+    assert heartbeat.round_trips == 1, heartbeat.statements
+    assert heartbeat.counts["autocommit"] == 1

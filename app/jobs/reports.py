@@ -108,10 +108,13 @@ class WorkerReports:
                     job_id, checkpoint, now, CHECKPOINT_SPACING_US):
                 raise CheckpointTooSoon()  # the whole heartbeat is rolled back
             tx.made(Transition.HEARTBEAT, [job], actor=caller.name, now_us=now)
-            tx.timeline.seen(caller.name, now, claimed=False)
+            with tx.statement_of_its_own():  # a note of activity, lost at worst for a minute
+                tx.timeline.seen(caller.name, now, claimed=False)
             return Beat(job, controls)
 
-        return self._report("heartbeat", caller, job_id, heartbeat_in)
+        # Without a checkpoint, the heartbeat is its UPDATE alone: one round trip.
+        run = self.uow.run if checkpoint is not None else self.uow.run_statement
+        return self._report("heartbeat", caller, job_id, heartbeat_in, run)
 
     def _stored_checkpoint(self, checkpoint: dict[str, Any] | None) -> str | None:
         if checkpoint is None:
@@ -290,11 +293,13 @@ class WorkerReports:
                             worker=caller.name)
 
     def _report(self, report: str, caller: Caller, job_id: int,
-                work: Callable[[JobsTx], T]) -> T:
-        """Run a worker's report (heartbeat, complete, fail); a refusal is recorded as a
-        report_refused event in a transaction of its own, the report's being rolled back."""
+                work: Callable[[JobsTx], T],
+                run: Callable[[Callable[[JobsTx], T]], T] | None = None) -> T:
+        """Run a worker's report (heartbeat, complete, fail) by `run` (the unit of work's run
+        unless told); a refusal is recorded as a report_refused event in a transaction of its
+        own, the report's being rolled back."""
         try:
-            return self.uow.run(work)
+            return (run or self.uow.run)(work)
         except ReportRefused as refused:
             self._record_refusals(report, [refused])
             raise

@@ -247,6 +247,23 @@ def _install_postgres_hooks(engine: Engine) -> None:
             setattr(context.sqlalchemy_exception, NOTHING_COMMITTED, True)
 
 
+@contextmanager
+def statement_of_its_own(conn: Connection) -> Iterator[None]:
+    """In one-statement work (Database.run_statement), let the block send a write that needs
+    no atomicity with the statement before it (a note whose loss only delays it): in
+    autocommit it is a transaction of its own. Nothing changes elsewhere."""
+    if not conn.get_execution_options().get(_ONE_STATEMENT):
+        yield
+        return
+    info = conn.info
+    sent = info.get(_SENT, 0)
+    info[_SENT] = 0
+    try:
+        yield
+    finally:
+        info[_SENT] = max(sent, info.get(_SENT, 0))
+
+
 def _closed_by_server(dbapi_connection: Any) -> bool:
     """Whether an idle pooled connection was closed by its server (a restart, a terminated
     backend, an idle timeout), seen without a round trip: an idle connection has nothing to

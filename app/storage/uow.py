@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Generic, TypeVar
 
 from sqlalchemy import Connection
 
-from app.storage.engine import Database
+from app.storage.engine import Database, statement_of_its_own
 
 # What one transaction did, counted by name ("enqueued", "claimed", …).
 Events = Counter[str]
@@ -47,6 +48,11 @@ class Transaction:
     def before_commit(self) -> None:
         """Called once `work` has returned, in its transaction: what a subclass writes last
         (the rows every change adds to, whose locks are best held for the shortest time)."""
+
+    def statement_of_its_own(self) -> AbstractContextManager[None]:
+        """For work run by UnitOfWork.run_statement: the block may send a write that needs
+        no atomicity with the work's statement (app/storage/engine.py)."""
+        return statement_of_its_own(self.conn)
 
 
 TxT = TypeVar("TxT", bound=Transaction)
@@ -81,6 +87,22 @@ class UnitOfWork(Generic[TxT]):
             return result, tx.events
 
         result, events = self.db.run_write(in_transaction)
+        self.publish(events)
+        return result
+
+    def run_statement(self, work: Callable[[TxT], T]) -> T:
+        """As run, for work that sends one statement that may write (and, when it changed
+        nothing, reads saying why): on PostgreSQL in autocommit, one round trip rather than
+        BEGIN, the statement and COMMIT (Database.run_statement, whose rules `work` keeps: a
+        second write fails loudly before it is sent)."""
+
+        def alone(conn: Connection) -> tuple[T, Events]:
+            tx = self.bind(conn)
+            result = work(tx)
+            tx.before_commit()
+            return result, tx.events
+
+        result, events = self.db.run_statement(alone)
         self.publish(events)
         return result
 
