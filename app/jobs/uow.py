@@ -8,6 +8,7 @@ transition made records and tells once committed.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -109,18 +110,50 @@ class JobsTx(Transaction):
         super().__init__(conn)
         # Read again once a transaction holds the rows it waited for (a dependents' release).
         self.clock = clock or Clock()
-        self.jobs = JobRepository(conn)
-        self.dependencies = DependencyRepository(conn)
-        self.controls = ControlRepository(conn)
-        self.reservations = ReservationRepository(conn)
-        self.history = HistoryRepository(conn)
-        self.failures = FailureRepository(conn)
-        self.context = JobContextRepository(conn)
-        self.timeline = Timeline(recorder, conn)
-        self.keys = KeyRules(self.jobs, KeyRepository(conn), key_modes,
-                             lambda made, changed, at, extra: self._record(
-                                 made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra))
+        self._recorder = recorder
+        self._key_modes = key_modes
         self._confirm_caller = confirm_caller
+
+    # Each built when first used: on SQLite a transaction is built inside the write lock
+    # (app/storage/group_commit.py), where a repository no step uses would cost every writer.
+
+    @functools.cached_property
+    def jobs(self) -> JobRepository:
+        return JobRepository(self.conn)
+
+    @functools.cached_property
+    def dependencies(self) -> DependencyRepository:
+        return DependencyRepository(self.conn)
+
+    @functools.cached_property
+    def controls(self) -> ControlRepository:
+        return ControlRepository(self.conn)
+
+    @functools.cached_property
+    def reservations(self) -> ReservationRepository:
+        return ReservationRepository(self.conn)
+
+    @functools.cached_property
+    def history(self) -> HistoryRepository:
+        return HistoryRepository(self.conn)
+
+    @functools.cached_property
+    def failures(self) -> FailureRepository:
+        return FailureRepository(self.conn)
+
+    @functools.cached_property
+    def context(self) -> JobContextRepository:
+        return JobContextRepository(self.conn)
+
+    @functools.cached_property
+    def timeline(self) -> Timeline:
+        return Timeline(self._recorder, self.conn)
+
+    @functools.cached_property
+    def keys(self) -> KeyRules:
+        return KeyRules(self.jobs, KeyRepository(self.conn), self._key_modes,
+                        lambda made, changed, at, extra: self._record(
+                            made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra))
 
     def entered(self, new: Sequence[Job], now_us: int) -> list[Job]:
         """Jobs this transaction just inserted, before their enqueue is recorded: their
