@@ -12,6 +12,7 @@ from app.storage.engine import (
     Database,
     SecondStatementInAutocommit,
     make_engine,
+    need_transaction,
     statement_of_its_own,
 )
 
@@ -80,3 +81,21 @@ def test_run_write_is_unguarded(database):
 
     database.run_write(two_notes)
     assert _notes_stored(database) == [1, 2]
+
+
+def test_work_whose_statement_changed_nothing_may_go_on_in_a_transaction(database):
+    runs = []
+
+    def note_unless_renamed(conn):
+        runs.append(conn.get_execution_options().get("isolation_level"))
+        if not conn.execute(_notes.update().where(_notes.c.id == 7).values(id=8)).rowcount:
+            need_transaction(conn)  # nothing changed: the rest needs a transaction
+            conn.execute(insert(_notes).values(id=1))
+            conn.execute(insert(_notes).values(id=2))
+        return len(runs)
+
+    runs_taken = database.run_statement(note_unless_renamed)
+    assert _notes_stored(database) == [1, 2]
+    assert runs_taken == (2 if database.engine.dialect.name == "postgresql" else 1)
+    if database.engine.dialect.name == "postgresql":
+        assert runs == ["AUTOCOMMIT", None]  # alone first, then in a transaction

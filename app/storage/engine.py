@@ -247,6 +247,20 @@ def _install_postgres_hooks(engine: Engine) -> None:
             setattr(context.sqlalchemy_exception, NOTHING_COMMITTED, True)
 
 
+class RunInTransaction(Exception):
+    """Raised by need_transaction: the one-statement work is to run again in a transaction."""
+
+
+def need_transaction(conn: Connection) -> None:
+    """In one-statement work (Database.run_statement), once its statement changed nothing
+    (a row not found, a conflict) and what the work must do next needs a transaction
+    (several writes, a lock held): raise RunInTransaction, and run_statement runs the work
+    again, from the start, in a transaction. Nothing was committed, so that is safe. In a
+    transaction already (and on SQLite), nothing happens: the work goes on."""
+    if conn.get_execution_options().get(_ONE_STATEMENT):
+        raise RunInTransaction
+
+
 @contextmanager
 def statement_of_its_own(conn: Connection) -> Iterator[None]:
     """In one-statement work (Database.run_statement), let the block send a write that needs
@@ -357,17 +371,22 @@ class Database:
         exactly as run_write. What `fn` sends after it may only be plain SELECTs (which say
         why it changed nothing); a statement that may write raises
         SecondStatementInAutocommit before it is sent. `fn` must not fail once its statement
-        has changed something: nothing would roll it back.
+        has changed something: nothing would roll it back. Work whose statement changed
+        nothing and which must go on in a transaction says so (need_transaction): it runs
+        again in one, by run_write.
 
         Not run again after a dead connection: the statement may have committed. A pooled
         connection its server closed is dropped at checkout instead."""
         if self._sqlite_writer is not None:
             return self._sqlite_writer.run(fn)
-        with self.engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT", **{_ONE_STATEMENT: True})
-            result = fn(conn)
-            run_before_commit(conn)
-            return result
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT", **{_ONE_STATEMENT: True})
+                result = fn(conn)
+                run_before_commit(conn)
+                return result
+        except RunInTransaction:
+            return self.run_write(fn)
 
     @contextmanager
     def write(self) -> Iterator[Connection]:

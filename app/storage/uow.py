@@ -23,7 +23,7 @@ from typing import Generic, TypeVar
 
 from sqlalchemy import Connection
 
-from app.storage.engine import Database, statement_of_its_own
+from app.storage.engine import Database, need_transaction, statement_of_its_own
 
 # What one transaction did, counted by name ("enqueued", "claimed", …).
 Events = Counter[str]
@@ -48,6 +48,12 @@ class Transaction:
     def before_commit(self) -> None:
         """Called once `work` has returned, in its transaction: what a subclass writes last
         (the rows every change adds to, whose locks are best held for the shortest time)."""
+
+    def need_transaction(self) -> None:
+        """For work run by UnitOfWork.run_statement whose statement changed nothing and
+        which must go on in a transaction: it runs again, in one (app/storage/engine.py).
+        Nothing happens in a transaction."""
+        need_transaction(self.conn)
 
     def statement_of_its_own(self) -> AbstractContextManager[None]:
         """For work run by UnitOfWork.run_statement: the block may send a write that needs
