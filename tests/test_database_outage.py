@@ -1,5 +1,5 @@
 """An unreachable PostgreSQL is a 503 problem, never a 500, and the service recovers by
-itself when the database is back (pre-ping replaces the dead pooled connections)."""
+itself when the database is back (the dead pooled connections are replaced at checkout)."""
 
 from __future__ import annotations
 

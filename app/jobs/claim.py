@@ -155,7 +155,9 @@ class ClaimService:
         """One attempt, in its write transaction; `nonce` begins its lease tokens.
         `optimistic`: the limits are read without locks, and checked under them in `settle`
         (where writers run concurrently)."""
-        repo = tx.jobs_for(ask.caller)
+        # The key is confirmed by the claim's own statement; what comes before it changes no
+        # job for the caller, and is undone with the claim should the key be revoked.
+        repo = tx.jobs_confirming(ask.caller)
         now = self.clock.now_us()
         sweep_before_claim(tx, now, self.settings.backoff, self.health, self.rng)
 

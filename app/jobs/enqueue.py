@@ -124,7 +124,7 @@ class Enqueuing:
         new = new_job(self.intake, caller, request, header_idempotency_key, now, trace)
 
         def enqueue_in(tx: JobsTx) -> Enqueued:
-            tx.confirm(caller)
+            tx.jobs_confirming(caller)  # by the job's INSERT
             return insert_or_meet(tx, new)
 
         outcome = self.uow.run(enqueue_in)

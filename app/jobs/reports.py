@@ -88,7 +88,7 @@ class WorkerReports:
         checkpoint = self._stored_checkpoint(progress.checkpoint)
 
         def heartbeat_in(tx: JobsTx) -> Beat:
-            repo = tx.jobs_for(caller)
+            repo = tx.jobs_confirming(caller)  # by the heartbeat's UPDATE
             now = self.clock.now_us()
             values = Transition.HEARTBEAT.values(now_us=now, lease_expires_at=now + lease_us)
             # Progress rides on the heartbeat's own UPDATE: no statement, no page more.
@@ -108,10 +108,13 @@ class WorkerReports:
                     job_id, checkpoint, now, CHECKPOINT_SPACING_US):
                 raise CheckpointTooSoon()  # the whole heartbeat is rolled back
             tx.made(Transition.HEARTBEAT, [job], actor=caller.name, now_us=now)
-            tx.timeline.seen(caller.name, now, claimed=False)
+            with tx.statement_of_its_own():  # a note of activity, lost at worst for a minute
+                tx.timeline.seen(caller.name, now, claimed=False)
             return Beat(job, controls)
 
-        return self._report("heartbeat", caller, job_id, heartbeat_in)
+        # Without a checkpoint, the heartbeat is its UPDATE alone: one round trip.
+        run = self.uow.run if checkpoint is not None else self.uow.run_statement
+        return self._report("heartbeat", caller, job_id, heartbeat_in, run)
 
     def _stored_checkpoint(self, checkpoint: dict[str, Any] | None) -> str | None:
         if checkpoint is None:
@@ -142,7 +145,7 @@ class WorkerReports:
         results = [self._stored_result(item.get("result")) for item in items]
 
         def complete_each(tx: JobsTx) -> list[tuple[int, Job | QueueError]]:
-            tx.confirm(caller)
+            tx.jobs_confirming(caller)  # by the first complete's UPDATE
             answers: list[tuple[int, Job | QueueError] | None] = [None] * len(items)
             # The items are judged at one moment, and the jobs they complete recorded
             # together (one executemany per history table rather than two statements a job).
@@ -235,7 +238,7 @@ class WorkerReports:
         stored_checkpoint = self._stored_checkpoint(checkpoint)
 
         def fail_in(tx: JobsTx) -> Job:
-            repo = tx.jobs_for(caller)
+            repo = tx.jobs_confirming(caller)  # by the read that locks the job
             now = self.clock.now_us()
             job = repo.get_job(job_id, for_update=True)
             if job is None or not job.is_held_by(caller.name, now, lease_token):
@@ -290,11 +293,13 @@ class WorkerReports:
                             worker=caller.name)
 
     def _report(self, report: str, caller: Caller, job_id: int,
-                work: Callable[[JobsTx], T]) -> T:
-        """Run a worker's report (heartbeat, complete, fail); a refusal is recorded as a
-        report_refused event in a transaction of its own, the report's being rolled back."""
+                work: Callable[[JobsTx], T],
+                run: Callable[[Callable[[JobsTx], T]], T] | None = None) -> T:
+        """Run a worker's report (heartbeat, complete, fail) by `run` (the unit of work's run
+        unless told); a refusal is recorded as a report_refused event in a transaction of its
+        own, the report's being rolled back."""
         try:
-            return self.uow.run(work)
+            return (run or self.uow.run)(work)
         except ReportRefused as refused:
             self._record_refusals(report, [refused])
             raise

@@ -48,6 +48,7 @@ from app.jobs.models import BoundedCount, Job, JobControls, PendingSummary
 from app.jobs.report_pace import HEARTBEAT_SPACING_US
 from app.jobs.timeline.failure_repository import last_failed_with
 from app.jobs.transitions import Transition
+from app.keys.repository import LIVE_KEY, KeyToConfirm, live_key_condition
 from app.storage.chunks import chunked
 from app.storage.dialects import conflict_insert_for, writers_serialised
 from app.storage.integrity import refused_in_savepoint, unique_indexes_translated
@@ -101,6 +102,8 @@ _FINISHED_ROW = jobs.c.status.in_(_FINISHED)
 
 _select_by_id = select(*JOB_COLUMNS).where(jobs.c.id == bindparam("job_id"))
 _select_by_id_for_update = _select_by_id.with_for_update()
+# The same for a caller whose key it confirms live (KeyToConfirm).
+_select_by_id_for_update_if_live = _select_by_id_for_update.where(live_key_condition())
 _select_by_idempotency_key = select(*JOB_COLUMNS).where(
     jobs.c.producer == bindparam("producer"),
     jobs.c.idempotency_key == bindparam("idempotency_key"),
@@ -326,7 +329,7 @@ _CLAIMED_VALUES = Transition.CLAIM.values(
 )
 
 
-def _claim_next_any_type() -> Any:
+def _claim_next_any_type(key_to_confirm: bool) -> Any:
     # PostgreSQL renders FOR UPDATE SKIP LOCKED, so concurrent claims pass over each other's
     # rows instead of queueing on them; SQLite renders nothing and relies on BEGIN IMMEDIATE.
     # MATERIALIZED makes the candidates a fixed set: as a plain subquery PostgreSQL may
@@ -341,18 +344,16 @@ def _claim_next_any_type() -> Any:
         .cte("candidates")
         .prefix_with("MATERIALIZED")
     )
-    return (
-        update(jobs)
-        .where(jobs.c.id.in_(select(candidates.c.id)), _CLAIMABLE_ROW)
-        .values(_CLAIMED_VALUES)
-        .returning(*_CLAIMED_COLUMNS)
-    )
+    claim = update(jobs).where(jobs.c.id.in_(select(candidates.c.id)), _CLAIMABLE_ROW)
+    if key_to_confirm:
+        claim = claim.where(live_key_condition())
+    return claim.values(_CLAIMED_VALUES).returning(*_CLAIMED_COLUMNS)
 
 
 # A claimed job comes back with the checkpoint its previous attempt saved (docs/JOBS.md) and
 # the trace context it was enqueued with (docs/TRACING.md), in this order after its columns.
 _CLAIMED_COLUMNS = (*JOB_COLUMNS, CHECKPOINT, *TRACE)
-_claim_any_type = DriverStatement(_claim_next_any_type())
+_claim_any_type = DriverStatement(_claim_next_any_type(key_to_confirm=False))
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
 # One job chosen (a claim of one): on SQLite's driver cursor, as the claim of any type is.
 _claim_chosen_one = DriverStatement(
@@ -367,6 +368,11 @@ _claim_chosen = (
     .values(_CLAIMED_VALUES)
     .returning(*_CLAIMED_COLUMNS)
 )
+# The same claims, made only while the caller's key is live (KeyToConfirm).
+_claim_any_type_if_live = DriverStatement(_claim_next_any_type(key_to_confirm=True))
+_claim_chosen_one_if_live = DriverStatement(
+    _claim_chosen_one.statement.where(live_key_condition()))
+_claim_chosen_if_live = _claim_chosen.where(live_key_condition())
 
 # A waiting job whose every dependency has finished becomes pending (Transition.RELEASE): the
 # condition and the change in one statement, built once. No unique check is needed: a waiting
@@ -441,12 +447,15 @@ _HEARTBEAT_DUE = or_(
 
 @functools.cache
 def _transition_update(transition: Transition, columns: frozenset[str],
-                       fenced: bool) -> DriverStatement:
+                       fenced: bool, key_to_confirm: bool = False) -> DriverStatement:
     """UPDATE of `columns` on one job in one of the transition's from-statuses, RETURNING it.
     A worker's report also needs the job held: by the worker, under a live lease. `fenced`
-    adds: its lease token matches. Built once per shape: building and hashing a statement
-    costs more than running it on the hot paths."""
+    adds: its lease token matches; `key_to_confirm`: the caller's key is live (KeyToConfirm).
+    Built once per shape: building and hashing a statement costs more than running it on the
+    hot paths."""
     conditions = [_status_is(*transition.from_statuses)]
+    if key_to_confirm:
+        conditions.append(live_key_condition())
     if transition.by_lease_holder:
         conditions += [jobs.c.worker_id == bindparam("worker"),
                        jobs.c.lease_expires_at > bindparam("now")]
@@ -475,6 +484,20 @@ def _transition_update(transition: Transition, columns: frozenset[str],
 @functools.cache
 def _insert_statement(dialect: str, skip_conflicts: bool) -> DriverStatement:
     stmt = conflict_insert_for(dialect, jobs)
+    if skip_conflicts:
+        stmt = stmt.on_conflict_do_nothing()
+    return DriverStatement(stmt.returning(*JOB_COLUMNS))
+
+
+@functools.cache
+def _insert_if_key_live(dialect: str, skip_conflicts: bool,
+                        columns: tuple[str, ...]) -> DriverStatement:
+    """The INSERT of one job of `columns` (its values the parameters of those names), made
+    only while the caller's key is live (KeyToConfirm): INSERT … SELECT … WHERE, which inserts
+    nothing for a revoked key. Built once per shape of values."""
+    values = select(*(bindparam(name, type_=jobs.c[name].type) for name in columns)
+                    ).where(live_key_condition())
+    stmt = conflict_insert_for(dialect, jobs).from_select(list(columns), values)
     if skip_conflicts:
         stmt = stmt.on_conflict_do_nothing()
     return DriverStatement(stmt.returning(*JOB_COLUMNS))
@@ -593,6 +616,14 @@ class JobRepository:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        # The caller's key, to be confirmed live by the next statement of a step that folds
+        # it in (insert_job, claim_next_jobs, apply_transition, extend_lease, get_job for
+        # update); None once confirmed, or when nobody asked.
+        self.key_to_confirm: KeyToConfirm | None = None
+
+    def _take_key(self) -> KeyToConfirm | None:
+        key, self.key_to_confirm = self.key_to_confirm, None
+        return key
 
     # -- creating -------------------------------------------------------------------------
 
@@ -604,8 +635,14 @@ class JobRepository:
         keyed = (values.get("idempotency_key") is not None
                  or values.get("unique_scope") is not None
                  or values.get("schedule") is not None)
-        stmt = _insert_statement(self.conn.dialect.name, skip_conflicts=keyed)
-        row = stmt.first(self.conn, values)
+        key = self._take_key()
+        if key is None:
+            row = _insert_statement(self.conn.dialect.name, skip_conflicts=keyed
+                                    ).first(self.conn, values)
+        else:
+            row = _insert_if_key_live(self.conn.dialect.name, keyed, tuple(values)
+                                      ).first(self.conn, {**values, LIVE_KEY: key.digest})
+            key.answered(row is not None)
         if row is not None:
             return _job(row)
         # Skipped for a conflict (ON CONFLICT DO NOTHING names no index): once more without
@@ -661,8 +698,14 @@ class JobRepository:
     # -- reading --------------------------------------------------------------------------
 
     def get_job(self, job_id: int, *, for_update: bool = False) -> Job | None:
-        stmt = _select_by_id_for_update if for_update else _select_by_id
-        row = self.conn.execute(stmt, {"job_id": job_id}).first()
+        key = self._take_key() if for_update else None
+        if key is None:
+            stmt = _select_by_id_for_update if for_update else _select_by_id
+            row = self.conn.execute(stmt, {"job_id": job_id}).first()
+        else:
+            row = self.conn.execute(_select_by_id_for_update_if_live,
+                                    {"job_id": job_id, LIVE_KEY: key.digest}).first()
+            key.answered(row is not None)
         return None if row is None else _job(row)
 
     def jobs_by_ids(self, job_ids: Collection[int]) -> list[Job]:
@@ -858,7 +901,13 @@ class JobRepository:
         }
         rows: Sequence[Any]
         if types is None:
-            rows = _claim_any_type.rows(self.conn, params)
+            key = self._take_key()
+            if key is not None:
+                params[LIVE_KEY] = key.digest
+            claim = _claim_any_type if key is None else _claim_any_type_if_live
+            rows = claim.rows(self.conn, params)
+            if key is not None:
+                key.answered(bool(rows))
         else:
             if limits is not None:
                 types = limits.allowed(types)
@@ -872,10 +921,17 @@ class JobRepository:
             chosen = [row.id for row in itertools.islice(candidates, limit)]
             if not chosen:
                 return ClaimedRows([], {}, {})
+            key = self._take_key()
+            if key is not None:
+                params[LIVE_KEY] = key.digest
             if len(chosen) == 1:
-                rows = _claim_chosen_one.rows(self.conn, {**params, "chosen_id": chosen[0]})
+                claim_one = _claim_chosen_one if key is None else _claim_chosen_one_if_live
+                rows = claim_one.rows(self.conn, {**params, "chosen_id": chosen[0]})
             else:
-                rows = self.conn.execute(_claim_chosen, {**params, "ids": chosen}).all()
+                rows = self.conn.execute(_claim_chosen if key is None else _claim_chosen_if_live,
+                                         {**params, "ids": chosen}).all()
+            if key is not None:
+                key.answered(bool(rows))
         claimed = [_job(row) for row in rows]
         # RETURNING gives no order; hand the jobs out in claim order.
         claimed.sort(key=claim_order_key)
@@ -933,11 +989,16 @@ class JobRepository:
         there is no such job."""
         if transition.by_lease_holder and (worker is None or now_us is None):
             raise ValueError(f"{transition.name} needs the worker and the time")
+        key = self._take_key()
         stmt = _transition_update(transition, frozenset(values),
-                                  fenced=lease_token is not None)
+                                  fenced=lease_token is not None, key_to_confirm=key is not None)
         params = {"job_id": job_id, "worker": worker, "now": now_us,
                   "held_lease_token": lease_token, **_new_values(values)}
+        if key is not None:
+            params[LIVE_KEY] = key.digest
         row = stmt.first(self.conn, params)
+        if key is not None:
+            key.answered(row is not None)
         return None if row is None else _job(row)
 
     def extend_lease(self, job_id: int, values: Mapping[str, Any], *, worker: str,
@@ -946,12 +1007,18 @@ class JobRepository:
         reports any), its lease capped at the attempt's deadline: the job and its controls
         (its cancel requested?); None when the worker does not hold it, or when it does and
         the heartbeat is not due yet (app/jobs/report_pace.py)."""
+        key = self._take_key()
         stmt = _transition_update(Transition.HEARTBEAT, frozenset(values),
-                                  fenced=lease_token is not None)
-        row = stmt.first(self.conn, {"job_id": job_id, "worker": worker, "now": now_us,
-                                     "held_lease_token": lease_token,
-                                     "spaced_before": now_us - HEARTBEAT_SPACING_US,
-                                     "twice_now": 2 * now_us, **_new_values(values)})
+                                  fenced=lease_token is not None, key_to_confirm=key is not None)
+        params = {"job_id": job_id, "worker": worker, "now": now_us,
+                  "held_lease_token": lease_token,
+                  "spaced_before": now_us - HEARTBEAT_SPACING_US, "twice_now": 2 * now_us,
+                  **_new_values(values)}
+        if key is not None:
+            params[LIVE_KEY] = key.digest
+        row = stmt.first(self.conn, params)
+        if key is not None:
+            key.answered(row is not None)
         if row is None:
             return None
         return _job(row), controls_from(job_id, row[_JOB_COLUMNS:])

@@ -8,6 +8,7 @@ transition made records and tells once committed.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.timeline.stats_buffer import StatsBuffer
 from app.jobs.timeline.stats_repository import CountKey, minute_of
 from app.jobs.transitions import Transition
+from app.keys.repository import KeyToConfirm
 from app.storage.uow import Transaction, UnitOfWork
 
 # Not a metric event: the count of jobs a transaction left completed, failed or cancelled,
@@ -110,25 +112,65 @@ class JobsTx(Transaction):
         super().__init__(conn)
         # Read again once a transaction holds the rows it waited for (a dependents' release).
         self.clock = clock or Clock()
-        self.jobs = JobRepository(conn)
-        self.dependencies = DependencyRepository(conn)
-        self.controls = ControlRepository(conn)
-        self.reservations = ReservationRepository(conn)
-        self.history = HistoryRepository(conn)
-        self.failures = FailureRepository(conn)
-        self.context = JobContextRepository(conn)
-        self.timeline = Timeline(recorder, conn)
-        self.keys = KeyRules(self.jobs, KeyRepository(conn), key_modes,
-                             lambda made, changed, at, extra: self._record(
-                                 made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra))
+        self._recorder = recorder
+        self._key_modes = key_modes
         self._confirm_caller = confirm_caller
         self._stats = stats
+
+    # Each built when first used: on SQLite a transaction is built inside the write lock
+    # (app/storage/group_commit.py), where a repository no step uses would cost every writer.
+
+    @functools.cached_property
+    def jobs(self) -> JobRepository:
+        return JobRepository(self.conn)
+
+    @functools.cached_property
+    def dependencies(self) -> DependencyRepository:
+        return DependencyRepository(self.conn)
+
+    @functools.cached_property
+    def controls(self) -> ControlRepository:
+        return ControlRepository(self.conn)
+
+    @functools.cached_property
+    def reservations(self) -> ReservationRepository:
+        return ReservationRepository(self.conn)
+
+    @functools.cached_property
+    def history(self) -> HistoryRepository:
+        return HistoryRepository(self.conn)
+
+    @functools.cached_property
+    def failures(self) -> FailureRepository:
+        return FailureRepository(self.conn)
+
+    @functools.cached_property
+    def context(self) -> JobContextRepository:
+        return JobContextRepository(self.conn)
+
+    @functools.cached_property
+    def timeline(self) -> Timeline:
+        return Timeline(self._recorder, self.conn)
+
+    @functools.cached_property
+    def keys(self) -> KeyRules:
+        return KeyRules(self.jobs, KeyRepository(self.conn), self._key_modes,
+                        lambda made, changed, at, extra: self._record(
+                            made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra))
 
     def entered(self, new: Sequence[Job], now_us: int) -> list[Job]:
         """Jobs this transaction just inserted, before their enqueue is recorded: their
         ordered key's turn (or held back behind it) and their fair round. Returns them as
         they are now."""
         return self.keys.entered(new, now_us)
+
+    def before_commit(self) -> None:
+        """Confirm the caller's key if no statement of the step did (jobs_confirming): a
+        revoked key changes nothing, even on a request already under way."""
+        key = self.jobs.key_to_confirm
+        if key is not None:
+            self.jobs.key_to_confirm = None
+            key.confirm()
 
     def committed(self) -> None:
         """Hand the stats this work counted (docs/OPERATIONS.md) to the process, which writes
@@ -161,6 +203,21 @@ class JobsTx(Transaction):
     def jobs_for(self, caller: Caller) -> JobRepository:
         """The job repository, once the caller's key is confirmed live (see confirm)."""
         self.confirm(caller)
+        return self.jobs
+
+    def jobs_confirming(self, caller: Caller) -> JobRepository:
+        """The job repository, the caller's key to be confirmed live by the step's own
+        statement rather than by one of its own: the next of its statements that folds the
+        key in (app/keys/repository.py, KeyToConfirm) changes nothing for a revoked key, and
+        if it changes nothing, asks why (Unauthorized when the key is revoked). Use it only
+        where that statement is the step's first change; a step that runs none confirms the
+        key before its commit. A revoked key changes nothing, as with confirm."""
+        if not caller.live_checked and not caller.internal:
+            def found_live() -> None:
+                caller.live_checked = True
+
+            self.jobs.key_to_confirm = KeyToConfirm(
+                caller.token_digest, lambda: self.confirm(caller), found_live)
         return self.jobs
 
     def made(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,

@@ -1,11 +1,13 @@
-"""The only place API-key SQL lives."""
+"""The only place API-key SQL lives: the key statements, and the condition another
+repository's statement folds in to act only for a live key (`live_key_condition`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, exists, insert, select, update
 
 from app.keys.models import ApiKey
 from app.storage.schema import api_keys
@@ -19,6 +21,37 @@ _select_live_by_digest = DriverStatement(select(api_keys.c.id).where(
 
 _select_live_by_id = select(api_keys).where(api_keys.c.id == bindparam("id"),
                                             api_keys.c.revoked_at.is_(None))
+
+
+# The parameter a statement folding in live_key_condition takes: the key's token digest.
+LIVE_KEY = "live_key"
+
+
+def live_key_condition() -> ColumnElement[bool]:
+    """A condition true while the key whose token digest is the parameter LIVE_KEY is live.
+    A statement of a caller's step that holds it changes nothing once the key is revoked, so
+    that the key's liveness costs no statement of its own (docs/API.md, Authentication)."""
+    return exists().where(api_keys.c.token_digest == bindparam(LIVE_KEY),
+                          api_keys.c.revoked_at.is_(None))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyToConfirm:
+    """A caller's key whose liveness the next statement of its step confirms, by folding in
+    live_key_condition. A statement that finds its row confirms the key (`found_live`); one
+    that changes nothing cannot tell a revoked key from a row not there, and asks
+    (`confirm`: a statement of its own, raising Unauthorized when the key is revoked)."""
+
+    digest: str
+    confirm: Callable[[], None]
+    found_live: Callable[[], None]
+
+    def answered(self, found: bool) -> None:
+        """Told whether the statement that folded the key in found its row."""
+        if found:
+            self.found_live()
+        else:
+            self.confirm()
 
 
 class KeyRepository:

@@ -5,12 +5,19 @@ SQLite and PostgreSQL differ in exactly these places, all in app/storage:
   module is kept from issuing its own BEGIN so that writes can open with BEGIN IMMEDIATE
   (SQLAlchemy's documented pysqlite recipe);
 - the claim's `FOR UPDATE SKIP LOCKED`, rendered by PostgreSQL and left out by SQLite, and the
-  dialect's own INSERT for ON CONFLICT DO NOTHING (the repositories' statements).
+  dialect's own INSERT for ON CONFLICT DO NOTHING (the repositories' statements);
+- PostgreSQL connections are never pinged (a round trip on every checkout): a pooled
+  connection whose server closed it is dropped at checkout by a look at its socket, and a
+  write whose first statement still meets a dead connection runs again once on another
+  (`Database.run_write`), which is safe because nothing of it can have been committed;
+- a step that is one statement runs on PostgreSQL in autocommit, without BEGIN and COMMIT
+  (`Database.run_statement`).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,7 +31,7 @@ from sqlalchemy import (
     event,
 )
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.pool import NullPool
 
 from app.config import DEFAULT_COUNTING_READS
@@ -179,12 +186,45 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
                                pool_reset_on_return=None, **options)
         _install_sqlite_hooks(engine, sqlite_synchronous, sqlite_busy_timeout_ms, read_only)
         return engine
-    engine = create_engine(url, pool_pre_ping=True, **options)
+    engine = create_engine(url, **options)
     _install_postgres_hooks(engine)
     return engine
 
 
+# Kept in each pooled PostgreSQL connection's info: the statements sent since its checkout.
+_SENT = "queuelog_sent"
+# An execution option: the connection runs one statement in autocommit (run_statement).
+_ONE_STATEMENT = "queuelog_one_statement"
+# Set on a driver error raised by a disconnect that came at the first statement of a
+# transaction: nothing of the transaction can have been committed.
+NOTHING_COMMITTED = "queuelog_nothing_committed"
+
+
+class SecondStatementInAutocommit(RuntimeError):
+    """Work run as one statement (Database.run_statement) sent a second statement that may
+    write: the first is committed already, so the two are not atomic. A defect of the work,
+    raised before the statement is sent."""
+
+
 def _install_postgres_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "checkout")
+    def drop_if_closed(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        record.info[_SENT] = 0
+        if _closed_by_server(dbapi_connection):
+            # The pool connects this record afresh and hands that out instead.
+            raise DisconnectionError("the server closed this pooled connection")
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def count_sent(conn: Connection, _cursor: Any, statement: str, *_args: Any) -> None:
+        info = conn.info
+        sent = info.get(_SENT, 0) + 1
+        info[_SENT] = sent
+        if sent > 1 and conn.get_execution_options().get(_ONE_STATEMENT) and _may_write(
+                statement):
+            raise SecondStatementInAutocommit(
+                f"a second statement in autocommit, after one already committed: "
+                f"{statement[:80]!r}")
+
     @event.listens_for(engine, "handle_error")
     def on_error(context: Any) -> None:
         # A backend that dies in the middle of a pipelined statement (psycopg pipelines an
@@ -192,9 +232,74 @@ def _install_postgres_hooks(engine: Engine) -> None:
         # reports that rather than the lost connection. The connection can never run
         # another statement: marked a disconnect, the pool discards it at once instead of
         # failing (and logging a traceback) when it tries to roll it back on check-in.
-        raw = context.connection.connection.dbapi_connection if context.connection else None
+        conn = context.connection
+        raw = conn.connection.dbapi_connection if conn is not None else None
         if getattr(raw, "broken", False) or "pipeline mode" in str(context.original_exception):
             context.is_disconnect = True
+        # A connection that died before or at its transaction's first statement: nothing
+        # it sent can have been committed (COMMIT comes after the statements; in autocommit
+        # the statement is its own commit, so there it never counts).
+        if (context.is_disconnect and conn is not None and context.statement is not None
+                and context.sqlalchemy_exception is not None
+                and conn.info.get(_SENT, 0) <= 1
+                and not conn.get_execution_options().get(_ONE_STATEMENT)):
+            setattr(context.sqlalchemy_exception, NOTHING_COMMITTED, True)
+
+
+class RunInTransaction(Exception):
+    """Raised by need_transaction: the one-statement work is to run again in a transaction."""
+
+
+def need_transaction(conn: Connection) -> None:
+    """In one-statement work (Database.run_statement), once its statement changed nothing
+    (a row not found, a conflict) and what the work must do next needs a transaction
+    (several writes, a lock held): raise RunInTransaction, and run_statement runs the work
+    again, from the start, in a transaction. Nothing was committed, so that is safe. In a
+    transaction already (and on SQLite), nothing happens: the work goes on."""
+    if conn.get_execution_options().get(_ONE_STATEMENT):
+        raise RunInTransaction
+
+
+@contextmanager
+def statement_of_its_own(conn: Connection) -> Iterator[None]:
+    """In one-statement work (Database.run_statement), let the block send a write that needs
+    no atomicity with the statement before it (a note whose loss only delays it): in
+    autocommit it is a transaction of its own. Nothing changes elsewhere."""
+    if not conn.get_execution_options().get(_ONE_STATEMENT):
+        yield
+        return
+    info = conn.info
+    sent = info.get(_SENT, 0)
+    info[_SENT] = 0
+    try:
+        yield
+    finally:
+        info[_SENT] = max(sent, info.get(_SENT, 0))
+
+
+def _closed_by_server(dbapi_connection: Any) -> bool:
+    """Whether an idle pooled connection was closed by its server (a restart, a terminated
+    backend, an idle timeout), seen without a round trip: an idle connection has nothing to
+    read unless the server said goodbye (its last message, then the end of the stream)."""
+    if getattr(dbapi_connection, "closed", False) or getattr(dbapi_connection, "broken", False):
+        return True
+    pgconn = dbapi_connection.pgconn
+    try:
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN)
+        if not poller.poll(0):
+            return False
+        pgconn.consume_input()  # raises at the end of the stream
+    except Exception:  # whatever the socket or the driver says, it is unusable
+        return True
+    return bool(pgconn.status != 0)  # not CONNECTION_OK
+
+
+def _may_write(statement: str) -> bool:
+    """Whether a statement may write: anything but a plain SELECT (which answers why the
+    one statement changed nothing)."""
+    return (statement.lstrip()[:6].upper() != "SELECT"
+            or " FOR UPDATE" in statement.upper())
 
 
 # deadlock_detected, serialization_failure: a transaction PostgreSQL undid whole, to be run
@@ -240,11 +345,17 @@ class Database:
         if self._sqlite_writer is not None:
             return self._sqlite_writer.run(fn)
         attempts = 1
+        reconnected = False
         while True:
             try:
                 with self.write() as conn:
                     return fn(conn)
             except DBAPIError as exc:
+                if getattr(exc, NOTHING_COMMITTED, False) and not reconnected:
+                    # The connection was dead before its first statement (its server closed
+                    # it unseen): once more, on another connection.
+                    reconnected = True
+                    continue
                 # PostgreSQL undid the transaction whole to break a deadlock (or a
                 # serialization failure): `fn` may run again (the rule above), and its
                 # next run finds the other transaction committed.
@@ -252,6 +363,27 @@ class Database:
                         or attempts == _WRITE_ATTEMPTS):
                     raise
                 attempts += 1
+
+    def run_statement(self, fn: Callable[[Connection], T]) -> T:
+        """As run_write, for work that sends one statement that may write: on PostgreSQL in
+        autocommit, without BEGIN and COMMIT (the statement is atomic by itself); elsewhere
+        exactly as run_write. What `fn` sends after it may only be plain SELECTs (which say
+        why it changed nothing); a statement that may write raises
+        SecondStatementInAutocommit before it is sent. `fn` must not fail once its statement
+        has changed something: nothing would roll it back. Work whose statement changed
+        nothing and which must go on in a transaction says so (need_transaction): it runs
+        again in one, by run_write.
+
+        Not run again after a dead connection: the statement may have committed. A pooled
+        connection its server closed is dropped at checkout instead."""
+        if self._sqlite_writer is not None:
+            return self._sqlite_writer.run(fn)
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT", **{_ONE_STATEMENT: True})
+                return fn(conn)
+        except RunInTransaction:
+            return self.run_write(fn)
 
     @contextmanager
     def write(self) -> Iterator[Connection]:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Generic, TypeVar
 
 from sqlalchemy import Connection
 
-from app.storage.engine import Database
+from app.storage.engine import Database, need_transaction, statement_of_its_own
 
 # What one transaction did, counted by name ("enqueued", "claimed", …).
 Events = Counter[str]
@@ -44,10 +45,25 @@ class Transaction:
         self.conn = conn
         self.events: Events = Counter()
 
+    def before_commit(self) -> None:
+        """Called once `work` has returned, in its transaction, before it commits: what a
+        subclass must still check or write there."""
+
     def committed(self) -> None:
         """Called once the transaction holding `work` has committed, never for work rolled
         back, before the events are told: what a subclass hands on to its process (the
         stats counts it keeps). The connection is no longer its to use."""
+
+    def need_transaction(self) -> None:
+        """For work run by UnitOfWork.run_statement whose statement changed nothing and
+        which must go on in a transaction: it runs again, in one (app/storage/engine.py).
+        Nothing happens in a transaction."""
+        need_transaction(self.conn)
+
+    def statement_of_its_own(self) -> AbstractContextManager[None]:
+        """For work run by UnitOfWork.run_statement: the block may send a write that needs
+        no atomicity with the work's statement (app/storage/engine.py)."""
+        return statement_of_its_own(self.conn)
 
 
 TxT = TypeVar("TxT", bound=Transaction)
@@ -77,9 +93,28 @@ class UnitOfWork(Generic[TxT]):
         def in_transaction(conn: Connection) -> tuple[T, TxT]:
             # Built afresh on every run: a run again after a rollback starts from nothing.
             tx = self.bind(conn)
-            return work(tx), tx
+            result = work(tx)
+            tx.before_commit()
+            return result, tx
 
         result, tx = self.db.run_write(in_transaction)
+        tx.committed()
+        self.publish(tx.events)
+        return result
+
+    def run_statement(self, work: Callable[[TxT], T]) -> T:
+        """As run, for work that sends one statement that may write (and, when it changed
+        nothing, reads saying why): on PostgreSQL in autocommit, one round trip rather than
+        BEGIN, the statement and COMMIT (Database.run_statement, whose rules `work` keeps: a
+        second write fails loudly before it is sent)."""
+
+        def alone(conn: Connection) -> tuple[T, TxT]:
+            tx = self.bind(conn)
+            result = work(tx)
+            tx.before_commit()
+            return result, tx
+
+        result, tx = self.db.run_statement(alone)
         tx.committed()
         self.publish(tx.events)
         return result
@@ -100,6 +135,7 @@ class UnitOfWork(Generic[TxT]):
         with self.db.write() as conn:
             tx = self.bind(conn)
             result = work(tx)
+            tx.before_commit()
         tx.committed()
         self.publish(tx.events)
         return result

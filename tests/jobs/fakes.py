@@ -13,7 +13,7 @@ import copy
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 from app.core.clock import Clock
@@ -244,6 +244,9 @@ class FakeTx(JobsTx):
         self.keys = KeyRules(jobs, _NoKeyRepository(), no_modes,  # type: ignore[arg-type]
                              lambda *_recorded: None)
 
+    def statement_of_its_own(self) -> AbstractContextManager[None]:
+        return nullcontext()  # no connection, so nothing to tell apart
+
 
 class _NoKeyRepository:
     conn = None
@@ -282,6 +285,10 @@ class FakeUnitOfWork:
             if count:
                 self.on_event(name, count)
         return result
+
+    def run_statement(self, work: Callable[[FakeTx], T]) -> T:
+        """As UnitOfWork.run_statement: for the fakes, a write as any other."""
+        return self.run(work)
 
     def read(self, work: Callable[[FakeTx], T]) -> T:
         snapshot = copy.copy(self.jobs.rows)
