@@ -17,6 +17,7 @@ from app.jobs.counts import BacklogCounts
 from app.jobs.host_wake import HostWake, wake_directory
 from app.jobs.ids import JobIdConverter
 from app.jobs.intake import IntakeRules
+from app.jobs.maintenance_loop import MaintenanceLoop
 from app.jobs.models import Backoff
 from app.jobs.retention import RetentionWindows
 from app.jobs.service import JobService
@@ -30,6 +31,7 @@ from app.ops.metrics import QueueMetrics
 from app.schedules.service import FiringSink, ScheduleService, ScheduleSettings
 from app.stats.service import StatsService
 from app.storage.engine import Database, database_identity, make_engine
+from app.storage.leadership import leadership_of
 from app.storage.uow import EventSink, UnitOfWork
 from app.types.flow import FlowControl, SkipSink
 from app.types.repository import key_modes_of
@@ -54,6 +56,7 @@ class Services:
     workflows: WorkflowService
     failures: FailureGroups
     stats: StatsService
+    maintenance: MaintenanceLoop
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -147,11 +150,7 @@ def start_scheduler(app: Flask) -> None:
 
     services = app.extensions["queuelog"]
     app.extensions["queuelog_ticker"] = Ticker(
-        services.schedules,
-        chores=[services.jobs.sweep, services.jobs.cascades.chore,
-                services.jobs.release_overdue_reservations,
-                services.jobs.retention.chore(services.types.retention_windows),
-                services.stats.chore()]).start()
+        services.schedules, chores=[services.stats.chore()]).start()
 
 
 def stop_scheduler(app: Flask) -> None:
@@ -159,6 +158,21 @@ def stop_scheduler(app: Flask) -> None:
     ticker = app.extensions.get("queuelog_ticker")
     if ticker is not None:
         ticker.stop()
+
+
+def start_maintenance(app: Flask) -> None:
+    """Start this process's maintenance loop (app/jobs/maintenance_loop.py), whatever
+    QUEUELOG_SCHEDULER says: one process per database leads it, and without a leader no
+    lease would be rescued. Called where the app is served (wsgi.py), not by the factory:
+    operator commands run no maintenance. (An app on a ManualClock runs a round each time
+    the clock is moved, and starts no thread.)"""
+    app.extensions["queuelog"].maintenance.start()
+
+
+def stop_maintenance(app: Flask) -> None:
+    """Stop the maintenance loop and give its lead up, letting a round under way end
+    (gunicorn's worker_exit hook): another process takes the lead at its next try."""
+    app.extensions["queuelog"].maintenance.stop()
 
 
 def _build_services(config: Mapping[str, Any], on_event: EventSink,
@@ -198,18 +212,19 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     # Jobs released by their last dependency's end wake the waiting claims, as an enqueue
     # does.
     uow.signals[CLAIMABLE] = jobs.signal.notify
+    types = TypeService(db, clock, settings.job_types, counts,
+                        push_origins=config["PUSH_ALLOWED_ORIGINS"],
+                        retention_defaults=RetentionWindows(
+                            config["RETENTION_COMPLETED_SECONDS"] or None,
+                            config["RETENTION_FAILED_SECONDS"] or None,
+                            config["RETENTION_CANCELLED_SECONDS"] or None))
     return Services(
         db=db,
         clock=clock,
         jobs=jobs,
         keys=keys,
         counts=counts,
-        types=TypeService(db, clock, settings.job_types, counts,
-                          push_origins=config["PUSH_ALLOWED_ORIGINS"],
-                          retention_defaults=RetentionWindows(
-                              config["RETENTION_COMPLETED_SECONDS"] or None,
-                              config["RETENTION_FAILED_SECONDS"] or None,
-                              config["RETENTION_CANCELLED_SECONDS"] or None)),
+        types=types,
         history=HistoryService(db, clock, jobs, keys, ahead_limit=config["EXPLAIN_AHEAD_LIMIT"]),
         schedules=ScheduleService(
             db, clock, jobs, IntakeRules(settings.job_types, settings.max_payload_bytes,
@@ -220,4 +235,6 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         workflows=WorkflowService(jobs, clock),
         failures=FailureGroups(db, clock),
         stats=StatsService(db, clock, counts, settings.job_types),
+        maintenance=MaintenanceLoop(leadership_of(engine),
+                                    jobs.maintenance_chores(types.retention_windows), clock),
     )

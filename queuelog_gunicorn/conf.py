@@ -131,12 +131,16 @@ def post_worker_init(worker: Any) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    # The worker's schedule ticker lets a firing under way end before the process does.
+    # The worker's schedule ticker lets a firing under way end before the process does, and
+    # its maintenance loop a round, then gives the lead up at once rather than at its death.
     # (Reached through the loaded app: this file imports nothing of it.)
     extensions = getattr(getattr(worker, "wsgi", None), "extensions", {})
     ticker = extensions.get("queuelog_ticker")
     if ticker is not None:
         ticker.stop()
+    services = extensions.get("queuelog")
+    if services is not None:
+        services.maintenance.stop()
 
 
 def when_ready(server: Any) -> None:
