@@ -17,6 +17,7 @@ from app.jobs.counts import BacklogCounts
 from app.jobs.host_wake import HostWake, wake_directory
 from app.jobs.ids import JobIdConverter
 from app.jobs.intake import IntakeRules
+from app.jobs.maintenance_loop import MaintenanceLoop
 from app.jobs.models import Backoff
 from app.jobs.retention import RetentionWindows
 from app.jobs.service import JobService
@@ -32,6 +33,7 @@ from app.ops.metrics import QueueMetrics
 from app.schedules.service import FiringSink, ScheduleService, ScheduleSettings
 from app.stats.service import StatsService
 from app.storage.engine import Database, database_identity, make_engine
+from app.storage.leadership import leadership_of
 from app.storage.uow import EventSink, UnitOfWork
 from app.types.flow import FlowControl, SkipSink
 from app.types.repository import key_modes_of
@@ -56,13 +58,15 @@ class Services:
     workflows: WorkflowService
     failures: FailureGroups
     stats: StatsService
+    maintenance: MaintenanceLoop
     # Writes this process's stats counts once a second once started (start_stats_flusher).
     stats_flusher: StatsFlusher
 
     def close(self) -> None:
-        """Write the stats counts still kept, then close the database's connections (the
-        end of a test; a served process's flusher is stopped by gunicorn's worker_exit
-        hook instead)."""
+        """Stop the maintenance loop (giving its lead up), write the stats counts still
+        kept, then close the database's connections (the end of a test; a served process's
+        are stopped by gunicorn's worker_exit hook instead)."""
+        self.maintenance.stop()
         self.stats_flusher.stop()
         self.db.engine.dispose()
 
@@ -160,11 +164,7 @@ def start_scheduler(app: Flask) -> None:
 
     services = app.extensions["queuelog"]
     app.extensions["queuelog_ticker"] = Ticker(
-        services.schedules,
-        chores=[services.jobs.sweep, services.jobs.cascades.chore,
-                services.jobs.release_overdue_reservations,
-                services.jobs.retention.chore(services.types.retention_windows),
-                services.stats.chore()]).start()
+        services.schedules, chores=[services.stats.chore()]).start()
 
 
 def stop_scheduler(app: Flask) -> None:
@@ -181,6 +181,21 @@ def start_stats_flusher(app: Flask) -> None:
     write what they counted when the stats are read or their services close."""
     if app.config["STATS"]:
         app.extensions["queuelog"].stats_flusher.start()
+
+
+def start_maintenance(app: Flask) -> None:
+    """Start this process's maintenance loop (app/jobs/maintenance_loop.py), whatever
+    QUEUELOG_SCHEDULER says: one process per database leads it, and without a leader no
+    lease would be rescued. Called where the app is served (wsgi.py), not by the factory:
+    operator commands run no maintenance. (An app on a ManualClock runs a round each time
+    the clock is moved, and starts no thread.)"""
+    app.extensions["queuelog"].maintenance.start()
+
+
+def stop_maintenance(app: Flask) -> None:
+    """Stop the maintenance loop and give its lead up, letting a round under way end
+    (gunicorn's worker_exit hook): another process takes the lead at its next try."""
+    app.extensions["queuelog"].maintenance.stop()
 
 
 def _build_services(config: Mapping[str, Any], on_event: EventSink,
@@ -223,18 +238,19 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     # Jobs released by their last dependency's end wake the waiting claims, as an enqueue
     # does.
     uow.signals[CLAIMABLE] = jobs.signal.notify
+    types = TypeService(db, clock, settings.job_types, counts,
+                        push_origins=config["PUSH_ALLOWED_ORIGINS"],
+                        retention_defaults=RetentionWindows(
+                            config["RETENTION_COMPLETED_SECONDS"] or None,
+                            config["RETENTION_FAILED_SECONDS"] or None,
+                            config["RETENTION_CANCELLED_SECONDS"] or None))
     return Services(
         db=db,
         clock=clock,
         jobs=jobs,
         keys=keys,
         counts=counts,
-        types=TypeService(db, clock, settings.job_types, counts,
-                          push_origins=config["PUSH_ALLOWED_ORIGINS"],
-                          retention_defaults=RetentionWindows(
-                              config["RETENTION_COMPLETED_SECONDS"] or None,
-                              config["RETENTION_FAILED_SECONDS"] or None,
-                              config["RETENTION_CANCELLED_SECONDS"] or None)),
+        types=types,
         history=HistoryService(db, clock, jobs, keys, ahead_limit=config["EXPLAIN_AHEAD_LIMIT"]),
         schedules=ScheduleService(
             db, clock, jobs, IntakeRules(settings.job_types, settings.max_payload_bytes,
@@ -246,4 +262,6 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         failures=FailureGroups(db, clock),
         stats=StatsService(db, clock, counts, settings.job_types, stats_buffer),
         stats_flusher=StatsFlusher(stats_buffer),
+        maintenance=MaintenanceLoop(leadership_of(engine),
+                                    jobs.maintenance_chores(types.retention_windows), clock),
     )

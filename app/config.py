@@ -209,7 +209,7 @@ SETTINGS: tuple[Setting, ...] = (
             "asked again after the backoff"),
     Setting("DISPATCH_GRACE_SECONDS", 20.0, _float_in(0, 900),
             "on SIGTERM, how long deliveries in flight may take to finish before they are "
-            "released (retried at once by the next claim)"),
+            "released (claimable again at once)"),
 )
 
 

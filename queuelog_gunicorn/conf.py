@@ -131,14 +131,20 @@ def post_worker_init(worker: Any) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    # The worker's schedule ticker lets a firing under way end before the process does; then
-    # its stats flusher writes the counts it still keeps (what the firing counted included).
+    # The worker's schedule ticker lets a firing under way end before the process does, and
+    # its maintenance loop a round, then gives the lead up at once rather than at its death;
+    # last, its stats flusher writes the counts it still keeps (what those counted included).
     # (Reached through the loaded app: this file imports nothing of it.)
     extensions = getattr(getattr(worker, "wsgi", None), "extensions", {})
-    for name in ("queuelog_ticker", "queuelog_stats_flusher"):
-        stoppable = extensions.get(name)
-        if stoppable is not None:
-            stoppable.stop()
+    ticker = extensions.get("queuelog_ticker")
+    if ticker is not None:
+        ticker.stop()
+    services = extensions.get("queuelog")
+    if services is not None:
+        services.maintenance.stop()
+    flusher = extensions.get("queuelog_stats_flusher")
+    if flusher is not None:
+        flusher.stop()
 
 
 def when_ready(server: Any) -> None:

@@ -140,10 +140,33 @@ $$
 """
 
 
+# The maintenance lead an earlier test's app kept (one it built itself and never stopped)
+# ended, so that this test's app can take it: its session is ended, and the lock waited for
+# (the server frees it as the session ends, a moment later).
+_END_EARLIER_LEADERS = """
+DO $$
+BEGIN
+    PERFORM pg_terminate_backend(pid) FROM pg_locks
+    WHERE locktype = 'advisory' AND pid <> pg_backend_pid()
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database());
+    FOR attempt IN 1..500 LOOP
+        EXIT WHEN NOT EXISTS (
+            SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid <> pg_backend_pid()
+              AND database = (SELECT oid FROM pg_database WHERE datname = current_database()));
+        PERFORM pg_sleep(0.01);
+    END LOOP;
+END
+$$
+"""
+
+
 def _empty_postgres(url: str) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.exec_driver_sql(_EMPTY_POSTGRES)
+    with engine.connect() as conn:
+        conn.exec_driver_sql(_END_EARLIER_LEADERS)
+        conn.commit()
     engine.dispose()
 
 

@@ -10,6 +10,7 @@ import functools
 import re
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -30,21 +31,40 @@ class Clock:
     def now_us(self) -> int:
         return time.time_ns() // 1000
 
+    def on_advance(self, listener: Callable[[], object]) -> bool:
+        """Have `listener` called each time this clock is moved by hand, in the thread that
+        moves it; False (nothing registered) for a clock that moves on its own, as this
+        one does: whoever waits on it must watch it themselves."""
+        return False
+
 
 class ManualClock(Clock):
-    """A clock that only moves when told to: lease and backoff tests run without sleeping."""
+    """A clock that only moves when told to: lease and backoff tests run without sleeping.
+
+    What waits on time registers with `on_advance`: moving the clock runs what fell due
+    before `advance` returns, as the passing of that time would have."""
 
     def __init__(self, start_us: int | None = None) -> None:
         self._now = time.time_ns() // 1000 if start_us is None else start_us
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[], object]] = []
 
     def now_us(self) -> int:
         with self._lock:
             return self._now
 
+    def on_advance(self, listener: Callable[[], object]) -> bool:
+        with self._lock:
+            self._listeners.append(listener)
+        return True
+
     def advance(self, seconds: float) -> None:
         with self._lock:
             self._now += round(seconds * MICROS)
+            listeners = list(self._listeners)
+        # Outside the lock: a listener reads the clock.
+        for listener in listeners:
+            listener()
 
 
 def to_rfc3339(micros: int | None) -> str | None:

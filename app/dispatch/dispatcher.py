@@ -9,8 +9,8 @@ PUSH_LEASE_MARGIN_SECONDS, so types are claimed in groups of one timeout.
 Stopping (SIGTERM, SIGINT): no further claim; deliveries in flight get `grace_seconds` to
 finish; any still unanswered then is released (a failed attempt, retried at once, as a
 lease expiry would make it: the receiver may have acted on it) and the process exits 0.
-A dispatcher killed outright loses nothing either: its leases expire and the next claim
-takes the jobs back.
+A dispatcher killed outright loses nothing either: its leases expire and maintenance takes
+the jobs back.
 
 One more thread looks for the checks of reservations left unanswered past their deadline,
 and `checks.concurrency` threads of their own ask them, at most `checks.per_origin` at one

@@ -229,8 +229,8 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
         expires = job.lease_expires_at or 0
         message = (f"Worker {job.worker_id} holds it until {to_rfc3339(expires)}."
                    if expires > now_us else
-                   f"Worker {job.worker_id}'s lease ran out at {to_rfc3339(expires)}; the "
-                   "next claim takes it back as a failed attempt.")
+                   f"Worker {job.worker_id}'s lease ran out at {to_rfc3339(expires)}; "
+                   "maintenance takes it back as a failed attempt within a second.")
         return Explanation(job.id, job.status, False, [_reason(
             ReasonCode.RUNNING, message, worker_id=job.worker_id,
             claimed_at=to_rfc3339(job.claimed_at), lease_expires_at=to_rfc3339(expires),

@@ -5,8 +5,8 @@ Each step is a short write transaction of its own, which takes up to CASCADES_PE
 the remembered jobs (on PostgreSQL skipping those another process steps now), applies one
 bounded step of each, and remembers what is left. They run right after the transaction that
 left them commits, on its thread, for up to FOLLOW_SECONDS (so that a graph of a few thousand
-jobs is settled by the time its request answers), and from every served process's ticker
-(app/schedules/ticker.py), which takes over the rest and any a process left when it died.
+jobs is settled by the time its request answers), and from the maintenance leader's rounds
+(app/jobs/maintenance_loop.py), which take over the rest and any a process left when it died.
 A failing step is maintenance's failure (app/jobs/maintenance.py): the request that ended
 the job has committed and answers as it would; the step is retried with a backoff.
 """
@@ -26,7 +26,7 @@ from app.jobs.uow import JobsUnitOfWork
 CASCADES_PER_STEP = STEP_EDGES
 # How long the thread whose transaction left a cascade goes on with it before answering.
 FOLLOW_SECONDS = 0.5
-# And the ticker, per tick (a tick is 0.5 s): steps hold the write lock briefly each, and
+# And maintenance, per round (a round is 0.5 s): steps hold the write lock briefly each, and
 # other writers take their turns between them.
 TICK_SECONDS = 0.1
 
@@ -73,8 +73,8 @@ class Cascades:
         self.go_on(FOLLOW_SECONDS)
 
     def chore(self) -> None:
-        """The ticker's share; a read first, so that a tick with no cascade under way (nearly
-        every tick) takes no write lock."""
+        """Maintenance's share; a read first, so that a round with no cascade under way (nearly
+        every round) takes no write lock."""
         if self.health.may_run(CASCADE) and self.under_way()[0]:
             self.go_on(TICK_SECONDS)
 

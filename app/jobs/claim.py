@@ -2,25 +2,25 @@
 
 One claim reads top to bottom, in one write transaction (`_claim_in`):
 
-1. sweep (app/jobs/sweeps.py): rescue the expired leases, so a job whose worker died is
-   claimable by this very claim, and cancel the jobs past their expiry (in a savepoint: a
-   sweep that fails is maintenance's failure, reported, and never the claim's);
-2. ask the flow-control policy (app/jobs/flow.py) what may run now: ClaimLimits, or None
+1. ask the flow-control policy (app/jobs/flow.py) what may run now: ClaimLimits, or None
    when no limit concerns the claim; a fair type's jobs that came due are numbered;
-3. claim with the conditions the repository makes of those limits;
-4. settle: pay the rate tokens and, where writers run concurrently, check the claim under
+2. claim with the conditions the repository makes of those limits;
+3. settle: pay the rate tokens and, where writers run concurrently, check the claim under
    its types' row locks (LimitReached), restamping its jobs if it waited for a lock;
-5. record: the history of the transition, the claimed event, the worker seen.
+4. record: the history of the transition, the claimed event, the worker seen.
 
 A claim that met LimitReached is made once more on limits read under the locks, which
 cannot miss. What only metrics need (the skips, last_claim_at) is the policy's, after the
 commit. A claim with nothing due may wait for work: no connection is held while it waits,
 and it peeks (`_may_claim_now`) every POLL_SECONDS for the other processes' work.
+
+A claim sweeps nothing: the maintenance loop's leader rescues expired leases and cancels
+expired jobs (app/jobs/maintenance_loop.py). Meanwhile a job whose lease ran out is still
+running, and one past its expiry is never a candidate (the claim's statement says so).
 """
 
 from __future__ import annotations
 
-import random
 import secrets
 import time
 from collections.abc import Iterable
@@ -31,10 +31,8 @@ from app.core.clock import MICROS, Clock
 from app.core.tracecontext import Trace
 from app.jobs.flow import ClaimLimits, FlowPolicy, LimitReached
 from app.jobs.intake import require_configured_types
-from app.jobs.maintenance import MaintenanceHealth
 from app.jobs.models import Job
 from app.jobs.settings import QueueSettings
-from app.jobs.sweeps import sweep_before_claim
 from app.jobs.transitions import Transition
 from app.jobs.uow import JobsTx, JobsUnitOfWork
 from app.jobs.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
@@ -78,16 +76,10 @@ class ClaimService:
     """The claim use cases: claim, await_claim (JobService composes them)."""
 
     def __init__(self, uow: JobsUnitOfWork, clock: Clock, settings: QueueSettings,
-                 signal: JobSignal, flow: FlowPolicy | None = None,
-                 rng: random.Random | None = None,
-                 health: MaintenanceHealth | None = None) -> None:
+                 signal: JobSignal, flow: FlowPolicy | None = None) -> None:
         self.uow = uow
-        # Where the claim's sweeps report a failure, which never fails the claim.
-        self.health = health or MaintenanceHealth()
         self.clock = clock
         self.settings = settings
-        # Draws the backoff of an attempt that timed out.
-        self.rng = rng
         # Told when this process enqueued (JobService): waiting claims look again.
         self.signal = signal
         # None: no flow control at all (services built without the type settings).
@@ -159,8 +151,6 @@ class ClaimService:
         # job for the caller, and is undone with the claim should the key be revoked.
         repo = tx.jobs_confirming(ask.caller)
         now = self.clock.now_us()
-        sweep_before_claim(tx, now, self.settings.backoff, self.health, self.rng)
-
         limits = None if self.flow is None else self.flow.limits(
             tx.conn, ask.wanted, now, lock=not optimistic, push=ask.push)
         if not optimistic:

@@ -1,7 +1,9 @@
 """How this process's maintenance fares: each chore's failures, and when it may run again.
 
 Maintenance (the sweeps of expired leases and jobs, the next steps of a cascade, the
-release of overdue reservations) is never a request's own work: a chore that fails is
+release of overdue reservations, retention) is never a request's own work: the leader's
+maintenance loop runs it (app/jobs/maintenance_loop.py), and a request that ends a job
+follows the cascade it left. A chore that fails is
 logged (its error's class, never a payload, a token or the SQL), counted in /metrics
 (queuelog_maintenance_failures), shown in /readyz's `maintenance` detail, and retried with
 a backoff, while requests and the other chores go on (docs/OPERATIONS.md).
@@ -29,6 +31,7 @@ RESCUE = "lease_rescue"
 EXPIRY = "expiry"
 CASCADE = "dependency_cascade"
 RESERVATIONS = "reservation_release"
+RETENTION = "retention"
 
 FailureSink = Callable[[str], None]
 
@@ -54,7 +57,7 @@ def backoff_seconds(failures: int) -> float:
 
 class MaintenanceHealth:
     """The failures of this process's chores, and the jobs each holds back. Thread-safe:
-    claims, requests that end jobs and the ticker report here.
+    the maintenance loop and the requests that follow their cascades report here.
 
     A chore that fails as a whole (the database does not answer) waits out its backoff
     (`may_run`); one whose work fails for some jobs alone holds those jobs back for theirs
@@ -65,9 +68,8 @@ class MaintenanceHealth:
         self._lock = threading.Lock()
         self._failing: dict[str, ChoreFailure] = {}
         self._retry_at: dict[str, float] = {}
-        # chore -> job id -> (failures in a row, when it may be tried again, whether it
-        # failed alone: a job that failed in a batch is only a suspect)
-        self._held: dict[str, dict[int, tuple[int, float, bool]]] = {}
+        # chore -> job id -> (failures in a row, when it may be tried again)
+        self._held: dict[str, dict[int, tuple[int, float]]] = {}
         # Told the chore's name at each failure (the metrics' counter).
         self.on_failure: list[FailureSink] = []
 
@@ -75,15 +77,13 @@ class MaintenanceHealth:
         """False while a chore that failed as a whole waits out its backoff."""
         return self._monotonic() >= self._retry_at.get(chore, 0.0)
 
-    def held_back(self, chore: str, *, suspects: bool = True) -> frozenset[int]:
-        """The chore's jobs waiting out their backoff; without `suspects`, only those that
-        failed alone (the ticker takes the suspects one at a time, to find which fails)."""
+    def held_back(self, chore: str) -> frozenset[int]:
+        """The chore's jobs waiting out their backoff."""
         held = self._held.get(chore)
         if not held:
             return frozenset()
         now = self._monotonic()
-        return frozenset(job_id for job_id, (_n, retry_at, alone) in held.items()
-                         if retry_at > now and (alone or suspects))
+        return frozenset(job_id for job_id, (_n, retry_at) in held.items() if retry_at > now)
 
     def succeeded(self, chore: str, ids: Collection[int] = ()) -> None:
         """The chore ran (for `ids`: these jobs went through)."""
@@ -92,7 +92,7 @@ class MaintenanceHealth:
             for job_id in ids:
                 held.pop(job_id, None)
             now = self._monotonic()
-            still_held = sum(1 for _n, retry_at, _alone in held.values() if retry_at > now)
+            still_held = sum(1 for _n, retry_at in held.values() if retry_at > now)
             self._retry_at.pop(chore, None)
             failure = self._failing.get(chore)
             if failure is None:
@@ -104,11 +104,9 @@ class MaintenanceHealth:
         log.warning("maintenance: %s works again after %d failure(s)", chore,
                     failure.failures)
 
-    def failed(self, chore: str, error: BaseException, ids: Collection[int] = (), *,
-               alone: bool = False) -> None:
-        """Log and count the failure; hold back `ids` (the jobs it failed on; `alone`: a
-        job taken by itself) for their backoff, or without ids the whole chore for its
-        own."""
+    def failed(self, chore: str, error: BaseException, ids: Collection[int] = ()) -> None:
+        """Log and count the failure; hold back `ids` (the jobs it failed on) for their
+        backoff, or without ids the whole chore for its own."""
         name = type(error).__name__
         now = self._monotonic()
         with self._lock:
@@ -117,15 +115,15 @@ class MaintenanceHealth:
             if ids:
                 held = self._held.setdefault(chore, {})
                 for job_id in ids:
-                    strikes = held.get(job_id, (0, 0.0, False))[0] + 1
-                    held[job_id] = (strikes, now + backoff_seconds(strikes), alone)
+                    strikes = held.get(job_id, (0, 0.0))[0] + 1
+                    held[job_id] = (strikes, now + backoff_seconds(strikes))
                 while len(held) > MAX_HELD_BACK:
                     del held[next(iter(held))]
                 delay = max(held[job_id][1] for job_id in ids if job_id in held) - now
             else:
                 delay = backoff_seconds(failures)
                 self._retry_at[chore] = now + delay
-            held_now = sum(1 for _n, retry_at, _alone in self._held.get(chore, {}).values()
+            held_now = sum(1 for _n, retry_at in self._held.get(chore, {}).values()
                            if retry_at > now)
             self._failing[chore] = ChoreFailure(
                 since=time.time() if failure is None else failure.since,

@@ -81,7 +81,7 @@ def _status_is_of(table: Any, statuses: Collection[JobStatus]) -> Any:
 
 _CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
 # A job past its expires_at is never handed out (docs/JOBS.md): every claim's candidates and
-# its UPDATE say so, at the claim's own moment; the claim's sweep cancels such jobs.
+# its UPDATE say so, at the claim's own moment; the maintenance loop cancels such jobs.
 _NOT_EXPIRED = or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > bindparam("now"))
 # Listed with their status as a literal, which matches their partial indexes of ids
 # (ix_jobs_failed_id, ix_jobs_cancelled_id): few among many stored, found at once. The other
@@ -187,8 +187,6 @@ def _count_ahead(restricted_to_one_type: bool) -> Any:
 _ahead_any_type = _count_ahead(restricted_to_one_type=False)
 _ahead_of_type = _count_ahead(restricted_to_one_type=True)
 
-_expired_lease_probe = select(jobs.c.id).where(
-    _RESCUABLE_ROW, jobs.c.lease_expires_at <= bindparam("now")).limit(1)
 _due_probe_any_type = _pending_due(restricted_to_one_type=False).limit(1)
 _due_probe_one_type = _pending_due(restricted_to_one_type=True).limit(1)
 
@@ -787,13 +785,11 @@ class JobRepository:
 
     def has_claimable_work(self, now_us: int, types: Collection[str] | None,
                            limits: ClaimLimits | None = None) -> bool:
-        """True when a claim now could find a job: a due pending one, or an expired lease.
-        Index probes only; cheap enough to poll while claims wait. `types=None` means any
-        type. Under `limits` (with `types` then the wanted ones, every configured type when
-        any is), only work they allow counts: a waiting claim must not wake for jobs it may
-        not take."""
-        if self.conn.execute(_expired_lease_probe, {"now": now_us}).first() is not None:
-            return True
+        """True when a claim now could find a job: a due pending one (a job whose lease ran
+        out is pending again once the maintenance loop rescues it). Index probes only;
+        cheap enough to poll while claims wait. `types=None` means any type. Under `limits`
+        (with `types` then the wanted ones, every configured type when any is), only work
+        they allow counts: a waiting claim must not wake for jobs it may not take."""
         if types is None:
             return self.conn.execute(_due_probe_any_type, {"now": now_us}).first() is not None
         if limits is not None:
@@ -1125,7 +1121,7 @@ class JobRepository:
         jobs' index (ix_jobs_finished_type_status_updated: its predicate is written out, so
         that both planners match it). A job with an idempotency key created since
         `keyed_created_before_us` is left (the idempotency floor). Locked on PostgreSQL,
-        skipping rows another process's retention holds: two tickers take disjoint
+        skipping rows another process's retention holds: two processes take disjoint
         batches."""
         stmt = select(jobs.c.updated_at, jobs.c.id).where(
             _FINISHED_ROW, _status_is(status), jobs.c.type == job_type,

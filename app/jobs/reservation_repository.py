@@ -90,7 +90,7 @@ class ReservationRepository:
 
     def overdue_without_check(self, now_us: int, limit: int) -> list[int]:
         """Jobs still reserved, past their deadline, whose reservation has no check url:
-        released by the ticker. Locked on PostgreSQL; those another process holds are
+        released by maintenance. Locked on PostgreSQL; those another process holds are
         left to it."""
         return self._to_release(job_reservations.c.next_check_at, now_us,
                                 job_reservations.c.check_url.is_(None), limit)

@@ -3,7 +3,7 @@ then confirms it (pending) once its own commit is done, or releases it (cancelle
 
 Every reservation is resolved, by whichever comes first of: its producer's confirm or release;
 its check's answer (the dispatcher asks the check url after the deadline: app/dispatch);
-its deadline, when it has no check url (the ticker releases it); 24 hours of unanswered
+its deadline, when it has no check url (maintenance releases it); 24 hours of unanswered
 checks (released). Each is the same conditional UPDATE from `reserved`, so the first wins and
 the others find the job resolved: a repeat of the same outcome is answered as the first was,
 the other outcome is 409.
@@ -26,7 +26,7 @@ from app.jobs.timeline.models import SERVICE_ACTOR
 from app.jobs.transitions import Transition
 from app.jobs.uow import CLAIMABLE, JobsTx, JobsUnitOfWork
 
-# Reservations the ticker releases in one transaction at most.
+# Reservations maintenance releases in one transaction at most.
 RELEASE_BATCH = 100
 # How long a check url may leave a reservation unanswered, from its deadline: then it is
 # released (docs/JOBS.md, Reserved jobs).
@@ -80,7 +80,7 @@ class Reservations:
     # -- the service's resolutions ------------------------------------------------------------
 
     def release_overdue(self) -> int:
-        """The ticker's round: reservations past their deadline without a check url, and
+        """Maintenance's round: reservations past their deadline without a check url, and
         those whose check went unanswered for 24 hours, released (a batch of each). Returns
         how many."""
         now = self.now()

@@ -1,11 +1,12 @@
 """Retention: finished jobs deleted once old enough, with their history, in short batches —
-by hand (`queuelog purge`) and by every served process's ticker, per type (docs/OPERATIONS.md).
+by hand (`queuelog purge`) and by the maintenance leader, per type (docs/OPERATIONS.md).
 
-The ticker's retention keeps no state another process needs: each batch is one short write
-transaction that finds the type's jobs past their window, deletes them and their history, and
-commits. Two processes (or hosts) on one database take disjoint batches (PostgreSQL: SKIP
-LOCKED; SQLite: one writer at a time, and a row already deleted is simply not found), and a
-process that dies mid-batch leaves the batch to be found again by the next tick anywhere.
+Maintenance's retention keeps no state another process needs (the lead may change hands):
+each batch is one short write transaction that finds the type's jobs past their window,
+deletes them and their history, and commits. Two processes (or hosts) on one database take
+disjoint batches (PostgreSQL: SKIP LOCKED; SQLite: one writer at a time, and a row already
+deleted is simply not found), and a process that dies mid-batch leaves the batch to be found
+again by the next leader's round.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ Cleanup = Callable[[JobsTx, list[int]], None]
 # A job with an idempotency key is kept at least this long after it was created, whatever its
 # type's window: producers may retry an enqueue that long and must get the same job back.
 IDEMPOTENCY_FLOOR_SECONDS = 86_400
-# The ticker's retention deletes this many jobs per transaction: each holds the write lock
+# Maintenance's retention deletes this many jobs per transaction: each holds the write lock
 # (SQLite's, or the rows' on PostgreSQL) for a few milliseconds, so enqueues and claims go on
 # between batches.
 RETENTION_BATCH_JOBS = 200
-# At most this many batches per tick: the ticker's other chores (schedules) wait no longer.
+# At most this many batches per round: maintenance's other chores wait no longer.
 RETENTION_BATCHES_PER_TICK = 10
-# And no more batches in a tick once they took this long: retention's share of the write lock
-# stays under a tenth per process (a tick is 0.5 s), so that enqueues and claims keep their
+# And no more batches in a round once they took this long: retention's share of the write
+# lock stays under a tenth (a round is 0.5 s), so that enqueues and claims keep their
 # pace while a backlog of expired jobs goes (on SQLite every writer of the host shares one
 # lock; bench/retention.py measures the rates during a removal against without one).
 RETENTION_SECONDS_PER_TICK = 0.05
@@ -70,7 +71,7 @@ class Retention:
         self.bulk_batch_size = bulk_batch_size
         # What other resources keep of a job (a workflow's membership), deleted with it.
         self.cleanups: list[Cleanup] = []
-        # The ticker's pass under way in this process: where each (type, status) scan got to
+        # The pass under way in this process: where each (type, status) scan got to
         # (kept jobs are stepped over, not read again), and when the next pass may start.
         self._positions: dict[tuple[str, JobStatus], tuple[int, int] | None] = {}
         self._pass: list[tuple[str, JobStatus]] = []
@@ -79,7 +80,7 @@ class Retention:
 
     @property
     def pass_under_way(self) -> bool:
-        """The ticker's pass has (type, status) scans left: its next call goes on with them."""
+        """The pass has (type, status) scans left: its next call goes on with them."""
         return bool(self._pass)
 
     def on_purged(self, cleanup: Cleanup) -> None:
@@ -111,7 +112,7 @@ class Retention:
                        max_batches: int = RETENTION_BATCHES_PER_TICK,
                        batch_jobs: int = RETENTION_BATCH_JOBS,
                        max_seconds: float | None = RETENTION_SECONDS_PER_TICK) -> int:
-        """The ticker's chore: go on with this process's retention pass for up to
+        """Maintenance's chore: go on with this process's retention pass for up to
         `max_batches` batches, or until they took `max_seconds` (None: no time bound);
         returns the jobs deleted. A pass reads the types' windows,
         forgets the failure groups of each type not seen within its failed window, then
@@ -155,7 +156,7 @@ class Retention:
         return deleted
 
     def chore(self, read_windows: WindowsSource) -> Callable[[], int]:
-        """remove_expired as a ticker chore."""
+        """remove_expired as a maintenance chore."""
 
         def retention() -> int:
             return self.remove_expired(read_windows)

@@ -16,13 +16,14 @@ from app.jobs.claim import ClaimService
 from app.jobs.enqueue import Enqueuing
 from app.jobs.flow import FlowPolicy
 from app.jobs.intake import IntakeRules
-from app.jobs.maintenance import RESERVATIONS, MaintenanceHealth
+from app.jobs.maintenance import CASCADE, RESERVATIONS, RETENTION, MaintenanceHealth
+from app.jobs.maintenance_loop import Chore
 from app.jobs.reads import JobReads
 from app.jobs.reports import WorkerReports
 from app.jobs.reservations import Reservations
-from app.jobs.retention import Retention
+from app.jobs.retention import Retention, WindowsSource
 from app.jobs.settings import QueueSettings
-from app.jobs.sweeps import sweep_alone
+from app.jobs.sweeps import sweep_overdue
 from app.jobs.uow import CASCADE_LEFT, JobsUnitOfWork
 from app.jobs.waiting import JobSignal, WaitingBudget
 
@@ -41,7 +42,8 @@ class JobService:
         self.settings = settings
         self.signal = claimable or JobSignal()
         self.rng = rng
-        # Maintenance (sweeps, cascades) reports here: /readyz and /metrics show it.
+        # Maintenance (the loop's chores, the cascades requests follow) reports here:
+        # /readyz and /metrics show it.
         self.maintenance = MaintenanceHealth()
         self.cascades = Cascades(uow, clock, self.maintenance)
         # A transaction that left a cascade under way: its next steps follow its commit.
@@ -69,7 +71,7 @@ class JobService:
         self.prepare_graph = enqueuing.prepare_graph
         self.enqueue_graph_in = enqueuing.enqueue_graph_in
         # flow None: no flow control at all (services built without the type settings).
-        claims = ClaimService(uow, clock, settings, self.signal, flow, rng, self.maintenance)
+        claims = ClaimService(uow, clock, settings, self.signal, flow)
         self.claim = claims.claim
         self.await_claim = claims.await_claim
         self.heartbeat = reports.heartbeat
@@ -90,15 +92,28 @@ class JobService:
         self.on_purged = retention.on_purged
 
     def sweep(self) -> None:
-        """The ticker's sweeps of expired leases and jobs (app/jobs/sweeps.py), each in its
-        own transaction; a failure is maintenance's, reported, never raised."""
-        sweep_alone(self.uow, self.clock.now_us, self.settings.backoff, self.maintenance,
-                    self.rng)
+        """The sweeps of expired leases and jobs (app/jobs/sweeps.py), each in its own
+        transactions; a failure is maintenance's, reported, never raised."""
+        sweep_overdue(self.uow, self.clock.now_us, self.settings.backoff, self.maintenance,
+                      self.rng)
 
     def release_overdue_reservations(self) -> None:
-        """The ticker's release of reservations past their deadline
-        (app/jobs/reservations.py), as maintenance: a failure is reported, never raised."""
+        """The release of reservations past their deadline (app/jobs/reservations.py), as
+        maintenance: a failure is reported, never raised."""
         self.maintenance.guarded(RESERVATIONS, self.reservations.release_overdue)
+
+    def maintenance_chores(self, retention_windows: WindowsSource) -> list[Chore]:
+        """What the maintenance loop's leader runs each round (app/jobs/maintenance_loop.py),
+        in order, each reporting its own failures (`retention_windows`: every type's)."""
+        remove_expired = self.retention.chore(retention_windows)
+
+        def retention() -> None:
+            self.maintenance.guarded(RETENTION, remove_expired)
+
+        def cascades() -> None:
+            self.maintenance.guarded(CASCADE, self.cascades.chore)
+
+        return [self.sweep, cascades, self.release_overdue_reservations, retention]
 
     @property
     def max_payload_bytes(self) -> int:

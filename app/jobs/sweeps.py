@@ -1,60 +1,37 @@
-"""What a claim sweeps before it chooses, so that a job overdue in any way is settled by the
-next claim at the latest, on every claim path (a worker's, a claim-many, a long poll's, the
-dispatcher's push):
+"""The sweeps the maintenance loop's leader runs (app/jobs/maintenance_loop.py), each round:
 
 - running jobs whose lease ran out: a failed attempt whose worker is presumed dead (RESCUE);
   past the attempt's deadline, a timed-out attempt (TIME_OUT); with a cancel requested, the
   end of the job (STOP_UNREPORTED);
 - pending and waiting jobs past their expires_at, never claimed: cancelled (EXPIRE).
 
-Each sweep takes a bounded batch, so one claim's transaction stays short; the next claims take
-the rest (a claim never hands out an expired job meanwhile: its candidates say so).
-
-A sweep is maintenance, not the claim's own work: once its probe found something, the work
-runs in a savepoint, and a failure (a job whose end the database refuses, say) is undone,
-reported to MaintenanceHealth (logged, counted, shown in /readyz) and held back for its
-backoff, while the claim goes on and hands out what it may: a job whose lease ran out is
-still running and one past its expiry is never a candidate, swept or not. The ticker runs
-the same sweeps in transactions of their own (`sweep_alone`), a job at a time once a batch
-fails, so that one job the database refuses holds back no other."""
+Claims sweep nothing: a job whose lease ran out is still running, and one past its expiry is
+never a candidate (the claim's own statement says so), swept or not. Each sweep takes a
+bounded batch in a transaction of its own; a batch that fails is taken again a job at a
+time, each in a savepoint, so that one job the database refuses (reported to
+MaintenanceHealth: logged, counted, shown in /readyz, and held back for its backoff) holds
+back no other."""
 
 from __future__ import annotations
 
 import functools
 import random
+import time
 from collections.abc import Callable
 
+from app.core.statuses import JobStatus
 from app.jobs.attempts import end_attempt
 from app.jobs.maintenance import EXPIRY, RESCUE, MaintenanceHealth
 from app.jobs.models import Backoff, Job
 from app.jobs.timeline.models import SERVICE_ACTOR
 from app.jobs.transitions import Transition
-from app.jobs.uow import JobsTx, JobsUnitOfWork
+from app.jobs.uow import CLAIMABLE, JobsTx, JobsUnitOfWork
 
-# Expired leases, and expired jobs, taken by one claim at most.
+# Expired leases, and expired jobs, taken by one transaction at most.
 RESCUE_BATCH = 100
 EXPIRY_BATCH = 100
-
-
-def sweep_before_claim(tx: JobsTx, now: int, backoff: Backoff, health: MaintenanceHealth,
-                       rng: random.Random | None = None) -> None:
-    """The claim's sweeps, each isolated from the claim (see the module's docstring): a
-    batch that fails is undone and its jobs held back for their backoff (the ticker finds
-    which of them fails)."""
-    # Read past the jobs held back, so that they never crowd the others out of a batch.
-    held = health.held_back(RESCUE)
-    expired = [job for job in tx.jobs.find_expired_leases(now, RESCUE_BATCH + len(held))
-               if job.id not in held]
-    if expired:
-        ids = [job.id for job in expired]
-        _report(health, RESCUE, ids, _isolated(
-            tx, lambda: rescue_expired_leases(tx, expired, now, backoff, rng)))
-    held = health.held_back(EXPIRY)
-    overdue = [job_id for job_id in tx.jobs.find_expired_unclaimed(now, EXPIRY_BATCH + len(held))
-               if job_id not in held]
-    if overdue:
-        _report(health, EXPIRY, overdue,
-                _isolated(tx, lambda: cancel_expired_jobs(tx, overdue, now)))
+# How long one round's sweep of each goes on with full batches (a round is half a second).
+SWEEP_SECONDS = 0.1
 
 
 def _isolated(tx: JobsTx, work: Callable[[], None]) -> Exception | None:
@@ -62,57 +39,60 @@ def _isolated(tx: JobsTx, work: Callable[[], None]) -> Exception | None:
     try:
         with tx.isolated():
             work()
-    except Exception as error:  # a sweep's failure is maintenance's, never the claim's
+    except Exception as error:  # a sweep's failure is reported, and stops no other job's
         return error
     return None
 
 
-def _report(health: MaintenanceHealth, chore: str, ids: list[int],
-            error: Exception | None) -> None:
-    if error is None:
-        health.succeeded(chore, ids)
-    else:
-        health.failed(chore, error, ids)
+def sweep_overdue(uow: JobsUnitOfWork, now: Callable[[], int], backoff: Backoff,
+                  health: MaintenanceHealth, rng: random.Random | None = None) -> None:
+    """The sweeps: batches of each, each in a transaction of its own, for up to
+    SWEEP_SECONDS each; a batch that fails is taken again a job at a time, each in a
+    savepoint, so that the jobs the database refuses are reported and held back, and the
+    others swept."""
 
-
-def sweep_alone(uow: JobsUnitOfWork, now: Callable[[], int], backoff: Backoff,
-                health: MaintenanceHealth, rng: random.Random | None = None) -> None:
-    """The ticker's sweeps: a batch of each, in a transaction of its own; a batch that fails
-    is taken again a job at a time, each in a savepoint, so that the jobs the database
-    refuses are reported and held back, and the others swept."""
-
-    def rescue(tx: JobsTx) -> list[tuple[int, Exception]]:
+    def rescue(tx: JobsTx) -> tuple[bool, list[tuple[int, Exception]]]:
         at = now()
-        held = health.held_back(RESCUE, suspects=False)
+        held = health.held_back(RESCUE)
         expired = [job for job in tx.jobs.find_expired_leases(at, RESCUE_BATCH + len(held))
                    if job.id not in held]
+        full = len(expired) >= RESCUE_BATCH
         if not expired or _isolated(
                 tx, lambda: rescue_expired_leases(tx, expired, at, backoff, rng)) is None:
             health.succeeded(RESCUE, [job.id for job in expired])
-            return []
-        return _one_by_one(tx, [job.id for job in expired], lambda job_id: (
+            return full, []
+        return full, _one_by_one(tx, [job.id for job in expired], lambda job_id: (
             rescue_expired_leases(tx, [job for job in expired if job.id == job_id], at,
                                   backoff, rng)), health, RESCUE)
 
-    def expire(tx: JobsTx) -> list[tuple[int, Exception]]:
+    def expire(tx: JobsTx) -> tuple[bool, list[tuple[int, Exception]]]:
         at = now()
-        held = health.held_back(EXPIRY, suspects=False)
+        held = health.held_back(EXPIRY)
         overdue = [job_id for job_id in
                    tx.jobs.find_expired_unclaimed(at, EXPIRY_BATCH + len(held))
                    if job_id not in held]
+        full = len(overdue) >= EXPIRY_BATCH
         if not overdue or _isolated(tx, lambda: cancel_expired_jobs(tx, overdue, at)) is None:
             health.succeeded(EXPIRY, overdue)
-            return []
-        return _one_by_one(tx, overdue, lambda job_id: cancel_expired_jobs(tx, [job_id], at),
-                           health, EXPIRY)
+            return full, []
+        return full, _one_by_one(tx, overdue,
+                                 lambda job_id: cancel_expired_jobs(tx, [job_id], at),
+                                 health, EXPIRY)
 
     for chore, sweep in ((RESCUE, rescue), (EXPIRY, expire)):
-        # Each in its own transaction; the failures reported once it has committed what
-        # went through. A database that does not answer fails the whole chore, reported.
-        def run(sweep: Callable[[JobsTx], list[tuple[int, Exception]]] = sweep,
+        # Each batch in its own transaction; its failures reported once it has committed
+        # what went through. A database that does not answer fails the whole chore,
+        # reported. Full batches are followed by more (a crash of many workers leaves
+        # many leases), other writers taking their turns between them.
+        def run(sweep: Callable[[JobsTx], tuple[bool, list[tuple[int, Exception]]]] = sweep,
                 chore: str = chore) -> None:
-            for job_id, error in uow.run(sweep):
-                health.failed(chore, error, [job_id], alone=True)
+            deadline = time.monotonic() + SWEEP_SECONDS
+            while True:
+                full, failures = uow.run(sweep)
+                for job_id, error in failures:
+                    health.failed(chore, error, [job_id])
+                if not full or failures or time.monotonic() >= deadline:
+                    return
         health.guarded(chore, run)
 
 
@@ -148,6 +128,8 @@ def rescue_expired_leases(tx: JobsTx, expired: list[Job], now: int, backoff: Bac
         ended = end_attempt(tx.jobs, made, job, values)
         if ended is not None:
             tx.made(made, [ended], actor=SERVICE_ACTOR, now_us=now, held_by=job.worker_id)
+            if ended.status == JobStatus.PENDING:
+                tx.events[CLAIMABLE] += 1  # wakes the waiting claims, as an enqueue does
 
 
 def _stop_unreported(tx: JobsTx, job: Job, requested_by: str, now: int) -> None:

@@ -73,7 +73,7 @@ JOB_METRICS: Mapping[JobMetric, str] = {
     JobMetric.FAILED: "Attempts that left a job failed for good (no retries left).",
     JobMetric.RETRY_SCHEDULED: "Failed attempts that sent a job back to pending (lease "
                                "expiries included).",
-    JobMetric.RESCUED: "Running jobs whose lease expired and that a claim took back.",
+    JobMetric.RESCUED: "Running jobs whose lease expired and that maintenance took back.",
     JobMetric.REPORT_REFUSED: "Heartbeats, completes and fails refused with 409 (the worker "
                               "did not hold the job).",
     JobMetric.REQUEUED: "Failed or cancelled jobs an admin sent back to pending (retry, "

@@ -45,7 +45,8 @@ def healthz() -> Response:
                                  "refused until the operator fixes a setting, or what slows "
                                  "the service down (a long transaction on PostgreSQL, "
                                  "failing maintenance); `maintenance` shows the cascades "
-                                 "under way and this process's failing chores.")],
+                                 "under way, this process's failing chores, and whether "
+                                 "this process leads the database's maintenance.")],
             errors=[503])
 def readyz() -> Response:
     newest = newest_revision()
@@ -77,7 +78,8 @@ def readyz() -> Response:
             f"s (over QUEUELOG_LONG_TRANSACTION_WARNING_SECONDS, {limit:g}): it holds back "
             "the removal of dead rows, so claims slow down the longer it lasts. Find it in "
             "pg_stat_activity (the oldest xact_start) and end it.")
-    ready["maintenance"] = maintenance_detail(services.jobs.maintenance, *cascades)
+    ready["maintenance"] = maintenance_detail(services.jobs.maintenance, *cascades,
+                                              leading=services.maintenance.leading)
     for chore, failure in ready["maintenance"]["failing"].items():
         # Ready still: requests never wait for maintenance, and another process (or this
         # one, after the backoff) may well get through.
@@ -90,10 +92,12 @@ def readyz() -> Response:
 
 
 def maintenance_detail(health: MaintenanceHealth, cascades: int,
-                       oldest_cascade_seconds: float) -> dict[str, Any]:
-    """/readyz's `maintenance`: the cascades under way (every process's, from the database)
+                       oldest_cascade_seconds: float, *, leading: bool) -> dict[str, Any]:
+    """/readyz's `maintenance`: whether this process leads the database's maintenance (one
+    process does at a time), the cascades under way (every process's, from the database)
     and this process's failing chores."""
     return {
+        "leader": leading,
         "cascades": {"under_way": cascades,
                      "oldest_seconds": round(oldest_cascade_seconds, 3)},
         "failing": {chore: {"since": datetime.fromtimestamp(failure.since, UTC)

@@ -97,7 +97,7 @@ class QueueMetrics:
         self._maintenance_failures = Counter(
             "queuelog_maintenance_failures",
             "Failures of maintenance (lease_rescue, expiry, dependency_cascade, "
-            "reservation_release), by chore: "
+            "reservation_release, retention), by chore: "
             "each is logged and retried with a backoff, and never fails a request; /readyz "
             "says which are failing now.",
             ("chore",), registry=owner)

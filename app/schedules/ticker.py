@@ -1,12 +1,14 @@
 """The ticker: a thread in each server process that fires the due schedules about twice a
-second, and runs the service's other timed chores with them (the release of reservations
-left unanswered past their deadline, app/jobs/reservations.py). Started where the app is
-served (wsgi.py, under QUEUELOG_SCHEDULER), never by the factory: tests fire by hand
-(ScheduleService.fire_due) with a clock they move.
+second, and runs this process's own timed chores with them (the pending depth the stats
+count). Started where the app is served (wsgi.py, under QUEUELOG_SCHEDULER), never by the
+factory: tests fire by hand (ScheduleService.fire_due) with a clock they move.
 
 Every process runs one; the database decides which of them fires a slot (see service.py),
 so adding processes or hosts adds no duplicates, and any one of them alive keeps schedules
-firing. A database outage is logged once and retried each tick.
+firing, with no leader to wait for when one dies. The database's maintenance (leases,
+expiry, cascades, reservations, retention) is the maintenance loop's, which one process
+leads (app/jobs/maintenance_loop.py). A database outage is logged once and retried each
+tick.
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ class TypeService:
         self.retention_defaults = retention_defaults  # QUEUELOG_RETENTION_…
 
     def retention_windows(self) -> dict[str, RetentionWindows]:
-        """Every configured type's retention (the ticker's retention reads it each pass)."""
+        """Every configured type's retention (maintenance's retention reads it each pass)."""
         with self.db.read() as conn:
             stored = TypeRepository(conn).settings_of(sorted(self.job_types))
         return {name: stored.get(name, defaults(name)).retention(self.retention_defaults)

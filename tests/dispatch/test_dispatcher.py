@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from app import start_maintenance
 from app.core.clock import Clock
 from app.dispatch.dispatcher import DISPATCHER_NAME, Dispatcher
 from app.dispatch.metrics import DispatchMetrics
@@ -262,9 +263,9 @@ def test_max_running_of_a_push_type_holds(client, api, admin, producer, dispatch
 
 
 def test_the_dispatcher_never_delivers_an_expired_job_and_cancels_it(
-        client, api, admin, producer, dispatching):
-    """Contract §17 on the push path: a job past its expires_at is not sent; the
-    dispatcher's claim cancels it (detail reason expired) and delivers the others."""
+        app, client, api, admin, producer, dispatching):
+    """Contract §17 on the push path: a job past its expires_at is not sent; maintenance
+    cancels it (detail reason expired) and the dispatcher delivers the others."""
     with Receiver() as receiver:
         receiver.secret = make_push(client, admin, receiver.url, paused=True)
         expired = api.enqueue(producer, type="email", expires_in_seconds=1).json["id"]
@@ -276,7 +277,8 @@ def test_the_dispatcher_never_delivers_an_expired_job_and_cancels_it(
         running.stop()
 
     assert [delivery.job_id for delivery in receiver.received] == [kept]
-    assert job_of(api, admin, expired)["status"] == "cancelled"
+    start_maintenance(app)  # as a served process does
+    wait_until(lambda: job_of(api, admin, expired)["status"] == "cancelled", "the expiry")
     assert events_of(client, admin, expired)[-1]["detail"]["reason"] == "expired"
 
 

@@ -9,7 +9,7 @@ import pytest
 from flask import Flask
 from sqlalchemy.exc import OperationalError
 
-from app import create_app
+from app import create_app, stop_maintenance
 from app.core.callers import Role
 from app.jobs.timeline.recorder import HistoryRecorder
 from tests.conftest import Api, Key
@@ -94,11 +94,12 @@ def test_a_stale_holders_complete_is_refused_and_told_naming_it(api, client, pro
                               "reason": "The job is held by another worker."}
 
 
-def test_every_409_on_heartbeat_complete_and_fail_is_told(api, client, producer, worker,
+def test_every_409_on_heartbeat_complete_and_fail_is_told(app, api, client, producer, worker,
                                                            admin, clock):
     job_id = api.enqueue(producer).json["id"]
     token = api.claim(worker, lease_seconds=5).json["lease_token"]
     assert api.heartbeat(worker, job_id, lease_token="x.1").status_code == 409
+    stop_maintenance(app)  # the lease runs out, and no maintenance has rescued the job yet
     clock.advance(6)
     assert api.fail(worker, job_id, lease_token=token).status_code == 409
     refused = [e for e in events(client, admin, job_id) if e["event"] == "report_refused"]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from app import create_app
+from app import create_app, start_maintenance, stop_maintenance
 from app.core.callers import Role
 from app.core.clock import to_rfc3339
 from tests.conftest import Api, Key
@@ -38,7 +38,7 @@ def test_heartbeat_after_the_lease_expired_is_409_and_the_job_is_rescued(api, pr
     assert api.heartbeat(worker, job_id).status_code == 409
     assert api.complete(worker, job_id).status_code == 409
     assert api.fail(worker, job_id).status_code == 409
-    assert api.get(admin, job_id).json["status"] == "running"  # until the next claim
+    assert api.get(admin, job_id).json["status"] == "pending"  # rescued by maintenance
 
 
 def test_next_claim_rescues_an_expired_lease_as_a_failed_attempt(api, producer, make_key,
@@ -215,6 +215,7 @@ def test_run_at_in_the_past_is_claimable_at_once(api, producer, worker):
 def test_leases_expire_on_the_real_clock_end_to_end(app_config, tmp_path):
     del app_config["CLOCK"]  # the wall clock
     application = create_app(app_config)
+    start_maintenance(application)  # as a served process does: it rescues the lease
     services = application.extensions["queuelog"]
     producer = Key("p", services.keys.create_key("p", Role.PRODUCER))
     first = Key("w1", services.keys.create_key("w1", Role.WORKER))
@@ -230,4 +231,5 @@ def test_leases_expire_on_the_real_clock_end_to_end(app_config, tmp_path):
     assert api.complete(first, job_id, lease_token=token).status_code == 409
     token = response.json["lease_token"]
     assert api.complete(second, job_id, lease_token=token).status_code == 200
+    stop_maintenance(application)
     services.db.engine.dispose()

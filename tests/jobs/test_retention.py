@@ -1,5 +1,5 @@
 """Retention inside queuelog (contract §19) on both engines: each type's finished jobs past
-their window are removed with their history by the ticker's chore, in short batches, and
+their window are removed with their history by maintenance's chore, in short batches, and
 nothing else is: never an unfinished job, never a job a waiting job depends on, never a job
 with an idempotency key younger than 24 hours; two processes on one database remove each
 job once."""
@@ -12,15 +12,23 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from app import create_app
+from app import create_app, stop_maintenance
 from app.jobs.retention import RetentionWindows
 from tests.conftest import Api, Key
 
 DAY = 86_400
 
 
+@pytest.fixture(autouse=True)
+def retention_by_hand(request: pytest.FixtureRequest) -> None:
+    """These tests run retention by hand, to see what each pass removes: the maintenance
+    loop, whose rounds moving the clock runs (retention among them), is stopped."""
+    if "app" in request.fixturenames:
+        stop_maintenance(request.getfixturevalue("app"))
+
+
 def remove_expired(app: Any, **options: Any) -> int:
-    """Run the ticker's retention chore until its pass ends; the jobs it removed."""
+    """Run the retention chore until its pass ends; the jobs it removed."""
     services = app.extensions["queuelog"]
     removed = 0
     while True:
