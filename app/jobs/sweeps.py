@@ -147,7 +147,8 @@ def rescue_expired_leases(tx: JobsTx, expired: list[Job], now: int, backoff: Bac
             made, values = Transition.RESCUE, Transition.RESCUE.values(job, now)
         ended = end_attempt(tx.jobs, made, job, values)
         if ended is not None:
-            tx.made(made, [ended], actor=SERVICE_ACTOR, now_us=now, held_by=job.worker_id)
+            tx.made(made, [ended], actor=SERVICE_ACTOR, now_us=now, held_by=job.worker_id,
+                    before={job.id: job})
 
 
 def _stop_unreported(tx: JobsTx, job: Job, requested_by: str, now: int) -> None:
