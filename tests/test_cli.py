@@ -100,11 +100,15 @@ def test_purge_deletes_only_old_finished_jobs_and_says_how_many(runner, api, pro
 def test_purge_removes_the_attempts_and_events_of_the_jobs_it_deletes(runner, app, api,
                                                                       producer, worker, admin,
                                                                       clock):
-    gone = api.enqueue(producer).json["id"]
+    # Each fails an attempt first: a history its row cannot tell, written to both tables.
+    gone = api.enqueue(producer, max_retries=1).json["id"]
+    api.claim(worker)
+    api.fail(worker, gone, retry_in_seconds=0)
     api.claim(worker)
     api.complete(worker, gone)
-    kept = api.enqueue(producer).json["id"]
+    kept = api.enqueue(producer, max_retries=1).json["id"]
     api.claim(worker)
+    api.fail(worker, kept, retry_in_seconds=0)
     clock.advance(3 * 86_400)
 
     assert runner.invoke(args=["purge", "--older-than", "2d"]).output.strip() == "purged 1 jobs"

@@ -14,6 +14,7 @@ from app.jobs.repository import JobRepository
 from app.jobs.service import JobService
 from app.jobs.timeline.models import Attempt, JobEvent
 from app.jobs.timeline.repository import HistoryRepository
+from app.jobs.timeline.row_story import attempts_told, current_attempt, events_told
 from app.keys.service import KeyService
 from app.storage.engine import Database
 
@@ -38,8 +39,10 @@ class Worker:
 
 class HistoryService:
     def __init__(self, db: Database, clock: Clock, jobs: JobService, keys: KeyService, *,
-                 ahead_limit: int) -> None:
+                 ahead_limit: int, told_events: bool = True) -> None:
         self.db = db
+        # Events are recorded (QUEUELOG_JOB_EVENTS): the rows' own are told with them.
+        self.told_events = told_events
         self.clock = clock
         self.jobs = jobs
         self.keys = keys
@@ -63,16 +66,29 @@ class HistoryService:
         return workers
 
     def attempts(self, caller: Caller, job_id: int) -> list[Attempt]:
-        """The job's attempts, oldest first; NotFound when the caller may not see the job."""
+        """The job's attempts, oldest first; NotFound when the caller may not see the job.
+        Those stored, and the one its row holds (app/jobs/timeline/row_story.py)."""
         self.jobs.get_job(caller, job_id)
         with self.db.read() as conn:
-            return HistoryRepository(conn).attempts_of(job_id)
+            stored = HistoryRepository(conn).attempts_of(job_id)
+            # The row after its history: a change in between (PostgreSQL reads each statement
+            # afresh) then leaves an attempt out for a moment, never tells one twice.
+            job = JobRepository(conn).get_job(job_id)
+        return stored if job is None else attempts_told(job, stored)
 
     def events(self, caller: Caller, job_id: int) -> list[JobEvent]:
-        """The job's events, oldest first; NotFound when the caller may not see the job."""
+        """The job's events, oldest first; NotFound when the caller may not see the job.
+        Those stored, and those its row tells (app/jobs/timeline/row_story.py) unless events
+        are off (QUEUELOG_JOB_EVENTS=0)."""
         self.jobs.get_job(caller, job_id)
         with self.db.read() as conn:
-            return HistoryRepository(conn).events_of(job_id, MAX_EVENTS_SHOWN)
+            history = HistoryRepository(conn)
+            stored = history.events_of(job_id, MAX_EVENTS_SHOWN)
+            if not self.told_events:
+                return stored
+            current = current_attempt(history.attempts_of(job_id))
+            job = JobRepository(conn).get_job(job_id)
+        return stored if job is None else events_told(job, stored, current, MAX_EVENTS_SHOWN)
 
     def explain(self, caller: Caller, job_id: int) -> Explanation:
         """Why the job is or is not running; NotFound when the caller may not see it."""

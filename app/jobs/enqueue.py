@@ -331,6 +331,13 @@ class Enqueuing:
         return results
 
 
+def _held(tx: JobsTx, twin: Job) -> Job:
+    """The twin a unique enqueue met, read again and held: its timeline tells its story up to
+    now before the deduplicated event (app/jobs/timeline/recorder.py), which no report of
+    its holder writes at the same time."""
+    return tx.jobs.get_job(twin.id, for_update=True) or twin
+
+
 def insert_or_meet(tx: JobsTx, new: NewJob, actor: str | None = None) -> Enqueued:
     """Insert `new`, or meet the job that stands in the way: the idempotency key's job (a
     replay) or the unique key's holder (return, replace, reject). SlotTaken propagates."""
@@ -365,7 +372,7 @@ def insert_or_meet(tx: JobsTx, new: NewJob, actor: str | None = None) -> Enqueue
                 replacement = meet_stored_twin(holder, new)
                 now = values["created_at"]
                 if replacement is None:
-                    tx.timeline.deduplicated([holder], actor=actor, now_us=now)
+                    tx.timeline.deduplicated([_held(tx, holder)], actor=actor, now_us=now)
                     return Enqueued(holder, deduplicated=Deduplicated.RETURNED)
                 replaced = repo.apply_transition(Transition.REPLACE, holder.id, replacement)
                 if replaced is not None:
@@ -466,12 +473,16 @@ def _insert_or_meet_many(tx: JobsTx, items: list[NewJob],
     tx.timeline.enqueued(inserted)
     outcomes = [Enqueued(job, replayed=was_replayed, deduplicated=how)
                 for job, was_replayed, how in plan.results(inserted, replaced)]
-    # In request order: each item that met a twin is told on the twin's timeline.
+    # The twins met are held in id order, as the replaced ones were (no deadlock between
+    # batches); then, in request order, each item that met a twin is told on its timeline.
+    met = {outcome.job.id: outcome.job for outcome in outcomes
+           if not outcome.replayed and outcome.deduplicated is Deduplicated.RETURNED}
+    held = {job_id: _held(tx, job) for job_id, job in sorted(met.items())}
     for outcome in outcomes:
         if outcome.replayed:
             continue
         if outcome.deduplicated is Deduplicated.RETURNED:
-            tx.timeline.deduplicated([outcome.job], actor=producer, now_us=now)
+            tx.timeline.deduplicated([held[outcome.job.id]], actor=producer, now_us=now)
         elif outcome.deduplicated is Deduplicated.REPLACED:
             tx.timeline.transition(Transition.REPLACE, [outcome.job], actor=producer,
                                    now_us=now)

@@ -65,6 +65,7 @@ class Job:
     fair_round: int | None = None  # a fair type's pending job's round (app/jobs/key_rules.py)
     timeout_seconds: int | None = None  # each attempt's limit from its claim (docs/JOBS.md)
     expires_at: int | None = None  # not claimed by then, it is not run (docs/JOBS.md, Running jobs)
+    claimed_until: int | None = None  # the lease its current attempt's claim granted
 
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""

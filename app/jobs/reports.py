@@ -276,8 +276,9 @@ class WorkerReports:
                 raise ReportRefused("The job changed while this request ran; its lease is "
                                     "gone.", job_id=job_id, worker=caller.name)
             if delivered is not None:
-                tx.timeline.delivered(failed, delivered, actor=caller.name, now_us=now)
-            tx.made(Transition.FAIL, [failed], actor=caller.name, now_us=now)
+                tx.timeline.delivered(job, delivered, actor=caller.name, now_us=now)
+            tx.made(Transition.FAIL, [failed], actor=caller.name, now_us=now,
+                    before={job.id: job})
             tx.timeline.seen(caller.name, now, claimed=False)
             return failed
 
@@ -310,9 +311,13 @@ class WorkerReports:
         def record_in(tx: JobsTx) -> None:
             # A refused report is still a sign of life.
             tx.timeline.seen(refusals[0].worker, now, claimed=False)
-            for refused in refusals:
-                tx.timeline.report_refused(refused.job_id, worker=refused.worker,
-                                           report=report, reason=refused.detail, now_us=now)
+            for refused in sorted(refusals, key=lambda refused: refused.job_id):
+                # Held while its story is written before the refusal: no report of its holder
+                # writes that story at the same time.
+                job = tx.jobs.get_job(refused.job_id, for_update=True)
+                if job is not None:  # not purged meanwhile
+                    tx.timeline.report_refused(job, worker=refused.worker, report=report,
+                                               reason=refused.detail, now_us=now)
 
         try:
             self.uow.run(record_in)

@@ -426,6 +426,7 @@ _restamp_claimed = (
     .where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.status == _RUNNING)
     .values(claimed_at=bindparam("now"),
             lease_expires_at=_capped_lease(bindparam("now"), bindparam("lease_expires_at")),
+            claimed_until=_capped_lease(bindparam("now"), bindparam("lease_expires_at")),
             updated_at=bindparam("now"))
     .returning(*JOB_COLUMNS)
 )

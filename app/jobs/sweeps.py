@@ -127,7 +127,8 @@ def rescue_expired_leases(tx: JobsTx, expired: list[Job], now: int, backoff: Bac
             made, values = Transition.RESCUE, Transition.RESCUE.values(job, now)
         ended = end_attempt(tx.jobs, made, job, values)
         if ended is not None:
-            tx.made(made, [ended], actor=SERVICE_ACTOR, now_us=now, held_by=job.worker_id)
+            tx.made(made, [ended], actor=SERVICE_ACTOR, now_us=now, held_by=job.worker_id,
+                    before={job.id: job})
             if ended.status == JobStatus.PENDING:
                 tx.events[CLAIMABLE] += 1  # wakes the waiting claims, as an enqueue does
 

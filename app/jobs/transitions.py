@@ -130,8 +130,8 @@ def refusal(job: Job, worker: str, now_us: int, lease_token: str | None) -> str:
 def claimed(*, now_us: Any, worker: Any, lease_expires_at: Any,
             lease_token: Any) -> dict[str, Any]:
     return {"status": JobStatus.RUNNING.value, "claimed_at": now_us, "worker_id": worker,
-            "lease_expires_at": lease_expires_at, "lease_token": lease_token,
-            "updated_at": now_us}
+            "lease_expires_at": lease_expires_at, "claimed_until": lease_expires_at,
+            "lease_token": lease_token, "updated_at": now_us}
 
 
 def lease_extended(*, now_us: int, lease_expires_at: int) -> dict[str, Any]:
@@ -242,7 +242,8 @@ def _no_detail(_job: Job, _held_by: str | None) -> Mapping[str, Any]:
 
 
 def _lease_detail(job: Job, _held_by: str | None) -> Mapping[str, Any]:
-    return {"lease_expires_at": to_rfc3339(job.lease_expires_at)}
+    # The lease its claim granted, kept on the row as heartbeats move lease_expires_at on.
+    return {"lease_expires_at": to_rfc3339(job.claimed_until)}
 
 
 def _error_detail(job: Job, _held_by: str | None) -> Mapping[str, Any]:

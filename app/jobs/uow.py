@@ -69,9 +69,11 @@ class Timeline:
 
     def transition(self, transition: Transition, jobs: Sequence[Job], *, actor: str,
                    now_us: int, held_by: str | None = None,
-                   details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
+                   details: Mapping[int, Mapping[str, Any]] | None = None,
+                   before: Mapping[int, Job] | None = None) -> None:
         self._recorder.transition(self._conn, transition, jobs, actor=actor, now_us=now_us,
-                                  held_by=held_by, details=details, counts=self.counts)
+                                  held_by=held_by, details=details, counts=self.counts,
+                                  before=before)
 
     def enqueued(self, jobs: Sequence[Job], *, actor: str | None = None,
                  actors: Sequence[str] | None = None) -> None:
@@ -87,9 +89,9 @@ class Timeline:
     def cancel_requested(self, job: Job, *, actor: str, now_us: int) -> None:
         self._recorder.cancel_requested(self._conn, job, actor=actor, now_us=now_us)
 
-    def report_refused(self, job_id: int, *, worker: str, report: str, reason: str,
+    def report_refused(self, job: Job, *, worker: str, report: str, reason: str,
                        now_us: int) -> None:
-        self._recorder.report_refused(self._conn, job_id, worker=worker, report=report,
+        self._recorder.report_refused(self._conn, job, worker=worker, report=report,
                                       reason=reason, now_us=now_us)
 
     def seen(self, name: str, now_us: int, *, claimed: bool) -> None:
@@ -222,15 +224,17 @@ class JobsTx(Transaction):
 
     def made(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
              held_by: str | None = None,
-             details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
+             details: Mapping[int, Mapping[str, Any]] | None = None,
+             before: Mapping[int, Job] | None = None) -> None:
         """Called in the transaction of every transition made, with the jobs as it left
         them: what a transition entails besides its UPDATE — the job's history (its attempts
         and events), the events counted for metrics, and for the jobs it finished, what
         their end does to the jobs waiting on them (app/jobs/dependencies.py). `actor` is
         who made it; `held_by` the worker whose lease a rescue took back; `details` extra
-        event detail by job id."""
+        event detail by job id; `before`, by job id, the rows as they were before an
+        attempt's end that clears its claim (the history keeps it)."""
         self._record(transition, jobs, actor=actor, now_us=now_us, held_by=held_by,
-                     details=details)
+                     details=details, before=before)
         moves: list[tuple[Transition, Sequence[Job]]] = [(transition, jobs)]
         finished = {job.id: job.status for job in jobs if job.status in TERMINAL_STATUSES}
         if finished:
@@ -272,11 +276,12 @@ class JobsTx(Transaction):
 
     def _record(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
                 held_by: str | None = None,
-                details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
+                details: Mapping[int, Mapping[str, Any]] | None = None,
+                before: Mapping[int, Job] | None = None) -> None:
         if not jobs:
             return
         self.timeline.transition(transition, jobs, actor=actor, now_us=now_us,
-                                 held_by=held_by, details=details)
+                                 held_by=held_by, details=details, before=before)
         events = self.events
         # Not a metric: wakes the reads waiting for a job to finish (GET ?wait_seconds).
         events[FINISHED] += sum(1 for job in jobs if job.status in TERMINAL_STATUSES)

@@ -77,6 +77,10 @@ jobs = Table(
     # expires_at.
     Column("timeout_seconds", Integer, nullable=True),
     Column("expires_at", Micros, nullable=True),
+    # Appended by migration 0023: the lease the current attempt's claim granted, which
+    # heartbeats move on in lease_expires_at. The claim's event is told from the row
+    # (docs/API.md, a job's history), and this is its detail.
+    Column("claimed_until", Micros, nullable=True),
     # Also 0017, and never read by the claim (nor part of the Job record): a running job's
     # cancel request and its last progress. On the row, because a heartbeat writes the row
     # anyway: progress reported with it costs no page and no statement more (a table beside

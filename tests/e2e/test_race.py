@@ -13,12 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from sqlalchemy import select
 
-from app.storage.engine import Database, make_engine
-from app.storage.schema import job_attempts, job_events
 from tests.e2e.client import QueueClient, server_errors
 from tests.servers import LiveServer, create_api_key
+from tests.told_history import told_histories
 
 # Each claim races the other 15 workers' for the same head of the queue: more jobs repeat the
 # same race, they add no new kind of it (2,000 took twice the CI time).
@@ -162,20 +160,14 @@ def assert_every_job_completed_exactly_once(tally: Tally, clients: list[QueueCli
 
 
 def assert_history_agrees(database_url: str, tally: Tally) -> None:
-    """Each job's history was written in the transactions of its claim and its complete:
-    one attempt, completed by its claimer, and the events enqueued, claimed, completed."""
+    """Each job's history is told as its claim and its complete made it: one attempt,
+    completed by its claimer, and the events enqueued, claimed, completed."""
     claimed_by = dict(tally.claims)
-    database = Database(make_engine(database_url, pooled=False))
-    with database.read() as conn:
-        attempts = [tuple(row) for row in conn.execute(select(
-            job_attempts.c.job_id, job_attempts.c.number, job_attempts.c.worker_id,
-            job_attempts.c.outcome))]
-        events: dict[int, list[tuple[str, str]]] = {}
-        for job_id, event, actor in conn.execute(select(
-                job_events.c.job_id, job_events.c.event, job_events.c.actor
-        ).order_by(job_events.c.id)):
-            events.setdefault(job_id, []).append((event, actor))
-    database.engine.dispose()
+    told = told_histories(database_url)
+    attempts = [(job_id, attempt.number, attempt.worker_id, attempt.outcome)
+                for job_id, (tried, _events) in told.items() for attempt in tried]
+    events = {job_id: [(event.event, event.actor) for event in shown]
+              for job_id, (_tried, shown) in told.items()}
     assert sorted(attempts) == sorted((job_id, 1, worker, "completed")
                                       for job_id, worker in claimed_by.items())
     assert events == {job_id: [("enqueued", "producer-1"), ("claimed", worker),

@@ -34,12 +34,11 @@ from typing import Any
 
 import pytest
 import requests
-from sqlalchemy import create_engine, select
 
-from app.storage.schema import job_attempts, job_events
 from tests.e2e.client import QueueClient, server_errors
 from tests.e2e.conftest import StartServer
 from tests.servers import LiveServer, create_api_key
+from tests.told_history import told_histories
 
 pytestmark = pytest.mark.slow
 
@@ -557,29 +556,20 @@ class History:
 
     @classmethod
     def read(cls, url: str) -> History:
-        engine = create_engine(url)
-        try:
-            with engine.connect() as conn:
-                attempt_rows = conn.execute(select(
-                    job_attempts.c.job_id, job_attempts.c.number,
-                    job_attempts.c.claimed_at)).all()
-                event_rows = conn.execute(select(
-                    job_events.c.job_id, job_events.c.at, job_events.c.event,
-                    job_events.c.detail).order_by(job_events.c.id)).all()
-        finally:
-            engine.dispose()
         history = cls({}, Counter(), {}, {}, defaultdict(list))
-        for job_id, number, claimed_at in attempt_rows:
-            history.attempts[job_id] += 1
-            if number == 1:
-                history.first_claims[job_id] = claimed_at
-        for job_id, at, event, detail in event_rows:
-            history.events[job_id].append((event, at))
-            if event not in FINISHED_EVENTS:
-                continue
-            history.finished_at[job_id] = at
-            if event == "cancelled":
-                history.cancelled_by[job_id] = json.loads(detail) if detail else {}
+        for job_id, (attempts, events) in told_histories(url).items():
+            for attempt in attempts:
+                history.attempts[job_id] += 1
+                if attempt.number == 1:
+                    history.first_claims[job_id] = attempt.claimed_at
+            for event in events:
+                history.events[job_id].append((event.event, event.at))
+                if event.event not in FINISHED_EVENTS:
+                    continue
+                history.finished_at[job_id] = event.at
+                if event.event == "cancelled":
+                    history.cancelled_by[job_id] = (json.loads(event.detail) if event.detail
+                                                    else {})
         return history
 
 

@@ -167,7 +167,8 @@ class FakeTimeline:
 
     def transition(self, transition: Transition, jobs: Sequence[Job], *, actor: str,
                    now_us: int, held_by: str | None = None,
-                   details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
+                   details: Mapping[int, Mapping[str, Any]] | None = None,
+                   before: Mapping[int, Job] | None = None) -> None:
         self.told.append((transition.name.lower(), [job.id for job in jobs], {"actor": actor}))
 
     def enqueued(self, jobs: Sequence[Job], *, actor: str | None = None,
@@ -180,9 +181,9 @@ class FakeTimeline:
     def delivered(self, job: Job, status: int, *, actor: str, now_us: int) -> None:
         self.told.append(("delivered", [job.id], {"status": status}))
 
-    def report_refused(self, job_id: int, *, worker: str, report: str, reason: str,
+    def report_refused(self, job: Job, *, worker: str, report: str, reason: str,
                        now_us: int) -> None:
-        self.told.append(("report_refused", [job_id], {"report": report, "reason": reason}))
+        self.told.append(("report_refused", [job.id], {"report": report, "reason": reason}))
 
     def seen(self, name: str, now_us: int, *, claimed: bool) -> None:
         pass  # a worker's last sign of life: no rule hangs on it

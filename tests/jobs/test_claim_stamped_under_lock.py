@@ -12,6 +12,7 @@ import pytest
 from flask import Flask
 from sqlalchemy import Connection, text
 
+from app.core.clock import parse_rfc3339
 from tests.conftest import ENGINES, Api, Key
 
 WAITED_SECONDS = 30
@@ -70,31 +71,29 @@ def claim_rival(conn: Connection, job_id: int, now_us: int, lease_us: int) -> No
                  {"now": now_us, "until": now_us + lease_us, "id": job_id})
 
 
-def record_rival_claim(conn: Connection, job_id: int, now_us: int) -> None:
-    conn.execute(text("INSERT INTO job_events (job_id, at, event, actor) "
-                      "VALUES (:id, :now, 'claimed', 'rival')"), {"id": job_id, "now": now_us})
+def timeline(client: Any, admin: Key, job_id: int) -> list[tuple[int, str]]:
+    """The job's events as GET /jobs/{id}/events tells them: (at, event), in order."""
+    return [(parse_rfc3339(event["at"]), event["event"]) for event in
+            client.get(f"/jobs/{job_id}/events", headers=admin.headers).json["events"]]
 
 
-def events_in_order(app: Flask) -> list[tuple[int, int, str]]:
-    with app.extensions["queuelog"].db.read() as conn:
-        return [tuple(row) for row in conn.execute(text(
-            "SELECT job_id, at, event FROM job_events ORDER BY id"))]
+def attempt_claimed_at(client: Any, admin: Key, job_id: int) -> int:
+    [attempt] = client.get(f"/jobs/{job_id}/attempts", headers=admin.headers).json["attempts"]
+    return parse_rfc3339(attempt["claimed_at"])
 
 
-def attempt_claimed_at(app: Flask, job_id: int) -> int:
-    with app.extensions["queuelog"].db.read() as conn:
-        return int(conn.execute(text("SELECT claimed_at FROM job_attempts WHERE job_id = :id"),
-                                {"id": job_id}).scalar_one())
-
-
-def assert_stamped_from(app: Flask, job: Any, released_at: int) -> None:
+def assert_stamped_from(app: Flask, client: Any, admin: Key, job: Any, released_at: int,
+                        rival_id: int) -> None:
     lease_us = app.config["LEASE_SECONDS"] * 1_000_000
     assert job.claimed_at >= released_at
     assert job.lease_expires_at - job.claimed_at == lease_us
     assert job.updated_at == job.claimed_at
-    assert attempt_claimed_at(app, job.id) == job.claimed_at
-    moments = [at for _job, at, _event in events_in_order(app)]
-    assert moments == sorted(moments), events_in_order(app)
+    assert attempt_claimed_at(client, admin, job.id) == job.claimed_at
+    # The claim's event tells its stamp, after everything the rival's release recorded.
+    mine = timeline(client, admin, job.id)
+    assert [at for at, event in mine if event == "claimed"] == [job.claimed_at], mine
+    rival = timeline(client, admin, rival_id)
+    assert max(at for at, _event in rival) <= job.claimed_at, (rival, mine)
 
 
 def test_a_claim_checked_under_a_lock_it_waited_for_is_stamped_once_it_holds_it(
@@ -115,12 +114,11 @@ def test_a_claim_checked_under_a_lock_it_waited_for_is_stamped_once_it_holds_it(
         clock.advance(WAITED_SECONDS)
         released_at = clock.now_us()
         claim_rival(rival, rivals, released_at, lease_us)
-        record_rival_claim(rival, rivals, released_at)
         transaction.commit()
     thread.join(30)
 
     assert [c.job.id for c in claimed] == [mine]
-    assert_stamped_from(app, claimed[0].job, released_at)
+    assert_stamped_from(app, client, admin, claimed[0].job, released_at, rivals)
 
 
 def test_a_claim_made_again_under_the_locks_is_stamped_once_it_holds_them(
@@ -159,4 +157,4 @@ def test_a_claim_made_again_under_the_locks_is_stamped_once_it_holds_them(
     thread.join(30)
 
     assert [c.job.id for c in claimed] == [other_type]
-    assert_stamped_from(app, claimed[0].job, released_at)
+    assert_stamped_from(app, client, admin, claimed[0].job, released_at, rivals)

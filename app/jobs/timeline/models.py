@@ -16,6 +16,12 @@ class Outcome(enum.StrEnum):
     TIMED_OUT = "timed_out"  # it ran past its job's timeout_seconds
 
 
+# The outcomes of a stored attempt that is its job's current one: its claim written before
+# the row could lose it (running), or its completion too (completed: a completed job is never
+# claimed again). Any other outcome ended an attempt the row no longer holds.
+CURRENT_OUTCOMES = frozenset({Outcome.RUNNING, Outcome.COMPLETED})
+
+
 class EventName(enum.StrEnum):
     ENQUEUED = "enqueued"
     CLAIMED = "claimed"

@@ -1,5 +1,14 @@
 """What the job service writes into a job's history, in the transaction of the change itself.
 
+The rule of what is written lives here. A job's row tells an uneventful life by itself
+(app/jobs/timeline/row_story.py): its enqueue by its producer, its current attempt's claim
+and that attempt's completion. Those are not written. Everything else is — a failure, a lost
+lease, a cancel or its request, a refused report, a retry, a deduplicated enqueue, a push
+delivery, a reservation's end, a dependency's move, an expiry — and before it, in the same
+transaction, whatever of the row's story it follows that is not stored yet (`_keep`): so the
+stored events stay in the order they happened, and the next claim, overwriting claimed_at and
+worker_id, loses nothing.
+
 Every method takes the connection of the job service's transaction: an attempt or an event is
 stored if and only if the change it records commits (a refused report, whose own
 transaction is rolled back, is written in a transaction of its own).
@@ -7,7 +16,6 @@ transaction is rolled back, is written in a transaction of its own).
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -23,6 +31,12 @@ from app.jobs.models import LEASE_EXPIRED_ERROR, Job
 from app.jobs.timeline.failure_repository import Failure, FailureRepository
 from app.jobs.timeline.models import EventName, Outcome
 from app.jobs.timeline.repository import HistoryRepository
+from app.jobs.timeline.row_story import (
+    claimed_event,
+    completed_event,
+    detail_text,
+    holds_an_attempt,
+)
 from app.jobs.timeline.stats_repository import CountKey, StatsRepository
 from app.jobs.transitions import Transition
 
@@ -36,11 +50,12 @@ GROUPED_OUTCOMES = frozenset({Outcome.FAILED, Outcome.LEASE_EXPIRED, Outcome.TIM
 # A key's last-seen time is written at most this often per process; /workers and explain
 # read it to about this precision.
 ACTIVITY_INTERVAL_US = 60 * MICROS
+# The transitions whose event the row tells (the claim, the completion): not written.
+TOLD_BY_THE_ROW = frozenset({Transition.CLAIM, Transition.COMPLETE})
 
 
 def _detail(**values: Any) -> str | None:
-    kept = {name: value for name, value in values.items() if value is not None}
-    return json.dumps(kept, separators=(",", ":"), ensure_ascii=False) if kept else None
+    return detail_text(values)
 
 
 class HistoryRecorder:
@@ -57,25 +72,27 @@ class HistoryRecorder:
     def transition(self, conn: Connection, transition: Transition, jobs: Sequence[Job], *,
                    actor: str, now_us: int, held_by: str | None = None,
                    details: Mapping[int, Mapping[str, Any]] | None = None,
-                   counts: Counter[CountKey] | None = None) -> None:
+                   counts: Counter[CountKey] | None = None,
+                   before: Mapping[int, Job] | None = None) -> None:
         """Record `transition`, which left `jobs` as they are; `held_by` names the worker a
         rescued lease belonged to; `details`, by job id, adds to an event's detail what the
-        job alone does not say (the dependency that cancelled it). What it adds to the stats
-        goes into `counts`, which the transaction hands to its process once committed
-        (app/jobs/timeline/stats_buffer.py; without: written at once, in the transaction)."""
+        job alone does not say (the dependency that cancelled it). `before`, by job id, is
+        the row as it stood before an attempt's end that clears its claim (a failure sent
+        back to pending). What it adds to the stats goes into `counts`, which the
+        transaction hands to its process once committed (app/jobs/timeline/stats_buffer.py;
+        without: written at once, in the transaction)."""
         if not jobs:
             return
         repo = HistoryRepository(conn)
         edge = transition.value
-        if edge.opens_attempt:
-            repo.open_attempts([{"job_id": job.id, "worker_id": job.worker_id,
-                                 "claimed_at": job.claimed_at} for job in jobs])
         outcome = edge.closes_attempt
-        if outcome is not None:
+        if outcome is not None and outcome is not Outcome.COMPLETED:
+            held = before or {}
+            self._keep(repo, [held.get(job.id, job) for job in jobs], completions=False)
             self._close_attempts(conn, repo, outcome, jobs, now_us)
         if self.stats:
             self._count(conn, transition, jobs, now_us, counts)
-        if self.events:
+        if self.events and transition not in TOLD_BY_THE_ROW:
             extra = details or {}
             rows = [row for job in jobs
                     if (row := self._event_row(transition, job, actor, now_us, held_by,
@@ -94,10 +111,13 @@ class HistoryRecorder:
                            if job.status != JobStatus.RESERVED)
             self._add(conn, made, jobs[0].created_at, counts)
         if self.events and jobs:
+            # The row tells an enqueue by its producer; another actor's is written.
             who = actors or [actor or job.producer for job in jobs]
-            HistoryRepository(conn).add_events([
-                {"job_id": job.id, "at": job.created_at, "event": EventName.ENQUEUED.value,
-                 "actor": name, "detail": None} for job, name in zip(jobs, who, strict=True)])
+            rows = [{"job_id": job.id, "at": job.created_at, "event": EventName.ENQUEUED.value,
+                     "actor": name, "detail": None}
+                    for job, name in zip(jobs, who, strict=True) if name != job.producer]
+            if rows:
+                HistoryRepository(conn).add_events(rows)
 
     def deduplicated(self, conn: Connection, jobs: Sequence[Job], *, actor: str,
                      now_us: int) -> None:
@@ -107,16 +127,21 @@ class HistoryRecorder:
         if not self.events or not jobs:
             return
         repo = HistoryRepository(conn)
+        kept = [job for job in jobs
+                if repo.count_events(job.id, EventName.DEDUPLICATED) < MAX_REFUSALS_KEPT]
+        self._keep(repo, kept, completions=True)
         repo.add_events([{"job_id": job.id, "at": now_us, "event": EventName.DEDUPLICATED.value,
-                          "actor": actor, "detail": None} for job in jobs
-                         if repo.count_events(job.id, EventName.DEDUPLICATED) < MAX_REFUSALS_KEPT])
+                          "actor": actor, "detail": None} for job in kept])
 
     def delivered(self, conn: Connection, job: Job, status: int, *, actor: str,
                   now_us: int) -> None:
         """Record that a push delivery of `job` was answered with HTTP `status` (before the
-        completed, retry_scheduled or failed event its outcome makes)."""
+        completed, retry_scheduled or failed event its outcome makes). `job` still holds the
+        attempt's claim (as its report found it, or completed)."""
         if self.events:
-            HistoryRepository(conn).add_events([{
+            repo = HistoryRepository(conn)
+            self._keep(repo, [job], completions=False)
+            repo.add_events([{
                 "job_id": job.id, "at": now_us, "event": EventName.DELIVERED.value,
                 "actor": actor, "detail": _detail(status_code=status)}])
 
@@ -125,19 +150,23 @@ class HistoryRecorder:
         """Record that `actor` asked for the running job's cancel (its end, later, records
         the cancelled event)."""
         if self.events:
-            HistoryRepository(conn).add_events([{
+            repo = HistoryRepository(conn)
+            self._keep(repo, [job], completions=False)
+            repo.add_events([{
                 "job_id": job.id, "at": now_us, "event": EventName.CANCEL_REQUESTED.value,
                 "actor": actor, "detail": _detail(worker=job.worker_id)}])
 
-    def report_refused(self, conn: Connection, job_id: int, *, worker: str, report: str,
+    def report_refused(self, conn: Connection, job: Job, *, worker: str, report: str,
                        reason: str, now_us: int) -> None:
-        """Record a heartbeat, complete or fail refused with 409 (in a transaction of its own:
-        the refused request's was rolled back)."""
+        """Record a heartbeat, complete or fail refused with 409 on `job` as it is now (in a
+        transaction of its own: the refused request's was rolled back)."""
         if not self.events:
             return
         repo = HistoryRepository(conn)
+        job_id = job.id
         if repo.count_events(job_id, EventName.REPORT_REFUSED) >= MAX_REFUSALS_KEPT:
             return
+        self._keep(repo, [job], completions=True)
         repo.add_events([{"job_id": job_id, "at": now_us,
                           "event": EventName.REPORT_REFUSED.value, "actor": worker,
                           "detail": _detail(report=report, reason=reason)}])
@@ -154,6 +183,36 @@ class HistoryRecorder:
                 return
             self._written[name] = (now_us, now_us if claimed else claim_at)
         HistoryRepository(conn).record_activity(name, now_us, claimed=claimed)
+
+    def _keep(self, repo: HistoryRepository, jobs: Sequence[Job], *,
+              completions: bool) -> None:
+        """Write what the rows of `jobs` tell and is not stored yet, before what follows it
+        is. Without `completions`, each job is the row as it holds its attempt's claim (the
+        report's, or the one an attempt's end is about to clear): that claim, an attempt
+        running, with its claimed event. With `completions`, each job is its row as it is
+        now: the attempt it holds, if any (running or completed), and a completed one's
+        completion too. The enqueue, always first, stays told by the row."""
+        holding = [job for job in jobs
+                   if (holds_an_attempt(job) if completions else job.claimed_at is not None)]
+        if not holding:
+            return
+        stored = repo.current_outcomes([job.id for job in holding])
+        claims = [job for job in holding if job.id not in stored]
+        if claims:
+            repo.open_attempts([{"job_id": job.id, "worker_id": job.worker_id,
+                                 "claimed_at": job.claimed_at} for job in claims])
+        events = []
+        for job in holding:
+            if job.id not in stored:
+                events.append(claimed_event(job))
+            if (completions and job.status == JobStatus.COMPLETED
+                    and stored.get(job.id) != Outcome.COMPLETED.value):
+                repo.close_attempts([{"closed_job_id": job.id, "new_error": None,
+                                      "new_fingerprint": None}],
+                                    Outcome.COMPLETED, job.updated_at)
+                events.append(completed_event(job))
+        if self.events and events:
+            repo.add_events(events)
 
     def _close_attempts(self, conn: Connection, repo: HistoryRepository, outcome: Outcome,
                         jobs: Sequence[Job], now_us: int) -> None:

@@ -8,7 +8,14 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, literal_column, select, update
 
-from app.jobs.timeline.models import Attempt, EventName, JobEvent, KeyActivity, Outcome
+from app.jobs.timeline.models import (
+    CURRENT_OUTCOMES,
+    Attempt,
+    EventName,
+    JobEvent,
+    KeyActivity,
+    Outcome,
+)
 from app.storage.dialects import conflict_insert_for
 from app.storage.schema import job_attempts, job_events, key_activity
 from app.storage.statements import DriverStatement
@@ -38,6 +45,12 @@ _close_attempt_statement = (
 )
 _close_attempt = DriverStatement(_close_attempt_statement)
 
+_current_outcomes = (
+    select(job_attempts.c.job_id, job_attempts.c.outcome)
+    .where(job_attempts.c.job_id.in_(bindparam("ids", expanding=True)),
+           job_attempts.c.outcome.in_([literal_column(f"'{outcome.value}'")
+                                       for outcome in sorted(CURRENT_OUTCOMES)]))
+)
 _attempts_of_job = (select(job_attempts).where(job_attempts.c.job_id == bindparam("job_id"))
                     .order_by(job_attempts.c.number))
 # The newest events, read backwards through (job_id, id).
@@ -80,6 +93,13 @@ class HistoryRepository:
             _close_attempt.rows(self.conn, params[0])
         else:
             _close_attempt.execute_many(self.conn, params)
+
+    def current_outcomes(self, job_ids: Collection[int]) -> dict[int, str]:
+        """By job id, the outcome of its stored attempt that is the row's current one (running
+        or completed; app/jobs/timeline/row_story.py), for the jobs that have one."""
+        if not job_ids:
+            return {}
+        return dict(self.conn.execute(_current_outcomes, {"ids": list(job_ids)}).all())
 
     def attempts_of(self, job_id: int) -> list[Attempt]:
         return [Attempt(*row) for row in self.conn.execute(_attempts_of_job, {"job_id": job_id})]
