@@ -14,6 +14,9 @@ rm -rf build client/build
 # Two processes (pytest-xdist), a file at a time each: much of the suite waits on real
 # servers, leases and schedule slots, which overlap well even on two cores; a file's fixtures
 # (the built image, the browser) are made once. `-n 0` after the script runs one process.
+# The files run longest first (tests/longest_files.txt, in tests/conftest.py), not in
+# pytest-xdist's default order (most tests first), which left the long files with few tests
+# to the end, one process running them while the other idled.
 # The 30 slowest tests are listed at the end: where the run's time goes, for whoever keeps it
 # short.
-exec .venv-test/bin/python -m pytest -n 2 --dist loadfile --durations=30 "$@"
+exec .venv-test/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30 "$@"

@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -337,3 +339,28 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             f"NOTE: the PostgreSQL half of the suite was skipped ({skipped} of the skipped "
             f"tests); set {POSTGRES_URL_VARIABLE} (e.g. postgresql+psycopg://postgres@"
             "127.0.0.1:5432/postgres) to run it.", yellow=True, bold=True)
+
+
+# -- the order the files run in ---------------------------------------------------------------
+
+LONGEST_FILES = Path(__file__).with_name("longest_files.txt")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the files listed in longest_files.txt first, in its order, then the
+    rest by their number of tests, most first. The processes take a file at a time in this
+    order (scripts/test.sh passes --no-loadscope-reorder), so a long file starts while the
+    short ones remain to share out, and no long file is left running alone at the end while
+    the other process idles. A plain run keeps the collected order."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    listed = [line.strip() for line in LONGEST_FILES.read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    rank = {path: place for place, path in enumerate(listed)}
+    tests_in = Counter(item.nodeid.split("::", 1)[0] for item in items)
+
+    def place(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        return rank.get(path, len(rank)), -tests_in[path]
+
+    items.sort(key=place)  # stable: a file's tests keep their order, and stay together

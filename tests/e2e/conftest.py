@@ -19,7 +19,10 @@ StartServer = Callable[..., LiveServer]
 def start_server(tmp_path: Path) -> Iterator[StartServer]:
     """`start_server(database_url, workers=4, threads=4, settings={...})` starts
     `gunicorn wsgi:app` on a free loopback port over that database and returns once it
-    answers; every server started is stopped (its whole process group) at teardown."""
+    answers; every server started is killed (its whole process group) at teardown, as
+    tests/ops and tests/faults do: a graceful stop waited out its 5 s grace for each server a
+    client still held a connection to, and proved nothing (tests/ops/test_gunicorn.py and
+    test_stop_ends_long_polls.py test the graceful stop)."""
     started: list[LiveServer] = []
 
     def start(database_url: str, **options: Any) -> LiveServer:
@@ -30,7 +33,7 @@ def start_server(tmp_path: Path) -> Iterator[StartServer]:
 
     yield start
     for server in started:
-        server.stop()
+        server.kill()
 
 
 @pytest.fixture
