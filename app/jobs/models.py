@@ -65,6 +65,9 @@ class Job:
     fair_round: int | None = None  # a fair type's pending job's round (app/jobs/key_rules.py)
     timeout_seconds: int | None = None  # each attempt's limit from its claim (docs/JOBS.md)
     expires_at: int | None = None  # not claimed by then, it is not run (docs/JOBS.md, Running jobs)
+    # 1: a stored dependency edge waits on it, so its end has dependents to settle; None: no
+    # job depends on it (app/jobs/dependencies.py).
+    has_dependents: int | None = None
 
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""

@@ -172,7 +172,10 @@ class JobsTx(Transaction):
         self._record(transition, jobs, actor=actor, now_us=now_us, held_by=held_by,
                      details=details)
         moves: list[tuple[Transition, Sequence[Job]]] = [(transition, jobs)]
-        finished = {job.id: job.status for job in jobs if job.status in TERMINAL_STATUSES}
+        # Only a job some edge waits on has dependents to settle: the end of any other sends
+        # nothing about dependencies.
+        finished = {job.id: job.status for job in jobs
+                    if job.status in TERMINAL_STATUSES and job.has_dependents}
         if finished:
             self._settle(finished, now_us, moves)
         # Their keys' turns and rounds (app/jobs/key_rules.py), the cascade's moves included.

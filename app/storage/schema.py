@@ -77,6 +77,11 @@ jobs = Table(
     # expires_at.
     Column("timeout_seconds", Integer, nullable=True),
     Column("expires_at", Micros, nullable=True),
+    # Appended by migration 0024, and part of the Job record (hence here, after the record's
+    # other columns): 1 when a stored dependency edge waits on the job, NULL otherwise. Set
+    # in the transaction that stores the edge; a job's end settles dependents only when set
+    # (app/jobs/dependencies.py), so the end of a job nobody depends on costs nothing more.
+    Column("has_dependents", SmallInteger, nullable=True),
     # Also 0017, and never read by the claim (nor part of the Job record): a running job's
     # cancel request and its last progress. On the row, because a heartbeat writes the row
     # anyway: progress reported with it costs no page and no statement more (a table beside
