@@ -34,6 +34,7 @@ from app.storage.uow import EventSink, UnitOfWork
 from app.types.flow import FlowControl, SkipSink
 from app.types.repository import key_modes_of
 from app.types.service import TypeService
+from app.types.settings_copy import TypeSettingsCopy
 from app.web.auth import init_auth
 from app.web.problems import register_error_handlers
 from app.workflows.service import WorkflowService
@@ -54,6 +55,7 @@ class Services:
     workflows: WorkflowService
     failures: FailureGroups
     stats: StatsService
+    type_settings: TypeSettingsCopy  # this process's copy of the job types' settings
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -154,6 +156,13 @@ def start_scheduler(app: Flask) -> None:
                 services.stats.chore()]).start()
 
 
+def start_type_settings_refresh(app: Flask) -> None:
+    """Keep this process's copy of the job types' settings fresh in a background thread
+    (app/types/settings_copy.py). Called where the app is served (wsgi.py, the dispatcher),
+    not by the factory: elsewhere the copy is read again on use once a second old."""
+    app.extensions["queuelog"].type_settings.start()
+
+
 def stop_scheduler(app: Flask) -> None:
     """Stop the ticker, letting a firing under way end (gunicorn's worker_exit hook)."""
     ticker = app.extensions.get("queuelog_ticker")
@@ -184,14 +193,16 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     )
     keys = KeyService(db, clock, check_url_prefixes=config["CHECK_URL_ORIGINS"])
     counts = BacklogCounts(db, clock, config["TYPE_COUNTS_MAX_AGE_SECONDS"])
-    flow = FlowControl(db, clock, on_skip=on_skip)
+    type_settings = TypeSettingsCopy(db, clock)
+    flow = FlowControl(db, clock, on_skip=on_skip, settings_copy=type_settings)
     # The sibling processes on this host (gunicorn's other workers) wake each other's
     # waiting requests; other hosts' changes are noticed by the waiters' peeks.
     host = HostWake(wake_directory(database_identity(config["DATABASE_URL"])))
     # Told when a job may have finished: the reads waiting for one wake.
     finished = JobSignal(host, FINISHED)
     recorder = HistoryRecorder(events=config["JOB_EVENTS"], stats=config["STATS"])
-    uow = UnitOfWork(db, bind_jobs(recorder, keys.confirm_live, clock, key_modes_of),
+    uow = UnitOfWork(db, bind_jobs(recorder, keys.confirm_live, clock, key_modes_of,
+                                   type_settings.without_key_modes),
                      on_event=on_event, signals={FINISHED: finished.notify})
     jobs = JobService(uow, clock, settings, flow=flow, finished=finished,
                       claimable=JobSignal(host, CLAIMABLE))
@@ -209,7 +220,8 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
                           retention_defaults=RetentionWindows(
                               config["RETENTION_COMPLETED_SECONDS"] or None,
                               config["RETENTION_FAILED_SECONDS"] or None,
-                              config["RETENTION_CANCELLED_SECONDS"] or None)),
+                              config["RETENTION_CANCELLED_SECONDS"] or None),
+                          settings_copy=type_settings),
         history=HistoryService(db, clock, jobs, keys, ahead_limit=config["EXPLAIN_AHEAD_LIMIT"]),
         schedules=ScheduleService(
             db, clock, jobs, IntakeRules(settings.job_types, settings.max_payload_bytes,
@@ -220,4 +232,5 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         workflows=WorkflowService(jobs, clock),
         failures=FailureGroups(db, clock),
         stats=StatsService(db, clock, counts, settings.job_types),
+        type_settings=type_settings,
     )

@@ -1,8 +1,10 @@
 """The WSGI application gunicorn serves (`queuelog serve` names `app.wsgi:app`): one per
-gunicorn worker, with its configuration warnings logged and its schedule ticker started."""
+gunicorn worker, with its configuration warnings logged, its schedule ticker started and its
+copy of the job types' settings kept fresh."""
 
-from app import create_app, start_scheduler, warn_about_configuration
+from app import create_app, start_scheduler, start_type_settings_refresh, warn_about_configuration
 
 app = create_app()
 warn_about_configuration(app)
 start_scheduler(app)
+start_type_settings_refresh(app)

@@ -23,7 +23,7 @@ from app.jobs.control_repository import ControlRepository
 from app.jobs.dependencies import settle_dependents
 from app.jobs.dependency_repository import DependencyRepository
 from app.jobs.key_repository import KeyRepository
-from app.jobs.key_rules import KeyRules, ModeSource, no_modes
+from app.jobs.key_rules import KeyRules, ModeSource, PlainType, never_plain, no_modes
 from app.jobs.models import Job
 from app.jobs.repository import JobRepository
 from app.jobs.reservation_repository import ReservationRepository
@@ -104,7 +104,7 @@ class JobsTx(Transaction):
 
     def __init__(self, conn: Connection, recorder: HistoryRecorder,
                  confirm_caller: CallerCheck, clock: Clock | None = None,
-                 key_modes: ModeSource = no_modes) -> None:
+                 key_modes: ModeSource = no_modes, plain: PlainType = never_plain) -> None:
         super().__init__(conn)
         # Read again once a transaction holds the rows it waited for (a dependents' release).
         self.clock = clock or Clock()
@@ -118,7 +118,8 @@ class JobsTx(Transaction):
         self.timeline = Timeline(recorder, conn)
         self.keys = KeyRules(self.jobs, KeyRepository(conn), key_modes,
                              lambda made, changed, at, extra: self._record(
-                                 made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra))
+                                 made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra),
+                             plain)
         self._confirm_caller = confirm_caller
 
     def entered(self, new: Sequence[Job], now_us: int) -> list[Job]:
@@ -231,7 +232,9 @@ JobsUnitOfWork = UnitOfWork[JobsTx]
 
 def bind_jobs(recorder: HistoryRecorder, confirm_caller: CallerCheck = trust_caller,
               clock: Clock | None = None,
-              key_modes: ModeSource = no_modes) -> Callable[[Connection], JobsTx]:
+              key_modes: ModeSource = no_modes,
+              plain: PlainType = never_plain) -> Callable[[Connection], JobsTx]:
     """The factory app/storage/uow.py builds each job transaction with; `key_modes` reads
-    which types are fair or ordered (app/types)."""
-    return lambda conn: JobsTx(conn, recorder, confirm_caller, clock, key_modes)
+    which types are fair or ordered (app/types), `plain` says which types this process's
+    copy of the settings shows without key modes (app/jobs/key_rules.py)."""
+    return lambda conn: JobsTx(conn, recorder, confirm_caller, clock, key_modes, plain)
