@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 from collections.abc import Collection
@@ -59,6 +60,8 @@ class TypeSettingsCopy:
         self._catch_up: dict[str, int] = {}  # newly fair type -> refreshes left to number it
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._thread_pid = 0  # the process that started the thread
+        self._start_lock = threading.Lock()
 
     # -- what the hot path asks -----------------------------------------------------------
 
@@ -111,11 +114,13 @@ class TypeSettingsCopy:
 
     def start(self) -> TypeSettingsCopy:
         """Keep the copy fresh in a daemon thread (where the app is served)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="queuelog-type-settings",
-                                            daemon=True)
-            self._thread.start()
-            atexit.register(self.stop)
+        with self._start_lock:
+            if self._thread is None or self._thread_pid != os.getpid():
+                self._thread_pid = os.getpid()
+                self._thread = threading.Thread(target=self._run,
+                                                name="queuelog-type-settings", daemon=True)
+                self._thread.start()
+                atexit.register(self.stop)
         return self
 
     def stop(self) -> None:
@@ -138,6 +143,9 @@ class TypeSettingsCopy:
             self._stopping.wait(self.refresh_seconds)
 
     def _current(self) -> dict[str, TypeSettings]:
+        if self._thread is not None and self._thread_pid != os.getpid():
+            # Started before a fork (gunicorn --preload): the thread stayed in the parent.
+            self.start()
         settings = self._settings
         thread = self._thread
         if settings is None or ((thread is None or not thread.is_alive())
