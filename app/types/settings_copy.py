@@ -3,8 +3,9 @@ modes? is it under flow control?) answered without a read of job_types per trans
 
 The copy is read whole (one row per type ever changed: a few rows) by a background thread at
 most once a second where the app is served (`start`), and at once in the process that changed
-a type (TypeService). Where nothing started the thread (an operator's command, a test), it is
-read again on use once it is a second old. The rules that must hold at once on every host do
+a type (TypeService). Where nothing started the thread (an operator's command, a test), a copy
+a second old is not trusted (the transaction reads as without one) and is read again in a
+short thread of its own. The rules that must hold at once on every host do
 not trust it (docs/FLOW-CONTROL.md, Type settings across processes):
 
 - a claim of types the copy shows free of flow control carries the condition "no row of
@@ -62,13 +63,17 @@ class TypeSettingsCopy:
         self._thread: threading.Thread | None = None
         self._thread_pid = 0  # the process that started the thread
         self._start_lock = threading.Lock()
+        self._reading = False  # a one-off read is under way (_refresh_soon)
 
     # -- what the hot path asks -----------------------------------------------------------
 
     def without_key_modes(self, job_type: str) -> bool:
         """True when the copy shows the type neither fair nor ordered (app/jobs/key_rules.py
         then reads nothing for its jobs without a concurrency key)."""
-        settings = self._current().get(job_type)
+        current = self._current()
+        if current is None:
+            return False  # no fresh copy: read in the transaction, as before
+        settings = current.get(job_type)
         if settings is None:
             return True
         mode = settings.key_mode
@@ -77,7 +82,10 @@ class TypeSettingsCopy:
     def under_flow_control(self, wanted: Collection[str] | None) -> bool:
         """True when the copy shows one of the `wanted` types (None: any) paused, pushed,
         fair, or with a cap or a rate: a claim of them reads their rows as before."""
-        return any(s.is_limited for name, s in self._current().items()
+        current = self._current()
+        if current is None:
+            return True  # no fresh copy: the rows are read, as before
+        return any(s.is_limited for name, s in current.items()
                    if wanted is None or name in wanted)
 
     # -- keeping it fresh -------------------------------------------------------------------
@@ -142,18 +150,40 @@ class TypeSettingsCopy:
                 failing = True
             self._stopping.wait(self.refresh_seconds)
 
-    def _current(self) -> dict[str, TypeSettings]:
+    def _current(self) -> dict[str, TypeSettings] | None:
+        """The copy, or None when there is none fresh enough to trust (then the caller reads
+        in its transaction, as without a copy). Never read here: a request's transaction
+        may be holding its connection, and a second one could wait on the pool for ever."""
         if self._thread is not None and self._thread_pid != os.getpid():
             # Started before a fork (gunicorn --preload): the thread stayed in the parent.
             self.start()
         settings = self._settings
         thread = self._thread
-        if settings is None or ((thread is None or not thread.is_alive())
-                                and time.monotonic() - self._read_at >= self.refresh_seconds):
-            self.refresh()
-            settings = self._settings
-        assert settings is not None
+        if thread is not None and thread.is_alive():
+            return settings
+        if settings is None or time.monotonic() - self._read_at >= self.refresh_seconds:
+            self._refresh_soon()
+            return None
         return settings
+
+    def _refresh_soon(self) -> None:
+        """Without the thread (an operator's command, a test): one read off the request
+        path, in a short thread of its own, at most one at a time."""
+        with self._start_lock:
+            if self._reading:
+                return
+            self._reading = True
+
+        def read() -> None:
+            try:
+                self.tick()
+            except SQLAlchemyError:
+                log.warning("queuelog: the job types' settings could not be read",
+                            exc_info=True)
+            finally:
+                self._reading = False
+
+        threading.Thread(target=read, name="queuelog-type-settings-once", daemon=True).start()
 
     def _number_stragglers(self, job_type: str, settings: TypeSettings | None) -> None:
         with self._lock:

@@ -34,6 +34,7 @@ def statements(app: Flask) -> Iterator[list[str]]:
     background thread as where the app is served, are left out)."""
     services = app.extensions["queuelog"]
     services.type_settings.start()
+    services.type_settings.refresh()  # its first read, which the thread may not have made yet
     me = threading.get_ident()
     seen: list[str] = []
 
@@ -99,7 +100,9 @@ def other(app_config: dict[str, Any]) -> Iterator[Flask]:
     """A second app instance on the same database (another process, another host), whose
     copy of the settings is never read again on its own during the test."""
     application = create_app(app_config)
-    application.extensions["queuelog"].type_settings.refresh_seconds = HOUR
+    copy = application.extensions["queuelog"].type_settings
+    copy.refresh_seconds = HOUR
+    copy.refresh()  # read before the changes the tests make
     yield application
     application.extensions["queuelog"].db.engine.dispose()
 
