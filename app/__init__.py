@@ -38,6 +38,7 @@ from app.storage.uow import EventSink, UnitOfWork
 from app.types.flow import FlowControl, SkipSink
 from app.types.repository import key_modes_of
 from app.types.service import TypeService
+from app.types.settings_copy import TypeSettingsCopy
 from app.web.auth import init_auth
 from app.web.problems import register_error_handlers
 from app.workflows.service import WorkflowService
@@ -61,6 +62,7 @@ class Services:
     maintenance: MaintenanceLoop
     # Writes this process's stats counts once a second once started (start_stats_flusher).
     stats_flusher: StatsFlusher
+    type_settings: TypeSettingsCopy  # this process's copy of the job types' settings
 
     def close(self) -> None:
         """Stop the maintenance loop (giving its lead up), write the stats counts still
@@ -167,6 +169,13 @@ def start_scheduler(app: Flask) -> None:
         services.schedules, chores=[services.stats.chore()]).start()
 
 
+def start_type_settings_refresh(app: Flask) -> None:
+    """Keep this process's copy of the job types' settings fresh in a background thread
+    (app/types/settings_copy.py). Called where the app is served (wsgi.py, the dispatcher),
+    not by the factory: elsewhere the copy is read again on use once a second old."""
+    app.extensions["queuelog"].type_settings.start()
+
+
 def stop_scheduler(app: Flask) -> None:
     """Stop the ticker, letting a firing under way end (gunicorn's worker_exit hook)."""
     ticker = app.extensions.get("queuelog_ticker")
@@ -221,7 +230,8 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     )
     keys = KeyService(db, clock, check_url_prefixes=config["CHECK_URL_ORIGINS"])
     counts = BacklogCounts(db, clock, config["TYPE_COUNTS_MAX_AGE_SECONDS"])
-    flow = FlowControl(db, clock, on_skip=on_skip)
+    type_settings = TypeSettingsCopy(db, clock)
+    flow = FlowControl(db, clock, on_skip=on_skip, settings_copy=type_settings)
     # The sibling processes on this host (gunicorn's other workers) wake each other's
     # waiting requests; other hosts' changes are noticed by the waiters' peeks.
     host = HostWake(wake_directory(database_identity(config["DATABASE_URL"])))
@@ -231,7 +241,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     # Each committed job transaction's counts, written by the process once a second.
     stats_buffer = StatsBuffer(db)
     uow = UnitOfWork(db, bind_jobs(recorder, keys.confirm_live, clock, key_modes_of,
-                                   stats=stats_buffer),
+                                   type_settings.without_key_modes, stats=stats_buffer),
                      on_event=on_event, signals={FINISHED: finished.notify})
     jobs = JobService(uow, clock, settings, flow=flow, finished=finished,
                       claimable=JobSignal(host, CLAIMABLE))
@@ -250,7 +260,13 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         jobs=jobs,
         keys=keys,
         counts=counts,
-        types=types,
+        types=TypeService(db, clock, settings.job_types, counts,
+                          push_origins=config["PUSH_ALLOWED_ORIGINS"],
+                          retention_defaults=RetentionWindows(
+                              config["RETENTION_COMPLETED_SECONDS"] or None,
+                              config["RETENTION_FAILED_SECONDS"] or None,
+                              config["RETENTION_CANCELLED_SECONDS"] or None),
+                          settings_copy=type_settings),
         history=HistoryService(db, clock, jobs, keys, ahead_limit=config["EXPLAIN_AHEAD_LIMIT"],
                                told_events=config["JOB_EVENTS"]),
         schedules=ScheduleService(
@@ -265,4 +281,5 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         stats_flusher=StatsFlusher(stats_buffer),
         maintenance=MaintenanceLoop(leadership_of(engine),
                                     jobs.maintenance_chores(types.retention_windows), clock),
+        type_settings=type_settings,
     )

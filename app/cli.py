@@ -623,6 +623,7 @@ def dispatch(concurrency: int | None, metrics_port: int | None, only_if_enabled:
     if metrics_port is not None:
         metrics.serve(metrics_port, "127.0.0.1")
     services = _services()
+    services.type_settings.start()
     dispatcher = Dispatcher(services.jobs, services.types,
                             concurrency=concurrency or config["DISPATCH_CONCURRENCY"],
                             grace_seconds=config["DISPATCH_GRACE_SECONDS"], metrics=metrics,

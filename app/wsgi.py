@@ -1,12 +1,13 @@
 """The WSGI application gunicorn serves (`queuelog serve` names `app.wsgi:app`): one per
-gunicorn worker, with its configuration warnings logged, and its schedule ticker, stats
-flusher and maintenance loop started."""
+gunicorn worker, with its configuration warnings logged, its schedule ticker, stats flusher
+and maintenance loop started and its copy of the job types' settings kept fresh."""
 
 from app import (
     create_app,
     start_maintenance,
     start_scheduler,
     start_stats_flusher,
+    start_type_settings_refresh,
     warn_about_configuration,
 )
 
@@ -15,3 +16,4 @@ warn_about_configuration(app)
 start_scheduler(app)
 start_stats_flusher(app)
 start_maintenance(app)
+start_type_settings_refresh(app)

@@ -169,7 +169,10 @@ class ClaimService:
             now_us=now, worker=ask.caller.name, lease_expires_at=now + ask.lease_us,
             nonce=nonce, limit=ask.limit,
             types=self._types_of(ask.wanted) if restricted else ask.wanted,
-            limits=limits if restricted else None)
+            limits=limits if restricted else None,
+            # No type's row read: the statement itself passes over the types under flow
+            # control now (a pause made on another host a moment ago included).
+            free_types_only=self.flow is not None and limits is None)
 
         if (self.flow is not None and limits is not None
                 and self.flow.settle(tx.conn, limits, jobs, now, check=optimistic)):
@@ -212,7 +215,8 @@ class ClaimService:
         limits = None if self.flow is None else self.flow.limits(
             tx.conn, ask.wanted, now, lock=False, push=ask.push)
         if limits is None:
-            return tx.jobs.has_claimable_work(now, ask.wanted)
+            return tx.jobs.has_claimable_work(now, ask.wanted,
+                                              free_types_only=self.flow is not None)
         return tx.jobs.has_claimable_work(now, self._types_of(ask.wanted), limits)
 
 

@@ -1,9 +1,10 @@
 """The only place the SQL of dependencies between jobs lives (table job_dependencies).
 
-A finishing job asks here which waiting jobs its end concerns (one probe of an index by
-dependency, which finds nothing for the jobs no one waits on); an enqueue stores the edges
-of its new jobs and locks the dependencies it names, so that a dependency finishing at the
-same moment is seen by one of the two transactions (see lock_dependencies).
+A finishing job flagged as depended on (jobs.has_dependents, set here with the edges that
+point to it) asks here which waiting jobs its end concerns; a job no one waits on asks
+nothing. An enqueue stores the edges of its new jobs and locks the dependencies it names,
+so that a dependency finishing at the same moment is seen by one of the two transactions
+(see lock_dependencies).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from app.storage.statements import DriverStatement
 
 _UNRESOLVED: Any = literal_column("0")
 _RESOLVED: Any = literal_column("1")
+_FLAGGED: Any = literal_column("1")
 _UNFINISHED: list[Any] = [literal_column(f"'{status.value}'") for status in
                           sorted(UNFINISHED_STATUSES)]
 
@@ -108,15 +110,21 @@ class DependencyRepository:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        # The jobs this transaction flagged as depended on already (lock_dependencies).
+        self._flagged: set[int] = set()
 
     def lock_dependencies(self, ids: Collection[int]) -> dict[int, DependencyRow]:
         """The jobs `ids` name that exist, by id, each locked FOR SHARE until the transaction
-        ends (PostgreSQL; SQLite's BEGIN IMMEDIATE serialises writers anyway).
+        ends (PostgreSQL; SQLite's BEGIN IMMEDIATE serialises writers anyway), the
+        unfinished ones flagged first as having dependents (jobs.has_dependents).
 
         The lock is what makes an enqueue and a dependency's end see each other: a
         dependency finishing now holds its row, so this waits for its commit and reads it
         finished; one finishing later waits for this enqueue's commit, and then finds the
-        edges it stored. Locked in id order, so two enqueues never deadlock."""
+        edges it stored (its end's own statement returns the flag set here). Locked in id
+        order, so two enqueues never deadlock; flagged before the share lock is taken, since
+        two enqueues holding one row's share lock could not both write it."""
+        self._flag(ids, unfinished_only=True)
         found: dict[int, DependencyRow] = {}
         for chunk in chunked(sorted(set(ids))):
             stmt = (select(jobs.c.id, jobs.c.producer, jobs.c.status)
@@ -132,6 +140,20 @@ class DependencyRepository:
         and resolved (0/1: the dependency had finished when it was stored)."""
         if rows:
             _insert_edges.execute_many(self.conn, rows)
+            self._flag({row["depends_on_id"] for row in rows if not row["resolved"]})
+
+    def _flag(self, ids: Collection[int], *, unfinished_only: bool = False) -> None:
+        """Mark these jobs as having dependents whose edges their end must apply: the flag
+        that lets the end of a job nobody depends on skip dependencies altogether. Rows
+        flagged already are left unwritten (and unlocked)."""
+        wanted = sorted(set(ids) - self._flagged)
+        for chunk in chunked(wanted):
+            stmt = (update(jobs).where(jobs.c.id.in_(chunk), jobs.c.has_dependents.is_(None))
+                    .values(has_dependents=_FLAGGED))
+            if unfinished_only:
+                stmt = stmt.where(jobs.c.status.in_(_UNFINISHED))
+            self.conn.execute(stmt)
+        self._flagged.update(wanted)
 
     def resolve_edges(self, finished_ids: Collection[int], limit: int) -> list[Edge]:
         """Mark applied, and return, up to `limit` of the edges not yet applied that wait on

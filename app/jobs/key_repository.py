@@ -371,6 +371,14 @@ class KeyRepository:
 
     # -- fair share -----------------------------------------------------------------------
 
+    def unrounded_pending(self, job_type: str) -> list[int]:
+        """The fair type's pending jobs without a round, in id order (a straggler's few: read
+        through the type's claim-order index)."""
+        return [int(job_id) for job_id in self.conn.execute(
+            select(jobs.c.id).where(jobs.c.type == job_type, jobs.c.status == _PENDING,
+                                    jobs.c.fair_round.is_(None)).order_by(jobs.c.id)
+        ).scalars()]
+
     def due_deferred(self, job_type: str, now_us: int, limit: int) -> list[int]:
         """Up to `limit` of the type's unnumbered pending jobs now due, soonest due first
         (those another claim holds are skipped on PostgreSQL)."""

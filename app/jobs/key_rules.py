@@ -52,6 +52,9 @@ def key_owner(job: Job, mode: KeyMode) -> str | None:
 
 # The modes of these types, read in the transaction (types with neither left out).
 ModeSource = Callable[[Any, Collection[str]], Mapping[str, KeyMode]]
+# True when this process's copy of the type settings shows the type neither fair nor ordered
+# (app/types/settings_copy.py): its jobs without a concurrency key then read no mode.
+PlainType = Callable[[str], bool]
 # Records a transition made here: (transition, the jobs as it left them, when, each job's
 # extra event detail by id).
 Record = Callable[[Transition, list[Job], int, Mapping[int, Mapping[str, Any]]], None]
@@ -60,6 +63,11 @@ Record = Callable[[Transition, list[Job], int, Mapping[int, Mapping[str, Any]]],
 def no_modes(_conn: Any, _types: Collection[str]) -> Mapping[str, KeyMode]:
     """No type is fair or ordered (a unit of work built without the types' settings)."""
     return {}
+
+
+def never_plain(_type: str) -> bool:
+    """No copy of the settings to trust: every type's modes are read in the transaction."""
+    return False
 
 
 # Jobs that came due numbered by one claim of a fair type, at most: its transaction stays
@@ -77,26 +85,39 @@ _ENDS_A_WAITING_JOB = frozenset({Transition.CANCEL, Transition.DEPENDENCY_CANCEL
 
 class KeyRules:
     """The rules of fair and ordered keys in one job transaction. `modes` reads the types'
-    modes on its connection, once per transaction and type."""
+    modes on its connection, once per transaction and type; `plain` says which types this
+    process's copy of the settings shows without key modes: their jobs without a
+    concurrency key read nothing (a job with a key, or of a type with modes, reads its
+    type's modes in the transaction, so a change of modes applies to it at once)."""
 
     def __init__(self, jobs: JobRepository, keys: KeyRepository, modes: ModeSource,
-                 record: Record) -> None:
+                 record: Record, plain: PlainType = never_plain) -> None:
         self.jobs = jobs
         self.keys = keys
         self._modes = modes
+        self._plain = plain
         self._record = record
         self._known: dict[str, KeyMode] = {}
 
-    def modes_of(self, types: Collection[str]) -> dict[str, KeyMode]:
-        unknown = [t for t in types if t not in self._known]
+    def modes_of(self, types: Collection[str], keyed: Collection[str] | None = None
+                 ) -> dict[str, KeyMode]:
+        """The modes of these types; `keyed`: those of them with a job that carries a
+        concurrency key (None: all of them), whose modes are always read."""
+        unknown = [t for t in types if t not in self._known
+                   and (keyed is None or t in keyed or not self._plain(t))]
         if unknown:
             found = self._modes(self.keys.conn, unknown)
             for job_type in unknown:
                 self._known[job_type] = found.get(job_type, KeyMode())
-        return {t: self._known[t] for t in types}
+        return {t: self._known.get(t, KeyMode()) for t in types}
+
+    def modes_of_jobs(self, jobs: Collection[Job]) -> dict[str, KeyMode]:
+        """The modes of these jobs' types (see modes_of)."""
+        return self.modes_of({job.type for job in jobs},
+                             {job.type for job in jobs if job.concurrency_key is not None})
 
     def mode_of(self, job: Job) -> KeyMode:
-        return self.modes_of([job.type])[job.type]
+        return self.modes_of_jobs([job])[job.type]
 
     # -- a job's entry --------------------------------------------------------------------
 
@@ -106,7 +127,7 @@ class KeyRules:
         them as they are now."""
         if not new:
             return []
-        modes = self.modes_of({job.type for job in new})
+        modes = self.modes_of_jobs(new)
         if not any(m.fair or m.ordered for m in modes.values()):
             return list(new)
         held = [job.id for job in sorted(new, key=lambda job: job.id)
@@ -156,7 +177,7 @@ class KeyRules:
                     if t not in (Transition.CLAIM, Transition.HEARTBEAT)]
         if not relevant:
             return []
-        modes = self.modes_of({job.type for _t, job in relevant})
+        modes = self.modes_of_jobs([job for _t, job in relevant])
         if not any(m.fair or m.ordered for m in modes.values()):
             return []
         released: list[Job] = []
@@ -355,6 +376,19 @@ class KeyRules:
             before = (key_round, job_id, fair_round)
             rounds.append((job_id, fair_round, key_round))
         return rounds
+
+
+def number_unrounded(jobs: JobRepository, keys: KeyRepository, job_type: str, mode: KeyMode,
+                     now_us: int) -> None:
+    """The fair type's pending jobs that entered without a round (on a host whose copy of the
+    settings did not show the type fair yet) get one now, as on entering: no earlier than
+    the round being served (app/types/settings_copy.py)."""
+    if not mode.fair:
+        return
+    unrounded = jobs.jobs_by_ids(keys.unrounded_pending(job_type))
+    if unrounded:
+        KeyRules(jobs, keys, lambda _conn, _types: {job_type: mode},
+                 lambda *_recorded: None)._numbered(unrounded, {job_type: mode}, now_us)
 
 
 def change_modes(jobs: JobRepository, keys: KeyRepository, job_type: str, before: KeyMode,

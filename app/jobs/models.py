@@ -66,6 +66,9 @@ class Job:
     timeout_seconds: int | None = None  # each attempt's limit from its claim (docs/JOBS.md)
     expires_at: int | None = None  # not claimed by then, it is not run (docs/JOBS.md, Running jobs)
     claimed_until: int | None = None  # the lease its current attempt's claim granted
+    # 1: a stored dependency edge waits on it, so its end has dependents to settle; None: no
+    # job depends on it (app/jobs/dependencies.py).
+    has_dependents: int | None = None
 
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""

@@ -57,6 +57,7 @@ from app.storage.schema import (
     claim_order_columns,
     job_dependencies,
     job_tags,
+    job_types,
     jobs,
     key_turns,
 )
@@ -80,6 +81,24 @@ def _status_is_of(table: Any, statuses: Collection[JobStatus]) -> Any:
 
 
 _CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
+# A job_types row that puts its type under flow control (TypeSettings.is_limited): a claim of
+# the type must look at it. The one spelling of it in SQL (app/types/repository.py reads these
+# rows with it): a cap or a rate, whose claims count what runs; or paused, pushed (only the
+# dispatcher's claims take it) or fair (its claims read round order).
+COUNTS_RUNNING_TYPE = or_(job_types.c.max_running.is_not(None),
+                          job_types.c.max_running_per_key.is_not(None),
+                          job_types.c.rate_per_second.is_not(None))
+PAUSED_PUSHED_OR_FAIR_TYPE = or_(job_types.c.paused.is_(True),
+                                 job_types.c.push_url.is_not(None),
+                                 job_types.c.fairness.is_not(None))
+# The condition of a claim made without reading the types' rows (this process's copy of them
+# showed none under flow control, app/types/settings_copy.py): the job's type is under none
+# at the statement's own moment, so a pause, a cap, a rate or a push url set on another host
+# stops such claims of the type at once. One probe of job_types' key per candidate.
+_TYPE_FREE = ~(select(job_types.c.type)
+               .where(job_types.c.type == jobs.c.type,
+                      or_(PAUSED_PUSHED_OR_FAIR_TYPE, COUNTS_RUNNING_TYPE))
+               .exists())
 # A job past its expires_at is never handed out (docs/JOBS.md): every claim's candidates and
 # its UPDATE say so, at the claim's own moment; the maintenance loop cancels such jobs.
 _NOT_EXPIRED = or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > bindparam("now"))
@@ -189,6 +208,8 @@ _ahead_of_type = _count_ahead(restricted_to_one_type=True)
 
 _due_probe_any_type = _pending_due(restricted_to_one_type=False).limit(1)
 _due_probe_one_type = _pending_due(restricted_to_one_type=True).limit(1)
+_due_probe_any_free_type = _due_probe_any_type.where(_TYPE_FREE)
+_due_probe_one_free_type = _due_probe_one_type.where(_TYPE_FREE)
 
 # Candidates of one type for a claim; PostgreSQL locks them, skipping rows other claims hold.
 _candidates_one_type = (
@@ -239,6 +260,7 @@ class Candidate(NamedTuple):
 # a type under flow control reads one per type, where the claim of any type runs one
 # statement in all.
 _driver_candidates_one_type = DriverStatement(_candidates_one_type)
+_driver_candidates_one_free_type = DriverStatement(_candidates_one_type.where(_TYPE_FREE))
 _driver_fair_candidates = DriverStatement(_fair_candidates)
 
 
@@ -327,7 +349,7 @@ _CLAIMED_VALUES = Transition.CLAIM.values(
 )
 
 
-def _claim_next_any_type(key_to_confirm: bool) -> Any:
+def _claim_next_any_type(key_to_confirm: bool, *, free_types_only: bool = False) -> Any:
     # PostgreSQL renders FOR UPDATE SKIP LOCKED, so concurrent claims pass over each other's
     # rows instead of queueing on them; SQLite renders nothing and relies on BEGIN IMMEDIATE.
     # MATERIALIZED makes the candidates a fixed set: as a plain subquery PostgreSQL may
@@ -335,7 +357,8 @@ def _claim_next_any_type(key_to_confirm: bool) -> Any:
     # so one claim would take more jobs than its LIMIT.
     candidates = (
         select(jobs.c.id)
-        .where(_CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), _NOT_EXPIRED)
+        .where(_CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), _NOT_EXPIRED,
+               *([_TYPE_FREE] if free_types_only else []))
         .order_by(*_CLAIM_ORDER)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
@@ -352,6 +375,8 @@ def _claim_next_any_type(key_to_confirm: bool) -> Any:
 # the trace context it was enqueued with (docs/TRACING.md), in this order after its columns.
 _CLAIMED_COLUMNS = (*JOB_COLUMNS, CHECKPOINT, *TRACE)
 _claim_any_type = DriverStatement(_claim_next_any_type(key_to_confirm=False))
+_claim_any_free_type = DriverStatement(
+    _claim_next_any_type(key_to_confirm=False, free_types_only=True))
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
 # One job chosen (a claim of one): on SQLite's driver cursor, as the claim of any type is.
 _claim_chosen_one = DriverStatement(
@@ -368,6 +393,8 @@ _claim_chosen = (
 )
 # The same claims, made only while the caller's key is live (KeyToConfirm).
 _claim_any_type_if_live = DriverStatement(_claim_next_any_type(key_to_confirm=True))
+_claim_any_free_type_if_live = DriverStatement(
+    _claim_next_any_type(key_to_confirm=True, free_types_only=True))
 _claim_chosen_one_if_live = DriverStatement(
     _claim_chosen_one.statement.where(live_key_condition()))
 _claim_chosen_if_live = _claim_chosen.where(live_key_condition())
@@ -785,19 +812,24 @@ class JobRepository:
         return {job.idempotency_key or "": job for job in map(_job, self.conn.execute(stmt))}
 
     def has_claimable_work(self, now_us: int, types: Collection[str] | None,
-                           limits: ClaimLimits | None = None) -> bool:
+                           limits: ClaimLimits | None = None, *,
+                           free_types_only: bool = False) -> bool:
         """True when a claim now could find a job: a due pending one (a job whose lease ran
         out is pending again once the maintenance loop rescues it). Index probes only;
         cheap enough to poll while claims wait. `types=None` means any type. Under `limits`
         (with `types` then the wanted ones, every configured type when any is), only work
-        they allow counts: a waiting claim must not wake for jobs it may not take."""
+        they allow counts: a waiting claim must not wake for jobs it may not take.
+        `free_types_only`: only jobs of types under no flow control now count (the claim's
+        condition when it read no type's row)."""
+        any_type, one_type = ((_due_probe_any_free_type, _due_probe_one_free_type)
+                              if free_types_only else (_due_probe_any_type, _due_probe_one_type))
         if types is None:
-            return self.conn.execute(_due_probe_any_type, {"now": now_us}).first() is not None
+            return self.conn.execute(any_type, {"now": now_us}).first() is not None
         if limits is not None:
             types = limits.allowed(types)
         for job_type in sorted(types):
             full_keys = limits.full_keys(job_type) if limits is not None else []
-            stmt, params = _due_probe_one_type, {"now": now_us, "type": job_type}
+            stmt, params = one_type, {"now": now_us, "type": job_type}
             if full_keys:
                 stmt, params = _due_probe_one_type_by_key, {**params, "full_keys": full_keys}
             if self.conn.execute(stmt, params).first() is not None:
@@ -882,7 +914,8 @@ class JobRepository:
 
     def claim_next_jobs(self, *, now_us: int, worker: str, lease_expires_at: int, nonce: str,
                         limit: int, types: Collection[str] | None,
-                        limits: ClaimLimits | None = None) -> ClaimedRows:
+                        limits: ClaimLimits | None = None,
+                        free_types_only: bool = False) -> ClaimedRows:
         """Mark up to `limit` claimable jobs running for `worker`, returned in claim order
         with their checkpoints.
 
@@ -890,7 +923,8 @@ class JobRepository:
         wanted ones, every configured type when any is), each of the types they allow is
         read within its budget, its full keys left out and no key taken beyond its cap.
         Must run in a write transaction (BEGIN IMMEDIATE on SQLite), which makes the read of
-        the candidates and their update one step.
+        the candidates and their update one step. `free_types_only` (a claim that read no
+        type's row): only jobs of types under no flow control now are taken.
         """
         params: dict[str, Any] = {
             "now": now_us, "worker": worker, "lease_expires_at": lease_expires_at,
@@ -901,7 +935,10 @@ class JobRepository:
             key = self._take_key()
             if key is not None:
                 params[LIVE_KEY] = key.digest
-            claim = _claim_any_type if key is None else _claim_any_type_if_live
+            if free_types_only:
+                claim = _claim_any_free_type if key is None else _claim_any_free_type_if_live
+            else:
+                claim = _claim_any_type if key is None else _claim_any_type_if_live
             rows = claim.rows(self.conn, params)
             if key is not None:
                 key.answered(bool(rows))
@@ -913,7 +950,8 @@ class JobRepository:
             # those types to sort them. Merged, not sorted: a fair type's candidates keep
             # their round order among themselves.
             candidates = heapq.merge(*(
-                self._candidates_of(job_type, params, limits) for job_type in sorted(types)),
+                self._candidates_of(job_type, params, limits, free_types_only)
+                for job_type in sorted(types)),
                 key=claim_order_key)
             chosen = [row.id for row in itertools.islice(candidates, limit)]
             if not chosen:
@@ -952,12 +990,12 @@ class JobRepository:
         return [by_id[job.id] for job in claimed]
 
     def _candidates_of(self, job_type: str, params: dict[str, Any],
-                       limits: ClaimLimits | None) -> list[Any]:
+                       limits: ClaimLimits | None, free_types_only: bool = False) -> list[Any]:
         """One type's candidates in claim order: within its budget, as LIMIT; without its
         full keys, as a condition; a key met more often than its cap allows passed over."""
         if limits is None:
-            return _candidates(self.conn, _driver_candidates_one_type,
-                               {**params, "type": job_type})
+            return _candidates(self.conn, _driver_candidates_one_free_type if free_types_only
+                               else _driver_candidates_one_type, {**params, "type": job_type})
         budget = limits.budget(job_type, params["limit"])
         if budget <= 0:
             return []

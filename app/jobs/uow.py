@@ -24,7 +24,7 @@ from app.jobs.control_repository import ControlRepository
 from app.jobs.dependencies import settle_dependents
 from app.jobs.dependency_repository import DependencyRepository
 from app.jobs.key_repository import KeyRepository
-from app.jobs.key_rules import KeyRules, ModeSource, no_modes
+from app.jobs.key_rules import KeyRules, ModeSource, PlainType, never_plain, no_modes
 from app.jobs.models import Job
 from app.jobs.repository import JobRepository
 from app.jobs.reservation_repository import ReservationRepository
@@ -110,12 +110,14 @@ class JobsTx(Transaction):
 
     def __init__(self, conn: Connection, recorder: HistoryRecorder,
                  confirm_caller: CallerCheck, clock: Clock | None = None,
-                 key_modes: ModeSource = no_modes, stats: StatsBuffer | None = None) -> None:
+                 key_modes: ModeSource = no_modes, plain: PlainType = never_plain,
+                 stats: StatsBuffer | None = None) -> None:
         super().__init__(conn)
         # Read again once a transaction holds the rows it waited for (a dependents' release).
         self.clock = clock or Clock()
         self._recorder = recorder
         self._key_modes = key_modes
+        self._plain = plain
         self._confirm_caller = confirm_caller
         self._stats = stats
 
@@ -158,7 +160,8 @@ class JobsTx(Transaction):
     def keys(self) -> KeyRules:
         return KeyRules(self.jobs, KeyRepository(self.conn), self._key_modes,
                         lambda made, changed, at, extra: self._record(
-                            made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra))
+                            made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra),
+                        self._plain)
 
     def entered(self, new: Sequence[Job], now_us: int) -> list[Job]:
         """Jobs this transaction just inserted, before their enqueue is recorded: their
@@ -236,7 +239,10 @@ class JobsTx(Transaction):
         self._record(transition, jobs, actor=actor, now_us=now_us, held_by=held_by,
                      details=details, before=before)
         moves: list[tuple[Transition, Sequence[Job]]] = [(transition, jobs)]
-        finished = {job.id: job.status for job in jobs if job.status in TERMINAL_STATUSES}
+        # Only a job some edge waits on has dependents to settle: the end of any other sends
+        # nothing about dependencies.
+        finished = {job.id: job.status for job in jobs
+                    if job.status in TERMINAL_STATUSES and job.has_dependents}
         if finished:
             self._settle(finished, now_us, moves)
         # Their keys' turns and rounds (app/jobs/key_rules.py), the cascade's moves included.
@@ -293,8 +299,10 @@ JobsUnitOfWork = UnitOfWork[JobsTx]
 
 def bind_jobs(recorder: HistoryRecorder, confirm_caller: CallerCheck = trust_caller,
               clock: Clock | None = None, key_modes: ModeSource = no_modes,
+              plain: PlainType = never_plain,
               stats: StatsBuffer | None = None) -> Callable[[Connection], JobsTx]:
     """The factory app/storage/uow.py builds each job transaction with; `key_modes` reads
-    which types are fair or ordered (app/types); `stats` keeps the committed transactions'
-    counts (without: they are not kept)."""
-    return lambda conn: JobsTx(conn, recorder, confirm_caller, clock, key_modes, stats)
+    which types are fair or ordered (app/types), `plain` says which types this process's
+    copy of the settings shows without key modes (app/jobs/key_rules.py); `stats` keeps the
+    committed transactions' counts (without: they are not kept)."""
+    return lambda conn: JobsTx(conn, recorder, confirm_caller, clock, key_modes, plain, stats)

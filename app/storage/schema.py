@@ -81,6 +81,11 @@ jobs = Table(
     # heartbeats move on in lease_expires_at. The claim's event is told from the row
     # (docs/API.md, a job's history), and this is its detail.
     Column("claimed_until", Micros, nullable=True),
+    # Appended by migration 0024, and part of the Job record (hence here, after the record's
+    # other columns): 1 when a stored dependency edge waits on the job, NULL otherwise. Set
+    # in the transaction that stores the edge; a job's end settles dependents only when set
+    # (app/jobs/dependencies.py), so the end of a job nobody depends on costs nothing more.
+    Column("has_dependents", SmallInteger, nullable=True),
     # Also 0017, and never read by the claim (nor part of the Job record): a running job's
     # cancel request and its last progress. On the row, because a heartbeat writes the row
     # anyway: progress reported with it costs no page and no statement more (a table beside

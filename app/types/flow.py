@@ -27,6 +27,7 @@ from app.storage.dialects import writers_serialised
 from app.storage.engine import Database
 from app.types.models import SkipReason, TypeSettings, whole_tokens
 from app.types.repository import TypeRepository
+from app.types.settings_copy import TypeSettingsCopy
 
 # Told of each claim that passed over due work of a type (or of a key) held back by its
 # limit: (type, reason). Metrics count them.
@@ -113,10 +114,13 @@ def _capped(settings: Iterable[TypeSettings]) -> list[TypeSettings]:
 class FlowControl:
     """The claim's FlowPolicy: its questions, each on the claim's own connection."""
 
-    def __init__(self, db: Database, clock: Clock, on_skip: SkipSink = _ignore_skip) -> None:
+    def __init__(self, db: Database, clock: Clock, on_skip: SkipSink = _ignore_skip,
+                 settings_copy: TypeSettingsCopy | None = None) -> None:
         self.db = db
         self.clock = clock
         self.on_skip = on_skip
+        # This process's copy of the types' settings (None: the rows are read by every claim).
+        self.settings_copy = settings_copy
         self._last_noted: dict[str, int] = {}
         self._noted_lock = threading.Lock()
         # type -> until when (time.monotonic) its caps count as far from reached.
@@ -137,6 +141,12 @@ class FlowControl:
         locks, and the running jobs are not even counted while this process's last checks
         found every cap concerned far from reached.
         """
+        if (self.settings_copy is not None and not lock
+                and not self.settings_copy.under_flow_control(wanted)):
+            # None of the types is under flow control as far as this process knows: no row
+            # read, and the claim's own statement passes over a type put under it since
+            # (JobRepository.claim_next_jobs, free_types_only).
+            return None
         types = TypeRepository(conn)
         final = lock or writers_serialised(conn)
         if lock and not writers_serialised(conn):

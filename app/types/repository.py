@@ -18,19 +18,15 @@ from sqlalchemy import (
 )
 
 from app.jobs.key_rules import KeyMode
+from app.jobs.repository import COUNTS_RUNNING_TYPE, PAUSED_PUSHED_OR_FAIR_TYPE
 from app.storage.dialects import conflict_insert
 from app.storage.schema import job_types
 from app.storage.statements import DriverStatement
 from app.types.models import TypeSettings
 
-_counts_running = or_(
-    job_types.c.max_running.is_not(None),
-    job_types.c.max_running_per_key.is_not(None),
-    job_types.c.rate_per_second.is_not(None),
-)
+_counts_running = COUNTS_RUNNING_TYPE
 # A fair type is "limited" too: its claims read round order (docs/FLOW-CONTROL.md).
-_paused_or_pushed = or_(job_types.c.paused.is_(True), job_types.c.push_url.is_not(None),
-                        job_types.c.fairness.is_not(None))
+_paused_or_pushed = PAUSED_PUSHED_OR_FAIR_TYPE
 # Every claim asks; on most servers no type is limited, and the answer is no row. Read in one
 # statement, on SQLite's driver cursor too: `paused` as the integer it is stored as (a
 # Boolean column's conversion would send the statement through Core), made a bool by

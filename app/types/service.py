@@ -26,6 +26,7 @@ from app.types.models import (
     push_origin_refusal,
 )
 from app.types.repository import TypeRepository
+from app.types.settings_copy import TypeSettingsCopy
 
 # The statuses a type's "retention" names, as its fields' and columns' prefixes.
 RETENTION_STATUSES = ("completed", "failed", "cancelled")
@@ -129,8 +130,11 @@ class TypeService:
     def __init__(self, db: Database, clock: Clock, job_types: frozenset[str],
                  counts: BacklogCounts, *,
                  push_origins: frozenset[str] | None = None,
-                 retention_defaults: RetentionWindows = NO_RETENTION) -> None:
+                 retention_defaults: RetentionWindows = NO_RETENTION,
+                 settings_copy: TypeSettingsCopy | None = None) -> None:
         self.db = db
+        # This process's copy of the settings (the hot path's): read again after a change.
+        self.settings_copy = settings_copy
         self.clock = clock
         self.job_types = job_types
         self.push_origins = push_origins  # None: a push url may name any origin
@@ -183,6 +187,10 @@ class TypeService:
             return secret
 
         secret = self.db.run_write(change)
+        if self.settings_copy is not None:
+            # At once in this process; the others read it within a second
+            # (docs/FLOW-CONTROL.md, Type settings across processes).
+            self.settings_copy.refresh()
         return replace(self.get_type(job_type), new_secret=secret)
 
     def push_targets(self) -> dict[str, TypeSettings]:

@@ -54,6 +54,9 @@ def bulk_edges(app: Any, dependents: list[int], dependency_of: Any, *,
                            f"{int(cancel_on_failure)}, 0)" for i, job_id in enumerate(chunk))
         sql(app, "INSERT INTO job_dependencies (job_id, position, depends_on_id, "  # noqa: S608
                  f"cancel_on_failure, resolved) VALUES {values}")
+    # As the app stores an edge: its dependency flagged as having dependents.
+    sql(app, "UPDATE jobs SET has_dependents = 1 WHERE has_dependents IS NULL AND id IN "
+             "(SELECT depends_on_id FROM job_dependencies WHERE resolved = 0)")
     if "postgresql" in app.config["DATABASE_URL"]:
         # What autovacuum would soon do after such a load: the planners see the rows.
         sql(app, "ANALYZE jobs")
