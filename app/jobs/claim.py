@@ -132,8 +132,11 @@ class ClaimService:
         # confirms the key again rather than trusting an earlier check.
         ask.caller.live_checked = False
         nonce = secrets.token_hex(16)
+        # A claim of any type is one statement when no flow control concerns it (one round
+        # trip on PostgreSQL); _claim_in asks for a transaction otherwise, before it writes.
+        first_try = self.uow.run_statement if ask.wanted is None else self.uow.run
         try:
-            done = self.uow.run(lambda tx: self._claim_in(tx, ask, nonce, optimistic=True))
+            done = first_try(lambda tx: self._claim_in(tx, ask, nonce, optimistic=True))
         except LimitReached:
             done = self.uow.run(lambda tx: self._claim_in(tx, ask, nonce, optimistic=False))
         if self.flow is not None:
@@ -159,6 +162,8 @@ class ClaimService:
             now = self.clock.now_us()
         if ask.push and limits is None:
             return _Attempt([], None, now, {}, {})  # no flow control to tell push types apart
+        if tx.one_statement and limits is not None:
+            tx.need_transaction()  # the limits' rows to read, pay and check with the claim
 
         if limits is not None and limits.fair:
             # A fair type's jobs that came due since they were enqueued take their turns
@@ -191,7 +196,8 @@ class ClaimService:
 
         # Recorded once the stamps are final, so the timeline reads as they do.
         tx.made(Transition.CLAIM, jobs, actor=ask.caller.name, now_us=now)
-        tx.timeline.seen(ask.caller.name, now, claimed=True)
+        with tx.statement_of_its_own():  # a note of activity, lost at worst for a minute
+            tx.timeline.seen(ask.caller.name, now, claimed=True)
         return _Attempt(jobs, limits, now, checkpoints, traces)
 
     def _types_of(self, wanted: frozenset[str] | None) -> frozenset[str]:

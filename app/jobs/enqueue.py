@@ -124,10 +124,13 @@ class Enqueuing:
         new = new_job(self.intake, caller, request, header_idempotency_key, now, trace)
 
         def enqueue_in(tx: JobsTx) -> Enqueued:
+            if tx.one_statement and not tx.without_key_modes(new.values["type"]):
+                tx.need_transaction()
             tx.jobs_confirming(caller)  # by the job's INSERT
             return insert_or_meet(tx, new)
 
-        outcome = self.uow.run(enqueue_in)
+        # A job that is its row alone is one statement: one round trip on PostgreSQL.
+        outcome = (self.uow.run_statement if new.stored_alone else self.uow.run)(enqueue_in)
         if outcome.created or outcome.deduplicated is Deduplicated.REPLACED:
             self.signal.notify()  # a replacement may have moved its run_at closer
         return outcome

@@ -96,6 +96,15 @@ class NewJob:
     tags: tuple[str, ...] = ()
     trace: Trace | None = None
 
+    @property
+    def stored_alone(self) -> bool:
+        """Whether the job is its row and nothing else: no unique key (a twin to meet), no
+        reservation, tags or trace context (rows of their own), no concurrency key (its
+        key's modes to read). Such a job of a type without key modes is stored by its INSERT
+        alone (an idempotency key's replay aside)."""
+        return (self.unique is None and self.reservation is None and not self.tags
+                and self.trace is None and self.values.get("concurrency_key") is None)
+
 
 def new_job(rules: IntakeRules, caller: Caller, request: dict[str, Any],
             header_key: str | None, now: int, trace: Trace | None = None) -> NewJob:

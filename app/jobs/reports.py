@@ -128,7 +128,13 @@ class WorkerReports:
         `delivered`: the HTTP status of the push delivery this completes (the dispatcher),
         recorded as a delivered event in the same transaction.
 
-        A batch of one (complete_many): its problem, if any, is raised."""
+        A batch of one (complete_many): its problem, if any, is raised. Without `delivered`,
+        the complete of a job whose end touches no other row is its UPDATE alone: one round
+        trip on PostgreSQL."""
+        if delivered is None:
+            return self._report("complete", caller, job_id, self._lone_complete(
+                caller, job_id, lease_token, self._stored_result(result)),
+                self.uow.run_statement)
         [(_job_id, answer)] = self.complete_many(caller, [{
             "id": job_id, "lease_token": lease_token, "result": result,
             "delivered": delivered}])
@@ -178,6 +184,36 @@ class WorkerReports:
         if result is None:
             return None
         return sized_json(result, "result", self.settings.max_payload_bytes)
+
+    def _lone_complete(self, caller: Caller, job_id: int, lease_token: str | None,
+                       stored_result: str | None) -> Callable[[JobsTx], Job]:
+        """The work of one complete (no delivery), for run_statement: as one statement, the
+        UPDATE of a job whose end touches no other row; anything else (a refusal, a replay,
+        a cancel requested, dependents or a key) in a transaction, as complete_many's."""
+
+        def complete_in(tx: JobsTx) -> Job:
+            tx.jobs_confirming(caller)  # by the complete's UPDATE
+            now = self.clock.now_us()
+            if tx.one_statement:
+                made = Transition.COMPLETE
+                job = tx.jobs.apply_transition(
+                    made, job_id, made.values(now_us=now, result=stored_result),
+                    worker=caller.name, now_us=now, lease_token=lease_token, alone=True)
+                if job is not None:  # (if not, the work runs again in a transaction)
+                    with tx.statement_of_its_own():  # a note of activity
+                        tx.timeline.seen(caller.name, now, claimed=False)
+                    tx.made(made, [job], actor=caller.name, now_us=now)
+                    return job
+            completed: list[Job] = []
+            stopped: list[Job] = []
+            job = self._complete_in(tx, caller, job_id, lease_token, stored_result, None,
+                                    now=now, completed=completed, stopped=stopped)
+            tx.made(Transition.COMPLETE, completed, actor=caller.name, now_us=now)
+            for ended in stopped:
+                self._record_stop(tx, ended, caller, now)
+            return job
+
+        return complete_in
 
     def _complete_in(self, tx: JobsTx, caller: Caller, job_id: int,
                      lease_token: str | None, stored_result: str | None,

@@ -51,6 +51,7 @@ from app.jobs.transitions import Transition
 from app.keys.repository import LIVE_KEY, KeyToConfirm, live_key_condition
 from app.storage.chunks import chunked
 from app.storage.dialects import conflict_insert_for, writers_serialised
+from app.storage.engine import need_transaction
 from app.storage.integrity import refused_in_savepoint, unique_indexes_translated
 from app.storage.schema import (
     UNIQUE_HOLDER_PREDICATE,
@@ -473,12 +474,14 @@ _HEARTBEAT_DUE = or_(
 
 @functools.cache
 def _transition_update(transition: Transition, columns: frozenset[str],
-                       fenced: bool, key_to_confirm: bool = False) -> DriverStatement:
+                       fenced: bool, key_to_confirm: bool = False,
+                       alone: bool = False) -> DriverStatement:
     """UPDATE of `columns` on one job in one of the transition's from-statuses, RETURNING it.
     A worker's report also needs the job held: by the worker, under a live lease. `fenced`
-    adds: its lease token matches; `key_to_confirm`: the caller's key is live (KeyToConfirm).
-    Built once per shape: building and hashing a statement costs more than running it on the
-    hot paths."""
+    adds: its lease token matches; `key_to_confirm`: the caller's key is live (KeyToConfirm);
+    `alone`: the job's end touches no other row (no dependents to settle, no key's turn to
+    pass on), so the UPDATE is all the step writes. Built once per shape: building and
+    hashing a statement costs more than running it on the hot paths."""
     conditions = [_status_is(*transition.from_statuses)]
     if key_to_confirm:
         conditions.append(live_key_condition())
@@ -490,6 +493,8 @@ def _transition_update(transition: Transition, columns: frozenset[str],
     if transition is Transition.COMPLETE:
         # A job whose cancel was requested ends cancelled, not completed (Transition.STOP).
         conditions.append(jobs.c.cancel_requested_at.is_(None))
+    if alone:
+        conditions += [jobs.c.has_dependents.is_(None), jobs.c.concurrency_key.is_(None)]
     values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in sorted(columns)}
     returned: tuple[Any, ...] = JOB_COLUMNS
     if transition is Transition.HEARTBEAT:
@@ -673,7 +678,9 @@ class JobRepository:
             return _job(row)
         # Skipped for a conflict (ON CONFLICT DO NOTHING names no index): once more without
         # the skip, in a savepoint, for the index to name itself. Only a job that meets a
-        # twin pays for it; should the twin have gone meanwhile, this inserts the job.
+        # twin pays for it; should the twin have gone meanwhile, this inserts the job. In
+        # one-statement work, nothing was written: the enqueue runs again in a transaction.
+        need_transaction(self.conn)
         with refused_in_savepoint(self.conn):
             row = _insert_statement(self.conn.dialect.name, skip_conflicts=False
                                     ).first(self.conn, values)
@@ -1017,21 +1024,29 @@ class JobRepository:
 
     def apply_transition(self, transition: Transition, job_id: int,
                          values: Mapping[str, Any], *, lease_token: str | None = None,
-                         worker: str | None = None, now_us: int | None = None) -> Job | None:
+                         worker: str | None = None, now_us: int | None = None,
+                         alone: bool = False) -> Job | None:
         """Write `values` (from `transition.values`) if the job is in one of the transition's
         from-statuses, held by `worker` under a lease live at `now_us` when the transition is
         a worker's, and under `lease_token` when one is given. None when it is not, or when
-        there is no such job."""
+        there is no such job. `alone` (one-statement work alone): only if the job has no
+        dependents and no key, whose rows its end would change too; if it changed nothing,
+        the work runs again in a transaction (need_transaction)."""
         if transition.by_lease_holder and (worker is None or now_us is None):
             raise ValueError(f"{transition.name} needs the worker and the time")
         key = self._take_key()
         stmt = _transition_update(transition, frozenset(values),
-                                  fenced=lease_token is not None, key_to_confirm=key is not None)
+                                  fenced=lease_token is not None, key_to_confirm=key is not None,
+                                  alone=alone)
         params = {"job_id": job_id, "worker": worker, "now": now_us,
                   "held_lease_token": lease_token, **_new_values(values)}
         if key is not None:
             params[LIVE_KEY] = key.digest
         row = stmt.first(self.conn, params)
+        if row is None and alone:
+            # Nothing changed: the step goes on in a transaction, which asks why (the key,
+            # the lease, a cancel, dependents or a key to settle) where it can act on it.
+            need_transaction(self.conn)
         if key is not None:
             key.answered(row is not None)
         return None if row is None else _job(row)

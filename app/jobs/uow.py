@@ -210,6 +210,11 @@ class JobsTx(Transaction):
         self.confirm(caller)
         return self.jobs
 
+    def without_key_modes(self, job_type: str) -> bool:
+        """Whether this process's copy of the type settings shows `job_type` with no key
+        modes (app/types/settings_copy.py): a keyless job of it touches no key's rows."""
+        return self._plain(job_type)
+
     def jobs_confirming(self, caller: Caller) -> JobRepository:
         """The job repository, the caller's key to be confirmed live by the step's own
         statement rather than by one of its own: the next of its statements that folds the

@@ -193,6 +193,8 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
 
 # Kept in each pooled PostgreSQL connection's info: the statements sent since its checkout.
 _SENT = "queuelog_sent"
+# Kept likewise: the statements that may write sent in one-statement work.
+_WRITES = "queuelog_writes"
 # An execution option: the connection runs one statement in autocommit (run_statement).
 _ONE_STATEMENT = "queuelog_one_statement"
 # Set on a driver error raised by a disconnect that came at the first statement of a
@@ -203,13 +205,14 @@ NOTHING_COMMITTED = "queuelog_nothing_committed"
 class SecondStatementInAutocommit(RuntimeError):
     """Work run as one statement (Database.run_statement) sent a second statement that may
     write: the first is committed already, so the two are not atomic. A defect of the work,
-    raised before the statement is sent."""
+    raised before the statement is sent. (Plain reads before or after the write are
+    allowed: a read of settings first, a read of why the write changed nothing after.)"""
 
 
 def _install_postgres_hooks(engine: Engine) -> None:
     @event.listens_for(engine, "checkout")
     def drop_if_closed(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-        record.info[_SENT] = 0
+        record.info[_SENT] = record.info[_WRITES] = 0
         if _closed_by_server(dbapi_connection):
             # The pool connects this record afresh and hands that out instead.
             raise DisconnectionError("the server closed this pooled connection")
@@ -217,13 +220,13 @@ def _install_postgres_hooks(engine: Engine) -> None:
     @event.listens_for(engine, "before_cursor_execute")
     def count_sent(conn: Connection, _cursor: Any, statement: str, *_args: Any) -> None:
         info = conn.info
-        sent = info.get(_SENT, 0) + 1
-        info[_SENT] = sent
-        if sent > 1 and conn.get_execution_options().get(_ONE_STATEMENT) and _may_write(
-                statement):
-            raise SecondStatementInAutocommit(
-                f"a second statement in autocommit, after one already committed: "
-                f"{statement[:80]!r}")
+        info[_SENT] = info.get(_SENT, 0) + 1
+        if conn.get_execution_options().get(_ONE_STATEMENT) and _may_write(statement):
+            if info.get(_WRITES, 0):
+                raise SecondStatementInAutocommit(
+                    f"a second write in autocommit, after one already committed: "
+                    f"{statement[:80]!r}")
+            info[_WRITES] = 1
 
     @event.listens_for(engine, "handle_error")
     def on_error(context: Any) -> None:
@@ -250,6 +253,13 @@ class RunInTransaction(Exception):
     """Raised by need_transaction: the one-statement work is to run again in a transaction."""
 
 
+def in_one_statement(conn: Connection) -> bool:
+    """Whether `conn` runs one-statement work (Database.run_statement on PostgreSQL, in
+    autocommit): the work may send one statement that writes, and must otherwise ask for a
+    transaction (need_transaction) before it sends any."""
+    return bool(conn.get_execution_options().get(_ONE_STATEMENT))
+
+
 def need_transaction(conn: Connection) -> None:
     """In one-statement work (Database.run_statement), once its statement changed nothing
     (a row not found, a conflict) and what the work must do next needs a transaction
@@ -269,12 +279,12 @@ def statement_of_its_own(conn: Connection) -> Iterator[None]:
         yield
         return
     info = conn.info
-    sent = info.get(_SENT, 0)
-    info[_SENT] = 0
+    writes = info.get(_WRITES, 0)
+    info[_WRITES] = 0
     try:
         yield
     finally:
-        info[_SENT] = max(sent, info.get(_SENT, 0))
+        info[_WRITES] = max(writes, info.get(_WRITES, 0))
 
 
 def _closed_by_server(dbapi_connection: Any) -> bool:

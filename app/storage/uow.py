@@ -23,7 +23,12 @@ from typing import Generic, TypeVar
 
 from sqlalchemy import Connection
 
-from app.storage.engine import Database, need_transaction, statement_of_its_own
+from app.storage.engine import (
+    Database,
+    in_one_statement,
+    need_transaction,
+    statement_of_its_own,
+)
 
 # What one transaction did, counted by name ("enqueued", "claimed", …).
 Events = Counter[str]
@@ -53,6 +58,13 @@ class Transaction:
         """Called once the transaction holding `work` has committed, never for work rolled
         back, before the events are told: what a subclass hands on to its process (the
         stats counts it keeps). The connection is no longer its to use."""
+
+    @property
+    def one_statement(self) -> bool:
+        """Whether this work runs as one statement (UnitOfWork.run_statement on PostgreSQL):
+        it may send one write, and asks for a transaction (need_transaction) before sending
+        anything when it must do more."""
+        return in_one_statement(self.conn)
 
     def need_transaction(self) -> None:
         """For work run by UnitOfWork.run_statement whose statement changed nothing and
