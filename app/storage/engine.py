@@ -290,19 +290,19 @@ def statement_of_its_own(conn: Connection) -> Iterator[None]:
 def _closed_by_server(dbapi_connection: Any) -> bool:
     """Whether an idle pooled connection was closed by its server (a restart, a terminated
     backend, an idle timeout), seen without a round trip: an idle connection has nothing to
-    read unless the server said goodbye (its last message, then the end of the stream)."""
+    read unless the server said goodbye (its last message, then the end of the stream).
+    Anything to read counts: libpq takes a goodbye's FATAL message without marking the
+    connection bad until it meets the end of the stream, which may arrive a moment later;
+    the rare harmless message (a setting the server reports having changed) costs a new
+    connection, never a failed request."""
     if getattr(dbapi_connection, "closed", False) or getattr(dbapi_connection, "broken", False):
         return True
-    pgconn = dbapi_connection.pgconn
     try:
         poller = select.poll()
-        poller.register(pgconn.socket, select.POLLIN)
-        if not poller.poll(0):
-            return False
-        pgconn.consume_input()  # raises at the end of the stream
+        poller.register(dbapi_connection.pgconn.socket, select.POLLIN)
+        return bool(poller.poll(0))
     except Exception:  # whatever the socket or the driver says, it is unusable
         return True
-    return bool(pgconn.status != 0)  # not CONNECTION_OK
 
 
 def _may_write(statement: str) -> bool:

@@ -248,6 +248,13 @@ class FakeTx(JobsTx):
     def statement_of_its_own(self) -> AbstractContextManager[None]:
         return nullcontext()  # no connection, so nothing to tell apart
 
+    @property
+    def one_statement(self) -> bool:
+        return False  # every piece of work is a transaction here
+
+    def without_key_modes(self, job_type: str) -> bool:
+        return True  # no type has key modes here
+
 
 class _NoKeyRepository:
     conn = None

@@ -169,6 +169,9 @@ def test_a_bulk_retry_commits_in_batches_of_the_configured_size(
 def test_a_bulk_cancel_commits_in_batches_of_the_configured_size(
         api, client, producer, admin, pending_at_each_commit):
     ids = [api.enqueue(producer).json["id"] for _ in range(25)]
+    # The count before the bulk, as a commit would have read it: a plain enqueue is one
+    # statement, committed on PostgreSQL without a COMMIT of its own.
+    pending_at_each_commit.append(len(ids))
     commits_before = len(pending_at_each_commit)
 
     assert bulk(client, admin, "cancel", limit=25).json["ids"] == ids
