@@ -1,4 +1,5 @@
-"""The service against a model of the contract's state machine (section 3), driven by Hypothesis.
+"""The service against a model of its state machine (docs/JOBS.md, A job's statuses), driven by
+Hypothesis.
 
 Random sequences of enqueue, claim, heartbeat, complete, fail, cancel and retry, from two
 workers (one limited to some types) and an admin, with stale lease tokens, unknown ids and
@@ -272,11 +273,10 @@ class QueueMachine(RuleBasedStateMachine):
         limit = WORKER_TYPES[worker]
         if limit is not None:
             wanted = limit if wanted is None else wanted & limit
-        # An empty set of types finds nothing without touching the queue (no rescue either).
+        # An empty set of types finds nothing without touching the queue.
         if wanted is not None and not wanted:
             assert response.status_code == 204
             return
-        self.rescue_expired_leases()
         claimable = sorted(
             (job for job in self.model.values()
              if job.status == "pending" and job.run_at <= self.now
@@ -368,7 +368,10 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(seconds=st.sampled_from([0.5, 1, 5, 30, 299, 300, 301, 3600]))
     def time_passes(self, seconds: float) -> None:
+        # Moving the clock runs the maintenance round that falls due, which rescues the
+        # leases that ran out (no claim does).
         self.env.clock.advance(seconds)
+        self.rescue_expired_leases()
 
     # -- what must hold after every step ---------------------------------------------------
 
