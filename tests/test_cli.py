@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from app import stop_maintenance
 from app.cli import parse_duration
 from app.storage.migrations import head_revision
 from app.storage.schema import job_attempts, job_events
@@ -62,7 +63,10 @@ def test_durations_read_as_seconds(text, seconds):
 
 
 def _finished_jobs(api, producer, worker, admin, clock):
-    """One job in every status; returns {status: id}."""
+    """One job in every status; returns {status: id}. The running one stays running however
+    far the clock is moved: the maintenance loop, whose round moving the clock runs, is
+    stopped, so no lease is rescued."""
+    stop_maintenance(api.client.application)
     ids = {}
     for status in ("completed", "failed", "cancelled", "running", "pending"):
         ids[status] = api.enqueue(producer, max_retries=0).json["id"]

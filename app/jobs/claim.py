@@ -70,6 +70,7 @@ class _Attempt:
     now_us: int
     checkpoints: dict[int, str]
     traces: dict[int, Trace]
+    free_types_only: bool = False  # its statement passed over types under flow control
 
 
 class ClaimService:
@@ -139,6 +140,11 @@ class ClaimService:
             done = first_try(lambda tx: self._claim_in(tx, ask, nonce, optimistic=True))
         except LimitReached:
             done = self.uow.run(lambda tx: self._claim_in(tx, ask, nonce, optimistic=False))
+        if (not done.jobs and done.free_types_only and self.flow is not None
+                and self.flow.put_under_control_since(ask.wanted)):
+            # This process's copy of the settings was behind a change made elsewhere (a
+            # limit set a moment ago): the claim is made again, under the limits.
+            done = self.uow.run(lambda tx: self._claim_in(tx, ask, nonce, optimistic=False))
         if self.flow is not None:
             # Outside the write lock: what only metrics and last_claim_at need.
             self.flow.claimed(done.limits, done.jobs, done.now_us)
@@ -198,7 +204,8 @@ class ClaimService:
         tx.made(Transition.CLAIM, jobs, actor=ask.caller.name, now_us=now)
         with tx.statement_of_its_own():  # a note of activity, lost at worst for a minute
             tx.timeline.seen(ask.caller.name, now, claimed=True)
-        return _Attempt(jobs, limits, now, checkpoints, traces)
+        return _Attempt(jobs, limits, now, checkpoints, traces,
+                        free_types_only=self.flow is not None and limits is None)
 
     def _types_of(self, wanted: frozenset[str] | None) -> frozenset[str]:
         """The types a claim of `wanted` ones (None: any) reads under flow control."""

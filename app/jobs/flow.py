@@ -144,3 +144,8 @@ class FlowPolicy(Protocol):
 
     def claimed(self, limits: ClaimLimits | None, claimed: list[Job], now_us: int) -> None:
         """After the claim committed: what only metrics and GET /types' last claim need."""
+
+    def put_under_control_since(self, wanted: frozenset[str] | None) -> bool:
+        """After a claim that read no type's row found nothing (outside its transaction):
+        read the types' settings again; True when one of `wanted` (None: any) turns out to be
+        under flow control now, which that claim's own statement passed over."""

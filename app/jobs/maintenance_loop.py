@@ -99,9 +99,9 @@ class MaintenanceLoop:
     def _hold(self) -> bool:
         try:
             leading = self.leadership.hold()
-        except SQLAlchemyError as error:
+        except (SQLAlchemyError, OSError) as error:  # OSError: the lock file (SQLite's)
             if not self._unanswered:
-                log.warning("maintenance: the database did not answer for the lead (%s); "
+                log.warning("maintenance: the lead could not be asked for (%s); "
                             "retrying every %.1f s", type(error).__name__, FOLLOW_SECONDS)
             self._unanswered = True
             return False

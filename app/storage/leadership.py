@@ -65,7 +65,8 @@ class FileLeadership:
             return True  # a flock stays held as long as the process keeps its file open
         # A forked child's inherited file is its parent's lock, not its own: left alone.
         self._file = None
-        lock_file = os.fdopen(open_private(self.path), "r+b")
+        # Read-only is enough for a flock, and still opens on a filesystem turned read-only.
+        lock_file = os.fdopen(open_private(self.path, os.O_RDONLY), "rb")
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

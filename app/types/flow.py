@@ -163,6 +163,12 @@ class FlowControl:
         running = JobRepository(conn).count_running() if count else {}
         return limits_for_claim(relevant, running, now_us, push=push)
 
+    def put_under_control_since(self, wanted: frozenset[str] | None) -> bool:
+        if self.settings_copy is None:
+            return False
+        self.settings_copy.refresh()
+        return self.settings_copy.under_flow_control(wanted)
+
     def settle(self, conn: Connection, limits: ClaimLimits, claimed: list[Job], now_us: int,
                *, check: bool) -> bool:
         """Take the claimed jobs' tokens from their types' buckets, in the claim's
