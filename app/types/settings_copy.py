@@ -143,10 +143,11 @@ class TypeSettingsCopy:
             try:
                 self.tick()
                 failing = False
-            except SQLAlchemyError:
+            except SQLAlchemyError as error:
                 if not failing:  # logged once per outage; the last copy is kept meanwhile
-                    log.warning("queuelog: the job types' settings could not be read; "
-                                "retrying each second", exc_info=True)
+                    # The class alone: a driver's message can carry the SQL or the host.
+                    log.warning("queuelog: the job types' settings could not be read (%s); "
+                                "retrying each second", type(error).__name__)
                 failing = True
             self._stopping.wait(self.refresh_seconds)
 
