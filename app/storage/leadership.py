@@ -2,10 +2,11 @@
 its death frees (docs/OPERATIONS.md, "Maintenance").
 
 - PostgreSQL: a session-level advisory lock (`pg_try_advisory_lock`) held by a connection of
-  its own, outside the pool and in autocommit (an idle session holds back no vacuum). The
-  server frees the lock when that session ends, so a process that dies, or loses its
-  connection, loses the lead; advisory locks are per database, so each database has one
-  leader. A session pooler in transaction mode (PgBouncer's) cannot keep a session lock:
+  its own, in autocommit (an idle session holds back no vacuum). A process that does not
+  lead holds no connection for it: each try borrows a pooled connection and gives it back;
+  the try that wins detaches its connection from the pool and keeps it. The server frees
+  the lock when that session ends, so a process that dies, or loses its connection, loses
+  the lead; advisory locks are per database, so each database has one leader. A session pooler in transaction mode (PgBouncer's) cannot keep a session lock:
   the service must reach the server directly, as it must for its other session state.
 - SQLite: an exclusive `flock` on a file beside the database (`<database>-maintenance.lock`),
   which the kernel frees when the process dies. flock locks belong to the open file, so two
@@ -24,9 +25,8 @@ import fcntl
 import os
 from typing import IO, Protocol
 
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.pool import NullPool
 
 from app.storage.files import open_private
 
@@ -85,52 +85,56 @@ class FileLeadership:
 
 
 class AdvisoryLeadership:
-    """PostgreSQL's: a session advisory lock on a connection of its own."""
+    """PostgreSQL's: a session advisory lock on a connection taken out of the pool."""
 
     def __init__(self, engine: Engine) -> None:
-        # Its own engine, without a pool: the lock's connection is never lent to a request,
-        # and closing it (or its death) is what frees the lock.
-        self._engine = create_engine(engine.url, poolclass=NullPool,
-                                     isolation_level="AUTOCOMMIT")
+        self._engine = engine
+        # Held while this process leads, never otherwise: a follower's try gives its
+        # connection back, so the lead costs a database one connection, not one per process.
         self._conn: Connection | None = None
-        self._held = False
         self._pid = 0
 
     def hold(self) -> bool:
         if self._pid != os.getpid():
             # A forked child must not use (nor close) its parent's session.
-            self._conn, self._held, self._pid = None, False, os.getpid()
+            self._conn, self._pid = None, os.getpid()
         try:
-            if self._conn is None:
-                # Kept open while this process follows too: one connection per process,
-                # not one per try.
-                self._conn = self._engine.connect()
-            if self._held:
+            if self._conn is not None:
                 self._conn.execute(text("SELECT 1"))  # the session, and so its lock, lives
                 return True
-            self._held = bool(self._conn.execute(
-                text("SELECT pg_try_advisory_lock(:key)"),
-                {"key": ADVISORY_LOCK_KEY}).scalar_one())
+            conn = self._engine.connect()
+            try:
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+                if conn.execute(text("SELECT pg_try_advisory_lock(:key)"),
+                                {"key": ADVISORY_LOCK_KEY}).scalar_one():
+                    # The session holding the lock leaves the pool: never lent to a
+                    # request, and closed (the lock with it) only by release() or death.
+                    conn.detach()
+                    self._conn = conn
+                    return True
+                return False
+            finally:
+                if self._conn is not conn:
+                    conn.close()  # back to the pool: a follower keeps no connection
         except SQLAlchemyError:
             # The session is gone, and its lock with it (or never was): the lead is lost,
             # to be tried for again. The caller reports the error.
             self._close()
             raise
-        return self._held
 
     def release(self) -> None:
         if self._pid == os.getpid():
-            if self._conn is not None and self._held:
+            if self._conn is not None:
                 # Unlocked before the close: the server frees a closed session's locks a
                 # moment after the close returns, and the next leader should not wait.
                 with contextlib.suppress(SQLAlchemyError):
                     self._conn.execute(text("SELECT pg_advisory_unlock(:key)"),
                                        {"key": ADVISORY_LOCK_KEY})
             self._close()
-        self._conn, self._held = None, False
+        self._conn = None
 
     def _close(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(SQLAlchemyError):  # dead: nothing left to free
                 self._conn.close()
-        self._conn, self._held = None, False
+        self._conn = None

@@ -267,7 +267,10 @@ def register_error_handlers(app: Flask) -> None:
             log.error("database storage refuses writes (%s): free space on the database's "
                       "disk, or repair it; writes are refused until then", refusal[1])
             return render_problem(refusal[0])
-        log.warning("database unavailable: %s", type(error).__name__)
+        # The driver's error class (DeadlockDetected, ConnectionTimeout…) says which state
+        # the database was in; its message may carry the statement, so it is not logged.
+        log.warning("database unavailable: %s (%s)", type(error).__name__,
+                    type(getattr(error, "orig", None) or error).__name__)
         return render_problem(DatabaseUnavailable())
 
     @app.errorhandler(Exception)

@@ -265,14 +265,19 @@ def expected_statuses(nodes: Iterable[Node]) -> dict[int, str]:
 
 def post(run: Run, client: QueueClient, path: str, body: dict[str, Any], key: str
          ) -> dict[str, Any]:
-    """POST until the server answers: a request the kill cut off is sent again with the same
-    Idempotency-Key, which makes nothing twice."""
+    """POST until the server answers: a request the kill cut off, or answered 503 (the
+    database out of connections for a moment: the suite's other servers share it), is sent
+    again with the same Idempotency-Key, which makes nothing twice, as the shipped client
+    does."""
     while run.remaining() > 0:
         try:
             response = client.request("POST", path, json=body,
                                       headers={"Idempotency-Key": key})
         except requests.RequestException:
             time.sleep(RETRY_PAUSE_SECONDS)
+            continue
+        if response.status_code == 503:
+            time.sleep(float(response.headers.get("Retry-After", 1)))
             continue
         if response.status_code in (200, 201):
             answer: dict[str, Any] = response.json()
@@ -377,6 +382,9 @@ def claim(run: Run, client: QueueClient, many: bool) -> list[dict[str, Any]] | N
             return []
         if response.status_code == 200:
             return [response.json()]
+    if response.status_code == 503:  # nothing claimed: a worker waits and claims again
+        time.sleep(float(response.headers.get("Retry-After", 1)))
+        return []
     run.note(f"claim: {response.status_code} {response.text[:500]}")
     return None
 

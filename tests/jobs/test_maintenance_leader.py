@@ -107,6 +107,36 @@ def test_a_follower_never_runs_the_chores(app: Flask, second_app: Flask, api: An
     assert [s for s in sent if any(mark in s for mark in SWEEP_MARKS)] == []
 
 
+def sessions_of(app: Flask) -> int:
+    """How many sessions the database shows for its own name (this test's alone)."""
+    engine = app.extensions["queuelog"].db.engine
+    with engine.connect() as conn:
+        return int(conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()").scalar_one())
+
+
+@pytest.mark.parametrize("engine_name", ["postgresql"], indirect=True)
+def test_only_the_leader_keeps_a_connection_for_the_lead(
+        app: Flask, second_app: Flask, clock: Any) -> None:
+    # Every process of every host tries for the lead: were each try's connection kept, a
+    # host's connections would grow by one per worker process for nothing.
+    for each in (app, second_app):
+        each.extensions["queuelog"].db.engine.dispose()
+    clock.advance(1)
+    clock.advance(1)
+    assert (leads(app), leads(second_app)) == (True, False)
+    for each in (app, second_app):
+        each.extensions["queuelog"].db.engine.dispose()  # only what the lead holds is left
+    assert sessions_of(app) == 1
+    stop_maintenance(app)
+    clock.advance(1)
+    assert (leads(app), leads(second_app)) == (False, True)
+    for each in (app, second_app):
+        each.extensions["queuelog"].db.engine.dispose()
+    assert sessions_of(second_app) == 1
+
+
 def wait_for(condition: Any, what: str) -> None:
     deadline = time.monotonic() + EVENTUALLY_SECONDS
     while not condition():
