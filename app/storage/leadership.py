@@ -6,8 +6,9 @@ its death frees (docs/OPERATIONS.md, "Maintenance").
   lead holds no connection for it: each try borrows a pooled connection and gives it back;
   the try that wins detaches its connection from the pool and keeps it. The server frees
   the lock when that session ends, so a process that dies, or loses its connection, loses
-  the lead; advisory locks are per database, so each database has one leader. A session pooler in transaction mode (PgBouncer's) cannot keep a session lock:
-  the service must reach the server directly, as it must for its other session state.
+  the lead; advisory locks are per database, so each database has one leader. A session
+  pooler in transaction mode (PgBouncer's) cannot keep a session lock: the service must
+  reach the server directly, as it must for its other session state.
 - SQLite: an exclusive `flock` on a file beside the database (`<database>-maintenance.lock`),
   which the kernel frees when the process dies. flock locks belong to the open file, so two
   apps in one process, each with its own open file, are two contenders as two processes are.
