@@ -14,7 +14,6 @@ fails stops none of the others.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.clock import Clock
+from app.core.periodic import PeriodicThread
 from app.storage.leadership import Leadership
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,6 @@ class MaintenanceLoop:
         self.leadership = leadership
         self.chores = list(chores)
         self._round = threading.Lock()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
         self._leading = False
         self._unanswered = False
         # A clock moved by hand (the tests' ManualClock) runs a round each time it moves,
@@ -54,6 +52,10 @@ class MaintenanceLoop:
         # is moved, so a thread would find nothing due between two moves, and would run
         # chores at moments no test chose. The round is the one the thread runs.
         self._by_hand = clock.on_advance(self.run_round)
+        # Stopped (at exit, and from gunicorn's worker_exit hook), it lets a round under way
+        # end first, then gives the lead up.
+        self._thread = PeriodicThread("queuelog-maintenance", self._paced_round, LEAD_SECONDS,
+                                      at_exit=self.stop, stop_timeout=STOP_TIMEOUT_SECONDS)
 
     @property
     def leading(self) -> bool:
@@ -61,21 +63,13 @@ class MaintenanceLoop:
         return self._leading
 
     def start(self) -> MaintenanceLoop:
-        if self._thread is None and not self._by_hand:
-            # A daemon, so that a process told to exit never waits on it; stop() (at exit,
-            # and from gunicorn's worker_exit hook) lets a round under way end first.
-            self._thread = threading.Thread(target=self._run, name="queuelog-maintenance",
-                                            daemon=True)
+        if not self._by_hand:
             self._thread.start()
-            atexit.register(self.stop)
         return self
 
     def stop(self) -> None:
         """End the loop, letting a round under way end, and give the lead up."""
-        self._stopping.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(STOP_TIMEOUT_SECONDS)
+        self._thread.stop()
         with self._round:
             self.leadership.release()
             self._leading = False
@@ -84,7 +78,7 @@ class MaintenanceLoop:
         """Take or keep the lead and, leading, run every chore once; True when this process
         leads."""
         with self._round:
-            if self._stopping.is_set():
+            if self._thread.stopping:
                 return False
             leading = self._hold()
             if leading != self._leading:
@@ -120,8 +114,6 @@ class MaintenanceLoop:
                       getattr(chore, "__name__", "a chore"), type(error).__name__,
                       exc_info=None if isinstance(error, SQLAlchemyError) else error)
 
-    def _run(self) -> None:
-        while True:
-            leading = self.run_round()
-            if self._stopping.wait(LEAD_SECONDS if leading else FOLLOW_SECONDS):
-                return
+    def _paced_round(self) -> float:
+        """The thread's round: the leader comes back sooner than a follower."""
+        return LEAD_SECONDS if self.run_round() else FOLLOW_SECONDS

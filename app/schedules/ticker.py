@@ -13,13 +13,12 @@ tick.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
 from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.core.periodic import PeriodicThread
 from app.core.storage_refusal import storage_refusal
 from app.schedules.service import ScheduleService
 
@@ -37,33 +36,23 @@ class Ticker:
         self.interval = interval
         # Run each tick after the schedules fire, each on its own: one failing stops none.
         self.chores = [schedules.fire_due, *chores]
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
         self._failing = False
+        # Stopped (at exit, and by gunicorn's worker_exit hook), it lets a firing under way
+        # end first.
+        self._thread = PeriodicThread("queuelog-schedules", self.tick, interval,
+                                      wait_first=True, at_exit=self.stop,
+                                      stop_timeout=STOP_TIMEOUT_SECONDS)
 
     def start(self) -> Ticker:
-        if self._thread is None:
-            # A daemon, so that a process told to exit never waits on it; stop() (called at
-            # exit and by gunicorn's worker_exit hook) lets a firing under way end first.
-            self._thread = threading.Thread(target=self._run, name="queuelog-schedules",
-                                            daemon=True)
-            self._thread.start()
-            atexit.register(self.stop)
+        self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._stopping.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(STOP_TIMEOUT_SECONDS)
+        self._thread.stop()
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _run(self) -> None:
-        while not self._stopping.wait(self.interval):
-            self.tick()
+        return self._thread.running
 
     def tick(self) -> None:
         """One round: fire what is due, then the chores; log (once per outage) and carry on

@@ -21,9 +21,7 @@ that refresh and the next), as they would have been numbered on entering.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import threading
 import time
 from collections.abc import Collection
@@ -32,6 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.clock import Clock
+from app.core.periodic import PeriodicThread
 from app.jobs.key_repository import KeyRepository
 from app.jobs.key_rules import number_unrounded
 from app.jobs.repository import JobRepository
@@ -59,9 +58,11 @@ class TypeSettingsCopy:
         self._read_at = 0.0  # time.monotonic() of the last read
         self._lock = threading.Lock()
         self._catch_up: dict[str, int] = {}  # newly fair type -> refreshes left to number it
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._thread_pid = 0  # the process that started the thread
+        self._thread = PeriodicThread("queuelog-type-settings", self._refresh_round,
+                                      refresh_seconds, at_exit=self.stop,
+                                      stop_timeout=refresh_seconds * 5)
+        self._wanted = False  # start() was called: the copy is kept fresh by the thread
+        self._failing = False
         self._start_lock = threading.Lock()
         self._reading = False  # a one-off read is under way (_refresh_soon)
 
@@ -122,45 +123,34 @@ class TypeSettingsCopy:
 
     def start(self) -> TypeSettingsCopy:
         """Keep the copy fresh in a daemon thread (where the app is served)."""
-        with self._start_lock:
-            if self._thread is None or self._thread_pid != os.getpid():
-                self._thread_pid = os.getpid()
-                self._thread = threading.Thread(target=self._run,
-                                                name="queuelog-type-settings", daemon=True)
-                self._thread.start()
-                atexit.register(self.stop)
+        self._wanted = True
+        self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._stopping.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(self.refresh_seconds * 5)
+        self._thread.stop()
 
-    def _run(self) -> None:
-        failing = False
-        while not self._stopping.is_set():
-            try:
-                self.tick()
-                failing = False
-            except SQLAlchemyError as error:
-                if not failing:  # logged once per outage; the last copy is kept meanwhile
-                    # The class alone: a driver's message can carry the SQL or the host.
-                    log.warning("queuelog: the job types' settings could not be read (%s); "
-                                "retrying each second", type(error).__name__)
-                failing = True
-            self._stopping.wait(self.refresh_seconds)
+    def _refresh_round(self) -> None:
+        try:
+            self.tick()
+        except SQLAlchemyError as error:
+            if not self._failing:  # logged once per outage; the last copy is kept meanwhile
+                # The class alone: a driver's message can carry the SQL or the host.
+                log.warning("queuelog: the job types' settings could not be read (%s); "
+                            "retrying each second", type(error).__name__)
+            self._failing = True
+        else:
+            self._failing = False
 
     def _current(self) -> dict[str, TypeSettings] | None:
         """The copy, or None when there is none fresh enough to trust (then the caller reads
         in its transaction, as without a copy). Never read here: a request's transaction
         may be holding its connection, and a second one could wait on the pool for ever."""
-        if self._thread is not None and self._thread_pid != os.getpid():
+        if self._wanted and not self._thread.started:
             # Started before a fork (gunicorn --preload): the thread stayed in the parent.
             self.start()
         settings = self._settings
-        thread = self._thread
-        if thread is not None and thread.is_alive():
+        if self._thread.running:
             return settings
         if settings is None or time.monotonic() - self._read_at >= self.refresh_seconds:
             self._refresh_soon()

@@ -9,12 +9,11 @@ left (gunicorn's worker_exit hook, and at the interpreter's exit).
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.core.periodic import PeriodicThread
 from app.jobs.timeline.stats_buffer import StatsBuffer
 
 log = logging.getLogger(__name__)
@@ -28,29 +27,18 @@ class StatsFlusher:
     def __init__(self, buffer: StatsBuffer, interval: float = FLUSH_SECONDS) -> None:
         self.buffer = buffer
         self.interval = interval
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
         self._failing = False
+        self._thread = PeriodicThread("queuelog-stats", self.flush, interval, wait_first=True,
+                                      at_exit=self.stop, stop_timeout=STOP_TIMEOUT_SECONDS)
 
     def start(self) -> StatsFlusher:
-        if self._thread is None:
-            # A daemon, so that a process told to exit never waits on it; stop() (at exit,
-            # by gunicorn's worker_exit hook, when the services close) writes what is left.
-            self._thread = threading.Thread(target=self._run, name="queuelog-stats",
-                                            daemon=True)
-            self._thread.start()
-            atexit.register(self.stop)
+        self._thread.start()
         return self
 
     def stop(self) -> None:
         """Stop the thread, letting a flush under way end, then write what is left (what
         cannot be written then is lost, and logged)."""
-        self._stopping.set()
-        thread = self._thread
-        if thread is not None:
-            atexit.unregister(self.stop)
-            if thread is not threading.current_thread():
-                thread.join(STOP_TIMEOUT_SECONDS)
+        self._thread.stop()
         try:
             self.buffer.flush()
         except SQLAlchemyError as exc:
@@ -59,11 +47,7 @@ class StatsFlusher:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _run(self) -> None:
-        while not self._stopping.wait(self.interval):
-            self.flush()
+        return self._thread.running
 
     def flush(self) -> None:
         """One round: write what is kept; log once per outage (the counts wait for the
