@@ -13,20 +13,20 @@ from app.config import CONFIGURATION_WARNED, configuration_warnings, load_settin
 from app.core.clock import Clock
 from app.history.failures import FailureGroups
 from app.history.service import HistoryService
-from app.jobs.counts import BacklogCounts
-from app.jobs.host_wake import HostWake, wake_directory
-from app.jobs.ids import JobIdConverter
-from app.jobs.intake import IntakeRules
-from app.jobs.maintenance_loop import MaintenanceLoop
-from app.jobs.models import Backoff
-from app.jobs.retention import RetentionWindows
-from app.jobs.service import JobService
-from app.jobs.settings import QueueSettings
+from app.jobs.domain.ids import JobIdConverter
+from app.jobs.domain.intake import IntakeRules
+from app.jobs.domain.models import Backoff
+from app.jobs.domain.settings import QueueSettings
+from app.jobs.sql.counts import BacklogCounts
 from app.jobs.timeline.recorder import HistoryRecorder
 from app.jobs.timeline.stats_buffer import StatsBuffer
 from app.jobs.timeline.stats_flusher import StatsFlusher
-from app.jobs.uow import CLAIMABLE, FINISHED, bind_jobs
-from app.jobs.waiting import JobSignal
+from app.jobs.tx.uow import CLAIMABLE, FINISHED, bind_jobs
+from app.jobs.usecases.maintenance_loop import MaintenanceLoop
+from app.jobs.usecases.retention import RetentionWindows
+from app.jobs.usecases.service import JobService
+from app.jobs.wake.host_wake import HostWake, wake_directory
+from app.jobs.wake.waiting import JobSignal
 from app.keys.service import KeyService
 from app.ops import init_ops
 from app.ops.metrics import QueueMetrics
@@ -111,7 +111,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     register_error_handlers(app)
     init_auth(app)
-    from app.jobs.routes import bp as jobs_bp
+    from app.jobs.web.routes import bp as jobs_bp
 
     app.register_blueprint(jobs_bp)
     from app.types.routes import bp as types_bp
@@ -193,7 +193,7 @@ def start_stats_flusher(app: Flask) -> None:
 
 
 def start_maintenance(app: Flask) -> None:
-    """Start this process's maintenance loop (app/jobs/maintenance_loop.py), whatever
+    """Start this process's maintenance loop (app/jobs/usecases/maintenance_loop.py), whatever
     QUEUELOG_SCHEDULER says: one process per database leads it, and without a leader no
     lease would be rescued. Called where the app is served (wsgi.py), not by the factory:
     operator commands run no maintenance. (An app on a ManualClock runs a round each time

@@ -98,7 +98,7 @@ def measure(options: object) -> Report:
         "waiting GET /jobs/{id}?wait_seconds=10 goes to one, the claim and complete to the "
         "other, so the waiting request is never in the process that completed the job: it "
         "is woken by the datagram that process sends to the host's other queuelog processes "
-        "(app/jobs/host_wake.py), or else notices on its next read of the job (every "
+        "(app/jobs/wake/host_wake.py), or else notices on its next read of the job (every "
         "50 ms).",
         f"Each trial: enqueue, claim, start the waiting read, {SETTLE_SECONDS * 1000:.0f} ms "
         "later (plus a random 0-50 ms, so that the 50 ms read is not lined up with the "

@@ -24,7 +24,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/dashboard.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.jobs.cursor import encode_cursor
+from app.jobs.domain.cursor import encode_cursor
 from bench.data import create_keys, scratch_directory
 from bench.flow import STORE_FULL, STORE_SMOKE, build_million
 from bench.load import LOOPBACK

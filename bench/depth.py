@@ -22,7 +22,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/depth.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.jobs.repository import JobRepository
+from app.jobs.sql.repository import JobRepository
 from app.storage.engine import Database, make_engine
 from app.storage.schema import jobs
 from bench.data import migrated_database, scratch_directory

@@ -98,7 +98,7 @@ class Bench:
             self.held += [(c.job.id, c.lease_token) for c in claimed]
 
     def beater(self, kind: str) -> Callable[[int], None]:
-        from app.jobs.reports import Progress
+        from app.jobs.usecases.reports import Progress
 
         jobs = self.app.extensions["queuelog"].jobs
         total = 1_000_000

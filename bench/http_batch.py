@@ -425,7 +425,7 @@ def measure(options: Any) -> Report:
         "a wake that failed shows) a producer enqueues one job it may take. A claim waiting "
         "in the gunicorn worker that stored the job is woken at once by its condition "
         "variable; in the other worker by the datagram the storing worker sends it "
-        "(app/jobs/host_wake.py), its 50 ms peek the fallback. 'Empty' runs on a second "
+        "(app/jobs/wake/host_wake.py), its 50 ms peek the fallback. 'Empty' runs on a second "
         "server over its own database, where nothing else is ever pending.",
         "The second row waits behind the jobs the runs above left pending (of type "
         "'email'), for a 'report' job: each peek and each claim reads only the 'report' "

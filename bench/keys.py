@@ -169,7 +169,7 @@ def settle(url: str) -> None:
 
 
 def hold_backlog_in_sql(conn: Connection, now_us: int) -> None:
-    """What turning ordering on leaves (app/jobs/key_repository.py, start_ordering, and
+    """What turning ordering on leaves (app/jobs/sql/key_repository.py, start_ordering, and
     Transition.HOLD): each key's turn is its oldest unfinished job, its other pending jobs
     wait. Only for a backlog update_type failed to hold."""
     conn.execute(text(

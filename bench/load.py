@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.jobs.waiting import POLL_SECONDS
+from app.jobs.wake.waiting import POLL_SECONDS
 from bench.stats import ms, percentile
 
 LOOPBACK = "127.0.0.1"

@@ -23,7 +23,7 @@ from sqlalchemy.dialects import sqlite
 
 from app.core.callers import Caller, Role
 from app.core.priorities import Priority
-from app.jobs.intake import IntakeRules, new_job
+from app.jobs.domain.intake import IntakeRules, new_job
 from app.storage.schema import jobs
 from bench.data import JOB_TYPES, job_body, migrated_database
 from bench.storage import (

@@ -24,13 +24,13 @@ from app.core.callers import Caller, Role
 from app.core.clock import Clock
 from app.core.priorities import Priority
 from app.core.statuses import JobStatus
-from app.jobs.models import Backoff
-from app.jobs.repository import JobRepository
-from app.jobs.service import JobService
-from app.jobs.settings import QueueSettings
+from app.jobs.domain.models import Backoff
+from app.jobs.domain.settings import QueueSettings
+from app.jobs.domain.transitions import Transition
+from app.jobs.sql.repository import JobRepository
 from app.jobs.timeline.recorder import HistoryRecorder
-from app.jobs.transitions import Transition
-from app.jobs.uow import bind_jobs
+from app.jobs.tx.uow import bind_jobs
+from app.jobs.usecases.service import JobService
 from app.storage.engine import Database, make_engine
 from app.storage.schema import jobs
 from app.storage.uow import UnitOfWork

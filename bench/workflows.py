@@ -501,7 +501,7 @@ def measure(options: Any) -> Report:
         "shows) A completes the dependency, and the figure is B's answer minus the moment A "
         "read the complete's answer (negative when B answered first). A claim waiting in the "
         "gunicorn worker that ran the complete is woken at once; in the other by the "
-        "datagram that worker sends it (app/jobs/host_wake.py), its next peek (every 50 ms) "
+        "datagram that worker sends it (app/jobs/wake/host_wake.py), its next peek (every 50 ms) "
         f"the fallback. Meanwhile {sizes.load_clients} clients "
         f"in a process of their own each loop POST /jobs, a claim of '{LOAD_TYPE}' and its "
         "complete, as fast as the server answers (the load column: jobs through that cycle "

@@ -5,7 +5,7 @@ stops a worker gracefully on SIGTERM (letting its requests finish, up to gracefu
 and quickly on SIGINT and SIGQUIT (whose exit still waits for the threads serving them):
 either way the worker, and the port it listens on, would stay until its long polls ran out.
 So each stop signal first tells the app to end its waits (its "queuelog_end_waits"
-extension, app/jobs/waiting.py): the waiting requests answer at once with what there is (204
+extension, app/jobs/wake/waiting.py): the waiting requests answer at once with what there is (204
 for a claim, the job as it is for a read), and the worker exits as soon as gunicorn lets it.
 
 Done through the post_worker_init hook, which runs after the worker installed its own

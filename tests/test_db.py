@@ -17,7 +17,7 @@ from app import create_app
 from app.core.callers import Role
 from app.core.clock import ManualClock
 from app.core.statuses import JobStatus
-from app.jobs.repository import (
+from app.jobs.sql.repository import (
     JobRepository,
     _candidates_one_type,
     _candidates_one_type_by_key,

@@ -8,7 +8,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, event, insert, 
 from sqlalchemy.exc import IntegrityError
 
 from app.core.errors import IdempotencyKeyTaken
-from app.jobs import repository as job_repository
+from app.jobs.sql import repository as job_repository
 from app.jobs.timeline import repository as history_repository
 from app.keys import repository as key_repository
 from app.storage.engine import Database, make_engine

@@ -8,9 +8,9 @@ from collections import defaultdict
 
 from sqlalchemy import select
 
-from app.jobs.models import Job
-from app.jobs.repository import JOB_COLUMNS
-from app.jobs.timeline.models import Attempt, JobEvent
+from app.jobs.domain.history import Attempt, JobEvent
+from app.jobs.domain.models import Job
+from app.jobs.sql.repository import JOB_COLUMNS
 from app.jobs.timeline.row_story import attempts_told, current_attempt, events_told
 from app.storage.engine import Database, make_engine
 from app.storage.schema import job_attempts, job_events

@@ -159,7 +159,7 @@ def _turns_per_producer(conn: sa.Connection, old_turns: list[sa.Row], ordered: s
 
 
 def _number_per_producer(conn: sa.Connection, job_type: str, now: int) -> None:
-    """As app/jobs/key_repository.py numbers a fair type whose keys are per producer."""
+    """As app/jobs/sql/key_repository.py numbers a fair type whose keys are per producer."""
     conn.execute(sa.update(jobs).where(jobs.c.type == job_type, jobs.c.status == "pending")
                  .values(fair_round=None, fair_key_round=None))
     by_key = (sa.select(jobs.c.id, jobs.c.producer, (sa.func.row_number().over(

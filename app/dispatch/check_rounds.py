@@ -33,8 +33,8 @@ from app.core.clock import MICROS, Clock
 from app.core.origins import push_origin
 from app.dispatch.checks import CheckAsker, CheckSettings
 from app.dispatch.http import PushClient
-from app.jobs.reservation_repository import DueCheck
-from app.jobs.reservations import Reservations
+from app.jobs.sql.reservation_repository import DueCheck
+from app.jobs.usecases.reservations import Reservations
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ producer checks it with queuelog_client.signature.verify_check. 200 {"commit": t
 confirms the job, {"commit": false} releases it (exactly these bodies: answered_commit);
 anything else (another status or body, a timeout, no connection) is asked again after a
 backoff, until the ticker releases the job 24 hours after its deadline
-(app/jobs/reservations.py). Redirects are not followed. A check names its own job by id, and
-an answer says nothing but its commit: no answer can reach another job, let alone another
+(app/jobs/usecases/reservations.py). Redirects are not followed. A check names its own job by
+id, and an answer says nothing but its commit: no answer can reach another job, let alone another
 producer's.
 """
 
@@ -30,8 +30,8 @@ from app.core.clock import MICROS, Clock
 from app.core.origins import disguised_step_refusal
 from app.core.redaction import display_url
 from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
-from app.jobs.reservation_repository import DueCheck
-from app.jobs.reservations import Reservations
+from app.jobs.sql.reservation_repository import DueCheck
+from app.jobs.usecases.reservations import Reservations
 from queuelog_client.signature import SIGNATURE_HEADER, signature_header
 
 log = logging.getLogger(__name__)

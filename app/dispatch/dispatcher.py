@@ -44,9 +44,9 @@ from app.dispatch.checks import CheckSettings
 from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
 from app.dispatch.metrics import DispatchMetrics
 from app.dispatch.outcome import Kind, Outcome, outcome_of
-from app.jobs.claim import Claimed
-from app.jobs.schemas import represent
-from app.jobs.service import JobService
+from app.jobs.usecases.claim import Claimed
+from app.jobs.usecases.service import JobService
+from app.jobs.web.schemas import represent
 from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings, push_origin_refusal
 from app.types.service import TypeService
 from queuelog_client.signature import SIGNATURE_HEADER, signature_header

@@ -24,10 +24,10 @@ from sqlalchemy import Connection
 
 from app.core.clock import MICROS, to_rfc3339
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
-from app.jobs.flow import running_by_type
-from app.jobs.key_repository import KeyRepository
-from app.jobs.models import BoundedCount, Job
-from app.jobs.repository import JobRepository
+from app.jobs.domain.flow import running_by_type
+from app.jobs.domain.models import BoundedCount, Job
+from app.jobs.sql.key_repository import KeyRepository
+from app.jobs.sql.repository import JobRepository
 from app.types.repository import TypeRepository
 
 # A type no live worker has claimed for this long is reported as without a worker.

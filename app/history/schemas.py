@@ -11,7 +11,7 @@ from marshmallow import Schema, fields, validate
 from app.core.clock import to_rfc3339
 from app.history.explain import Explanation, ReasonCode
 from app.history.service import Worker
-from app.jobs.timeline.models import Attempt, EventName, JobEvent, Outcome
+from app.jobs.domain.history import Attempt, EventName, JobEvent, Outcome
 
 _DATE_TIME = {"format": "date-time"}
 

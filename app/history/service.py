@@ -9,12 +9,12 @@ from app.core.clock import Clock
 from app.core.errors import NotFound
 from app.core.statuses import JobStatus
 from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons, key_reasons
-from app.jobs.dependency_repository import DependencyRepository
-from app.jobs.repository import JobRepository
-from app.jobs.service import JobService
-from app.jobs.timeline.models import Attempt, JobEvent
+from app.jobs.domain.history import Attempt, JobEvent
+from app.jobs.sql.dependency_repository import DependencyRepository
+from app.jobs.sql.repository import JobRepository
 from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.timeline.row_story import attempts_told, current_attempt, events_told
+from app.jobs.usecases.service import JobService
 from app.keys.service import KeyService
 from app.storage.engine import Database
 

@@ -13,7 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.config import configuration_warnings
 from app.core.errors import ServiceUnavailable
-from app.jobs.maintenance import MaintenanceHealth
+from app.jobs.usecases.maintenance import MaintenanceHealth
 from app.storage.activity import oldest_transaction_seconds
 from app.storage.migrations import current_revision, head_revision
 from app.web.openapi import Reply, documented

@@ -1,5 +1,5 @@
 """Prometheus metrics: counters of what happened to jobs (fed by the job service's event sink;
-named, with their help, in app/jobs/transitions.py's JobMetric),
+named, with their help, in app/jobs/domain/transitions.py's JobMetric),
 a request-latency histogram, and gauges read from the database when /metrics is scraped.
 
 Under gunicorn, several worker processes each count their own share. gunicorn.conf.py sets
@@ -29,7 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.core.callers import Role
 from app.core.errors import Forbidden
 from app.core.statuses import JobStatus
-from app.jobs.transitions import JOB_METRICS
+from app.jobs.domain.transitions import JOB_METRICS
 from app.storage.activity import oldest_transaction_seconds
 from app.storage.engine import Database
 from app.types.service import TypeService
@@ -93,7 +93,7 @@ class QueueMetrics:
             "Time the app took to answer a request, by method, route (the URL rule, not the "
             "path) and status.",
             ("method", "route", "status"), buckets=LATENCY_BUCKETS, registry=owner)
-        # The chores are a few constants (app/jobs/maintenance.py): bounded label values.
+        # The chores are a few constants (app/jobs/usecases/maintenance.py): bounded label values.
         self._maintenance_failures = Counter(
             "queuelog_maintenance_failures",
             "Failures of maintenance (lease_rescue, expiry, dependency_cascade, "

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, delete, false, insert, select, update
 
 from app.core.errors import ScheduleNameTaken
-from app.jobs.context_repository import trace_of
+from app.jobs.sql.context_repository import trace_of
 from app.schedules.models import Schedule
 from app.storage.dialects import writers_serialised
 from app.storage.integrity import refused_in_savepoint

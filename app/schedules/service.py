@@ -36,13 +36,13 @@ from app.core.clock import MICROS, Clock, to_rfc3339
 from app.core.errors import Conflict, NotFound, SlotTaken, ValidationFailed
 from app.core.priorities import Priority
 from app.core.tracecontext import Trace
-from app.jobs.cursor import decode_name_cursor, encode_name_cursor
-from app.jobs.enqueue import GraphRequest
-from app.jobs.fastload import load_batch
-from app.jobs.intake import IntakeRules, NewJob, new_job
-from app.jobs.service import JobService
-from app.jobs.uniqueness import Deduplicated
-from app.jobs.uow import JobsTx
+from app.jobs.domain.cursor import decode_name_cursor, encode_name_cursor
+from app.jobs.domain.intake import IntakeRules, NewJob, new_job
+from app.jobs.domain.uniqueness import Deduplicated
+from app.jobs.tx.uow import JobsTx
+from app.jobs.usecases.enqueue import GraphRequest
+from app.jobs.usecases.service import JobService
+from app.jobs.web.fastload import load_batch
 from app.schedules.cron import Cron, CronError, normalise_expression, parse_zone
 from app.schedules.models import Firing, Schedule, plan_firing, producer_of
 from app.schedules.repository import ScheduleRepository
@@ -475,7 +475,7 @@ class ScheduleService:
                 return _WorkflowTemplate(loaded_workflow.get("name"), loaded_workflow["jobs"])
             # A stored template passed JobTemplateSchema when saved, so it holds none of the
             # fields the template excludes; such a body loads as POST /jobs/batch's plain
-            # jobs do (app/jobs/fastload.py, which agrees with the schema and declines to
+            # jobs do (app/jobs/web/fastload.py, which agrees with the schema and declines to
             # it when unsure), skipping marshmallow's per-field cost at every firing.
             if isinstance(stored, dict) and not _NOT_IN_TEMPLATE.intersection(stored):
                 loaded: dict[str, Any] = load_batch({"jobs": [stored]})["jobs"][0]

@@ -7,7 +7,7 @@ Every process runs one; the database decides which of them fires a slot (see ser
 so adding processes or hosts adds no duplicates, and any one of them alive keeps schedules
 firing, with no leader to wait for when one dies. The database's maintenance (leases,
 expiry, cascades, reservations, retention) is the maintenance loop's, which one process
-leads (app/jobs/maintenance_loop.py). A database outage is logged once and retried each
+leads (app/jobs/usecases/maintenance_loop.py). A database outage is logged once and retried each
 tick.
 """
 

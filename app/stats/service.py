@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.core.clock import MICROS, Clock
 from app.core.errors import ValidationFailed
 from app.core.limits import STATS_BUCKETS
-from app.jobs.counts import BacklogCounts
+from app.jobs.sql.counts import BacklogCounts
 from app.jobs.timeline.stats_buffer import StatsBuffer
 from app.jobs.timeline.stats_repository import MINUTE_US, StatsRepository, minute_of
 from app.stats.models import Bucket, Series, Step
@@ -114,7 +114,7 @@ class StatsService:
 
     def sample_depth(self) -> int:
         """Write this minute's pending count of each type: the backlog snapshot's while it
-        is fresh (app/jobs/counts.py), else a count of its own; a read outside the write
+        is fresh (app/jobs/sql/counts.py), else a count of its own; a read outside the write
         lock."""
         now = self.clock.now_us()
         pending = dict.fromkeys(self.job_types, 0)

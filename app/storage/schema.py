@@ -70,7 +70,7 @@ jobs = Table(
     Column("schedule", String(100), nullable=True),
     Column("scheduled_for", Micros, nullable=True),
     # Appended by migration 0016 (fair share): a fair type's pending job's round, which its
-    # claims take in order (app/jobs/key_rules.py); NULL for every other job.
+    # claims take in order (app/jobs/tx/key_rules.py); NULL for every other job.
     Column("fair_round", BigInteger, nullable=True),
     # Appended by migration 0017 (running jobs, docs/JOBS.md): read by the claim, which caps
     # an attempt's lease at claimed_at + timeout_seconds and never hands out a job past its
@@ -84,7 +84,7 @@ jobs = Table(
     # Appended by migration 0024, and part of the Job record (hence here, after the record's
     # other columns): 1 when a stored dependency edge waits on the job, NULL otherwise. Set
     # in the transaction that stores the edge; a job's end settles dependents only when set
-    # (app/jobs/dependencies.py), so the end of a job nobody depends on costs nothing more.
+    # (app/jobs/tx/dependencies.py), so the end of a job nobody depends on costs nothing more.
     Column("has_dependents", SmallInteger, nullable=True),
     # Also 0017, and never read by the claim (nor part of the Job record): a running job's
     # cancel request and its last progress. On the row, because a heartbeat writes the row
@@ -99,7 +99,7 @@ jobs = Table(
     Column("progress_at", Micros, nullable=True),
     # Appended by migration 0021 (keys per producer): a fair type's pending job's round among
     # its own producer's keys; `fair_round` is then its round among the producers
-    # (app/jobs/key_rules.py). NULL for every other job, and for a type whose keys are shared.
+    # (app/jobs/tx/key_rules.py). NULL for every other job, and for a type whose keys are shared.
     Column("fair_key_round", BigInteger, nullable=True),
     # SQLite: never reuse an id, not even after the newest jobs are purged (the highest id
     # ever given is kept in sqlite_sequence). PostgreSQL's sequence never goes back anyway.
@@ -112,8 +112,8 @@ jobs = Table(
 
 
 def claim_order_columns(table: Table) -> tuple[Any, ...]:
-    """The jobs table's columns in claim order (app.jobs.models.CLAIM_ORDER), for ORDER BY and
-    the indexes that serve it."""
+    """The jobs table's columns in claim order (app.jobs.domain.models.CLAIM_ORDER), for ORDER
+    BY and the indexes that serve it."""
     return tuple(table.c[name].desc() if descending else table.c[name]
                  for name, descending in CLAIM_ORDER)
 
@@ -276,7 +276,7 @@ Index(
 )
 # A fair type's jobs that were not due when they entered pending wait unnumbered (round -1)
 # until they are: a claim of the type numbers those now due, in run_at order, at the round
-# then served (app/jobs/key_rules.py), so a key's jobs scheduled for later take their turns
+# then served (app/jobs/tx/key_rules.py), so a key's jobs scheduled for later take their turns
 # when they come due rather than with the rounds of when they were enqueued.
 Index(
     "ix_jobs_fair_deferred",
@@ -356,7 +356,7 @@ Index("ix_job_reservations_due", job_reservations.c.next_check_at,
 # running, waiting for its dependencies, or failed and `blocked`); the key's later jobs wait.
 # `producer` is the producer key that enqueued the key's jobs, '' where the type's keys are
 # shared (migration 0021). Every change of a key's turn takes this row's lock first
-# (app/jobs/key_rules.py).
+# (app/jobs/tx/key_rules.py).
 key_turns = Table(
     "key_turns",
     metadata,
@@ -402,9 +402,9 @@ Index("ix_job_dependencies_unresolved", job_dependencies.c.depends_on_id,
 
 # Jobs whose end has edges left to apply: a job's end applies a bounded share of its edges in
 # its own transaction, and the rest (many dependents, a long chain of cancels) in bounded
-# steps of maintenance (app/jobs/cascades.py). `status` is the one the job ended with, which
-# its remaining edges apply whatever the job does later; `queued_at` says since when the
-# cascade has been under way. A job without such edges (nearly every job) has no row here.
+# steps of maintenance (app/jobs/usecases/cascades.py). `status` is the one the job ended
+# with, which its remaining edges apply whatever the job does later; `queued_at` says since
+# when the cascade has been under way. A job without such edges (nearly every job) has no row here.
 dependency_cascades = Table(
     "dependency_cascades",
     metadata,

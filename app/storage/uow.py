@@ -1,6 +1,6 @@
 """The unit of work: one transaction, the repositories on it, and what it did, told after.
 
-A resource package (app/jobs/uow.py) supplies `bind`, which builds its Transaction — the
+A resource package (app/jobs/tx/uow.py) supplies `bind`, which builds its Transaction — the
 repositories as attributes, all on the transaction's one connection. The use cases hand
 their work to `run` (write) or `read` and never see a Database or a Connection of their
 own. The events the work counts on `tx.events` are told once the transaction holding them

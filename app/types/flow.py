@@ -1,6 +1,6 @@
 """Flow control: the job types' settings and what runs, turned into the limits of a claim.
 
-`FlowControl` is the claim's FlowPolicy (app/jobs/flow.py). It answers each claim with
+`FlowControl` is the claim's FlowPolicy (app/jobs/domain/flow.py). It answers each claim with
 ClaimLimits, which `limits_for_claim` computes from the types' settings: the types to pass
 over, how many jobs of each limited type the claim may start, the concurrency keys that are
 full. Where writers are serialised (SQLite's BEGIN IMMEDIATE) that read is final. Where
@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable
 from sqlalchemy import Connection
 
 from app.core.clock import MICROS, Clock
-from app.jobs.flow import ClaimLimits, LimitReached, RunningCounts, running_by_type
-from app.jobs.models import Job
-from app.jobs.repository import JobRepository
+from app.jobs.domain.flow import ClaimLimits, LimitReached, RunningCounts, running_by_type
+from app.jobs.domain.models import Job
+from app.jobs.sql.repository import JobRepository
 from app.storage.dialects import writers_serialised
 from app.storage.engine import Database
 from app.types.models import SkipReason, TypeSettings, whole_tokens

@@ -11,9 +11,9 @@ from typing import Any
 
 from app.core.clock import MICROS
 from app.core.origins import HTTP_URL_PATTERN, push_origin
-from app.jobs.flow import RunningCounts, running_by_type
-from app.jobs.key_rules import KeyMode
-from app.jobs.retention import RetentionWindows
+from app.jobs.domain.flow import RunningCounts, running_by_type
+from app.jobs.tx.key_rules import KeyMode
+from app.jobs.usecases.retention import RetentionWindows
 
 # The values of a type's key-mode settings (docs/FLOW-CONTROL.md); each may also be null.
 FAIRNESS_KEY = "key"

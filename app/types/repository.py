@@ -17,8 +17,8 @@ from sqlalchemy import (
     update,
 )
 
-from app.jobs.key_rules import KeyMode
-from app.jobs.repository import COUNTS_RUNNING_TYPE, PAUSED_PUSHED_OR_FAIR_TYPE
+from app.jobs.sql.repository import COUNTS_RUNNING_TYPE, PAUSED_PUSHED_OR_FAIR_TYPE
+from app.jobs.tx.key_rules import KeyMode
 from app.storage.dialects import conflict_insert
 from app.storage.schema import job_types
 from app.storage.statements import DriverStatement
@@ -83,7 +83,7 @@ _spend_tokens_cte = (
 
 
 def key_modes_of(conn: Connection, types: Collection[str]) -> dict[str, KeyMode]:
-    """The job transactions' ModeSource (app/jobs/key_rules.py)."""
+    """The job transactions' ModeSource (app/jobs/tx/key_rules.py)."""
     return TypeRepository(conn).key_modes(types)
 
 

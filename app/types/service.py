@@ -12,12 +12,12 @@ from sqlalchemy import Connection
 from app.core.clock import MICROS, Clock
 from app.core.errors import NotFound, ValidationFailed
 from app.core.statuses import JobStatus
-from app.jobs.counts import BacklogCounts, BacklogSnapshot
-from app.jobs.flow import running_by_type
-from app.jobs.key_repository import KeyRepository, KeyTurn
-from app.jobs.key_rules import change_modes
-from app.jobs.repository import JobRepository
-from app.jobs.retention import NO_RETENTION, RetentionWindows
+from app.jobs.domain.flow import running_by_type
+from app.jobs.sql.counts import BacklogCounts, BacklogSnapshot
+from app.jobs.sql.key_repository import KeyRepository, KeyTurn
+from app.jobs.sql.repository import JobRepository
+from app.jobs.tx.key_rules import change_modes
+from app.jobs.usecases.retention import NO_RETENTION, RetentionWindows
 from app.storage.engine import Database
 from app.types.models import (
     TypeSettings,
@@ -79,7 +79,7 @@ def _age_seconds(now_us: int, run_at: int | None) -> float | None:
 @dataclass(frozen=True)
 class TypeStats:
     """Every type's counts at one moment: what GET /types and the gauges of /metrics show.
-    Pending, scheduled and finished counts come from the backlog cache (app/jobs/counts.py):
+    Pending, scheduled and finished counts come from the backlog cache (app/jobs/sql/counts.py):
     they grow with what is stored. The running ones, bounded by the workers, are live."""
 
     now_us: int

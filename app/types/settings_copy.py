@@ -31,9 +31,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.clock import Clock
 from app.core.periodic import PeriodicThread
-from app.jobs.key_repository import KeyRepository
-from app.jobs.key_rules import number_unrounded
-from app.jobs.repository import JobRepository
+from app.jobs.sql.key_repository import KeyRepository
+from app.jobs.sql.repository import JobRepository
+from app.jobs.tx.key_rules import number_unrounded
 from app.storage.engine import Database
 from app.storage.schema import job_types
 from app.types.models import TypeSettings
@@ -69,7 +69,7 @@ class TypeSettingsCopy:
     # -- what the hot path asks -----------------------------------------------------------
 
     def without_key_modes(self, job_type: str) -> bool:
-        """True when the copy shows the type neither fair nor ordered (app/jobs/key_rules.py
+        """True when the copy shows the type neither fair nor ordered (app/jobs/tx/key_rules.py
         then reads nothing for its jobs without a concurrency key)."""
         current = self._current()
         if current is None:

@@ -26,12 +26,12 @@ from app.history.schemas import (
     represent_explanation,
     represent_worker,
 )
-from app.jobs.admin import Cancelled
-from app.jobs.cursor import encode_cursor
-from app.jobs.key_repository import KeyTurn
-from app.jobs.models import Job, JobControls, JobDependencies
-from app.jobs.schemas import BulkSchema, represent
-from app.jobs.transitions import Transition
+from app.jobs.domain.cursor import encode_cursor
+from app.jobs.domain.models import Job, JobControls, JobDependencies
+from app.jobs.domain.transitions import Transition
+from app.jobs.sql.key_repository import KeyTurn
+from app.jobs.usecases.admin import Cancelled
+from app.jobs.web.schemas import BulkSchema, represent
 from app.schedules.schemas import represent_schedule
 from app.stats.models import Series
 from app.types.schemas import represent_type

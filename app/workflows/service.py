@@ -23,11 +23,11 @@ from app.core.errors import (
 )
 from app.core.statuses import JobStatus
 from app.core.tracecontext import Trace
-from app.jobs.cursor import decode_cursor, encode_cursor
-from app.jobs.repository import WriteConflict
-from app.jobs.service import JobService
-from app.jobs.transitions import Transition
-from app.jobs.uow import JobsTx
+from app.jobs.domain.cursor import decode_cursor, encode_cursor
+from app.jobs.domain.transitions import Transition
+from app.jobs.sql.repository import WriteConflict
+from app.jobs.tx.uow import JobsTx
+from app.jobs.usecases.service import JobService
 from app.workflows.models import (
     Workflow,
     WorkflowJob,

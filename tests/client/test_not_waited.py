@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.jobs.waiting import NOT_WAITED_RETRY_AFTER_SECONDS
+from app.jobs.wake.waiting import NOT_WAITED_RETRY_AFTER_SECONDS
 from queuelog_client import WaitTimeout
 from queuelog_client.worker import RECONNECT_BACKOFF_MAX_SECONDS, RECONNECT_BACKOFF_SECONDS
 from tests.client.conftest import LiveServer, wait_until

@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 
 from app.core.clock import Clock
 from app.core.errors import IdempotencyKeyTaken, SlotTaken, UniqueScopeHeld
-from app.jobs.key_rules import KeyRules, no_modes
-from app.jobs.models import Job, JobControls
-from app.jobs.transitions import Transition
-from app.jobs.uniqueness import holds_key_in
-from app.jobs.uow import FINISHED, JobsTx
+from app.jobs.domain.models import Job, JobControls
+from app.jobs.domain.transitions import Transition
+from app.jobs.domain.uniqueness import holds_key_in
+from app.jobs.tx.key_rules import KeyRules, no_modes
+from app.jobs.tx.uow import FINISHED, JobsTx
 
 T = TypeVar("T")
 

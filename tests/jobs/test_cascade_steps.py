@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import text
 
 from app import create_app
-from app.jobs.dependencies import STEP_EDGES, STEP_LEVELS
-from app.jobs.uow import CASCADE_LEFT
+from app.jobs.tx.dependencies import STEP_EDGES, STEP_LEVELS
+from app.jobs.tx.uow import CASCADE_LEFT
 
 
 @pytest.fixture

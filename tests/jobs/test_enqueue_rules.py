@@ -12,10 +12,10 @@ from app.core.callers import Caller, Role
 from app.core.clock import ManualClock
 from app.core.errors import UniqueConflict, ValidationFailed
 from app.core.priorities import Priority
-from app.jobs.enqueue import Enqueuing
-from app.jobs.intake import IntakeRules, new_job
-from app.jobs.uniqueness import Deduplicated
-from app.jobs.waiting import JobSignal
+from app.jobs.domain.intake import IntakeRules, new_job
+from app.jobs.domain.uniqueness import Deduplicated
+from app.jobs.usecases.enqueue import Enqueuing
+from app.jobs.wake.waiting import JobSignal
 from tests.jobs.fakes import FakeUnitOfWork
 
 PRODUCER = Caller("shop", Role.PRODUCER, Priority.CRITICAL, None)

@@ -1,4 +1,4 @@
-"""POST /jobs/batch's fast load (app/jobs/fastload.py) gives exactly what the schema gives:
+"""POST /jobs/batch's fast load (app/jobs/web/fastload.py) gives exactly what the schema gives:
 the same jobs for a body that loads, the same problem for one that does not, whatever the
 fields hold. Hypothesis draws jobs mixing plain values, values just past each limit, values
 of the wrong JSON type, and the fields the fast path leaves to the schema."""
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from marshmallow import ValidationError
 
-from app.jobs.fastload import load_batch
-from app.jobs.schemas import BatchEnqueueSchema
+from app.jobs.web.fastload import load_batch
+from app.jobs.web.schemas import BatchEnqueueSchema
 
 _ANY_JSON = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**40), st.floats(-1, 30),
                       st.text(max_size=5), st.lists(st.integers(), max_size=2),

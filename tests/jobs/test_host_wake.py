@@ -1,5 +1,5 @@
 """A change committed in one process wakes the requests waiting in this host's others
-(app/jobs/host_wake.py): the sibling gunicorn workers need not wait for their next peek."""
+(app/jobs/wake/host_wake.py): the sibling gunicorn workers need not wait for their next peek."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from app.jobs import host_wake
-from app.jobs.host_wake import HostWake, wake_directory
-from app.jobs.waiting import JobSignal
+from app.jobs.wake import host_wake
+from app.jobs.wake.host_wake import HostWake, wake_directory
+from app.jobs.wake.waiting import JobSignal
 from app.storage.engine import database_identity
 
 # Far longer than any wake takes: a wait that lasts it has not been woken.
@@ -35,8 +35,8 @@ def directory(tmp_path: Path) -> Iterator[str]:
 
 
 def send_from_another_process(directory: str, *kinds: str) -> None:
-    code = ("import sys; from app.jobs.host_wake import HostWake; wake = HostWake(sys.argv[1]);"
-            " [wake.send(kind) for kind in sys.argv[2:]]")
+    code = ("import sys; from app.jobs.wake.host_wake import HostWake;"
+            " wake = HostWake(sys.argv[1]); [wake.send(kind) for kind in sys.argv[2:]]")
     subprocess.run([sys.executable, "-c", code, directory, *kinds], check=True,
                    cwd=REPOSITORY, timeout=60)
 
@@ -90,7 +90,7 @@ def test_a_directory_others_may_write_to_is_not_used(directory, caplog):
     host = HostWake(directory)
     signal = JobSignal(host, "claimable")
 
-    with caplog.at_level(logging.WARNING, logger="app.jobs.host_wake"), signal.watching():
+    with caplog.at_level(logging.WARNING, logger="app.jobs.wake.host_wake"), signal.watching():
         seen = signal.generation
         assert os.listdir(directory) == []  # nothing bound there
         signal.notify()  # still wakes this process's own waiters
@@ -144,7 +144,7 @@ def test_a_directory_too_deep_for_a_socket_is_said_once_and_waits_peek(tmp_path,
     host = HostWake(too_long)
     signal = JobSignal(host, "claimable")
 
-    with caplog.at_level(logging.WARNING, logger="app.jobs.host_wake"):
+    with caplog.at_level(logging.WARNING, logger="app.jobs.wake.host_wake"):
         for _ in range(3):
             with signal.watching():
                 seen = signal.generation
@@ -169,7 +169,7 @@ def test_a_bind_that_failed_for_want_of_a_resource_stops_receiving_not_sending(
         return bind()
 
     monkeypatch.setattr(starved, "_bind", bind_once_out_of_descriptors)
-    with caplog.at_level(logging.WARNING, logger="app.jobs.host_wake"), \
+    with caplog.at_level(logging.WARNING, logger="app.jobs.wake.host_wake"), \
             listening.watching(), JobSignal(starved, "claimable").watching():
         seen = listening.generation
         starved.send("claimable")  # still tells the others

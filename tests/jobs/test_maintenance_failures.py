@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from app.jobs.maintenance import FIRST_RETRY_SECONDS
+from app.jobs.usecases.maintenance import FIRST_RETRY_SECONDS
 from tests.ops.scrape import Scrape
 
 

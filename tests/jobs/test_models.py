@@ -8,7 +8,7 @@ import pytest
 
 from app.core.priorities import Priority
 from app.core.statuses import claim_order_key
-from app.jobs.models import Backoff, Job
+from app.jobs.domain.models import Backoff, Job
 from app.storage.schema import jobs as jobs_table
 
 

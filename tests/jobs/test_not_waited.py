@@ -15,7 +15,7 @@ from flask import Flask
 
 from app import create_app
 from app.core.callers import Role
-from app.jobs.waiting import NOT_WAITED_RETRY_AFTER_SECONDS
+from app.jobs.wake.waiting import NOT_WAITED_RETRY_AFTER_SECONDS
 from tests.conftest import Api, Key
 
 NOT_WAITED = str(NOT_WAITED_RETRY_AFTER_SECONDS)

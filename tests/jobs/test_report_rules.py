@@ -13,12 +13,12 @@ from app.core.clock import MICROS, ManualClock
 from app.core.errors import NotFound
 from app.core.priorities import Priority
 from app.core.statuses import JobStatus
-from app.jobs.enqueue import Enqueuing
-from app.jobs.intake import IntakeRules
-from app.jobs.models import Backoff
-from app.jobs.reports import ReportRefused, WorkerReports
-from app.jobs.settings import QueueSettings
-from app.jobs.waiting import JobSignal
+from app.jobs.domain.intake import IntakeRules
+from app.jobs.domain.models import Backoff
+from app.jobs.domain.settings import QueueSettings
+from app.jobs.usecases.enqueue import Enqueuing
+from app.jobs.usecases.reports import ReportRefused, WorkerReports
+from app.jobs.wake.waiting import JobSignal
 from tests.jobs.fakes import FakeUnitOfWork
 
 PRODUCER = Caller("shop", Role.PRODUCER, Priority.CRITICAL, None)

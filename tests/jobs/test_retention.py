@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from app import create_app, stop_maintenance
-from app.jobs.retention import RetentionWindows
+from app.jobs.usecases.retention import RetentionWindows
 from tests.conftest import Api, Key
 
 DAY = 86_400

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, text
 
-from app.jobs.repository import JobRepository
+from app.jobs.sql.repository import JobRepository
 from app.storage.engine import Database, make_engine
 from tests.conftest import Api, Key
 

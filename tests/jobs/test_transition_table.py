@@ -15,10 +15,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from app.core.clock import to_rfc3339
 from app.core.statuses import JobStatus
-from app.jobs.models import LEASE_EXPIRED_ERROR, TIMED_OUT_ERROR, Job
-from app.jobs.repository import _transition_update
-from app.jobs.timeline.models import EventName, Outcome
-from app.jobs.transitions import (
+from app.jobs.domain.history import EventName, Outcome
+from app.jobs.domain.models import LEASE_EXPIRED_ERROR, TIMED_OUT_ERROR, Job
+from app.jobs.domain.transitions import (
     JOB_METRICS,
     Guard,
     JobMetric,
@@ -26,6 +25,7 @@ from app.jobs.transitions import (
     after_failure,
     refusal,
 )
+from app.jobs.sql.repository import _transition_update
 from tests.jobs.test_models import make_job
 
 W, P, R, C, F, X = (JobStatus.WAITING, JobStatus.PENDING, JobStatus.RUNNING,

@@ -23,7 +23,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import delete, select
 
-from app.jobs.uniqueness import holds_key_in
+from app.jobs.domain.uniqueness import holds_key_in
 from app.storage.schema import jobs as jobs_table
 
 PRODUCERS = ("shop", "billing")

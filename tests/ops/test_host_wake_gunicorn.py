@@ -1,5 +1,5 @@
 """The workers of one gunicorn wake each other's waiting requests through Unix sockets in a
-directory of their database under $TMPDIR (app/jobs/host_wake.py): a worker's socket is
+directory of their database under $TMPDIR (app/jobs/wake/host_wake.py): a worker's socket is
 bound while a request waits in it, and a stopped server leaves none behind."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from app.jobs.host_wake import wake_directory
+from app.jobs.wake.host_wake import wake_directory
 from app.storage.engine import database_identity
 from tests.conftest import JOB_TYPES
 from tests.servers import GunicornServer, bearer, gunicorn_argv, server_environment

@@ -8,7 +8,7 @@ import pytest
 from flask import Flask
 
 from app import create_app
-from app.jobs.transitions import JOB_METRICS
+from app.jobs.domain.transitions import JOB_METRICS
 from app.ops.metrics import QueueMetrics
 from tests.ops.scrape import Scrape
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from app.config import SETTINGS
-from app.jobs.transitions import JOB_METRICS
+from app.jobs.domain.transitions import JOB_METRICS
 from app.ops.metrics import QueueGauges, QueueMetrics
 from tests.servers import REPO_ROOT
 

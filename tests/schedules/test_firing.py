@@ -15,8 +15,8 @@ from app.core.callers import Caller, Role
 from app.core.clock import ManualClock
 from app.core.errors import SlotTaken
 from app.core.priorities import Priority
-from app.jobs.intake import new_job
-from app.jobs.repository import JobRepository
+from app.jobs.domain.intake import new_job
+from app.jobs.sql.repository import JobRepository
 from tests.schedules.conftest import Schedules, micros, set_clock, utc
 
 

@@ -214,7 +214,7 @@ def test_other_schedule_routes_still_take_no_query_parameters(schedules: Schedul
 
 def test_a_schedules_page_stops_short_of_the_byte_budget(
         schedules: Schedules, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.jobs import schemas as job_schemas
+    from app.jobs.web import schemas as job_schemas
 
     for n in range(4):
         schedules.create(name=f"s-{n}", cron="0 3 * * *",
@@ -403,7 +403,7 @@ def test_schedules_whose_zone_this_host_cannot_read_never_hold_up_the_others(
 ])
 def test_a_stored_template_loads_at_firing_as_the_template_schema_loads_it(
         template: dict[str, Any]) -> None:
-    from app.jobs.fastload import load_batch
+    from app.jobs.web.fastload import load_batch
     from app.schedules.schemas import JobTemplateSchema
 
     excluded = set(JobTemplateSchema.Meta.exclude)

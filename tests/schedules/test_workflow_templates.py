@@ -16,8 +16,8 @@ from app import create_app
 from app.core.callers import Caller, Role
 from app.core.clock import ManualClock
 from app.core.priorities import Priority
-from app.jobs.intake import new_job
-from app.jobs.repository import JobRepository
+from app.jobs.domain.intake import new_job
+from app.jobs.sql.repository import JobRepository
 from app.schedules import service as schedule_service
 from app.web.http import MAX_JSON_DEPTH
 from tests.conftest import Api, Key

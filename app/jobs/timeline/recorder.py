@@ -27,9 +27,10 @@ from app.core.clock import MICROS
 from app.core.fingerprint import error_fingerprint
 from app.core.limits import FAILURE_SAMPLE_CHARS
 from app.core.statuses import JobStatus
-from app.jobs.models import LEASE_EXPIRED_ERROR, Job
+from app.jobs.domain.history import EventName, Outcome
+from app.jobs.domain.models import LEASE_EXPIRED_ERROR, Job
+from app.jobs.domain.transitions import Transition
 from app.jobs.timeline.failure_repository import Failure, FailureRepository
-from app.jobs.timeline.models import EventName, Outcome
 from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.timeline.row_story import (
     claimed_event,
@@ -38,7 +39,6 @@ from app.jobs.timeline.row_story import (
     holds_an_attempt,
 )
 from app.jobs.timeline.stats_repository import CountKey, StatsRepository
-from app.jobs.transitions import Transition
 
 # A stale worker retrying a refused report forever must not grow a job's timeline without
 # bound: past this many report_refused events on one job, further refusals are only counted

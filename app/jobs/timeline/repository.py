@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, literal_column, select, update
 
-from app.jobs.timeline.models import (
+from app.jobs.domain.history import (
     CURRENT_OUTCOMES,
     Attempt,
     EventName,

@@ -10,9 +10,9 @@ import json
 from typing import Any
 
 from app.core.statuses import JobStatus
-from app.jobs.models import Job
-from app.jobs.timeline.models import CURRENT_OUTCOMES, Attempt, EventName, JobEvent, Outcome
-from app.jobs.transitions import Transition
+from app.jobs.domain.history import CURRENT_OUTCOMES, Attempt, EventName, JobEvent, Outcome
+from app.jobs.domain.models import Job
+from app.jobs.domain.transitions import Transition
 
 # The statuses in which the row holds its current attempt: running, or completed by it (a
 # failed or cancelled job's last attempt was written when it ended).

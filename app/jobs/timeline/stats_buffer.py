@@ -1,6 +1,6 @@
 """This process's stats counts not yet written (docs/OPERATIONS.md, The queue over time).
 
-A job transaction hands over what it counted once it has committed (app/jobs/uow.py,
+A job transaction hands over what it counted once it has committed (app/jobs/tx/uow.py,
 JobsTx.committed), so a change rolled back never reaches the stats, and no job transaction
 sends a statement for them. The process writes what it kept about once a second
 (stats_flusher.py), adding it to its own slot's rows in one statement: processes and hosts

@@ -1,0 +1,124 @@
+"""Waking requests that wait: claims waiting for work (`wait_seconds`, like SQS long polling)
+and reads waiting for a job to finish (GET /jobs/{id}?wait_seconds=N).
+
+A change made by this process wakes its waiting requests at once through a condition
+variable, and those of this host's other queuelog processes (the sibling gunicorn workers)
+through a datagram (app/jobs/wake/host_wake.py). Changes made on other hosts, and delayed jobs
+coming due, are noticed by a cheap indexed peek every POLL_SECONDS, which works the same on
+SQLite and PostgreSQL and needs no connection held while waiting.
+
+When the process is told to stop (gunicorn's SIGTERM, SIGINT or SIGQUIT: see
+queuelog_gunicorn/shutdown.py), every wait ends at once and the waiting requests answer with
+what there is (a claim 204, a read the job as it is), so that the server frees its port
+without waiting out its long polls; a request that asks to wait after that is answered at
+once too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from app.jobs.wake.host_wake import HostWake
+
+POLL_SECONDS = 0.05
+# What a request that asked to wait but found the budget full is told (Retry-After): come
+# back in this many seconds rather than at once, which would spin (a client asking again
+# at once made thousands of requests in 10 s). A waiting slot frees as soon as one of its requests
+# is answered, so a short pause, which clients stretch with their own jittered backoff.
+NOT_WAITED_RETRY_AFTER_SECONDS = 1
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WaitAnswer(Generic[T]):
+    """The answer to a request that may wait. `not_waited`: it asked to wait, there was
+    nothing to answer yet, and the budget was full, so it was answered at once anyway."""
+
+    value: T
+    not_waited: bool = False
+
+
+class JobSignal:
+    """Something the waiting requests wait for (jobs that may have become claimable, jobs
+    that may have finished). With `host` and a `kind`, told to this host's other processes
+    too, and woken by theirs."""
+
+    def __init__(self, host: HostWake | None = None, kind: str = "") -> None:
+        self._condition = threading.Condition()
+        self._generation = 0
+        self._ended = False
+        self._host = host
+        self._kind = kind
+        if host is not None:
+            host.on_wake(kind, self.notify_here)
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def waits_ended(self) -> bool:
+        """Whether end_waits was called: nothing waits for this signal any more."""
+        return self._ended
+
+    def end_waits(self) -> None:
+        """The process is stopping: every wait for this signal returns now, and any later one
+        at once. Safe from any thread (not from a signal handler: it takes a lock)."""
+        with self._condition:
+            self._ended = True
+            self._generation += 1
+            self._condition.notify_all()
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """While a request looks and maybe waits: the host's other processes' wakes are heard
+        too (from before its first look, so that no change they commit after it goes unheard)."""
+        if self._host is None:
+            yield
+            return
+        with self._host.watching():
+            yield
+
+    def notify(self) -> None:
+        """It may have happened: this process's waiting requests look, and the host's others'."""
+        self.notify_here()
+        if self._host is not None:
+            self._host.send(self._kind)
+
+    def notify_here(self) -> None:
+        """As notify, for this process's waiting requests alone (another process told it)."""
+        with self._condition:
+            self._generation += 1
+            self._condition.notify_all()
+
+    def wait(self, seen_generation: int, timeout: float) -> bool:
+        """Wait until notified after `seen_generation`, or the timeout. True when notified
+        (or when the waits ended: a caller checks waits_ended before it waits again)."""
+        with self._condition:
+            return self._condition.wait_for(
+                lambda: self._ended or self._generation != seen_generation, timeout=timeout)
+
+
+class WaitingBudget:
+    """How many requests of one kind may wait at once in this process. A waiting request
+    holds a server thread; past the budget a request answers at once instead, so waiting
+    requests can never take every thread from the others."""
+
+    def __init__(self, limit: int) -> None:
+        self._slots = threading.BoundedSemaphore(max(limit, 1))
+        self._may_wait = limit > 0
+
+    @contextmanager
+    def slot(self) -> Iterator[bool]:
+        """Yields whether this request may wait; the slot is given back on leaving."""
+        granted = self._may_wait and self._slots.acquire(blocking=False)
+        try:
+            yield granted
+        finally:
+            if granted:
+                self._slots.release()
