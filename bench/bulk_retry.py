@@ -25,7 +25,7 @@ from sqlalchemy import event
 
 from app import create_app
 from app.core.callers import Role
-from app.jobs.web.schemas import EnqueueSchema
+from app.jobs.web.requests import EnqueueSchema
 from bench.data import migrated_database, scratch_directory
 
 ENQUEUE_BATCH = 1000

@@ -219,7 +219,7 @@ class Bench:
 
     def open(self) -> None:
         from app import create_app
-        from app.jobs.web.schemas import EnqueueSchema
+        from app.jobs.web.requests import EnqueueSchema
 
         self.app = create_app({"DATABASE_URL": self.url, "JOB_TYPES": JOB_TYPES})
         self.schema = EnqueueSchema()

@@ -26,7 +26,7 @@ from marshmallow import Schema
 
 from app.config import SETTINGS
 from app.history.explain import ReasonCode
-from app.jobs.web.schemas import BatchJobSchema, JobSchema
+from app.jobs.web.answers import BatchJobSchema, JobSchema
 from app.types.schemas import TypeSchema
 from tests import doc_examples
 

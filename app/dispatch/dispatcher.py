@@ -46,7 +46,7 @@ from app.dispatch.metrics import DispatchMetrics
 from app.dispatch.outcome import Kind, Outcome, outcome_of
 from app.jobs.usecases.claim import Claimed
 from app.jobs.usecases.service import JobService
-from app.jobs.web.schemas import represent
+from app.jobs.web.answers import represent
 from app.types.models import PUSH_LEASE_MARGIN_SECONDS, TypeSettings, push_origin_refusal
 from app.types.service import TypeService
 from queuelog_client.signature import SIGNATURE_HEADER, signature_header

@@ -18,7 +18,7 @@ from marshmallow import ValidationError
 from app.core.errors import ValidationFailed
 from app.core.limits import RETRY_IN_SECONDS
 from app.dispatch.http import Answer
-from app.jobs.web.schemas import CompleteSchema
+from app.jobs.web.requests import CompleteSchema
 from app.web.http import parse_json
 
 ERROR_BODY_CHARS = 200

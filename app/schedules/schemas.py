@@ -17,7 +17,7 @@ from app.core.clock import to_rfc3339
 from app.core.limits import CRON_CHARS, NAME_CHARS, TIMEZONE_CHARS, WORKFLOW_JOBS
 from app.core.priorities import Priority
 from app.jobs.domain.cursor import encode_name_cursor
-from app.jobs.web.schemas import EnqueueSchema
+from app.jobs.web.requests import EnqueueSchema
 from app.schedules.models import CatchUp, Schedule
 from app.web.fields import NO_NUL, StrictBoolean, StrictSchema, length_within, render_page
 from app.workflows.schemas import WorkflowCreateSchema, WorkflowJobSchema

@@ -11,7 +11,7 @@ from marshmallow import Schema, ValidationError, fields, validate
 
 from app.core.limits import CURSOR_CHARS, NAME_CHARS, TYPE_CHARS
 from app.core.statuses import JobStatus
-from app.jobs.web.schemas import tag_field
+from app.jobs.web.requests import tag_field
 from app.types.models import FAIRNESS_KEY, ON_FAILURE_BLOCK, ON_FAILURE_SKIP, ORDERING_KEY
 from app.types.schemas import TypePatchSchema
 from app.ui.charts import Period

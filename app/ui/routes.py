@@ -31,7 +31,8 @@ from app.jobs.domain.models import Job, JobControls, JobDependencies
 from app.jobs.domain.transitions import Transition
 from app.jobs.sql.key_repository import KeyTurn
 from app.jobs.usecases.admin import Cancelled
-from app.jobs.web.schemas import BulkSchema, represent
+from app.jobs.web.answers import represent
+from app.jobs.web.requests import BulkSchema
 from app.schedules.schemas import represent_schedule
 from app.stats.models import Series
 from app.types.schemas import represent_type

@@ -9,7 +9,7 @@ from marshmallow import Schema, fields, validate
 from app.core.clock import to_rfc3339
 from app.core.limits import WORKFLOW_JOBS, WORKFLOW_NAME_CHARS
 from app.core.statuses import REMOVED, JobStatus
-from app.jobs.web.schemas import GraphItemSchema, ref_field
+from app.jobs.web.requests import GraphItemSchema, ref_field
 from app.web.fields import (
     PRINTABLE_ASCII_TEXT,
     PageQuerySchema,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from marshmallow import ValidationError
 
 from app.jobs.web.fastload import load_batch
-from app.jobs.web.schemas import BatchEnqueueSchema
+from app.jobs.web.requests import BatchEnqueueSchema
 
 _ANY_JSON = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**40), st.floats(-1, 30),
                       st.text(max_size=5), st.lists(st.integers(), max_size=2),

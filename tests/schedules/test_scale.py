@@ -214,12 +214,12 @@ def test_other_schedule_routes_still_take_no_query_parameters(schedules: Schedul
 
 def test_a_schedules_page_stops_short_of_the_byte_budget(
         schedules: Schedules, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.jobs.web import schemas as job_schemas
+    from app.jobs.web import answers as job_answers
 
     for n in range(4):
         schedules.create(name=f"s-{n}", cron="0 3 * * *",
                          job={"type": "email", "payload": {"blob": "x" * 2000}})
-    monkeypatch.setattr(job_schemas.render_page, "__kwdefaults__", {"max_bytes": 5000})
+    monkeypatch.setattr(job_answers.render_page, "__kwdefaults__", {"max_bytes": 5000})
     body = schedules.client.get("/schedules", headers=schedules.admin.headers).get_json()
     assert [s["name"] for s in body["schedules"]] == ["s-0", "s-1"]
     rest = schedules.client.get("/schedules", query_string={"cursor": body["next_cursor"]},

@@ -28,7 +28,7 @@ from app.core.limits import (
     Limit,
 )
 from app.core.priorities import Priority
-from app.jobs.web.schemas import BatchEnqueueSchema
+from app.jobs.web.requests import BatchEnqueueSchema
 from app.web.fields import PRINTABLE_ASCII
 
 # The fields a plain job may hold, and the defaults EnqueueSchema loads for those missing.

@@ -17,29 +17,31 @@ from app.jobs.usecases.enqueue import Enqueued
 from app.jobs.usecases.reports import Progress
 from app.jobs.usecases.service import JobService
 from app.jobs.wake.waiting import NOT_WAITED_RETRY_AFTER_SECONDS, WaitAnswer
-from app.jobs.web.fastload import load_batch
-from app.jobs.web.schemas import (
-    BatchEnqueueSchema,
+from app.jobs.web.answers import (
     BatchJobListSchema,
+    ClaimedJobListSchema,
+    CompleteManyResultSchema,
+    DependencyListSchema,
+    JobListSchema,
+    JobSchema,
+    render_job_page,
+    represent,
+    represent_dependency,
+)
+from app.jobs.web.fastload import load_batch
+from app.jobs.web.requests import (
+    BatchEnqueueSchema,
     BulkResultSchema,
     BulkSchema,
-    ClaimedJobListSchema,
     ClaimManySchema,
     ClaimSchema,
-    CompleteManyResultSchema,
     CompleteManySchema,
     CompleteSchema,
-    DependencyListSchema,
     EnqueueSchema,
     FailSchema,
     GetJobQuerySchema,
     HeartbeatSchema,
-    JobListSchema,
-    JobSchema,
     ListQuerySchema,
-    render_job_page,
-    represent,
-    represent_dependency,
 )
 from app.web.auth import current_caller, require_roles
 from app.web.fields import EmptySchema
