@@ -180,7 +180,7 @@ class WorkflowService:
             now = self.clock.now_us()
             cancelled = tx.jobs.apply_transition_to_many(
                 Transition.CANCEL, open_ids, Transition.CANCEL.values(now_us=now))
-            tx.made(Transition.CANCEL, cancelled, actor=caller.name, now_us=now,
+            tx.after_transition(Transition.CANCEL, cancelled, actor=caller.name, now_us=now,
                     details={job.id: {"workflow": workflow_id} for job in cancelled})
 
         self._write(cancel_in)

@@ -187,7 +187,7 @@ def born(statuses: Sequence[tuple[Dependency, str]], cancel_on_failure: bool) ->
     return Birth(JobStatus.PENDING)
 
 
-def births(deps: Sequence[Sequence[Dependency]], items: Sequence[GraphItem],
+def statuses_at_birth(deps: Sequence[Sequence[Dependency]], items: Sequence[GraphItem],
            existing: Mapping[int, str], fixed: Mapping[int, str],
            aliases: Mapping[int, int]) -> dict[int, Birth]:
     """The birth of each new item, in dependency order: an existing job's status is

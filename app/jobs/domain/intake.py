@@ -307,7 +307,7 @@ def twin_conflict(twin: Job | None, new: NewJob, position: int | None = None
     return UniqueConflict(detail, None if twin is None else twin.id)
 
 
-def meet_stored_twin(twin: Job, new: NewJob, position: int | None = None
+def resolve_unique_conflict(twin: Job, new: NewJob, position: int | None = None
                      ) -> dict[str, Any] | None:
     """What `new` does to the stored twin holding its key: None to return the twin as it is,
     else the replacement values. Raises UniqueConflict (reject, or replace of a job that is
@@ -376,7 +376,7 @@ def plan_batch(items: list[NewJob], stored: dict[str, Job], twins: dict[str, Job
             plan.steps.append(("replay_item", first_item_with_key[key], None))
         elif scope is not None and scope in twins:
             twin = twins[scope]
-            replacement = meet_stored_twin(twin, item, position)
+            replacement = resolve_unique_conflict(twin, item, position)
             if replacement is not None:
                 plan.replacements[twin.id] = plan.replacements.get(twin.id, {}) | replacement
             plan.steps.append(("twin", twin, Deduplicated.RETURNED if replacement is None

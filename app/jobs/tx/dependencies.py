@@ -1,7 +1,7 @@
 """What a job's end does to the jobs waiting on it, in bounded steps.
 
 Every transition that leaves jobs completed, failed or cancelled hands them here (through
-JobsTx.made). Their edges not yet applied are applied once each:
+JobsTx.after_transition). Their edges not yet applied are applied once each:
 - a completed dependency, or a failed or cancelled one of a job that runs on failure
   (on_dependency_failure run), counts as finished: a waiting job with no unfinished
   dependency left becomes pending (RELEASE), claimable from its own run_at;

@@ -121,7 +121,7 @@ class KeyRules:
 
     # -- a job's entry --------------------------------------------------------------------
 
-    def entered(self, new: Sequence[Job], now_us: int) -> list[Job]:
+    def join_keys(self, new: Sequence[Job], now_us: int) -> list[Job]:
         """Jobs just inserted (in their request's order): each joins its ordered key (its
         turn, or held back behind it) and, pending in a fair type, gets its round. Returns
         them as they are now."""

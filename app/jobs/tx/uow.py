@@ -2,7 +2,7 @@
 entails besides its UPDATE.
 
 app/storage/uow.py runs the work; this module says what a job transaction holds (`bind_jobs`
-builds it on the transaction's connection) and counts, in `JobsTx.made`, what every
+builds it on the transaction's connection) and counts, in `JobsTx.after_transition`, what every
 transition made records and tells once committed.
 """
 
@@ -163,11 +163,11 @@ class JobsTx(Transaction):
                             made, changed, actor=SERVICE_ACTOR, now_us=at, details=extra),
                         self._plain)
 
-    def entered(self, new: Sequence[Job], now_us: int) -> list[Job]:
+    def join_keys(self, new: Sequence[Job], now_us: int) -> list[Job]:
         """Jobs this transaction just inserted, before their enqueue is recorded: their
         ordered key's turn (or held back behind it) and their fair round. Returns them as
         they are now."""
-        return self.keys.entered(new, now_us)
+        return self.keys.join_keys(new, now_us)
 
     def before_commit(self) -> None:
         """Confirm the caller's key if no statement of the step did (jobs_confirming): a
@@ -230,7 +230,7 @@ class JobsTx(Transaction):
                 caller.token_digest, lambda: self.confirm(caller), found_live)
         return self.jobs
 
-    def made(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
+    def after_transition(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
              held_by: str | None = None,
              details: Mapping[int, Mapping[str, Any]] | None = None,
              before: Mapping[int, Job] | None = None) -> None:

@@ -113,7 +113,7 @@ class Administration:
             if transition is Transition.RETRY:
                 moved = repo.wait_again(moved)
                 tx.controls.forget_cancel_requests([job.id for job in moved])
-            tx.made(transition, moved, actor=caller.name, now_us=now)
+            tx.after_transition(transition, moved, actor=caller.name, now_us=now)
             return chosen, moved
 
         changed: list[Job] = []
@@ -185,7 +185,7 @@ class Administration:
             # A request that outlived its job (a complete raced it) does not stop the
             # retry's run.
             tx.controls.forget_cancel_requests([job.id])
-        tx.made(made, [job], actor=caller.name, now_us=now)
+        tx.after_transition(made, [job], actor=caller.name, now_us=now)
         if made is Transition.RETRY and job.concurrency_key is not None:
             # Its ordered key's turn may be another job's: then it waits (KeyRules).
             job = repo.get_job(job.id) or job

@@ -201,7 +201,7 @@ class ClaimService:
                                             lease_expires_at=now + ask.lease_us)
 
         # Recorded once the stamps are final, so the timeline reads as they do.
-        tx.made(Transition.CLAIM, jobs, actor=ask.caller.name, now_us=now)
+        tx.after_transition(Transition.CLAIM, jobs, actor=ask.caller.name, now_us=now)
         with tx.statement_of_its_own():  # a note of activity, lost at worst for a minute
             tx.timeline.seen(ask.caller.name, now, claimed=True)
         return _Attempt(jobs, limits, now, checkpoints, traces,

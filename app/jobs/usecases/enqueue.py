@@ -25,20 +25,20 @@ from app.jobs.domain.graph import (
     Birth,
     Dependency,
     GraphItem,
-    births,
     dependency_first,
     field,
     resolve_graph,
+    statuses_at_birth,
 )
 from app.jobs.domain.history import SERVICE_ACTOR
 from app.jobs.domain.intake import (
     BatchPlan,
     IntakeRules,
     NewJob,
-    meet_stored_twin,
     new_job,
     plan_batch,
     replayed,
+    resolve_unique_conflict,
 )
 from app.jobs.domain.models import Job
 from app.jobs.domain.transitions import Transition
@@ -237,7 +237,8 @@ class Enqueuing:
 
         def born_as(plan: BatchPlan) -> None:
             fixed, aliases = _jobs_met(plan)
-            decided.update(births(request.deps, request.graph, status_of, fixed, aliases))
+            decided.update(statuses_at_birth(request.deps, request.graph, status_of, fixed,
+                                             aliases))
             for position, (kind, row, _how) in enumerate(plan.steps):
                 if kind == "new":
                     plan.new_rows[row]["status"] = decided[position].status.value
@@ -269,7 +270,7 @@ class Enqueuing:
                 causes[job.id] = {"dependency": cause_id, "dependency_status": cause_status}
         tx.dependencies.add_edges(edges)
         if born_cancelled:
-            tx.made(Transition.DEPENDENCY_CANCEL, born_cancelled, actor=SERVICE_ACTOR,
+            tx.after_transition(Transition.DEPENDENCY_CANCEL, born_cancelled, actor=SERVICE_ACTOR,
                     now_us=born_cancelled[0].created_at, details=causes)
         return outcomes
 
@@ -320,7 +321,7 @@ class Enqueuing:
             else:
                 add_context(tx, [(job.id, items[position][0])
                                  for position, job in zip(plain, inserted, strict=True)])
-                inserted = tx.entered(inserted, items[plain[0]][0].values["created_at"])
+                inserted = tx.join_keys(inserted, items[plain[0]][0].values["created_at"])
                 tx.timeline.enqueued(inserted, actors=[items[position][1] for position in plain])
                 tx.events["enqueued"] += len(inserted)
                 for position, job in zip(plain, inserted, strict=True):
@@ -355,7 +356,7 @@ def insert_or_meet(tx: JobsTx, new: NewJob, actor: str | None = None) -> Enqueue
         else:
             add_context(tx, [(job.id, new)])
             if new.reservation is None:
-                [job] = tx.entered([job], values["created_at"])
+                [job] = tx.join_keys([job], values["created_at"])
             else:  # it joins its key and its round once confirmed (usecases/reservations.py)
                 tx.reservations.add(job.id, producer=values["producer"],
                                     confirm_by=new.reservation.confirm_by,
@@ -372,7 +373,7 @@ def insert_or_meet(tx: JobsTx, new: NewJob, actor: str | None = None) -> Enqueue
         if new.unique is not None:
             holder = repo.find_unique_holder(values["producer"], new.unique.scope)
             if holder is not None:
-                replacement = meet_stored_twin(holder, new)
+                replacement = resolve_unique_conflict(holder, new)
                 now = values["created_at"]
                 if replacement is None:
                     tx.timeline.deduplicated([_held(tx, holder)], actor=actor, now_us=now)
@@ -472,7 +473,7 @@ def _insert_or_meet_many(tx: JobsTx, items: list[NewJob],
     add_context(tx, [(inserted[row].id, items[position])
                      for position, (kind, row, _how) in enumerate(plan.steps) if kind == "new"])
     now = items[0].values["created_at"]
-    inserted = tx.entered(inserted, now)
+    inserted = tx.join_keys(inserted, now)
     tx.timeline.enqueued(inserted)
     outcomes = [Enqueued(job, replayed=was_replayed, deduplicated=how)
                 for job, was_replayed, how in plan.results(inserted, replaced)]

@@ -107,7 +107,7 @@ class WorkerReports:
             if checkpoint is not None and not tx.controls.save_checkpoint_if_due(
                     job_id, checkpoint, now, CHECKPOINT_SPACING_US):
                 raise CheckpointTooSoon()  # the whole heartbeat is rolled back
-            tx.made(Transition.HEARTBEAT, [job], actor=caller.name, now_us=now)
+            tx.after_transition(Transition.HEARTBEAT, [job], actor=caller.name, now_us=now)
             with tx.statement_of_its_own():  # a note of activity, lost at worst for a minute
                 tx.timeline.seen(caller.name, now, claimed=False)
             return Beat(job, controls)
@@ -169,7 +169,7 @@ class WorkerReports:
                         item.get("delivered"), now=now, completed=completed, stopped=stopped))
                 except (NotFound, Conflict) as problem:
                     answers[position] = (job_id, problem)
-            tx.made(Transition.COMPLETE, completed, actor=caller.name, now_us=now)
+            tx.after_transition(Transition.COMPLETE, completed, actor=caller.name, now_us=now)
             for job in stopped:
                 self._record_stop(tx, job, caller, now)
             return [answer for answer in answers if answer is not None]
@@ -202,13 +202,13 @@ class WorkerReports:
                 if job is not None:  # (if not, the work runs again in a transaction)
                     with tx.statement_of_its_own():  # a note of activity
                         tx.timeline.seen(caller.name, now, claimed=False)
-                    tx.made(made, [job], actor=caller.name, now_us=now)
+                    tx.after_transition(made, [job], actor=caller.name, now_us=now)
                     return job
             completed: list[Job] = []
             stopped: list[Job] = []
             job = self._complete_in(tx, caller, job_id, lease_token, stored_result, None,
                                     now=now, completed=completed, stopped=stopped)
-            tx.made(Transition.COMPLETE, completed, actor=caller.name, now_us=now)
+            tx.after_transition(Transition.COMPLETE, completed, actor=caller.name, now_us=now)
             for ended in stopped:
                 self._record_stop(tx, ended, caller, now)
             return job
@@ -220,8 +220,8 @@ class WorkerReports:
                      delivered: int | None, *, now: int, completed: list[Job],
                      stopped: list[Job]) -> Job:
         """Complete one job at `now`; the job completed is added to `completed`, for the
-        caller to hand to `tx.made` with the others, in the same transaction (or, its cancel
-        requested, the job cancelled to `stopped`)."""
+        caller to hand to `tx.after_transition` with the others, in the same transaction
+        (or, its cancel requested, the job cancelled to `stopped`)."""
         repo = tx.jobs
         job = repo.apply_transition(
             Transition.COMPLETE, job_id,
@@ -257,7 +257,7 @@ class WorkerReports:
         event names who asked."""
         requested_by = tx.controls.cancel_requested_by(job.id)
         tx.controls.forget_cancel_requests([job.id])
-        tx.made(Transition.STOP, [job], actor=caller.name, now_us=now,
+        tx.after_transition(Transition.STOP, [job], actor=caller.name, now_us=now,
                 details={job.id: {"cancel_requested_by": requested_by}})
 
     def fail(self, caller: Caller, job_id: int, *, lease_token: str | None, error: str,
@@ -313,7 +313,7 @@ class WorkerReports:
                                     "gone.", job_id=job_id, worker=caller.name)
             if delivered is not None:
                 tx.timeline.delivered(job, delivered, actor=caller.name, now_us=now)
-            tx.made(Transition.FAIL, [failed], actor=caller.name, now_us=now,
+            tx.after_transition(Transition.FAIL, [failed], actor=caller.name, now_us=now,
                     before={job.id: job})
             tx.timeline.seen(caller.name, now, claimed=False)
             return failed

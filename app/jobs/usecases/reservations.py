@@ -157,8 +157,9 @@ def decide(tx: JobsTx, job_id: int, transition: Transition, *, actor: str, now_u
     if transition is Transition.CONFIRM:
         # It enters the queue now: its ordered key's turn (or held behind it) and its fair
         # round, as a job enqueued now would.
-        [job] = tx.entered([job], now_us)
+        [job] = tx.join_keys([job], now_us)
         if job.status == JobStatus.PENDING:
             tx.events[CLAIMABLE] += 1
-    tx.made(transition, [job], actor=actor, now_us=now_us, details={job_id: dict(detail)})
+    tx.after_transition(transition, [job], actor=actor, now_us=now_us,
+                        details={job_id: dict(detail)})
     return job

@@ -127,8 +127,8 @@ def rescue_expired_leases(tx: JobsTx, expired: list[Job], now: int, backoff: Bac
             made, values = Transition.RESCUE, Transition.RESCUE.values(job, now)
         ended = end_attempt(tx.jobs, made, job, values)
         if ended is not None:
-            tx.made(made, [ended], actor=SERVICE_ACTOR, now_us=now, held_by=job.worker_id,
-                    before={job.id: job})
+            tx.after_transition(made, [ended], actor=SERVICE_ACTOR, now_us=now,
+                                held_by=job.worker_id, before={job.id: job})
             if ended.status == JobStatus.PENDING:
                 tx.events[CLAIMABLE] += 1  # wakes the waiting claims, as an enqueue does
 
@@ -138,7 +138,7 @@ def _stop_unreported(tx: JobsTx, job: Job, requested_by: str, now: int) -> None:
     stopped = tx.jobs.apply_transition(made, job.id, made.values(now_us=now))
     if stopped is not None:
         tx.controls.forget_cancel_requests([job.id])
-        tx.made(made, [stopped], actor=SERVICE_ACTOR, now_us=now, held_by=job.worker_id,
+        tx.after_transition(made, [stopped], actor=SERVICE_ACTOR, now_us=now, held_by=job.worker_id,
                 details={job.id: {"cancel_requested_by": requested_by}})
 
 
@@ -147,4 +147,4 @@ def cancel_expired_jobs(tx: JobsTx, expired: list[int], now: int) -> None:
     if expired:
         made = Transition.EXPIRE
         cancelled = tx.jobs.apply_transition_to_many(made, expired, made.values(now_us=now))
-        tx.made(made, cancelled, actor=SERVICE_ACTOR, now_us=now)
+        tx.after_transition(made, cancelled, actor=SERVICE_ACTOR, now_us=now)
