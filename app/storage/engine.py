@@ -317,6 +317,12 @@ def _may_write(statement: str) -> bool:
 _RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
 _WRITE_ATTEMPTS = 3
 
+
+def undone_to_run_again(error: DBAPIError) -> bool:
+    """Whether PostgreSQL undid the transaction whole to break a deadlock or a serialization
+    failure: nothing of it stands, and it may simply run again."""
+    return getattr(error.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES
+
 # How long a counting read waits for a slot of its budget before it answers 503: a slot
 # frees as soon as one of them ends (a bounded count takes milliseconds), so a burst is
 # served rather than refused; a flood is refused quickly, holding a thread but no connection.
@@ -369,8 +375,7 @@ class Database:
                 # PostgreSQL undid the transaction whole to break a deadlock (or a
                 # serialization failure): `fn` may run again (the rule above), and its
                 # next run finds the other transaction committed.
-                if (getattr(exc.orig, "sqlstate", None) not in _RETRYABLE_SQLSTATES
-                        or attempts == _WRITE_ATTEMPTS):
+                if not undone_to_run_again(exc) or attempts == _WRITE_ATTEMPTS:
                     raise
                 attempts += 1
 

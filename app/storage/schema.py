@@ -232,14 +232,17 @@ Index("ix_jobs_waiting_type", jobs.c.type, sqlite_where=text("status = 'waiting'
 # then the round, then (keys per producer, migration 0021) the round among its producer's
 # keys, then claim order. Partial on the round: only a fair type's numbered pending jobs have
 # one (>= 0), so no other enqueue writes here.
+def fair_order_columns(table: Table) -> tuple[Any, ...]:
+    """The jobs table's columns in a fair type's round order, for ORDER BY and the index that
+    serves it."""
+    c = table.c
+    return (c.priority.desc(), c.fair_round, c.fair_key_round, c.created_at, c.id)
+
+
 Index(
     "ix_jobs_fair_order",
     jobs.c.type,
-    jobs.c.priority.desc(),
-    jobs.c.fair_round,
-    jobs.c.fair_key_round,
-    jobs.c.created_at,
-    jobs.c.id,
+    *fair_order_columns(jobs),
     jobs.c.run_at,
     sqlite_where=text("status = 'pending' AND fair_round >= 0"),
     postgresql_where=text("status = 'pending' AND fair_round >= 0"),

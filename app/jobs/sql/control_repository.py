@@ -9,9 +9,10 @@ import functools
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, literal_column, select, update
+from sqlalchemy import Connection, bindparam, delete, select, update
 
 from app.jobs.domain.models import JobControls
+from app.jobs.sql.statuses import RUNNING
 from app.storage.dialects import conflict_insert_for
 from app.storage.schema import job_checkpoints, jobs
 from app.storage.statements import DriverStatement
@@ -46,10 +47,9 @@ def progress_columns(now_us: int, progress: tuple[int, int] | None,
     return columns
 
 
-_RUNNING: Any = literal_column("'running'")
 _request_cancel = DriverStatement(
     update(jobs)
-    .where(jobs.c.id == bindparam("job_id"), jobs.c.status == _RUNNING,
+    .where(jobs.c.id == bindparam("job_id"), jobs.c.status == RUNNING,
            jobs.c.cancel_requested_at.is_(None))
     .values(cancel_requested_at=bindparam("requested_at"),
             cancel_requested_by=bindparam("requested_by"))

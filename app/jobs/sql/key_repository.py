@@ -30,19 +30,17 @@ from sqlalchemy import (
     values,
 )
 
+from app.jobs.sql.statuses import PENDING, RUNNING, WAITING
 from app.storage.dialects import conflict_insert_for, is_sqlite, writers_serialised
-from app.storage.schema import job_dependencies, jobs, key_turns
+from app.storage.schema import fair_order_columns, job_dependencies, jobs, key_turns
 from app.storage.statements import DriverStatement
 
-_PENDING: Any = literal_column("'pending'")
-_WAITING: Any = literal_column("'waiting'")
-_RUNNING: Any = literal_column("'running'")
 # Numbered pending jobs, as the partial indexes of round order say it (a literal 0: the
 # planners use a partial index only for the predicate's own text).
-_HAS_ROUND = and_(jobs.c.status == _PENDING, jobs.c.fair_round >= literal_column("0"))
+_HAS_ROUND = and_(jobs.c.status == PENDING, jobs.c.fair_round >= literal_column("0"))
 # Pending jobs of a fair type that were not due when they entered pending: numbered once due.
 DEFERRED_ROUND = -1
-_DEFERRED = and_(jobs.c.status == _PENDING, jobs.c.fair_round < literal_column("0"))
+_DEFERRED = and_(jobs.c.status == PENDING, jobs.c.fair_round < literal_column("0"))
 # Named apart from the columns: an UPDATE reserves the columns' own names for its SET.
 _the_key = and_(key_turns.c.type == bindparam("turn_type"),
                 key_turns.c.producer == bindparam("turn_producer"),
@@ -96,13 +94,13 @@ def _take_turn(dialect: str) -> DriverStatement:
 _lock_turn = DriverStatement(select(*_TURN_COLUMNS).where(_the_key).with_for_update())
 _next_waiting_shared = DriverStatement(
     select(jobs.c.id)
-    .where(jobs.c.status == _WAITING, jobs.c.concurrency_key.is_not(None),
+    .where(jobs.c.status == WAITING, jobs.c.concurrency_key.is_not(None),
            jobs.c.type == bindparam("type"), jobs.c.concurrency_key == bindparam("key"))
     .order_by(jobs.c.id)
     .limit(1))
 _next_waiting_of_producer = DriverStatement(
     select(jobs.c.id)
-    .where(jobs.c.status == _WAITING, jobs.c.concurrency_key.is_not(None),
+    .where(jobs.c.status == WAITING, jobs.c.concurrency_key.is_not(None),
            jobs.c.type == bindparam("type"), jobs.c.producer == bindparam("producer"),
            jobs.c.concurrency_key == bindparam("key"))
     .order_by(jobs.c.id)
@@ -123,7 +121,7 @@ _turn_of_key = select(*_TURN_COLUMNS).where(_the_key)
 _head_round = DriverStatement(
     select(jobs.c.fair_round)
     .where(_HAS_ROUND, jobs.c.type == bindparam("type"), jobs.c.run_at <= bindparam("now"))
-    .order_by(jobs.c.priority.desc(), jobs.c.fair_round, jobs.c.created_at, jobs.c.id)
+    .order_by(*fair_order_columns(jobs))
     .limit(1))
 # ... and a key's last round among its pending jobs (with a key, and without one).
 _last_round_of_key = DriverStatement(
@@ -166,7 +164,7 @@ _due_deferred = DriverStatement(
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True))
 _set_round = DriverStatement(
-    update(jobs).where(jobs.c.id == bindparam("job_id"), jobs.c.status == _PENDING)
+    update(jobs).where(jobs.c.id == bindparam("job_id"), jobs.c.status == PENDING)
     .values(fair_round=bindparam("new_round"), fair_key_round=bindparam("new_key_round")))
 
 
@@ -306,12 +304,12 @@ class KeyRepository:
         turn already keeps it. Runs once, in the change's transaction: its cost is that of
         the type's unfinished keyed jobs."""
         unfinished = and_(jobs.c.type == job_type, jobs.c.concurrency_key.is_not(None),
-                          jobs.c.status.in_([_PENDING, _RUNNING, _WAITING]))
+                          jobs.c.status.in_([PENDING, RUNNING, WAITING]))
         # PostgreSQL groups by no constant: a shared key's producer is added after.
         lane = [jobs.c.concurrency_key] if shared else [jobs.c.producer, jobs.c.concurrency_key]
         scope: Any = literal_column(f"'{SHARED}'") if shared else jobs.c.producer
         turns = (select(jobs.c.type, scope, jobs.c.concurrency_key,
-                        func.coalesce(func.min(case((jobs.c.status == _RUNNING, jobs.c.id))),
+                        func.coalesce(func.min(case((jobs.c.status == RUNNING, jobs.c.id))),
                                       func.min(jobs.c.id)).label("job_id"))
                  .where(unfinished)
                  .group_by(jobs.c.type, *lane))
@@ -323,10 +321,10 @@ class KeyRepository:
                 [{"type": t, "producer": p, "concurrency_key": k, "job_id": j, "blocked": 0,
                   "since": now_us} for t, p, k, j in rows])
         held = (update(jobs)
-                .where(unfinished, jobs.c.status == _PENDING,
+                .where(unfinished, jobs.c.status == PENDING,
                        jobs.c.id.not_in(select(key_turns.c.job_id)
                                         .where(key_turns.c.type == job_type)))
-                .values(status=_WAITING, updated_at=now_us))
+                .values(status=WAITING, updated_at=now_us))
         self.conn.execute(held)
 
     def rescope_turns(self, job_type: str, shared: bool, now_us: int) -> None:
@@ -348,11 +346,11 @@ class KeyRepository:
                  "since": turn.since})
         self.start_ordering(job_type, shared, now_us)
         released = (update(jobs)
-                    .where(jobs.c.type == job_type, jobs.c.status == _WAITING,
+                    .where(jobs.c.type == job_type, jobs.c.status == WAITING,
                            jobs.c.concurrency_key.is_not(None), ~_unfinished_dependency(),
                            jobs.c.id.in_(select(key_turns.c.job_id)
                                          .where(key_turns.c.type == job_type)))
-                    .values(status=_PENDING, updated_at=now_us,
+                    .values(status=PENDING, updated_at=now_us,
                             run_at=case((jobs.c.run_at < now_us, now_us),
                                         else_=jobs.c.run_at)))
         self.conn.execute(released)
@@ -363,9 +361,9 @@ class KeyRepository:
         claimable from now at the earliest), in one statement."""
         self.conn.execute(delete(key_turns).where(key_turns.c.type == job_type))
         stmt = (update(jobs)
-                .where(jobs.c.type == job_type, jobs.c.status == _WAITING,
+                .where(jobs.c.type == job_type, jobs.c.status == WAITING,
                        jobs.c.concurrency_key.is_not(None), ~_unfinished_dependency())
-                .values(status=_PENDING, updated_at=now_us,
+                .values(status=PENDING, updated_at=now_us,
                         run_at=case((jobs.c.run_at < now_us, now_us), else_=jobs.c.run_at)))
         self.conn.execute(stmt)
 
@@ -375,7 +373,7 @@ class KeyRepository:
         """The fair type's pending jobs without a round, in id order (a straggler's few: read
         through the type's claim-order index)."""
         return [int(job_id) for job_id in self.conn.execute(
-            select(jobs.c.id).where(jobs.c.type == job_type, jobs.c.status == _PENDING,
+            select(jobs.c.id).where(jobs.c.type == job_type, jobs.c.status == PENDING,
                                     jobs.c.fair_round.is_(None)).order_by(jobs.c.id)
         ).scalars()]
 
@@ -457,7 +455,7 @@ class KeyRepository:
                            column("new_key_round", BigInteger),
                            name="numbered").data(list(rounds[start:start + _ROUNDS_PER_STATEMENT]))
             self.conn.execute(update(jobs).where(jobs.c.id == chunk.c.job_id,
-                                                 jobs.c.status == _PENDING)
+                                                 jobs.c.status == PENDING)
                               .values(fair_round=chunk.c.new_round,
                                       # typed: a chunk of deferred jobs has only NULLs here
                                       fair_key_round=cast(chunk.c.new_key_round, BigInteger)))
@@ -469,7 +467,7 @@ class KeyRepository:
         round among its producer's keys so, then the producer's jobs one round each in that
         order. Those not due yet wait unnumbered until they are. Runs once, in the change's
         transaction."""
-        unnumbered = and_(jobs.c.type == job_type, jobs.c.status == _PENDING,
+        unnumbered = and_(jobs.c.type == job_type, jobs.c.status == PENDING,
                           jobs.c.fair_round.is_(None))
         lane = [jobs.c.concurrency_key] if shared else [jobs.c.producer, jobs.c.concurrency_key]
         by_key = (select(jobs.c.id, jobs.c.producer, (func.row_number().over(
@@ -493,6 +491,6 @@ class KeyRepository:
     def forget_rounds(self, job_type: str) -> None:
         """Fairness was turned off: the type's pending jobs leave round order."""
         self.conn.execute(update(jobs).where(jobs.c.type == job_type,
-                                             jobs.c.status == _PENDING,
+                                             jobs.c.status == PENDING,
                                              jobs.c.fair_round.is_not(None))
                           .values(fair_round=None, fair_key_round=None))

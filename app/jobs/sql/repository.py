@@ -47,15 +47,17 @@ from app.jobs.domain.report_pace import HEARTBEAT_SPACING_US
 from app.jobs.domain.transitions import Transition
 from app.jobs.sql.context_repository import TRACE, trace_of
 from app.jobs.sql.control_repository import CHECKPOINT, CONTROL_COLUMNS, controls_from
+from app.jobs.sql.statuses import FINISHED, PENDING, RESERVED, RUNNING, WAITING, status_is
 from app.jobs.timeline.failure_repository import last_failed_with
 from app.keys.repository import LIVE_KEY, KeyToConfirm, live_key_condition
 from app.storage.chunks import chunked
 from app.storage.dialects import conflict_insert_for, writers_serialised
-from app.storage.engine import need_transaction
+from app.storage.engine import need_transaction, undone_to_run_again
 from app.storage.integrity import refused_in_savepoint, unique_indexes_translated
 from app.storage.schema import (
     UNIQUE_HOLDER_PREDICATE,
     claim_order_columns,
+    fair_order_columns,
     job_dependencies,
     job_tags,
     job_types,
@@ -73,12 +75,7 @@ assert [column.name for column in JOB_COLUMNS] == [f.name for f in dataclasses.f
 
 def _status_is(*statuses: JobStatus) -> Any:
     """The status condition, the statuses written as literals (see the module's docstring)."""
-    return _status_is_of(jobs, statuses)
-
-
-def _status_is_of(table: Any, statuses: Collection[JobStatus]) -> Any:
-    literals: list[Any] = [literal_column(f"'{status.value}'") for status in statuses]
-    return table.c.status == literals[0] if len(literals) == 1 else table.c.status.in_(literals)
+    return status_is(jobs, statuses)
 
 
 _CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
@@ -111,14 +108,9 @@ _NOT_EXPIRED = or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > bindparam("n
 _LISTED_THROUGH_PARTIAL_INDEX = frozenset({JobStatus.FAILED.value, JobStatus.CANCELLED.value})
 _RESCUABLE_ROW = _status_is(*Transition.RESCUE.from_statuses)
 _CLAIM_ORDER = claim_order_columns(jobs)
-_PENDING: Any = literal_column("'pending'")
-_RUNNING: Any = literal_column("'running'")
-# In the order of the partial index's own IN list, which is what the planners match.
-_FINISHED: list[Any] = [literal_column(f"'{status.value}'") for status in
-             (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)]
 # The predicate of the finished jobs' partial index, as written there: a query that repeats it
 # is matched to the index by both planners.
-_FINISHED_ROW = jobs.c.status.in_(_FINISHED)
+_FINISHED_ROW = jobs.c.status.in_(FINISHED)
 
 _select_by_id = select(*JOB_COLUMNS).where(jobs.c.id == bindparam("job_id"))
 _select_by_id_for_update = _select_by_id.with_for_update()
@@ -157,7 +149,7 @@ def _capped_lease(claimed_at: Any, wanted: Any) -> Any:
 # Unclaimed jobs past their expiry, through their partial index (its predicate's own text).
 _select_expired_unclaimed = (
     select(jobs.c.id)
-    .where(jobs.c.status.in_([literal_column("'pending'"), literal_column("'waiting'")]),
+    .where(jobs.c.status.in_([PENDING, WAITING]),
            jobs.c.expires_at.is_not(None), jobs.c.expires_at <= bindparam("now"))
     .order_by(jobs.c.expires_at)
     .limit(bindparam("limit"))
@@ -226,7 +218,7 @@ _not_a_full_key = or_(jobs.c.concurrency_key.is_(None),
                       jobs.c.concurrency_key.not_in(bindparam("full_keys", expanding=True)))
 _candidates_one_type_by_key = (
     select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
-    .where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"),
+    .where(jobs.c.status == PENDING, jobs.c.run_at <= bindparam("now"),
            jobs.c.type == bindparam("type"), _not_a_full_key, _NOT_EXPIRED)
     .order_by(*_CLAIM_ORDER)
     .limit(bindparam("limit"))
@@ -235,11 +227,10 @@ _candidates_one_type_by_key = (
 # A fair type's candidates (docs/FLOW-CONTROL.md), in round order: priority, then round, then (keys
 # per producer) the round among its producer's keys, then claim order, read through its own
 # partial index (app/jobs/tx/key_rules.py gives the rounds).
-_FAIR_ORDER = (jobs.c.priority.desc(), jobs.c.fair_round, jobs.c.fair_key_round,
-               jobs.c.created_at, jobs.c.id)
+_FAIR_ORDER = fair_order_columns(jobs)
 _fair_candidates = (
     select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
-    .where(jobs.c.status == _PENDING, jobs.c.fair_round >= literal_column("0"),
+    .where(jobs.c.status == PENDING, jobs.c.fair_round >= literal_column("0"),
            jobs.c.run_at <= bindparam("now"), jobs.c.type == bindparam("type"), _NOT_EXPIRED)
     .order_by(*_FAIR_ORDER)
     .limit(bindparam("limit"))
@@ -270,7 +261,7 @@ def _candidates(conn: Connection, stmt: DriverStatement,
     return [Candidate(*row) for row in stmt.rows(conn, params)]
 _due_probe_one_type_by_key = (
     select(jobs.c.id)
-    .where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"),
+    .where(jobs.c.status == PENDING, jobs.c.run_at <= bindparam("now"),
            jobs.c.type == bindparam("type"), _not_a_full_key, _NOT_EXPIRED)
     .order_by(*_CLAIM_ORDER)
     .limit(1)
@@ -285,21 +276,21 @@ MAX_GATED_CANDIDATES = 1024
 # expanding IN is compiled once and served from the cache on every claim.
 _count_running = (
     select(jobs.c.type, jobs.c.concurrency_key, func.count())
-    .where(jobs.c.status == _RUNNING)
+    .where(jobs.c.status == RUNNING)
     .group_by(jobs.c.type, jobs.c.concurrency_key)
 )
 # The same rows by worker (GET /workers, the dashboard, explain). As a plain GROUP BY
 # worker_id, SQLite's planner walks the whole (worker_id, id) index to avoid a sort: half a
 # second at a million stored jobs. Materialized first, the running rows come from a partial
 # index and only they are grouped.
-_running_workers = (select(jobs.c.worker_id).where(jobs.c.status == _RUNNING)
+_running_workers = (select(jobs.c.worker_id).where(jobs.c.status == RUNNING)
                     .cte("running_workers").prefix_with("MATERIALIZED"))
 _count_running_by_worker = (select(_running_workers.c.worker_id, func.count())
                             .group_by(_running_workers.c.worker_id))
 # The running jobs' ids, for a listing of them: as many as the workers hold, read from their
 # partial index and then looked up by id, rather than found by walking every id (they are
 # the newest) or every job of a producer.
-_running_ids = (select(jobs.c.id).where(jobs.c.status == _RUNNING)
+_running_ids = (select(jobs.c.id).where(jobs.c.status == RUNNING)
                 .cte("running_ids").prefix_with("MATERIALIZED"))
 
 
@@ -311,7 +302,7 @@ def _count_running_along(cte: Any) -> Any:
 # The earliest lease of one type's running jobs: its running rows, through the same index.
 _next_lease_expiry = (
     select(func.min(jobs.c.lease_expires_at))
-    .where(jobs.c.status == _RUNNING, jobs.c.type == bindparam("type"))
+    .where(jobs.c.status == RUNNING, jobs.c.type == bindparam("type"))
 )
 # Every type's pending jobs, its scheduled ones and its oldest due run_at, from the per-type
 # claim-order index (run_at is its last column), grouped in the index's own type-first order:
@@ -320,24 +311,24 @@ _pending_by_type = (
     select(jobs.c.type, func.count(),
            func.coalesce(func.sum(case((jobs.c.run_at > bindparam("now"), 1), else_=0)), 0),
            func.min(case((jobs.c.run_at <= bindparam("now"), jobs.c.run_at))))
-    .where(jobs.c.status == _PENDING)
+    .where(jobs.c.status == PENDING)
     .group_by(jobs.c.type)
 )
 # Every type's waiting jobs, from their partial index alone.
 _count_waiting = (
     select(jobs.c.type, func.count())
-    .where(jobs.c.status == literal_column("'waiting'"))
+    .where(jobs.c.status == WAITING)
     .group_by(jobs.c.type)
 )
 # Every type's reserved jobs, from their partial index alone.
 _count_reserved = (
     select(jobs.c.type, func.count())
-    .where(jobs.c.status == literal_column("'reserved'"))
+    .where(jobs.c.status == RESERVED)
     .group_by(jobs.c.type)
 )
 _count_finished = (
     select(jobs.c.type, jobs.c.status, func.count())
-    .where(jobs.c.status.in_(_FINISHED))
+    .where(jobs.c.status.in_(FINISHED))
     .group_by(jobs.c.type, jobs.c.status)
 )
 
@@ -443,15 +434,15 @@ _release_many = (
 _wait_again = (
     update(jobs)
     .where(jobs.c.id.in_(bindparam("retried_ids", expanding=True)),
-           jobs.c.status == _PENDING, ~_no_unfinished_dependency)
-    .values(status=literal_column("'waiting'"))
+           jobs.c.status == PENDING, ~_no_unfinished_dependency)
+    .values(status=WAITING)
     .returning(*JOB_COLUMNS)
 )
 
 # The claim's own stamps moved to the moment it held its locks (JobService.claim).
 _restamp_claimed = (
     update(jobs)
-    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.status == _RUNNING)
+    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.status == RUNNING)
     .values(claimed_at=bindparam("now"),
             lease_expires_at=_capped_lease(bindparam("now"), bindparam("lease_expires_at")),
             claimed_until=_capped_lease(bindparam("now"), bindparam("lease_expires_at")),
@@ -580,11 +571,6 @@ def _in_row_order(returned: Sequence[Any], rows: Sequence[Mapping[str, Any]]) ->
     return [by_values[tuple(row[name] for name in names)].pop() for row in rows]
 
 
-# PostgreSQL's deadlock_detected and serialization_failure: the transaction is undone whole
-# and may simply run again.
-_RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
-
-
 class WriteConflict(Exception):
     """A concurrent transaction collided with this one (PostgreSQL undid it); run it again."""
 
@@ -621,7 +607,7 @@ def _takes_a_held_key(transition: Transition, status: JobStatus, batch: Any) -> 
         others.c.id,
         func.row_number().over(partition_by=[others.c.producer, others.c.unique_scope],
                                order_by=others.c.id).label("n"),
-    ).where(others.c.id.in_(batch), _status_is_of(others, transition.from_statuses),
+    ).where(others.c.id.in_(batch), status_is(others, transition.from_statuses),
             _enters_key(others, status), _not_unique_holder).subquery("entering")
     return or_(and_(_enters_key(jobs, status), _not_unique_holder, held_by_a_twin),
                jobs.c.id.in_(select(entering.c.id).where(entering.c.n > 1)))
@@ -712,7 +698,7 @@ class JobRepository:
                 stmt = insert(jobs).returning(*jobs.c, sort_by_parameter_order=True)
                 return [_job(row) for row in self.conn.execute(stmt, list(rows))]
         except DBAPIError as exc:
-            if getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES:
+            if undone_to_run_again(exc):
                 raise WriteConflict() from exc
             raise
 
@@ -850,7 +836,7 @@ class JobRepository:
             return self.conn.execute(
                 _due_probe_one_type, {"now": now_us, "type": job_type}).first() is not None
         stmt = (select(jobs.c.id)
-                .where(jobs.c.status == _PENDING, jobs.c.run_at <= now_us,
+                .where(jobs.c.status == PENDING, jobs.c.run_at <= now_us,
                        or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > now_us),
                        jobs.c.type == job_type,
                        jobs.c.concurrency_key.in_(sorted(concurrency_keys)))

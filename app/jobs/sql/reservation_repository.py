@@ -10,10 +10,9 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, insert, literal_column, select, update
 
+from app.jobs.sql.statuses import RESERVED
 from app.storage.schema import api_keys, job_reservations, jobs
 from app.storage.statements import DriverStatement
-
-_RESERVED: Any = literal_column("'reserved'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +61,7 @@ def _due_checks(now_us: int, limit: int) -> Any:
             .join(jobs, jobs.c.id == job_reservations.c.job_id)
             .outerjoin(api_keys, api_keys.c.name == jobs.c.producer)
             .where(_UNRESOLVED, job_reservations.c.next_check_at <= now_us,
-                   job_reservations.c.check_url.is_not(None), jobs.c.status == _RESERVED)
+                   job_reservations.c.check_url.is_not(None), jobs.c.status == RESERVED)
             .order_by(job_reservations.c.next_check_at).limit(limit))
 
 
@@ -106,7 +105,7 @@ class ReservationRepository:
         (locked on PostgreSQL, skipping those another process holds)."""
         stmt = (select(job_reservations.c.job_id)
                 .join(jobs, jobs.c.id == job_reservations.c.job_id)
-                .where(_UNRESOLVED, due <= before_us, has_check, jobs.c.status == _RESERVED)
+                .where(_UNRESOLVED, due <= before_us, has_check, jobs.c.status == RESERVED)
                 .order_by(due).limit(limit)
                 .with_for_update(of=job_reservations, skip_locked=True))
         return list(self.conn.execute(stmt).scalars())
