@@ -17,16 +17,18 @@ from app import create_app
 from app.core.callers import Role
 from app.core.clock import ManualClock
 from app.core.statuses import JobStatus
-from app.jobs.sql.repository import (
-    JobRepository,
+from app.jobs.sql.claim_repository import (
     _candidates_one_type,
     _candidates_one_type_by_key,
     _claim_any_type,
+    _due_probe_one_type,
+    _due_probe_one_type_by_key,
+)
+from app.jobs.sql.repository import (
+    JobRepository,
     _count_finished,
     _count_running,
     _count_running_by_worker,
-    _due_probe_one_type,
-    _due_probe_one_type_by_key,
     _pending_by_type,
     _select_by_idempotency_key,
 )

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from app.jobs.domain.history import Attempt, JobEvent
 from app.jobs.domain.models import Job
-from app.jobs.sql.repository import JOB_COLUMNS
+from app.jobs.sql.job_rows import JOB_COLUMNS
 from app.jobs.timeline.row_story import attempts_told, current_attempt, events_told
 from app.storage.engine import Database, make_engine
 from app.storage.schema import job_attempts, job_events

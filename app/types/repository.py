@@ -17,7 +17,7 @@ from sqlalchemy import (
     update,
 )
 
-from app.jobs.sql.repository import COUNTS_RUNNING_TYPE, PAUSED_PUSHED_OR_FAIR_TYPE
+from app.jobs.sql.job_rows import COUNTS_RUNNING_TYPE, PAUSED_PUSHED_OR_FAIR_TYPE
 from app.jobs.tx.key_rules import KeyMode
 from app.storage.dialects import conflict_insert
 from app.storage.schema import job_types

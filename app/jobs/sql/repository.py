@@ -1,4 +1,6 @@
-"""The only place job SQL lives. Every method runs on the connection (and transaction) it is given.
+"""The jobs' SQL besides the claim (claim_repository.py, which JobRepository extends): inserts,
+reads, a job's transitions, counts, bulk actions and retention. Every method runs on the
+connection (and transaction) it is given; job_rows.py holds what the statements share.
 
 Values from requests are always bound parameters. Statuses, which come from JobStatus and
 never from a request, are written as literals: the planners only use a partial index when
@@ -8,22 +10,15 @@ job's status goes through apply_transition or the claim, each made from its Tran
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import heapq
-import itertools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
-    Connection,
-    String,
     and_,
     bindparam,
     case,
-    cast,
     delete,
     exists,
     func,
@@ -38,76 +33,43 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from app.core.clock import MICROS
-from app.core.statuses import STATUS_BITS, JobStatus, claim_order_key
-from app.core.tracecontext import Trace
-from app.jobs.domain.flow import ClaimLimits
+from app.core.statuses import STATUS_BITS, JobStatus
 from app.jobs.domain.models import BoundedCount, Job, JobControls, PendingSummary
 from app.jobs.domain.report_pace import HEARTBEAT_SPACING_US
 from app.jobs.domain.transitions import Transition
-from app.jobs.sql.context_repository import TRACE, trace_of
-from app.jobs.sql.control_repository import CHECKPOINT, CONTROL_COLUMNS, controls_from
+from app.jobs.sql.claim_repository import ClaimRepository
+from app.jobs.sql.control_repository import CONTROL_COLUMNS, controls_from
+from app.jobs.sql.job_rows import (
+    CLAIMABLE_ROW,
+    JOB_COLUMN_COUNT,
+    JOB_COLUMNS,
+    capped_lease,
+    job_of,
+    status_is_job,
+)
 from app.jobs.sql.statuses import FINISHED, PENDING, RESERVED, RUNNING, WAITING, status_is
 from app.jobs.timeline.failure_repository import last_failed_with
-from app.keys.repository import LIVE_KEY, KeyToConfirm, live_key_condition
+from app.keys.repository import LIVE_KEY, live_key_condition
 from app.storage.chunks import chunked
 from app.storage.dialects import conflict_insert_for, writers_serialised
 from app.storage.engine import need_transaction, undone_to_run_again
 from app.storage.integrity import refused_in_savepoint, unique_indexes_translated
 from app.storage.schema import (
     UNIQUE_HOLDER_PREDICATE,
-    claim_order_columns,
-    fair_order_columns,
     job_dependencies,
     job_tags,
-    job_types,
     jobs,
     key_turns,
 )
 from app.storage.statements import DriverStatement
 
-# The columns of the Job record, the first of the table's: what every statement here reads of
-# a job. The later ones (a cancel request, progress) only the reads that show them ask for,
-# so that the claim never reads them (app/jobs/sql/control_repository.py).
-JOB_COLUMNS = tuple(jobs.c)[:len(dataclasses.fields(Job))]
-assert [column.name for column in JOB_COLUMNS] == [f.name for f in dataclasses.fields(Job)]
-
-
-def _status_is(*statuses: JobStatus) -> Any:
-    """The status condition, the statuses written as literals (see the module's docstring)."""
-    return status_is(jobs, statuses)
-
-
-_CLAIMABLE_ROW = _status_is(*Transition.CLAIM.from_statuses)
-# A job_types row that puts its type under flow control (TypeSettings.is_limited): a claim of
-# the type must look at it. The one spelling of it in SQL (app/types/repository.py reads these
-# rows with it): a cap or a rate, whose claims count what runs; or paused, pushed (only the
-# dispatcher's claims take it) or fair (its claims read round order).
-COUNTS_RUNNING_TYPE = or_(job_types.c.max_running.is_not(None),
-                          job_types.c.max_running_per_key.is_not(None),
-                          job_types.c.rate_per_second.is_not(None))
-PAUSED_PUSHED_OR_FAIR_TYPE = or_(job_types.c.paused.is_(True),
-                                 job_types.c.push_url.is_not(None),
-                                 job_types.c.fairness.is_not(None))
-# The condition of a claim made without reading the types' rows (this process's copy of them
-# showed none under flow control, app/types/settings_copy.py): the job's type is under none
-# at the statement's own moment, so a pause, a cap, a rate or a push url set on another host
-# stops such claims of the type at once. One probe of job_types' key per candidate.
-_TYPE_FREE = ~(select(job_types.c.type)
-               .where(job_types.c.type == jobs.c.type,
-                      or_(PAUSED_PUSHED_OR_FAIR_TYPE, COUNTS_RUNNING_TYPE))
-               .exists())
-# A job past its expires_at is never handed out (docs/JOBS.md): every claim's candidates and
-# its UPDATE say so, at the claim's own moment; the maintenance loop cancels such jobs.
-_NOT_EXPIRED = or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > bindparam("now"))
 # Listed with their status as a literal, which matches their partial indexes of ids
 # (ix_jobs_failed_id, ix_jobs_cancelled_id): few among many stored, found at once. The other
 # statuses stay bound: completed and pending jobs are common, found soonest walking the ids,
 # and a literal 'pending' would lead the planners to a partial index in claim order and a
 # sort of every pending row. Running jobs are listed through _running_ids.
 _LISTED_THROUGH_PARTIAL_INDEX = frozenset({JobStatus.FAILED.value, JobStatus.CANCELLED.value})
-_RESCUABLE_ROW = _status_is(*Transition.RESCUE.from_statuses)
-_CLAIM_ORDER = claim_order_columns(jobs)
+_RESCUABLE_ROW = status_is_job(*Transition.RESCUE.from_statuses)
 # The predicate of the finished jobs' partial index, as written there: a query that repeats it
 # is matched to the index by both planners.
 _FINISHED_ROW = jobs.c.status.in_(FINISHED)
@@ -138,14 +100,6 @@ _select_expired_leases = DriverStatement(
 )
 
 
-def _capped_lease(claimed_at: Any, wanted: Any) -> Any:
-    """The lease `wanted`, but never past the attempt's deadline, claimed_at +
-    timeout_seconds (docs/JOBS.md, Running jobs): the claim's and every heartbeat's."""
-    deadline = claimed_at + cast(jobs.c.timeout_seconds, BigInteger) * MICROS
-    return case((and_(jobs.c.timeout_seconds.is_not(None), deadline < wanted), deadline),
-                else_=wanted)
-
-
 # Unclaimed jobs past their expiry, through their partial index (its predicate's own text).
 _select_expired_unclaimed = (
     select(jobs.c.id)
@@ -155,15 +109,6 @@ _select_expired_unclaimed = (
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
 )
-
-
-def _pending_due(restricted_to_one_type: bool) -> Any:
-    """Pending jobs that are due, in claim order (of one type: read through its own index)."""
-    stmt = select(jobs.c.id, jobs.c.priority, jobs.c.created_at).where(
-        _CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), _NOT_EXPIRED)
-    if restricted_to_one_type:
-        stmt = stmt.where(jobs.c.type == bindparam("type"))
-    return stmt.order_by(*_CLAIM_ORDER)
 
 
 def _count_ahead(restricted_to_one_type: bool) -> Any:
@@ -184,7 +129,7 @@ def _count_ahead(restricted_to_one_type: bool) -> Any:
     )
     branches = []
     for conditions in ranges:
-        stmt = select(jobs.c.run_at).where(_CLAIMABLE_ROW, *conditions)
+        stmt = select(jobs.c.run_at).where(CLAIMABLE_ROW, *conditions)
         if restricted_to_one_type:
             stmt = stmt.where(jobs.c.type == bindparam("type"))
         # A LIMIT of its own per branch (SQLite accepts one only on a subquery): no branch
@@ -198,78 +143,6 @@ def _count_ahead(restricted_to_one_type: bool) -> Any:
 
 _ahead_any_type = _count_ahead(restricted_to_one_type=False)
 _ahead_of_type = _count_ahead(restricted_to_one_type=True)
-
-_due_probe_any_type = _pending_due(restricted_to_one_type=False).limit(1)
-_due_probe_one_type = _pending_due(restricted_to_one_type=True).limit(1)
-_due_probe_any_free_type = _due_probe_any_type.where(_TYPE_FREE)
-_due_probe_one_free_type = _due_probe_one_type.where(_TYPE_FREE)
-
-# Candidates of one type for a claim; PostgreSQL locks them, skipping rows other claims hold.
-_candidates_one_type = (
-    _pending_due(restricted_to_one_type=True)
-    .limit(bindparam("limit"))
-    .with_for_update(skip_locked=True)
-)
-
-# Candidates of one type under a per-key cap: keys already at their cap are left out here, so
-# a claim of one job always finds the first allowed one; a claim of several may still meet a
-# key twice and pass over its second job (ClaimLimits.pick).
-_not_a_full_key = or_(jobs.c.concurrency_key.is_(None),
-                      jobs.c.concurrency_key.not_in(bindparam("full_keys", expanding=True)))
-_candidates_one_type_by_key = (
-    select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
-    .where(jobs.c.status == PENDING, jobs.c.run_at <= bindparam("now"),
-           jobs.c.type == bindparam("type"), _not_a_full_key, _NOT_EXPIRED)
-    .order_by(*_CLAIM_ORDER)
-    .limit(bindparam("limit"))
-    .with_for_update(skip_locked=True)
-)
-# A fair type's candidates (docs/FLOW-CONTROL.md), in round order: priority, then round, then (keys
-# per producer) the round among its producer's keys, then claim order, read through its own
-# partial index (app/jobs/tx/key_rules.py gives the rounds).
-_FAIR_ORDER = fair_order_columns(jobs)
-_fair_candidates = (
-    select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
-    .where(jobs.c.status == PENDING, jobs.c.fair_round >= literal_column("0"),
-           jobs.c.run_at <= bindparam("now"), jobs.c.type == bindparam("type"), _NOT_EXPIRED)
-    .order_by(*_FAIR_ORDER)
-    .limit(bindparam("limit"))
-    .with_for_update(skip_locked=True)
-)
-_fair_candidates_by_key = _fair_candidates.where(_not_a_full_key)
-
-
-class Candidate(NamedTuple):
-    """A pending job a claim may take, with what choosing among candidates reads."""
-
-    id: int
-    priority: int
-    created_at: int
-    concurrency_key: str | None = None
-
-
-# The same candidates read on SQLite's driver cursor (app/storage/statements.py): a claim of
-# a type under flow control reads one per type, where the claim of any type runs one
-# statement in all.
-_driver_candidates_one_type = DriverStatement(_candidates_one_type)
-_driver_candidates_one_free_type = DriverStatement(_candidates_one_type.where(_TYPE_FREE))
-_driver_fair_candidates = DriverStatement(_fair_candidates)
-
-
-def _candidates(conn: Connection, stmt: DriverStatement,
-                params: Mapping[str, Any]) -> list[Candidate]:
-    return [Candidate(*row) for row in stmt.rows(conn, params)]
-_due_probe_one_type_by_key = (
-    select(jobs.c.id)
-    .where(jobs.c.status == PENDING, jobs.c.run_at <= bindparam("now"),
-           jobs.c.type == bindparam("type"), _not_a_full_key, _NOT_EXPIRED)
-    .order_by(*_CLAIM_ORDER)
-    .limit(1)
-)
-# A claim-many under per-key caps reads further down a type's claim order while the keys it
-# meets are full, up to this many candidates, so that one busy key cannot make it scan the
-# whole backlog.
-MAX_GATED_CANDIDATES = 1024
 
 # Counted through the partial index of running rows by (type, concurrency_key). Every type
 # at once: the running rows are as many as the workers hold, and a statement without an
@@ -332,65 +205,6 @@ _count_finished = (
     .group_by(jobs.c.type, jobs.c.status)
 )
 
-_CLAIMED_VALUES = Transition.CLAIM.values(
-    now_us=bindparam("now"),
-    worker=bindparam("worker"),
-    lease_expires_at=_capped_lease(bindparam("now"), bindparam("lease_expires_at")),
-    # One token per job and attempt: the claim's random nonce, then the job's id.
-    lease_token=bindparam("nonce", type_=String) + "." + cast(jobs.c.id, String),
-)
-
-
-def _claim_next_any_type(key_to_confirm: bool, *, free_types_only: bool = False) -> Any:
-    # PostgreSQL renders FOR UPDATE SKIP LOCKED, so concurrent claims pass over each other's
-    # rows instead of queueing on them; SQLite renders nothing and relies on BEGIN IMMEDIATE.
-    # MATERIALIZED makes the candidates a fixed set: as a plain subquery PostgreSQL may
-    # re-run it for each row it updates, and with SKIP LOCKED each re-run finds new rows,
-    # so one claim would take more jobs than its LIMIT.
-    candidates = (
-        select(jobs.c.id)
-        .where(_CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), _NOT_EXPIRED,
-               *([_TYPE_FREE] if free_types_only else []))
-        .order_by(*_CLAIM_ORDER)
-        .limit(bindparam("limit"))
-        .with_for_update(skip_locked=True)
-        .cte("candidates")
-        .prefix_with("MATERIALIZED")
-    )
-    claim = update(jobs).where(jobs.c.id.in_(select(candidates.c.id)), _CLAIMABLE_ROW)
-    if key_to_confirm:
-        claim = claim.where(live_key_condition())
-    return claim.values(_CLAIMED_VALUES).returning(*_CLAIMED_COLUMNS)
-
-
-# A claimed job comes back with the checkpoint its previous attempt saved (docs/JOBS.md) and
-# the trace context it was enqueued with (docs/TRACING.md), in this order after its columns.
-_CLAIMED_COLUMNS = (*JOB_COLUMNS, CHECKPOINT, *TRACE)
-_claim_any_type = DriverStatement(_claim_next_any_type(key_to_confirm=False))
-_claim_any_free_type = DriverStatement(
-    _claim_next_any_type(key_to_confirm=False, free_types_only=True))
-# Jobs already chosen (and, on PostgreSQL, locked) by id.
-# One job chosen (a claim of one): on SQLite's driver cursor, as the claim of any type is.
-_claim_chosen_one = DriverStatement(
-    update(jobs)
-    .where(jobs.c.id == bindparam("chosen_id"), _CLAIMABLE_ROW, _NOT_EXPIRED)
-    .values(_CLAIMED_VALUES)
-    .returning(*_CLAIMED_COLUMNS)
-)
-_claim_chosen = (
-    update(jobs)
-    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), _CLAIMABLE_ROW, _NOT_EXPIRED)
-    .values(_CLAIMED_VALUES)
-    .returning(*_CLAIMED_COLUMNS)
-)
-# The same claims, made only while the caller's key is live (KeyToConfirm).
-_claim_any_type_if_live = DriverStatement(_claim_next_any_type(key_to_confirm=True))
-_claim_any_free_type_if_live = DriverStatement(
-    _claim_next_any_type(key_to_confirm=True, free_types_only=True))
-_claim_chosen_one_if_live = DriverStatement(
-    _claim_chosen_one.statement.where(live_key_condition()))
-_claim_chosen_if_live = _claim_chosen.where(live_key_condition())
-
 # A waiting job whose every dependency has finished becomes pending (Transition.RELEASE): the
 # condition and the change in one statement, built once. No unique check is needed: a waiting
 # job holds its unique key exactly when a pending one would (app/core/statuses.py).
@@ -415,7 +229,7 @@ _RELEASED_VALUES = Transition.RELEASE.values(
 _release_one = DriverStatement(
     update(jobs)
     .where(jobs.c.id == bindparam("released_id"),
-           _status_is(*Transition.RELEASE.from_statuses), _no_unfinished_dependency,
+           status_is_job(*Transition.RELEASE.from_statuses), _no_unfinished_dependency,
            _not_behind_a_turn)
     .values(_RELEASED_VALUES)
     .returning(*JOB_COLUMNS)
@@ -423,7 +237,7 @@ _release_one = DriverStatement(
 _release_many = (
     update(jobs)
     .where(jobs.c.id.in_(bindparam("released_ids", expanding=True)),
-           _status_is(*Transition.RELEASE.from_statuses), _no_unfinished_dependency,
+           status_is_job(*Transition.RELEASE.from_statuses), _no_unfinished_dependency,
            _not_behind_a_turn)
     .values(_RELEASED_VALUES)
     .returning(*JOB_COLUMNS)
@@ -438,18 +252,6 @@ _wait_again = (
     .values(status=WAITING)
     .returning(*JOB_COLUMNS)
 )
-
-# The claim's own stamps moved to the moment it held its locks (JobService.claim).
-_restamp_claimed = (
-    update(jobs)
-    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.status == RUNNING)
-    .values(claimed_at=bindparam("now"),
-            lease_expires_at=_capped_lease(bindparam("now"), bindparam("lease_expires_at")),
-            claimed_until=_capped_lease(bindparam("now"), bindparam("lease_expires_at")),
-            updated_at=bindparam("now"))
-    .returning(*JOB_COLUMNS)
-)
-
 
 # A heartbeat is taken when it is due (app/jobs/domain/report_pace.py): the first of its attempt
 # (updated_at is still the claim's: a heartbeat cannot reach the server within its claim's
@@ -473,7 +275,7 @@ def _transition_update(transition: Transition, columns: frozenset[str],
     `alone`: the job's end touches no other row (no dependents to settle, no key's turn to
     pass on), so the UPDATE is all the step writes. Built once per shape: building and
     hashing a statement costs more than running it on the hot paths."""
-    conditions = [_status_is(*transition.from_statuses)]
+    conditions = [status_is_job(*transition.from_statuses)]
     if key_to_confirm:
         conditions.append(live_key_condition())
     if transition.by_lease_holder:
@@ -491,7 +293,7 @@ def _transition_update(transition: Transition, columns: frozenset[str],
     if transition is Transition.HEARTBEAT:
         # Its lease capped at the attempt's deadline; its progress, if any, among `columns`;
         # and its controls returned (its cancel requested?).
-        values["lease_expires_at"] = _capped_lease(jobs.c.claimed_at,
+        values["lease_expires_at"] = capped_lease(jobs.c.claimed_at,
                                                    bindparam("new_lease_expires_at"))
         returned += CONTROL_COLUMNS
         conditions.append(_HEARTBEAT_DUE)
@@ -529,23 +331,6 @@ def _new_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return {f"new_{name}": value for name, value in values.items()}
 
 
-_JOB_COLUMNS = len(JOB_COLUMNS)
-
-
-def _job(row: Any) -> Job:
-    return Job(*row[:_JOB_COLUMNS])
-
-
-class ClaimedRows(NamedTuple):
-    """What a claim took: its jobs in claim order, the checkpoints their previous attempts
-    saved (compact JSON, by job id; a job without one is not in it), and the trace contexts
-    they were enqueued with (by job id; likewise)."""
-
-    jobs: list[Job]
-    checkpoints: dict[int, str]
-    traces: dict[int, Trace]
-
-
 # The columns that tell a batch's rows apart, checked against the rows sent.
 _TELLING_COLUMNS = ("type", "payload", "priority", "run_at", "idempotency_key")
 
@@ -559,7 +344,7 @@ def _in_row_order(returned: Sequence[Any], rows: Sequence[Mapping[str, Any]]) ->
     That is checked on the columns that tell rows apart; should it ever not hold, each row is
     matched with a job holding every one of its values instead.
     """
-    made = sorted(map(_job, returned), key=lambda job: job.id)
+    made = sorted(map(job_of, returned), key=lambda job: job.id)
     if len(made) == len(rows) and all(
             getattr(job, name) == row.get(name)
             for job, row in zip(made, rows, strict=True) for name in _TELLING_COLUMNS):
@@ -621,26 +406,15 @@ def _transition_many(transition: Transition, status: JobStatus,
     aliased subqueries cost an ordered key's enqueue more than the rest of it."""
     ids: Any = bindparam("ids", expanding=True)
     return (update(jobs)
-            .where(jobs.c.id.in_(ids), _status_is(*transition.from_statuses),
+            .where(jobs.c.id.in_(ids), status_is_job(*transition.from_statuses),
                    ~_takes_a_held_key(transition, status, ids))
             .values({name: bindparam(f"new_{name}") for name in sorted(columns)})
             .returning(*JOB_COLUMNS))
 
 
-class JobRepository:
+class JobRepository(ClaimRepository):
     """Job SQL on one connection. Methods returning `Job | None` return None for "no such row"
     (or, for conditional updates, "the row was not in the expected state")."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        # The caller's key, to be confirmed live by the next statement of a step that folds
-        # it in (insert_job, claim_next_jobs, apply_transition, extend_lease, get_job for
-        # update); None once confirmed, or when nobody asked.
-        self.key_to_confirm: KeyToConfirm | None = None
-
-    def _take_key(self) -> KeyToConfirm | None:
-        key, self.key_to_confirm = self.key_to_confirm, None
-        return key
 
     # -- creating -------------------------------------------------------------------------
 
@@ -661,7 +435,7 @@ class JobRepository:
                                       ).first(self.conn, {**values, LIVE_KEY: key.digest})
             key.answered(row is not None)
         if row is not None:
-            return _job(row)
+            return job_of(row)
         # Skipped for a conflict (ON CONFLICT DO NOTHING names no index): once more without
         # the skip, in a savepoint, for the index to name itself. Only a job that meets a
         # twin pays for it; should the twin have gone meanwhile, this inserts the job. In
@@ -672,7 +446,7 @@ class JobRepository:
                                     ).first(self.conn, values)
         if row is None:
             raise RuntimeError("an INSERT … RETURNING returned no row")
-        return _job(row)
+        return job_of(row)
 
     def savepoint(self) -> AbstractContextManager[None]:
         """A savepoint for the block: a unique index's refusal (IdempotencyKeyTaken,
@@ -696,7 +470,7 @@ class JobRepository:
                 if returned is not None:
                     return _in_row_order(returned, rows)
                 stmt = insert(jobs).returning(*jobs.c, sort_by_parameter_order=True)
-                return [_job(row) for row in self.conn.execute(stmt, list(rows))]
+                return [job_of(row) for row in self.conn.execute(stmt, list(rows))]
         except DBAPIError as exc:
             if undone_to_run_again(exc):
                 raise WriteConflict() from exc
@@ -725,14 +499,14 @@ class JobRepository:
             row = self.conn.execute(_select_by_id_for_update_if_live,
                                     {"job_id": job_id, LIVE_KEY: key.digest}).first()
             key.answered(row is not None)
-        return None if row is None else _job(row)
+        return None if row is None else job_of(row)
 
     def jobs_by_ids(self, job_ids: Collection[int]) -> list[Job]:
         """These jobs (those that exist), by id."""
         found: list[Job] = []
         for chunk in chunked(sorted(job_ids)):
             stmt = select(*JOB_COLUMNS).where(jobs.c.id.in_(chunk)).order_by(jobs.c.id)
-            found += [_job(row) for row in self.conn.execute(stmt)]
+            found += [job_of(row) for row in self.conn.execute(stmt)]
         return found
 
     def find_by_idempotency_key(self, producer: str, idempotency_key: str) -> Job | None:
@@ -740,14 +514,14 @@ class JobRepository:
             _select_by_idempotency_key,
             {"producer": producer, "idempotency_key": idempotency_key},
         ).first()
-        return None if row is None else _job(row)
+        return None if row is None else job_of(row)
 
     def find_unique_holder(self, producer: str, unique_scope: str) -> Job | None:
         """The producer's job that holds this unique scope now (in one of its while
         statuses); None when no job does."""
         row = self.conn.execute(_select_unique_holder,
                                 {"producer": producer, "unique_scope": unique_scope}).first()
-        return None if row is None else _job(row)
+        return None if row is None else job_of(row)
 
     def find_unique_holders(self, producer: str, scopes: Collection[str]) -> dict[str, Job]:
         """The producer's jobs holding these unique scopes now, by scope."""
@@ -755,7 +529,7 @@ class JobRepository:
             return {}
         stmt = select(*JOB_COLUMNS).where(jobs.c.producer == producer,
                                   jobs.c.unique_scope.in_(list(scopes)), _unique_holder)
-        return {job.unique_scope or "": job for job in map(_job, self.conn.execute(stmt))}
+        return {job.unique_scope or "": job for job in map(job_of, self.conn.execute(stmt))}
 
     def list_jobs(self, *, after_id: int, limit: int, producer: str | None = None,
                   worker: str | None = None, status: str | None = None,
@@ -785,7 +559,7 @@ class JobRepository:
         if worker is not None:
             stmt = stmt.where(jobs.c.worker_id == worker)
         if status in _LISTED_THROUGH_PARTIAL_INDEX:
-            stmt = stmt.where(_status_is(JobStatus(status)))
+            stmt = stmt.where(status_is_job(JobStatus(status)))
         elif status == JobStatus.RUNNING.value:
             stmt = stmt.where(jobs.c.id.in_(select(_running_ids.c.id)))
         elif status is not None:
@@ -793,7 +567,7 @@ class JobRepository:
         if job_type is not None:
             stmt = stmt.where(jobs.c.type == job_type)
         stmt = stmt.order_by(ids.desc() if descending else ids).limit(limit)
-        return [_job(row) for row in self.conn.execute(stmt)]
+        return [job_of(row) for row in self.conn.execute(stmt)]
 
     def find_by_idempotency_keys(self, producer: str, keys: Collection[str]) -> dict[str, Job]:
         """The producer's jobs with these idempotency keys, by key."""
@@ -802,46 +576,7 @@ class JobRepository:
         stmt = select(*JOB_COLUMNS).where(jobs.c.producer == producer,
                                   jobs.c.idempotency_key.in_(list(keys)))
         # Every row found has a key: it was found by its key.
-        return {job.idempotency_key or "": job for job in map(_job, self.conn.execute(stmt))}
-
-    def has_claimable_work(self, now_us: int, types: Collection[str] | None,
-                           limits: ClaimLimits | None = None, *,
-                           free_types_only: bool = False) -> bool:
-        """True when a claim now could find a job: a due pending one (a job whose lease ran
-        out is pending again once the maintenance loop rescues it). Index probes only;
-        cheap enough to poll while claims wait. `types=None` means any type. Under `limits`
-        (with `types` then the wanted ones, every configured type when any is), only work
-        they allow counts: a waiting claim must not wake for jobs it may not take.
-        `free_types_only`: only jobs of types under no flow control now count (the claim's
-        condition when it read no type's row)."""
-        any_type, one_type = ((_due_probe_any_free_type, _due_probe_one_free_type)
-                              if free_types_only else (_due_probe_any_type, _due_probe_one_type))
-        if types is None:
-            return self.conn.execute(any_type, {"now": now_us}).first() is not None
-        if limits is not None:
-            types = limits.allowed(types)
-        for job_type in sorted(types):
-            full_keys = limits.full_keys(job_type) if limits is not None else []
-            stmt, params = one_type, {"now": now_us, "type": job_type}
-            if full_keys:
-                stmt, params = _due_probe_one_type_by_key, {**params, "full_keys": full_keys}
-            if self.conn.execute(stmt, params).first() is not None:
-                return True
-        return False
-
-    def has_due_work_of(self, job_type: str, now_us: int,
-                        concurrency_keys: Collection[str] | None = None) -> bool:
-        """True when a job of this type (and, when given, of one of these keys) is due."""
-        if concurrency_keys is None:
-            return self.conn.execute(
-                _due_probe_one_type, {"now": now_us, "type": job_type}).first() is not None
-        stmt = (select(jobs.c.id)
-                .where(jobs.c.status == PENDING, jobs.c.run_at <= now_us,
-                       or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > now_us),
-                       jobs.c.type == job_type,
-                       jobs.c.concurrency_key.in_(sorted(concurrency_keys)))
-                .limit(1))
-        return self.conn.execute(stmt).first() is not None
+        return {job.idempotency_key or "": job for job in map(job_of, self.conn.execute(stmt))}
 
     def count_running(self, along_with: tuple[Any, dict[str, Any]] | None = None,
                       ) -> dict[tuple[str, str | None], int]:
@@ -882,7 +617,7 @@ class JobRepository:
     def find_expired_leases(self, now_us: int, limit: int) -> list[Job]:
         """Running jobs whose lease ran out, oldest expiry first (locked on PostgreSQL)."""
         rows = _select_expired_leases.rows(self.conn, {"now": now_us, "limit": limit})
-        return [_job(row) for row in rows]
+        return [job_of(row) for row in rows]
 
     def count_claimable_ahead(self, job: Job, now_us: int, *, same_type: bool,
                               cap: int) -> BoundedCount:
@@ -904,109 +639,6 @@ class JobRepository:
         return {worker: count for worker, count in self.conn.execute(_count_running_by_worker)}
 
     # -- changing -------------------------------------------------------------------------
-
-    def claim_next_jobs(self, *, now_us: int, worker: str, lease_expires_at: int, nonce: str,
-                        limit: int, types: Collection[str] | None,
-                        limits: ClaimLimits | None = None,
-                        free_types_only: bool = False) -> ClaimedRows:
-        """Mark up to `limit` claimable jobs running for `worker`, returned in claim order
-        with their checkpoints.
-
-        `types=None` means any type. Under flow control's `limits` (with `types` then the
-        wanted ones, every configured type when any is), each of the types they allow is
-        read within its budget, its full keys left out and no key taken beyond its cap.
-        Must run in a write transaction (BEGIN IMMEDIATE on SQLite), which makes the read of
-        the candidates and their update one step. `free_types_only` (a claim that read no
-        type's row): only jobs of types under no flow control now are taken.
-        """
-        params: dict[str, Any] = {
-            "now": now_us, "worker": worker, "lease_expires_at": lease_expires_at,
-            "nonce": nonce, "limit": limit,
-        }
-        rows: Sequence[Any]
-        if types is None:
-            key = self._take_key()
-            if key is not None:
-                params[LIVE_KEY] = key.digest
-            if free_types_only:
-                claim = _claim_any_free_type if key is None else _claim_any_free_type_if_live
-            else:
-                claim = _claim_any_type if key is None else _claim_any_type_if_live
-            rows = claim.rows(self.conn, params)
-            if key is not None:
-                key.answered(bool(rows))
-        else:
-            if limits is not None:
-                types = limits.allowed(types)
-            # Each type's candidates through its own index, then the most urgent of all of
-            # them: one query over several types would have to read every pending job of
-            # those types to sort them. Merged, not sorted: a fair type's candidates keep
-            # their round order among themselves.
-            candidates = heapq.merge(*(
-                self._candidates_of(job_type, params, limits, free_types_only)
-                for job_type in sorted(types)),
-                key=claim_order_key)
-            chosen = [row.id for row in itertools.islice(candidates, limit)]
-            if not chosen:
-                return ClaimedRows([], {}, {})
-            key = self._take_key()
-            if key is not None:
-                params[LIVE_KEY] = key.digest
-            if len(chosen) == 1:
-                claim_one = _claim_chosen_one if key is None else _claim_chosen_one_if_live
-                rows = claim_one.rows(self.conn, {**params, "chosen_id": chosen[0]})
-            else:
-                rows = self.conn.execute(_claim_chosen if key is None else _claim_chosen_if_live,
-                                         {**params, "ids": chosen}).all()
-            if key is not None:
-                key.answered(bool(rows))
-        claimed = [_job(row) for row in rows]
-        # RETURNING gives no order; hand the jobs out in claim order.
-        claimed.sort(key=claim_order_key)
-        checkpoint, traceparent, tracestate = _JOB_COLUMNS, _JOB_COLUMNS + 1, _JOB_COLUMNS + 2
-        return ClaimedRows(
-            claimed,
-            {row[0]: row[checkpoint] for row in rows if row[checkpoint] is not None},
-            {row[0]: trace for row in rows
-             if (trace := trace_of(row[traceparent], row[tracestate])) is not None})
-
-    def restamp_claimed(self, claimed: list[Job], *, now_us: int,
-                        lease_expires_at: int) -> list[Job]:
-        """The jobs this transaction just claimed, claimed at `now_us` instead, with their
-        lease from then (a claim that waited for a lock before its commit), in their order."""
-        if not claimed:
-            return []
-        rows = self.conn.execute(_restamp_claimed, {
-            "ids": [job.id for job in claimed], "now": now_us,
-            "lease_expires_at": lease_expires_at}).all()
-        by_id = {row.id: _job(row) for row in rows}
-        return [by_id[job.id] for job in claimed]
-
-    def _candidates_of(self, job_type: str, params: dict[str, Any],
-                       limits: ClaimLimits | None, free_types_only: bool = False) -> list[Any]:
-        """One type's candidates in claim order: within its budget, as LIMIT; without its
-        full keys, as a condition; a key met more often than its cap allows passed over."""
-        if limits is None:
-            return _candidates(self.conn, _driver_candidates_one_free_type if free_types_only
-                               else _driver_candidates_one_type, {**params, "type": job_type})
-        budget = limits.budget(job_type, params["limit"])
-        if budget <= 0:
-            return []
-        full_keys = limits.full_keys(job_type)
-        fair = job_type in limits.fair
-        if job_type not in limits.key_caps:
-            return _candidates(
-                self.conn, _driver_fair_candidates if fair else _driver_candidates_one_type,
-                {**params, "type": job_type, "limit": budget})
-        by_key = _fair_candidates_by_key if fair else _candidates_one_type_by_key
-        fetch = budget
-        while True:
-            rows = list(self.conn.execute(by_key, {
-                **params, "type": job_type, "limit": fetch, "full_keys": full_keys}))
-            chosen = limits.pick(job_type, rows, budget)
-            if len(chosen) >= budget or len(rows) < fetch or fetch >= MAX_GATED_CANDIDATES:
-                return chosen
-            fetch = min(fetch * 4, MAX_GATED_CANDIDATES)
 
     def apply_transition(self, transition: Transition, job_id: int,
                          values: Mapping[str, Any], *, lease_token: str | None = None,
@@ -1035,7 +667,7 @@ class JobRepository:
             need_transaction(self.conn)
         if key is not None:
             key.answered(row is not None)
-        return None if row is None else _job(row)
+        return None if row is None else job_of(row)
 
     def extend_lease(self, job_id: int, values: Mapping[str, Any], *, worker: str,
                      now_us: int, lease_token: str | None) -> tuple[Job, JobControls] | None:
@@ -1057,7 +689,7 @@ class JobRepository:
             key.answered(row is not None)
         if row is None:
             return None
-        return _job(row), controls_from(job_id, row[_JOB_COLUMNS:])
+        return job_of(row), controls_from(job_id, row[JOB_COLUMN_COUNT:])
 
     def find_expired_unclaimed(self, now_us: int, limit: int) -> list[int]:
         """Ids of pending or waiting jobs past their expires_at, soonest expired first
@@ -1080,7 +712,7 @@ class JobRepository:
             for chunk in chunked(sorted(job_ids)):
                 rows += self.conn.execute(_release_many, {"released_ids": chunk,
                                                           "now": now_us}).all()
-        return sorted(map(_job, rows), key=lambda job: job.id)
+        return sorted(map(job_of, rows), key=lambda job: job.id)
 
     def wait_again(self, retried: list[Job]) -> list[Job]:
         """These jobs, which an admin's retry just made pending, with those that still have
@@ -1090,7 +722,7 @@ class JobRepository:
             return []
         waiting: dict[int, Job] = {}
         for chunk in chunked([job.id for job in retried]):
-            waiting.update((row.id, _job(row)) for row in self.conn.execute(
+            waiting.update((row.id, job_of(row)) for row in self.conn.execute(
                 _wait_again, {"retried_ids": chunk}))
         return [waiting.get(job.id, job) for job in retried]
 
@@ -1108,7 +740,7 @@ class JobRepository:
         """Ids of up to `limit` jobs in `statuses` that every filter given matches, lowest
         first, above `after_id` and up to `up_to_id` (locked on PostgreSQL until the
         transaction ends)."""
-        stmt = select(jobs.c.id).where(_status_is(*statuses), jobs.c.id > after_id)
+        stmt = select(jobs.c.id).where(status_is_job(*statuses), jobs.c.id > after_id)
         if up_to_id is not None:
             stmt = stmt.where(jobs.c.id <= up_to_id)
         if job_type is not None:
@@ -1148,7 +780,7 @@ class JobRepository:
         # entered, so the jobs are still taken as one by one in id order would take them.
         for chunk in chunked(sorted(job_ids)):
             rows = self.conn.execute(stmt, {"ids": chunk, **new_values})
-            changed += sorted((_job(row) for row in rows), key=lambda job: job.id)
+            changed += sorted((job_of(row) for row in rows), key=lambda job: job.id)
         return changed
 
     # -- retention ------------------------------------------------------------------------
@@ -1164,7 +796,7 @@ class JobRepository:
         skipping rows another process's retention holds: two processes take disjoint
         batches."""
         stmt = select(jobs.c.updated_at, jobs.c.id).where(
-            _FINISHED_ROW, _status_is(status), jobs.c.type == job_type,
+            _FINISHED_ROW, status_is_job(status), jobs.c.type == job_type,
             jobs.c.updated_at < updated_before_us,
             or_(jobs.c.idempotency_key.is_(None),
                 jobs.c.created_at < keyed_created_before_us))

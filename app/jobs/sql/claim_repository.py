@@ -1,0 +1,358 @@
+"""The claim's SQL: which pending jobs a claim may take (its candidates, of any type or of one,
+under a cap per key, in a fair type's round order), the claim's UPDATE, and the probes a
+waiting claim polls. JobRepository (repository.py) is the rest of the jobs' SQL, on the same
+connection."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from sqlalchemy import Connection, String, bindparam, cast, literal_column, or_, select, update
+
+from app.core.statuses import claim_order_key
+from app.core.tracecontext import Trace
+from app.jobs.domain.flow import ClaimLimits
+from app.jobs.domain.models import Job
+from app.jobs.domain.transitions import Transition
+from app.jobs.sql.context_repository import TRACE, trace_of
+from app.jobs.sql.control_repository import CHECKPOINT
+from app.jobs.sql.job_rows import (
+    CLAIM_ORDER,
+    CLAIMABLE_ROW,
+    JOB_COLUMN_COUNT,
+    JOB_COLUMNS,
+    NOT_EXPIRED,
+    TYPE_FREE,
+    capped_lease,
+    job_of,
+)
+from app.jobs.sql.statuses import PENDING, RUNNING
+from app.keys.repository import LIVE_KEY, KeyToConfirm, live_key_condition
+from app.storage.schema import fair_order_columns, jobs
+from app.storage.statements import DriverStatement
+
+
+def _pending_due(restricted_to_one_type: bool) -> Any:
+    """Pending jobs that are due, in claim order (of one type: read through its own index)."""
+    stmt = select(jobs.c.id, jobs.c.priority, jobs.c.created_at).where(
+        CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), NOT_EXPIRED)
+    if restricted_to_one_type:
+        stmt = stmt.where(jobs.c.type == bindparam("type"))
+    return stmt.order_by(*CLAIM_ORDER)
+
+
+_due_probe_any_type = _pending_due(restricted_to_one_type=False).limit(1)
+_due_probe_one_type = _pending_due(restricted_to_one_type=True).limit(1)
+_due_probe_any_free_type = _due_probe_any_type.where(TYPE_FREE)
+_due_probe_one_free_type = _due_probe_one_type.where(TYPE_FREE)
+
+# Candidates of one type for a claim; PostgreSQL locks them, skipping rows other claims hold.
+_candidates_one_type = (
+    _pending_due(restricted_to_one_type=True)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+
+# Candidates of one type under a per-key cap: keys already at their cap are left out here, so
+# a claim of one job always finds the first allowed one; a claim of several may still meet a
+# key twice and pass over its second job (ClaimLimits.pick).
+_not_a_full_key = or_(jobs.c.concurrency_key.is_(None),
+                      jobs.c.concurrency_key.not_in(bindparam("full_keys", expanding=True)))
+_candidates_one_type_by_key = (
+    select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
+    .where(jobs.c.status == PENDING, jobs.c.run_at <= bindparam("now"),
+           jobs.c.type == bindparam("type"), _not_a_full_key, NOT_EXPIRED)
+    .order_by(*CLAIM_ORDER)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+# A fair type's candidates (docs/FLOW-CONTROL.md), in round order: priority, then round, then (keys
+# per producer) the round among its producer's keys, then claim order, read through its own
+# partial index (app/jobs/tx/key_rules.py gives the rounds).
+_FAIR_ORDER = fair_order_columns(jobs)
+_fair_candidates = (
+    select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
+    .where(jobs.c.status == PENDING, jobs.c.fair_round >= literal_column("0"),
+           jobs.c.run_at <= bindparam("now"), jobs.c.type == bindparam("type"), NOT_EXPIRED)
+    .order_by(*_FAIR_ORDER)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+_fair_candidates_by_key = _fair_candidates.where(_not_a_full_key)
+
+
+class Candidate(NamedTuple):
+    """A pending job a claim may take, with what choosing among candidates reads."""
+
+    id: int
+    priority: int
+    created_at: int
+    concurrency_key: str | None = None
+
+
+# The same candidates read on SQLite's driver cursor (app/storage/statements.py): a claim of
+# a type under flow control reads one per type, where the claim of any type runs one
+# statement in all.
+_driver_candidates_one_type = DriverStatement(_candidates_one_type)
+_driver_candidates_one_free_type = DriverStatement(_candidates_one_type.where(TYPE_FREE))
+_driver_fair_candidates = DriverStatement(_fair_candidates)
+
+
+def _candidates(conn: Connection, stmt: DriverStatement,
+                params: Mapping[str, Any]) -> list[Candidate]:
+    return [Candidate(*row) for row in stmt.rows(conn, params)]
+_due_probe_one_type_by_key = (
+    select(jobs.c.id)
+    .where(jobs.c.status == PENDING, jobs.c.run_at <= bindparam("now"),
+           jobs.c.type == bindparam("type"), _not_a_full_key, NOT_EXPIRED)
+    .order_by(*CLAIM_ORDER)
+    .limit(1)
+)
+# A claim-many under per-key caps reads further down a type's claim order while the keys it
+# meets are full, up to this many candidates, so that one busy key cannot make it scan the
+# whole backlog.
+MAX_GATED_CANDIDATES = 1024
+
+_CLAIMED_VALUES = Transition.CLAIM.values(
+    now_us=bindparam("now"),
+    worker=bindparam("worker"),
+    lease_expires_at=capped_lease(bindparam("now"), bindparam("lease_expires_at")),
+    # One token per job and attempt: the claim's random nonce, then the job's id.
+    lease_token=bindparam("nonce", type_=String) + "." + cast(jobs.c.id, String),
+)
+
+
+def _claim_next_any_type(key_to_confirm: bool, *, free_types_only: bool = False) -> Any:
+    # PostgreSQL renders FOR UPDATE SKIP LOCKED, so concurrent claims pass over each other's
+    # rows instead of queueing on them; SQLite renders nothing and relies on BEGIN IMMEDIATE.
+    # MATERIALIZED makes the candidates a fixed set: as a plain subquery PostgreSQL may
+    # re-run it for each row it updates, and with SKIP LOCKED each re-run finds new rows,
+    # so one claim would take more jobs than its LIMIT.
+    candidates = (
+        select(jobs.c.id)
+        .where(CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), NOT_EXPIRED,
+               *([TYPE_FREE] if free_types_only else []))
+        .order_by(*CLAIM_ORDER)
+        .limit(bindparam("limit"))
+        .with_for_update(skip_locked=True)
+        .cte("candidates")
+        .prefix_with("MATERIALIZED")
+    )
+    claim = update(jobs).where(jobs.c.id.in_(select(candidates.c.id)), CLAIMABLE_ROW)
+    if key_to_confirm:
+        claim = claim.where(live_key_condition())
+    return claim.values(_CLAIMED_VALUES).returning(*_CLAIMED_COLUMNS)
+
+
+# A claimed job comes back with the checkpoint its previous attempt saved (docs/JOBS.md) and
+# the trace context it was enqueued with (docs/TRACING.md), in this order after its columns.
+_CLAIMED_COLUMNS = (*JOB_COLUMNS, CHECKPOINT, *TRACE)
+_claim_any_type = DriverStatement(_claim_next_any_type(key_to_confirm=False))
+_claim_any_free_type = DriverStatement(
+    _claim_next_any_type(key_to_confirm=False, free_types_only=True))
+# Jobs already chosen (and, on PostgreSQL, locked) by id.
+# One job chosen (a claim of one): on SQLite's driver cursor, as the claim of any type is.
+_claim_chosen_one = DriverStatement(
+    update(jobs)
+    .where(jobs.c.id == bindparam("chosen_id"), CLAIMABLE_ROW, NOT_EXPIRED)
+    .values(_CLAIMED_VALUES)
+    .returning(*_CLAIMED_COLUMNS)
+)
+_claim_chosen = (
+    update(jobs)
+    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), CLAIMABLE_ROW, NOT_EXPIRED)
+    .values(_CLAIMED_VALUES)
+    .returning(*_CLAIMED_COLUMNS)
+)
+# The same claims, made only while the caller's key is live (KeyToConfirm).
+_claim_any_type_if_live = DriverStatement(_claim_next_any_type(key_to_confirm=True))
+_claim_any_free_type_if_live = DriverStatement(
+    _claim_next_any_type(key_to_confirm=True, free_types_only=True))
+_claim_chosen_one_if_live = DriverStatement(
+    _claim_chosen_one.statement.where(live_key_condition()))
+_claim_chosen_if_live = _claim_chosen.where(live_key_condition())
+
+# The claim's own stamps moved to the moment it held its locks (JobService.claim).
+_restamp_claimed = (
+    update(jobs)
+    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.status == RUNNING)
+    .values(claimed_at=bindparam("now"),
+            lease_expires_at=capped_lease(bindparam("now"), bindparam("lease_expires_at")),
+            claimed_until=capped_lease(bindparam("now"), bindparam("lease_expires_at")),
+            updated_at=bindparam("now"))
+    .returning(*JOB_COLUMNS)
+)
+
+
+
+class ClaimedRows(NamedTuple):
+    """What a claim took: its jobs in claim order, the checkpoints their previous attempts
+    saved (compact JSON, by job id; a job without one is not in it), and the trace contexts
+    they were enqueued with (by job id; likewise)."""
+
+    jobs: list[Job]
+    checkpoints: dict[int, str]
+    traces: dict[int, Trace]
+
+
+class ClaimRepository:
+    """The claim's SQL on one connection (JobRepository, its subclass, adds the rest)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        # The caller's key, to be confirmed live by the next statement of a step that folds
+        # it in (insert_job, claim_next_jobs, apply_transition, extend_lease, get_job for
+        # update); None once confirmed, or when nobody asked.
+        self.key_to_confirm: KeyToConfirm | None = None
+
+    def _take_key(self) -> KeyToConfirm | None:
+        key, self.key_to_confirm = self.key_to_confirm, None
+        return key
+
+    def has_claimable_work(self, now_us: int, types: Collection[str] | None,
+                           limits: ClaimLimits | None = None, *,
+                           free_types_only: bool = False) -> bool:
+        """True when a claim now could find a job: a due pending one (a job whose lease ran
+        out is pending again once the maintenance loop rescues it). Index probes only;
+        cheap enough to poll while claims wait. `types=None` means any type. Under `limits`
+        (with `types` then the wanted ones, every configured type when any is), only work
+        they allow counts: a waiting claim must not wake for jobs it may not take.
+        `free_types_only`: only jobs of types under no flow control now count (the claim's
+        condition when it read no type's row)."""
+        any_type, one_type = ((_due_probe_any_free_type, _due_probe_one_free_type)
+                              if free_types_only else (_due_probe_any_type, _due_probe_one_type))
+        if types is None:
+            return self.conn.execute(any_type, {"now": now_us}).first() is not None
+        if limits is not None:
+            types = limits.allowed(types)
+        for job_type in sorted(types):
+            full_keys = limits.full_keys(job_type) if limits is not None else []
+            stmt, params = one_type, {"now": now_us, "type": job_type}
+            if full_keys:
+                stmt, params = _due_probe_one_type_by_key, {**params, "full_keys": full_keys}
+            if self.conn.execute(stmt, params).first() is not None:
+                return True
+        return False
+
+    def has_due_work_of(self, job_type: str, now_us: int,
+                        concurrency_keys: Collection[str] | None = None) -> bool:
+        """True when a job of this type (and, when given, of one of these keys) is due."""
+        if concurrency_keys is None:
+            return self.conn.execute(
+                _due_probe_one_type, {"now": now_us, "type": job_type}).first() is not None
+        stmt = (select(jobs.c.id)
+                .where(jobs.c.status == PENDING, jobs.c.run_at <= now_us,
+                       or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > now_us),
+                       jobs.c.type == job_type,
+                       jobs.c.concurrency_key.in_(sorted(concurrency_keys)))
+                .limit(1))
+        return self.conn.execute(stmt).first() is not None
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    def claim_next_jobs(self, *, now_us: int, worker: str, lease_expires_at: int, nonce: str,
+                        limit: int, types: Collection[str] | None,
+                        limits: ClaimLimits | None = None,
+                        free_types_only: bool = False) -> ClaimedRows:
+        """Mark up to `limit` claimable jobs running for `worker`, returned in claim order
+        with their checkpoints.
+
+        `types=None` means any type. Under flow control's `limits` (with `types` then the
+        wanted ones, every configured type when any is), each of the types they allow is
+        read within its budget, its full keys left out and no key taken beyond its cap.
+        Must run in a write transaction (BEGIN IMMEDIATE on SQLite), which makes the read of
+        the candidates and their update one step. `free_types_only` (a claim that read no
+        type's row): only jobs of types under no flow control now are taken.
+        """
+        params: dict[str, Any] = {
+            "now": now_us, "worker": worker, "lease_expires_at": lease_expires_at,
+            "nonce": nonce, "limit": limit,
+        }
+        rows: Sequence[Any]
+        if types is None:
+            key = self._take_key()
+            if key is not None:
+                params[LIVE_KEY] = key.digest
+            if free_types_only:
+                claim = _claim_any_free_type if key is None else _claim_any_free_type_if_live
+            else:
+                claim = _claim_any_type if key is None else _claim_any_type_if_live
+            rows = claim.rows(self.conn, params)
+            if key is not None:
+                key.answered(bool(rows))
+        else:
+            if limits is not None:
+                types = limits.allowed(types)
+            # Each type's candidates through its own index, then the most urgent of all of
+            # them: one query over several types would have to read every pending job of
+            # those types to sort them. Merged, not sorted: a fair type's candidates keep
+            # their round order among themselves.
+            candidates = heapq.merge(*(
+                self._candidates_of(job_type, params, limits, free_types_only)
+                for job_type in sorted(types)),
+                key=claim_order_key)
+            chosen = [row.id for row in itertools.islice(candidates, limit)]
+            if not chosen:
+                return ClaimedRows([], {}, {})
+            key = self._take_key()
+            if key is not None:
+                params[LIVE_KEY] = key.digest
+            if len(chosen) == 1:
+                claim_one = _claim_chosen_one if key is None else _claim_chosen_one_if_live
+                rows = claim_one.rows(self.conn, {**params, "chosen_id": chosen[0]})
+            else:
+                rows = self.conn.execute(_claim_chosen if key is None else _claim_chosen_if_live,
+                                         {**params, "ids": chosen}).all()
+            if key is not None:
+                key.answered(bool(rows))
+        claimed = [job_of(row) for row in rows]
+        # RETURNING gives no order; hand the jobs out in claim order.
+        claimed.sort(key=claim_order_key)
+        checkpoint = JOB_COLUMN_COUNT
+        traceparent, tracestate = checkpoint + 1, checkpoint + 2
+        return ClaimedRows(
+            claimed,
+            {row[0]: row[checkpoint] for row in rows if row[checkpoint] is not None},
+            {row[0]: trace for row in rows
+             if (trace := trace_of(row[traceparent], row[tracestate])) is not None})
+
+    def restamp_claimed(self, claimed: list[Job], *, now_us: int,
+                        lease_expires_at: int) -> list[Job]:
+        """The jobs this transaction just claimed, claimed at `now_us` instead, with their
+        lease from then (a claim that waited for a lock before its commit), in their order."""
+        if not claimed:
+            return []
+        rows = self.conn.execute(_restamp_claimed, {
+            "ids": [job.id for job in claimed], "now": now_us,
+            "lease_expires_at": lease_expires_at}).all()
+        by_id = {row.id: job_of(row) for row in rows}
+        return [by_id[job.id] for job in claimed]
+
+    def _candidates_of(self, job_type: str, params: dict[str, Any],
+                       limits: ClaimLimits | None, free_types_only: bool = False) -> list[Any]:
+        """One type's candidates in claim order: within its budget, as LIMIT; without its
+        full keys, as a condition; a key met more often than its cap allows passed over."""
+        if limits is None:
+            return _candidates(self.conn, _driver_candidates_one_free_type if free_types_only
+                               else _driver_candidates_one_type, {**params, "type": job_type})
+        budget = limits.budget(job_type, params["limit"])
+        if budget <= 0:
+            return []
+        full_keys = limits.full_keys(job_type)
+        fair = job_type in limits.fair
+        if job_type not in limits.key_caps:
+            return _candidates(
+                self.conn, _driver_fair_candidates if fair else _driver_candidates_one_type,
+                {**params, "type": job_type, "limit": budget})
+        by_key = _fair_candidates_by_key if fair else _candidates_one_type_by_key
+        fetch = budget
+        while True:
+            rows = list(self.conn.execute(by_key, {
+                **params, "type": job_type, "limit": fetch, "full_keys": full_keys}))
+            chosen = limits.pick(job_type, rows, budget)
+            if len(chosen) >= budget or len(rows) < fetch or fetch >= MAX_GATED_CANDIDATES:
+                return chosen
+            fetch = min(fetch * 4, MAX_GATED_CANDIDATES)

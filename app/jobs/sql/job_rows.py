@@ -1,0 +1,68 @@
+"""What every statement on jobs shares: the columns of the Job record and how a row becomes
+one, and the conditions the claim and the reads repeat (claimable, not expired, a type under
+no flow control, the claim order, a lease capped at the attempt's deadline)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sqlalchemy import BigInteger, and_, bindparam, case, cast, or_, select
+
+from app.core.clock import MICROS
+from app.core.statuses import JobStatus
+from app.jobs.domain.models import Job
+from app.jobs.domain.transitions import Transition
+from app.jobs.sql.statuses import status_is
+from app.storage.schema import claim_order_columns, job_types, jobs
+
+# The columns of the Job record, the first of the table's: what every statement here reads of
+# a job. The later ones (a cancel request, progress) only the reads that show them ask for,
+# so that the claim never reads them (app/jobs/sql/control_repository.py).
+JOB_COLUMNS = tuple(jobs.c)[:len(dataclasses.fields(Job))]
+assert [column.name for column in JOB_COLUMNS] == [f.name for f in dataclasses.fields(Job)]
+
+
+def status_is_job(*statuses: JobStatus) -> Any:
+    """The job's status is one of `statuses`, written as literals (app/jobs/sql/statuses.py)."""
+    return status_is(jobs, statuses)
+
+
+CLAIMABLE_ROW = status_is_job(*Transition.CLAIM.from_statuses)
+# A job_types row that puts its type under flow control (TypeSettings.is_limited): a claim of
+# the type must look at it. The one spelling of it in SQL (app/types/repository.py reads these
+# rows with it): a cap or a rate, whose claims count what runs; or paused, pushed (only the
+# dispatcher's claims take it) or fair (its claims read round order).
+COUNTS_RUNNING_TYPE = or_(job_types.c.max_running.is_not(None),
+                          job_types.c.max_running_per_key.is_not(None),
+                          job_types.c.rate_per_second.is_not(None))
+PAUSED_PUSHED_OR_FAIR_TYPE = or_(job_types.c.paused.is_(True),
+                                 job_types.c.push_url.is_not(None),
+                                 job_types.c.fairness.is_not(None))
+# The condition of a claim made without reading the types' rows (this process's copy of them
+# showed none under flow control, app/types/settings_copy.py): the job's type is under none
+# at the statement's own moment, so a pause, a cap, a rate or a push url set on another host
+# stops such claims of the type at once. One probe of job_types' key per candidate.
+TYPE_FREE = ~(select(job_types.c.type)
+               .where(job_types.c.type == jobs.c.type,
+                      or_(PAUSED_PUSHED_OR_FAIR_TYPE, COUNTS_RUNNING_TYPE))
+               .exists())
+# A job past its expires_at is never handed out (docs/JOBS.md): every claim's candidates and
+# its UPDATE say so, at the claim's own moment; the maintenance loop cancels such jobs.
+NOT_EXPIRED = or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > bindparam("now"))
+CLAIM_ORDER = claim_order_columns(jobs)
+
+
+def capped_lease(claimed_at: Any, wanted: Any) -> Any:
+    """The lease `wanted`, but never past the attempt's deadline, claimed_at +
+    timeout_seconds (docs/JOBS.md, Running jobs): the claim's and every heartbeat's."""
+    deadline = claimed_at + cast(jobs.c.timeout_seconds, BigInteger) * MICROS
+    return case((and_(jobs.c.timeout_seconds.is_not(None), deadline < wanted), deadline),
+                else_=wanted)
+
+
+JOB_COLUMN_COUNT = len(JOB_COLUMNS)
+
+
+def job_of(row: Any) -> Job:
+    return Job(*row[:JOB_COLUMN_COUNT])
