@@ -24,14 +24,14 @@ from app.jobs.sql.claim_repository import (
     _due_probe_one_type,
     _due_probe_one_type_by_key,
 )
-from app.jobs.sql.repository import (
-    JobRepository,
+from app.jobs.sql.read_repository import (
     _count_finished,
     _count_running,
     _count_running_by_worker,
     _pending_by_type,
     _select_by_idempotency_key,
 )
+from app.jobs.sql.repository import JobRepository
 from app.storage.engine import Database, make_engine
 from app.storage.migrations import alembic_config, current_revision, head_revision, upgrade
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sqlalchemy import BigInteger, and_, bindparam, case, cast, or_, select
+from sqlalchemy import BigInteger, and_, bindparam, case, cast, or_, select, text
 
 from app.core.clock import MICROS
 from app.core.statuses import JobStatus
 from app.jobs.domain.models import Job
 from app.jobs.domain.transitions import Transition
 from app.jobs.sql.statuses import status_is
-from app.storage.schema import claim_order_columns, job_types, jobs
+from app.storage.schema import UNIQUE_HOLDER_PREDICATE, claim_order_columns, job_types, jobs
 
 # The columns of the Job record, the first of the table's: what every statement here reads of
 # a job. The later ones (a cancel request, progress) only the reads that show them ask for,
@@ -66,3 +66,9 @@ JOB_COLUMN_COUNT = len(JOB_COLUMNS)
 
 def job_of(row: Any) -> Job:
     return Job(*row[:JOB_COLUMN_COUNT])
+
+
+# A job that holds its unique scope, in the unique index's own text, so that a look-up by it
+# reads that index.
+UNIQUE_HOLDER = text(UNIQUE_HOLDER_PREDICATE)
+NOT_UNIQUE_HOLDER = text(f"NOT ({UNIQUE_HOLDER_PREDICATE})")
