@@ -186,10 +186,15 @@ def stamp(text: str) -> datetime:
 def assert_each_key_ran_one_at_a_time_in_order(admin: QueueClient,
                                                ids_by_key: dict[str, list[int]],
                                                twice: set[int]) -> None:
-    """From the attempts the servers recorded: a key's attempts never overlap (each begins
-    after the one before it ended), and run its jobs in enqueue order, a job's retry before
-    the key's next job. `twice`: the jobs that failed once, then completed; every other job
-    completed at its first attempt."""
+    """From the attempts the servers recorded: a key's attempts, in the order they began, run
+    its jobs in enqueue order, a job's retry before the key's next job, each attempt ended
+    before the next. `twice`: the jobs that failed once, then completed; every other job
+    completed at its first attempt.
+
+    That no two ran at once is the Sampler's to see, in the database: each stamp is the
+    clock its process read before its statement ran, so a claim that read the clock a
+    moment before the end it follows committed (on another process) may be stamped a moment
+    before that end."""
     for key, ids in ids_by_key.items():
         attempts = []
         for job_id in ids:
@@ -202,7 +207,7 @@ def assert_each_key_ran_one_at_a_time_in_order(admin: QueueClient,
             (job_id, outcome) for job_id in ids
             for outcome in (["failed", "completed"] if job_id in twice else ["completed"])], key
         for before, after in pairwise(attempts):
-            assert before[1] is not None and before[1] <= after[0], (key, before, after)
+            assert before[1] is not None, (key, before, after)
 
 
 def statuses(admin: QueueClient, job_type: str) -> dict[int, str]:
