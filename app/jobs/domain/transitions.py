@@ -338,10 +338,10 @@ class Transition(enum.Enum):
     CANCEL_BLOCKING = Edge((JobStatus.FAILED,), Guard.ANYONE, cancelled,
                            Marks(EventName.CANCELLED, (JobMetric.CANCELLED,)))
     # Running jobs under control (docs/JOBS.md). A running job's cancel is a request (its
-    # record is app/jobs/controls.py's): its holder's report, or its lease's expiry, ends it
-    # cancelled (the event names who asked). An attempt past its timeout_seconds is over, a
-    # failed attempt retried per the budget; a job still unclaimed past its expires_at is
-    # cancelled.
+    # record is app/jobs/sql/control_repository.py's): its holder's report, or its lease's
+    # expiry, ends it cancelled (the event names who asked). An attempt past its
+    # timeout_seconds is over, a failed attempt retried per the budget; a job still
+    # unclaimed past its expires_at is cancelled.
     STOP = Edge((JobStatus.RUNNING,), Guard.LEASE_HOLDER, stopped,
                 Marks(EventName.CANCELLED, (JobMetric.CANCELLED,)),
                 closes_attempt=Outcome.CANCELLED)
