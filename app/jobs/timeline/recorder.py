@@ -86,17 +86,22 @@ class HistoryRecorder:
         repo = HistoryRepository(conn)
         edge = transition.value
         outcome = edge.closes_attempt
+        # What the rows told and lose now (claims), written just before the transition's own.
+        rows: list[dict[str, Any]] = []
         if outcome is not None and outcome is not Outcome.COMPLETED:
             held = before or {}
-            self._keep(repo, [held.get(job.id, job) for job in jobs], completions=False)
-            self._close_attempts(conn, repo, outcome, jobs, now_us)
+            rows = self._end_attempts(conn, repo, outcome, jobs,
+                                      [held.get(job.id, job) for job in jobs], now_us)
         if self.stats:
             self._count(conn, transition, jobs, now_us, counts)
-        if self.events and transition not in TOLD_BY_THE_ROW:
+        if not self.events:
+            return
+        if transition not in TOLD_BY_THE_ROW:
             extra = details or {}
-            rows = [row for job in jobs
-                    if (row := self._event_row(transition, job, actor, now_us, held_by,
-                                               extra.get(job.id)))]
+            rows += [row for job in jobs
+                     if (row := self._event_row(transition, job, actor, now_us, held_by,
+                                                extra.get(job.id)))]
+        if rows:
             repo.add_events(rows)
 
     def enqueued(self, conn: Connection, jobs: Sequence[Job], *,
@@ -214,12 +219,18 @@ class HistoryRecorder:
         if self.events and events:
             repo.add_events(events)
 
-    def _close_attempts(self, conn: Connection, repo: HistoryRepository, outcome: Outcome,
-                        jobs: Sequence[Job], now_us: int) -> None:
-        """End the jobs' attempts; a failed one is counted into its failure group
-        (docs/OPERATIONS.md, Failure groups), by the fingerprint of its error as stored
-        (redacted)."""
-        rows, failures = [], []
+    def _end_attempts(self, conn: Connection, repo: HistoryRepository, outcome: Outcome,
+                      jobs: Sequence[Job], held: Sequence[Job],
+                      now_us: int) -> list[dict[str, Any]]:
+        """End the jobs' attempts (`held`: each job's row as it held the attempt's claim); a
+        failed one is counted into its failure group (docs/OPERATIONS.md, Failure groups), by
+        the fingerprint of its error as stored (redacted). An attempt whose claim only its
+        row told is stored ended, in one statement; returns the claimed events of those, for
+        the caller to write before what ended them (the enqueue stays told by the row)."""
+        holding = [job for job in held if job.claimed_at is not None]
+        stored = repo.current_outcomes([job.id for job in holding]) if holding else {}
+        unstored = {job.id: job for job in holding if job.id not in stored}
+        ended, closed, failures = [], [], []
         for job in jobs:
             error = self._error(outcome, job)
             fingerprint = None
@@ -228,11 +239,21 @@ class HistoryRecorder:
                 failures.append(Failure(job.type, fingerprint,
                                         error[:FAILURE_SAMPLE_CHARS.max],
                                         ended_failed=job.status == JobStatus.FAILED))
-            rows.append({"closed_job_id": job.id, "new_error": error,
-                         "new_fingerprint": fingerprint})
-        repo.close_attempts(rows, outcome, now_us)
+            claim = unstored.get(job.id)
+            if claim is None:
+                closed.append({"closed_job_id": job.id, "new_error": error,
+                               "new_fingerprint": fingerprint})
+            else:
+                ended.append({"job_id": job.id, "worker_id": claim.worker_id,
+                              "claimed_at": claim.claimed_at, "error": error,
+                              "fingerprint": fingerprint})
+        if ended:
+            repo.add_ended_attempts(ended, outcome, now_us)
+        if closed:
+            repo.close_attempts(closed, outcome, now_us)
         if failures:
             FailureRepository(conn).record(failures, now_us)
+        return [claimed_event(job) for job in unstored.values()]
 
     @staticmethod
     def _add(conn: Connection, made: Counter[CountKey], now_us: int,
