@@ -472,6 +472,29 @@ _HEARTBEAT_DUE = or_(
 )
 
 
+def transition_conditions(transition: Transition, fenced: bool, key_to_confirm: bool = False,
+                          alone: bool = False) -> list[Any]:
+    """The conditions under which the job (`jobs`, its id the parameter `job_id`, aside) may
+    take `transition`, as _transition_update explains them: the statuses it starts from
+    and, for a worker's report, the job held by the worker (`worker`) under a lease live at
+    `now` (and `held_lease_token`, when `fenced`)."""
+    conditions = [_status_is(*transition.from_statuses)]
+    if key_to_confirm:
+        conditions.append(live_key_condition())
+    if transition.by_lease_holder:
+        conditions += [jobs.c.worker_id == bindparam("worker"),
+                       jobs.c.lease_expires_at > bindparam("now")]
+    if fenced:
+        conditions.append(jobs.c.lease_token == bindparam("held_lease_token"))
+    if transition in (Transition.COMPLETE, Transition.FAIL):
+        # A job whose cancel was requested ends cancelled, whatever its holder reports
+        # (Transition.STOP).
+        conditions.append(jobs.c.cancel_requested_at.is_(None))
+    if alone:
+        conditions += [jobs.c.has_dependents.is_(None), jobs.c.concurrency_key.is_(None)]
+    return conditions
+
+
 @functools.cache
 def _transition_update(transition: Transition, columns: frozenset[str],
                        fenced: bool, key_to_confirm: bool = False,
@@ -482,19 +505,7 @@ def _transition_update(transition: Transition, columns: frozenset[str],
     `alone`: the job's end touches no other row (no dependents to settle, no key's turn to
     pass on), so the UPDATE is all the step writes. Built once per shape: building and
     hashing a statement costs more than running it on the hot paths."""
-    conditions = [_status_is(*transition.from_statuses)]
-    if key_to_confirm:
-        conditions.append(live_key_condition())
-    if transition.by_lease_holder:
-        conditions += [jobs.c.worker_id == bindparam("worker"),
-                       jobs.c.lease_expires_at > bindparam("now")]
-    if fenced:
-        conditions.append(jobs.c.lease_token == bindparam("held_lease_token"))
-    if transition is Transition.COMPLETE:
-        # A job whose cancel was requested ends cancelled, not completed (Transition.STOP).
-        conditions.append(jobs.c.cancel_requested_at.is_(None))
-    if alone:
-        conditions += [jobs.c.has_dependents.is_(None), jobs.c.concurrency_key.is_(None)]
+    conditions = transition_conditions(transition, fenced, key_to_confirm, alone)
     values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in sorted(columns)}
     returned: tuple[Any, ...] = JOB_COLUMNS
     if transition is Transition.HEARTBEAT:
@@ -652,7 +663,9 @@ class JobRepository:
         # update); None once confirmed, or when nobody asked.
         self.key_to_confirm: KeyToConfirm | None = None
 
-    def _take_key(self) -> KeyToConfirm | None:
+    def take_key_to_confirm(self) -> KeyToConfirm | None:
+        """The caller's key for the statement about to fold it in (see key_to_confirm),
+        which then tells it what it found (KeyToConfirm.answered)."""
         key, self.key_to_confirm = self.key_to_confirm, None
         return key
 
@@ -666,7 +679,7 @@ class JobRepository:
         keyed = (values.get("idempotency_key") is not None
                  or values.get("unique_scope") is not None
                  or values.get("schedule") is not None)
-        key = self._take_key()
+        key = self.take_key_to_confirm()
         if key is None:
             row = _insert_statement(self.conn.dialect.name, skip_conflicts=keyed
                                     ).first(self.conn, values)
@@ -731,7 +744,7 @@ class JobRepository:
     # -- reading --------------------------------------------------------------------------
 
     def get_job(self, job_id: int, *, for_update: bool = False) -> Job | None:
-        key = self._take_key() if for_update else None
+        key = self.take_key_to_confirm() if for_update else None
         if key is None:
             stmt = _select_by_id_for_update if for_update else _select_by_id
             row = self.conn.execute(stmt, {"job_id": job_id}).first()
@@ -939,7 +952,7 @@ class JobRepository:
         }
         rows: Sequence[Any]
         if types is None:
-            key = self._take_key()
+            key = self.take_key_to_confirm()
             if key is not None:
                 params[LIVE_KEY] = key.digest
             if free_types_only:
@@ -963,7 +976,7 @@ class JobRepository:
             chosen = [row.id for row in itertools.islice(candidates, limit)]
             if not chosen:
                 return ClaimedRows([], {}, {})
-            key = self._take_key()
+            key = self.take_key_to_confirm()
             if key is not None:
                 params[LIVE_KEY] = key.digest
             if len(chosen) == 1:
@@ -1034,7 +1047,7 @@ class JobRepository:
         the work runs again in a transaction (need_transaction)."""
         if transition.by_lease_holder and (worker is None or now_us is None):
             raise ValueError(f"{transition.name} needs the worker and the time")
-        key = self._take_key()
+        key = self.take_key_to_confirm()
         stmt = _transition_update(transition, frozenset(values),
                                   fenced=lease_token is not None, key_to_confirm=key is not None,
                                   alone=alone)
@@ -1057,7 +1070,7 @@ class JobRepository:
         reports any), its lease capped at the attempt's deadline: the job and its controls
         (its cancel requested?); None when the worker does not hold it, or when it does and
         the heartbeat is not due yet (app/jobs/report_pace.py)."""
-        key = self._take_key()
+        key = self.take_key_to_confirm()
         stmt = _transition_update(Transition.HEARTBEAT, frozenset(values),
                                   fenced=lease_token is not None, key_to_confirm=key is not None)
         params = {"job_id": job_id, "worker": worker, "now": now_us,

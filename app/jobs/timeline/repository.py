@@ -61,12 +61,20 @@ _close_attempt_statement = (
 )
 _close_attempt = DriverStatement(_close_attempt_statement)
 
+_IS_CURRENT = job_attempts.c.outcome.in_([literal_column(f"'{outcome.value}'")
+                                          for outcome in sorted(CURRENT_OUTCOMES)])
 _current_outcomes = (
     select(job_attempts.c.job_id, job_attempts.c.outcome)
-    .where(job_attempts.c.job_id.in_(bindparam("ids", expanding=True)),
-           job_attempts.c.outcome.in_([literal_column(f"'{outcome.value}'")
-                                       for outcome in sorted(CURRENT_OUTCOMES)]))
+    .where(job_attempts.c.job_id.in_(bindparam("ids", expanding=True)), _IS_CURRENT)
 )
+
+
+def current_attempt_of(job_id: Any, column: Any = job_attempts.c.outcome) -> Any:
+    """A scalar subquery: `column` of the stored attempt that is the current one of the job
+    `job_id` names (running or completed, app/jobs/timeline/row_story.py), NULL when only
+    its row tells it. For a statement that reads it along with the job's row."""
+    return (select(column).where(job_attempts.c.job_id == job_id, _IS_CURRENT)
+            .limit(1).scalar_subquery())
 _attempts_of_job = (select(job_attempts).where(job_attempts.c.job_id == bindparam("job_id"))
                     .order_by(job_attempts.c.number))
 # The newest events, read backwards through (job_id, id).
