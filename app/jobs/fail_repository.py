@@ -147,14 +147,19 @@ def _fail_alone(fenced: bool, key_to_confirm: bool, events: bool) -> Any:
                    held.c.worker_id.label("held_worker"),
                    held.c.claimed_until.label("held_until"), held.c.stored_number)
         .cte("moved"))
-    ctes = [_attempt_ended(moved), _failure_counted(moved)]
+    attempt = _attempt_ended(moved)
+    ctes = [attempt, _failure_counted(moved)]
     if events:
-        ctes.append(_events_written(moved))
+        ctes.append(_events_written(moved, attempt))
     return select(*(moved.c[column.name] for column in JOB_COLUMNS)).add_cte(*ctes)
 
 
 def _attempt_ended(moved: Any) -> Any:
-    """The attempt ended: stored ended with its claim, or its stored running row ended."""
+    """The attempt ended: stored ended with its claim, or its stored running row ended.
+    Returns its job's id and whether it inserted the row (`stored_now`: PostgreSQL's xmax is
+    0 on a row an upsert inserted). The conflict is what finds a running row stored since
+    the statement's snapshot (a refused report recorded while the fail waited for the row):
+    that row is ended, and its claimed event, written with it, is not written again."""
     table = job_attempts
     next_number = (select(func.coalesce(func.max(table.c.number), 0) + 1)
                    .where(table.c.job_id == moved.c.id).scalar_subquery())
@@ -167,7 +172,8 @@ def _attempt_ended(moved: Any) -> Any:
     return stmt.on_conflict_do_update(
         index_elements=[table.c.job_id, table.c.number],
         set_={name: stmt.excluded[name]
-              for name in ("ended_at", "outcome", "error", "fingerprint")}).cte("attempt")
+              for name in ("ended_at", "outcome", "error", "fingerprint")},
+    ).returning(table.c.job_id, literal_column("xmax = 0").label("stored_now")).cte("attempt")
 
 
 def _failure_counted(moved: Any) -> Any:
@@ -181,8 +187,9 @@ def _failure_counted(moved: Any) -> Any:
     return counted_into_groups(stmt).cte("failure")
 
 
-def _events_written(moved: Any) -> Any:
-    """The claimed event the row told (unless stored), then the fail's own, in that order."""
+def _events_written(moved: Any, attempt: Any) -> Any:
+    """The claimed event the row told (unless the attempt's claim was stored with it), then
+    the fail's own, in that order."""
     pending = moved.c.status == literal_column(f"'{JobStatus.PENDING.value}'")
     claimed = select(
         literal(0).label("place"), moved.c.id.label("job_id"),
@@ -190,7 +197,8 @@ def _events_written(moved: Any) -> Any:
         moved.c.held_worker.label("actor"),
         func.concat(_text("claimed_before"), _rfc3339(moved.c.held_until),
                     _text("claimed_after")).label("detail"),
-    ).where(moved.c.stored_number.is_(None))
+    ).select_from(moved.join(attempt, attempt.c.job_id == moved.c.id)).where(
+        attempt.c.stored_now.is_(True))
     ended = select(
         literal(1), moved.c.id, bindparam("now"),
         case((pending, _text("retried_event")), else_=_text("failed_event")),
