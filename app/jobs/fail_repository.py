@@ -78,8 +78,8 @@ def _rfc3339(micros: Any) -> Any:
     whole = cast(micros, BigInteger)
     million: Any = literal_column("1000000")
     at: Any = (literal_column("TIMESTAMP '1970-01-01'")
-          + whole.op("/")(million).op("*")(literal_column("INTERVAL '1 second'"))
-          + func.mod(whole, million).op("*")(literal_column("INTERVAL '1 microsecond'")))
+               + whole.op("/")(million).op("*")(literal_column("INTERVAL '1 second'"))
+               + func.mod(whole, million).op("*")(literal_column("INTERVAL '1 microsecond'")))
     return func.to_char(at, literal_column("""'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'"""))
 
 
@@ -92,8 +92,8 @@ def _text(name: str) -> Any:
 # (Parenthesised: PostgreSQL reads `$1::BIGINT[][i]` as a type, not as an element.)
 _DELAYS: Any = Grouping(bindparam("delays",
                                   type_=postgresql.ARRAY(BigInteger, zero_indexes=True)))
-# after_failure's columns (app/jobs/transitions.py) that depend on the row's own values: the
-# count of retries, and the time of the next (after the backoff that count reaches).
+# after_failure's columns (app/jobs/transitions.py) that depend on the row's own values
+# (_from_the_row): the count of retries, and the time of the next.
 _FROM_THE_ROW = frozenset({"retry_count", "run_at"})
 # A job sent back to pending in a fair type gets its round from its first entry, kept since;
 # one without (a type made fair since) takes its round in a transaction (app/jobs/key_rules.py).
@@ -104,7 +104,15 @@ _ROUND_KEPT = or_(jobs.c.fair_round.is_not(None),
 
 def _columns_written() -> tuple[list[str], list[str]]:
     """The columns after_failure writes when retries are left, and when none are."""
-    return sorted(_FAIL.values(_running(1), 0, "", 0)), sorted(_FAIL.values(_running(0), 0, "", 0))
+    return (sorted(_FAIL.values(_running(1), 0, "", 0)),
+            sorted(_FAIL.values(_running(0), 0, "", 0)))
+
+
+def _from_the_row(held: Any) -> dict[str, Any]:
+    """after_failure's values that depend on the row (`held`) when retries are left: one
+    retry more, due once the backoff its count reached has passed."""
+    return {"retry_count": held.c.retry_count + 1,
+            "run_at": bindparam("now") + _DELAYS[held.c.retry_count]}
 
 
 @functools.cache
@@ -116,6 +124,7 @@ def _fail_alone(fenced: bool, key_to_confirm: bool, events: bool) -> Any:
     held = (
         select(jobs.c.id, jobs.c.claimed_at, jobs.c.worker_id, jobs.c.claimed_until,
                jobs.c.retry_count,
+               # Job.has_retries_left, of the row as it is.
                (jobs.c.retry_count < jobs.c.max_retries).label("retrying"),
                current_attempt_of(jobs.c.id, job_attempts.c.number).label("stored_number"))
         .where(jobs.c.id == bindparam("job_id"),
@@ -128,16 +137,13 @@ def _fail_alone(fenced: bool, key_to_confirm: bool, events: bool) -> Any:
         .cte("held"))
     retrying = held.c.retrying.is_(True)
     retry_columns, final_columns = _columns_written()
+    from_the_row = _from_the_row(held)
+    assert set(from_the_row) == _FROM_THE_ROW <= set(retry_columns)
     values: dict[str, Any] = {}
     for name in sorted(set(retry_columns) | set(final_columns)):
         column = jobs.c[name]
-        if name == "retry_count":
-            if_retried: Any = held.c.retry_count + 1
-        elif name == "run_at":
-            if_retried = bindparam("now") + _DELAYS[held.c.retry_count]
-        else:
-            if_retried = (bindparam(f"retry_{name}", type_=column.type)
-                          if name in retry_columns else column)
+        if_retried = from_the_row.get(name, bindparam(f"retry_{name}", type_=column.type)
+                                      if name in retry_columns else column)
         if_final = (bindparam(f"final_{name}", type_=column.type)
                     if name in final_columns else column)
         values[name] = case((retrying, if_retried), else_=if_final)

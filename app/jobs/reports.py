@@ -314,7 +314,7 @@ class WorkerReports:
         with tx.statement_of_its_own():  # a note of activity
             tx.timeline.seen(caller.name, now, claimed=False)
         tx.made(Transition.FAIL, [failed], actor=caller.name, now_us=now,
-                history_written=True)
+                whole_in_statement=True)
         return failed
 
     def _fail_in(self, tx: JobsTx, caller: Caller, job_id: int, lease_token: str | None,

@@ -474,10 +474,12 @@ _HEARTBEAT_DUE = or_(
 
 def transition_conditions(transition: Transition, fenced: bool, key_to_confirm: bool = False,
                           alone: bool = False) -> list[Any]:
-    """The conditions under which the job (`jobs`, its id the parameter `job_id`, aside) may
-    take `transition`, as _transition_update explains them: the statuses it starts from
-    and, for a worker's report, the job held by the worker (`worker`) under a lease live at
-    `now` (and `held_lease_token`, when `fenced`)."""
+    """The conditions, besides its id, under which a row of `jobs` may take `transition`
+    (the flags as _transition_update's): one of the statuses it starts from and, for a
+    worker's report, the job held by the worker (parameter `worker`) under a lease live at
+    `now` (and `held_lease_token`, when `fenced`), its cancel not requested for a complete
+    or a fail. For the statements that move a job one way or another (app/jobs/
+    fail_repository.py) as for the UPDATE here."""
     conditions = [_status_is(*transition.from_statuses)]
     if key_to_confirm:
         conditions.append(live_key_condition())

@@ -247,7 +247,7 @@ class JobsTx(Transaction):
              details: Mapping[int, Mapping[str, Any]] | None = None,
              before: Mapping[int, Job] | None = None,
              current_attempts: Mapping[int, str | None] | None = None,
-             history_written: bool = False) -> None:
+             whole_in_statement: bool = False) -> None:
         """Called in the transaction of every transition made, with the jobs as it left
         them: what a transition entails besides its UPDATE — the job's history (its attempts
         and events), the events counted for metrics, and for the jobs it finished, what
@@ -256,11 +256,14 @@ class JobsTx(Transaction):
         event detail by job id; `before`, by job id, the rows as they were before an
         attempt's end that clears its claim (the history keeps it); `current_attempts`, by
         job id, the outcome of its stored current attempt as read with that row (None: none
-        stored; app/jobs/timeline/recorder.py). `history_written`: the transition's own
-        statement wrote its history (app/jobs/fail_repository.py), which is only counted."""
+        stored; app/jobs/timeline/recorder.py). `whole_in_statement`: the transition's own
+        statement did all it entails, its history written and no dependents, key or fair
+        round to see to (app/jobs/fail_repository.py): it is only counted."""
         self._record(transition, jobs, actor=actor, now_us=now_us, held_by=held_by,
                      details=details, before=before, current_attempts=current_attempts,
-                     history_written=history_written)
+                     history_written=whole_in_statement)
+        if whole_in_statement:
+            return
         moves: list[tuple[Transition, Sequence[Job]]] = [(transition, jobs)]
         # Only a job some edge waits on has dependents to settle: the end of any other sends
         # nothing about dependencies.
