@@ -21,6 +21,7 @@ from app.core.errors import IdempotencyKeyTaken, SlotTaken, UniqueScopeHeld
 from app.jobs.domain.models import Job, JobControls
 from app.jobs.domain.transitions import Transition
 from app.jobs.domain.uniqueness import holds_key_in
+from app.jobs.sql.fail_repository import JobToEnd
 from app.jobs.tx.key_rules import KeyRules, no_modes
 from app.jobs.tx.uow import FINISHED, JobsTx
 
@@ -168,7 +169,8 @@ class FakeTimeline:
     def transition(self, transition: Transition, jobs: Sequence[Job], *, actor: str,
                    now_us: int, held_by: str | None = None,
                    details: Mapping[int, Mapping[str, Any]] | None = None,
-                   before: Mapping[int, Job] | None = None) -> None:
+                   before: Mapping[int, Job] | None = None,
+                   current_attempts: Mapping[int, str | None] | None = None) -> None:
         self.told.append((transition.name.lower(), [job.id for job in jobs], {"actor": actor}))
 
     def enqueued(self, jobs: Sequence[Job], *, actor: str | None = None,
@@ -228,6 +230,20 @@ class FakeDependencies:
         return []
 
 
+class FakeFails:
+    """The fail's read of the job it ends (FailRepository.job_to_end), on the fakes: no
+    attempt is stored here."""
+
+    def __init__(self, jobs: FakeJobs) -> None:
+        self.jobs = jobs
+
+    def job_to_end(self, job_id: int) -> JobToEnd | None:
+        job = self.jobs.get_job(job_id, for_update=True)
+        if job is None:
+            return None
+        return JobToEnd(job, self.jobs.controls.cancel_requested_by(job_id), None)
+
+
 class FakeTx(JobsTx):
     """A JobsTx on the fakes: `confirm` trusts every caller, `made` is the real one."""
 
@@ -237,6 +253,7 @@ class FakeTx(JobsTx):
         self.events = Counter()
         self.jobs = jobs  # type: ignore[assignment]
         self.controls = jobs.controls  # type: ignore[assignment]
+        self.fails = FakeFails(jobs)  # type: ignore[assignment]
         self.timeline = timeline  # type: ignore[assignment]
         self.dependencies = FakeDependencies()  # type: ignore[assignment]
         self.clock = Clock()

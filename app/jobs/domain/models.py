@@ -164,10 +164,16 @@ class Backoff:
     max_seconds: float
 
     def delay_us(self, retry_count: int, rng: random.Random | None = None) -> int:
+        return self.delay_at(retry_count, (rng or random).random())
+
+    def delay_at(self, retry_count: int, draw: float) -> int:
+        """The delay after `retry_count` retries for a draw in [0, 1) of the jitter: the same
+        draw gives every retry count's delay at the same place in its range (a fail drawn
+        before it knows the job's count). As delay_us with a generator whose next random()
+        is `draw` (random.uniform draws so)."""
         # Cap the exponent: 2**64 seconds is already beyond any ceiling.
         ceiling = min(self.base_seconds * 2.0 ** min(retry_count, 64), self.max_seconds)
-        draw = (rng or random).uniform(ceiling / 2, ceiling)
-        return round(draw * MICROS)
+        return round((ceiling / 2 + (ceiling - ceiling / 2) * draw) * MICROS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -208,7 +208,9 @@ class ClaimRepository:
         # update); None once confirmed, or when nobody asked.
         self.key_to_confirm: KeyToConfirm | None = None
 
-    def _take_key(self) -> KeyToConfirm | None:
+    def take_key_to_confirm(self) -> KeyToConfirm | None:
+        """The caller's key for the statement about to fold it in (see key_to_confirm),
+        which then tells it what it found (KeyToConfirm.answered)."""
         key, self.key_to_confirm = self.key_to_confirm, None
         return key
 
@@ -273,7 +275,7 @@ class ClaimRepository:
         }
         rows: Sequence[Any]
         if types is None:
-            key = self._take_key()
+            key = self.take_key_to_confirm()
             if key is not None:
                 params[LIVE_KEY] = key.digest
             if free_types_only:
@@ -297,7 +299,7 @@ class ClaimRepository:
             chosen = [row.id for row in itertools.islice(candidates, limit)]
             if not chosen:
                 return ClaimedRows([], {}, {})
-            key = self._take_key()
+            key = self.take_key_to_confirm()
             if key is not None:
                 params[LIVE_KEY] = key.digest
             if len(chosen) == 1:

@@ -175,7 +175,7 @@ class JobReads(ClaimRepository):
 
 
     def get_job(self, job_id: int, *, for_update: bool = False) -> Job | None:
-        key = self._take_key() if for_update else None
+        key = self.take_key_to_confirm() if for_update else None
         if key is None:
             stmt = _select_by_id_for_update if for_update else _select_by_id
             row = self.conn.execute(stmt, {"job_id": job_id}).first()

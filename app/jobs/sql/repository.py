@@ -120,6 +120,31 @@ _HEARTBEAT_DUE = or_(
 )
 
 
+def transition_conditions(transition: Transition, fenced: bool, key_to_confirm: bool = False,
+                          alone: bool = False) -> list[Any]:
+    """The conditions, besides its id, under which a row of `jobs` may take `transition`
+    (the flags as _transition_update's): one of the statuses it starts from and, for a
+    worker's report, the job held by the worker (parameter `worker`) under a lease live at
+    `now` (and `held_lease_token`, when `fenced`), its cancel not requested for a complete
+    or a fail. For the statements that move a job one way or another (app/jobs/sql/
+    fail_repository.py) as for the UPDATE here."""
+    conditions = [status_is_job(*transition.from_statuses)]
+    if key_to_confirm:
+        conditions.append(live_key_condition())
+    if transition.by_lease_holder:
+        conditions += [jobs.c.worker_id == bindparam("worker"),
+                       jobs.c.lease_expires_at > bindparam("now")]
+    if fenced:
+        conditions.append(jobs.c.lease_token == bindparam("held_lease_token"))
+    if transition in (Transition.COMPLETE, Transition.FAIL):
+        # A job whose cancel was requested ends cancelled, whatever its holder reports
+        # (Transition.STOP).
+        conditions.append(jobs.c.cancel_requested_at.is_(None))
+    if alone:
+        conditions += [jobs.c.has_dependents.is_(None), jobs.c.concurrency_key.is_(None)]
+    return conditions
+
+
 @functools.cache
 def _transition_update(transition: Transition, columns: frozenset[str],
                        fenced: bool, key_to_confirm: bool = False,
@@ -130,19 +155,7 @@ def _transition_update(transition: Transition, columns: frozenset[str],
     `alone`: the job's end touches no other row (no dependents to settle, no key's turn to
     pass on), so the UPDATE is all the step writes. Built once per shape: building and
     hashing a statement costs more than running it on the hot paths."""
-    conditions = [status_is_job(*transition.from_statuses)]
-    if key_to_confirm:
-        conditions.append(live_key_condition())
-    if transition.by_lease_holder:
-        conditions += [jobs.c.worker_id == bindparam("worker"),
-                       jobs.c.lease_expires_at > bindparam("now")]
-    if fenced:
-        conditions.append(jobs.c.lease_token == bindparam("held_lease_token"))
-    if transition is Transition.COMPLETE:
-        # A job whose cancel was requested ends cancelled, not completed (Transition.STOP).
-        conditions.append(jobs.c.cancel_requested_at.is_(None))
-    if alone:
-        conditions += [jobs.c.has_dependents.is_(None), jobs.c.concurrency_key.is_(None)]
+    conditions = transition_conditions(transition, fenced, key_to_confirm, alone)
     values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in sorted(columns)}
     returned: tuple[Any, ...] = JOB_COLUMNS
     if transition is Transition.HEARTBEAT:
@@ -281,7 +294,7 @@ class JobRepository(JobReads):
         keyed = (values.get("idempotency_key") is not None
                  or values.get("unique_scope") is not None
                  or values.get("schedule") is not None)
-        key = self._take_key()
+        key = self.take_key_to_confirm()
         if key is None:
             row = _insert_statement(self.conn.dialect.name, skip_conflicts=keyed
                                     ).first(self.conn, values)
@@ -357,7 +370,7 @@ class JobRepository(JobReads):
         the work runs again in a transaction (need_transaction)."""
         if transition.by_lease_holder and (worker is None or now_us is None):
             raise ValueError(f"{transition.name} needs the worker and the time")
-        key = self._take_key()
+        key = self.take_key_to_confirm()
         stmt = _transition_update(transition, frozenset(values),
                                   fenced=lease_token is not None, key_to_confirm=key is not None,
                                   alone=alone)
@@ -380,7 +393,7 @@ class JobRepository(JobReads):
         reports any), its lease capped at the attempt's deadline: the job and its controls
         (its cancel requested?); None when the worker does not hold it, or when it does and
         the heartbeat is not due yet (app/jobs/domain/report_pace.py)."""
-        key = self._take_key()
+        key = self.take_key_to_confirm()
         stmt = _transition_update(Transition.HEARTBEAT, frozenset(values),
                                   fenced=lease_token is not None, key_to_confirm=key is not None)
         params = {"job_id": job_id, "worker": worker, "now": now_us,

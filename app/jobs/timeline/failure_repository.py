@@ -43,9 +43,10 @@ class Failure:
     ended_failed: bool
 
 
-@functools.cache
-def _upsert(dialect: str) -> Any:
-    stmt = conflict_insert_for(dialect, failure_groups)
+def counted_into_groups(stmt: Any) -> Any:
+    """`stmt`, an INSERT of failure_groups rows (the engine's own: conflict_insert_for), made
+    to count each row into its group: a new group is inserted as it is, an existing one adds
+    the row's counts and takes its sample and last_seen."""
     table = failure_groups
     return stmt.on_conflict_do_update(
         index_elements=[table.c.type, table.c.fingerprint],
@@ -53,6 +54,11 @@ def _upsert(dialect: str) -> Any:
               "jobs_failed": table.c.jobs_failed + stmt.excluded.jobs_failed,
               "sample": stmt.excluded.sample,
               "last_seen": stmt.excluded.last_seen})
+
+
+@functools.cache
+def _upsert(dialect: str) -> Any:
+    return counted_into_groups(conflict_insert_for(dialect, failure_groups))
 
 
 # A job's last attempt: the one whose error is the job's own once it rests failed.

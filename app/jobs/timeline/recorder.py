@@ -16,14 +16,16 @@ transaction is rolled back, is written in a transaction of its own).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection
 
-from app.core.clock import MICROS
+from app.core.clock import MICROS, to_rfc3339
 from app.core.fingerprint import error_fingerprint
 from app.core.limits import FAILURE_SAMPLE_CHARS
 from app.core.statuses import JobStatus
@@ -58,6 +60,53 @@ def _detail(**values: Any) -> str | None:
     return detail_text(values)
 
 
+# Fingerprinting a long error costs milliseconds: a fail fingerprints its error before it
+# takes the write lock (`fingerprint_of`), and the recorder, inside it, finds it remembered.
+fingerprint_of = functools.lru_cache(maxsize=32)(error_fingerprint)
+
+# A time no job has (the last microsecond of year 9999): where it shows in a detail written
+# for a stand-in job, a statement writes the text of the time only the row knows.
+_UNKNOWN_TIME = 253402300799999999
+
+
+# A job as a fail leaves it, its times those no job has: the details a fail writes are its
+# own with its status and error (fail_history).
+_STAND_IN = Job(id=0, type="", payload="", priority=0, status=JobStatus.RUNNING.value,
+                retry_count=0, max_retries=0, producer="", idempotency_key=None,
+                request_fingerprint=None, run_at=_UNKNOWN_TIME, claimed_at=_UNKNOWN_TIME,
+                worker_id="", lease_expires_at=None, lease_token=None, result=None,
+                error=None, created_at=0, updated_at=0, claimed_until=_UNKNOWN_TIME)
+
+
+def _around_time(detail: str | None) -> tuple[str, str]:
+    """A detail holding _UNKNOWN_TIME's text: the text before it and after it (its last
+    place: the error, which may hold anything, comes before it)."""
+    before, found, after = (detail or "").rpartition(to_rfc3339(_UNKNOWN_TIME) or "")
+    if not found:
+        raise ValueError("the detail does not hold the time")
+    return before, after
+
+
+@dataclass(frozen=True, slots=True)
+class FailHistory:
+    """What a worker's fail that ends a plain job's attempt writes into its history, for one
+    statement that reads the job's row as it changes it (app/jobs/sql/fail_repository.py): the
+    attempt's outcome and error with its failure group (fingerprint, sample), and, when
+    events are written (`events`), each event's name and detail. Where a detail holds a
+    time only the row knows, it is the text before and after that time's RFC 3339 text:
+    the attempt's claim (`claimed`, its lease's end claimed_until), a retry (`retried`, its
+    run_at); a failure for good needs none (`failed`)."""
+
+    outcome: str
+    error: str
+    fingerprint: str
+    sample: str
+    events: bool
+    claimed: tuple[str, str, str]
+    retried: tuple[str, str, str]
+    failed: tuple[str, str | None]
+
+
 class HistoryRecorder:
     """Writes attempts always, events unless `events` is off (QUEUELOG_JOB_EVENTS=0), and the
     per-minute stats (docs/OPERATIONS.md) unless `stats` is off (QUEUELOG_STATS=0)."""
@@ -73,12 +122,16 @@ class HistoryRecorder:
                    actor: str, now_us: int, held_by: str | None = None,
                    details: Mapping[int, Mapping[str, Any]] | None = None,
                    counts: Counter[CountKey] | None = None,
-                   before: Mapping[int, Job] | None = None) -> None:
+                   before: Mapping[int, Job] | None = None,
+                   current_attempts: Mapping[int, str | None] | None = None) -> None:
         """Record `transition`, which left `jobs` as they are; `held_by` names the worker a
         rescued lease belonged to; `details`, by job id, adds to an event's detail what the
         job alone does not say (the dependency that cancelled it). `before`, by job id, is
         the row as it stood before an attempt's end that clears its claim (a failure sent
-        back to pending). What it adds to the stats goes into `counts`, which the
+        back to pending); `current_attempts`, by job id, the outcome of its stored current
+        attempt as the caller read it with that row (None: none stored), for the jobs whose
+        attempt is not to be looked up again. What it adds to the stats goes into `counts`,
+        which the
         transaction hands to its process once committed (app/jobs/timeline/stats_buffer.py;
         without: written at once, in the transaction)."""
         if not jobs:
@@ -86,18 +139,48 @@ class HistoryRecorder:
         repo = HistoryRepository(conn)
         edge = transition.value
         outcome = edge.closes_attempt
+        # What the rows told and lose now (claims), written just before the transition's own.
+        rows: list[dict[str, Any]] = []
         if outcome is not None and outcome is not Outcome.COMPLETED:
             held = before or {}
-            self._keep(repo, [held.get(job.id, job) for job in jobs], completions=False)
-            self._close_attempts(conn, repo, outcome, jobs, now_us)
+            rows = self._end_attempts(conn, repo, outcome, jobs,
+                                      [held.get(job.id, job) for job in jobs], now_us,
+                                      current_attempts or {})
         if self.stats:
             self._count(conn, transition, jobs, now_us, counts)
-        if self.events and transition not in TOLD_BY_THE_ROW:
+        if not self.events:
+            return
+        if transition not in TOLD_BY_THE_ROW:
             extra = details or {}
-            rows = [row for job in jobs
-                    if (row := self._event_row(transition, job, actor, now_us, held_by,
-                                               extra.get(job.id)))]
+            rows += [row for job in jobs
+                     if (row := self._event_row(transition, job, actor, now_us, held_by,
+                                                extra.get(job.id)))]
+        if rows:
             repo.add_events(rows)
+
+    def counted(self, conn: Connection, transition: Transition, jobs: Sequence[Job], *,
+                now_us: int, counts: Counter[CountKey] | None = None) -> None:
+        """Count into the stats a transition whose history its own statement wrote (see
+        fail_history): as `transition` counts it, and nothing written."""
+        if self.stats and jobs:
+            self._count(conn, transition, jobs, now_us, counts)
+
+    def fail_history(self, error: str) -> FailHistory:
+        """What a worker's fail with `error` (as stored) writes into a plain job's history,
+        as transition(Transition.FAIL) writes it for a job whose claim only its row told."""
+        outcome = Transition.FAIL.value.closes_attempt
+        assert outcome is not None
+        retried = replace(_STAND_IN, status=JobStatus.PENDING.value, error=error)
+        failed = replace(_STAND_IN, status=JobStatus.FAILED.value, error=error)
+        claimed = claimed_event(retried)
+        retry = self._event_row(Transition.FAIL, retried, "", 0, None, None) or {}
+        end = self._event_row(Transition.FAIL, failed, "", 0, None, None) or {}
+        return FailHistory(
+            outcome=outcome.value, error=error, fingerprint=fingerprint_of(error),
+            sample=error[:FAILURE_SAMPLE_CHARS.max], events=self.events,
+            claimed=(claimed["event"], *_around_time(claimed["detail"])),
+            retried=(retry["event"], *_around_time(retry["detail"])),
+            failed=(end["event"], end["detail"]))
 
     def enqueued(self, conn: Connection, jobs: Sequence[Job], *,
                  actor: str | None = None, actors: Sequence[str] | None = None,
@@ -214,25 +297,44 @@ class HistoryRecorder:
         if self.events and events:
             repo.add_events(events)
 
-    def _close_attempts(self, conn: Connection, repo: HistoryRepository, outcome: Outcome,
-                        jobs: Sequence[Job], now_us: int) -> None:
-        """End the jobs' attempts; a failed one is counted into its failure group
-        (docs/OPERATIONS.md, Failure groups), by the fingerprint of its error as stored
-        (redacted)."""
-        rows, failures = [], []
+    def _end_attempts(self, conn: Connection, repo: HistoryRepository, outcome: Outcome,
+                      jobs: Sequence[Job], held: Sequence[Job], now_us: int,
+                      known: Mapping[int, str | None]) -> list[dict[str, Any]]:
+        """End the jobs' attempts (`held`: each job's row as it held the attempt's claim); a
+        failed one is counted into its failure group (docs/OPERATIONS.md, Failure groups), by
+        the fingerprint of its error as stored (redacted). An attempt whose claim only its
+        row told is stored ended, in one statement; returns the claimed events of those, for
+        the caller to write before what ended them (the enqueue stays told by the row).
+        `known`: the stored current attempts already read (see transition)."""
+        holding = [job for job in held if job.claimed_at is not None]
+        unknown = [job.id for job in holding if job.id not in known]
+        stored = repo.current_outcomes(unknown) if unknown else {}
+        stored |= {job_id: outcome for job_id, outcome in known.items() if outcome is not None}
+        unstored = {job.id: job for job in holding if job.id not in stored}
+        ended, closed, failures = [], [], []
         for job in jobs:
             error = self._error(outcome, job)
             fingerprint = None
             if error is not None and outcome in GROUPED_OUTCOMES:
-                fingerprint = error_fingerprint(error)
+                fingerprint = fingerprint_of(error)
                 failures.append(Failure(job.type, fingerprint,
                                         error[:FAILURE_SAMPLE_CHARS.max],
                                         ended_failed=job.status == JobStatus.FAILED))
-            rows.append({"closed_job_id": job.id, "new_error": error,
-                         "new_fingerprint": fingerprint})
-        repo.close_attempts(rows, outcome, now_us)
+            claim = unstored.get(job.id)
+            if claim is None:
+                closed.append({"closed_job_id": job.id, "new_error": error,
+                               "new_fingerprint": fingerprint})
+            else:
+                ended.append({"job_id": job.id, "worker_id": claim.worker_id,
+                              "claimed_at": claim.claimed_at, "error": error,
+                              "fingerprint": fingerprint})
+        if ended:
+            repo.add_ended_attempts(ended, outcome, now_us)
+        if closed:
+            repo.close_attempts(closed, outcome, now_us)
         if failures:
             FailureRepository(conn).record(failures, now_us)
+        return [claimed_event(job) for job in unstored.values()]
 
     @staticmethod
     def _add(conn: Connection, made: Counter[CountKey], now_us: int,

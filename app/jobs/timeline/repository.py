@@ -34,6 +34,22 @@ _open_attempt_statement = insert(job_attempts).from_select(
     ).where(job_attempts.c.job_id == bindparam("job_id")),
 )
 _open_attempt = DriverStatement(_open_attempt_statement)
+# An attempt stored as it ends, its claim never written while it ran (the row told it): the
+# same numbering as an opened one, its end with it.
+_ended_attempt = DriverStatement(insert(job_attempts).from_select(
+    ["job_id", "number", "worker_id", "claimed_at", "ended_at", "outcome", "error",
+     "fingerprint"],
+    select(
+        bindparam("job_id"),
+        func.coalesce(func.max(job_attempts.c.number), 0) + 1,
+        bindparam("worker_id"),
+        bindparam("claimed_at"),
+        bindparam("ended_at"),
+        bindparam("outcome"),
+        bindparam("error"),
+        bindparam("fingerprint"),
+    ).where(job_attempts.c.job_id == bindparam("job_id")),
+))
 
 # A job has at most one running attempt: the one its current claim opened.
 _close_attempt_statement = (
@@ -45,12 +61,20 @@ _close_attempt_statement = (
 )
 _close_attempt = DriverStatement(_close_attempt_statement)
 
+_IS_CURRENT = job_attempts.c.outcome.in_([literal_column(f"'{outcome.value}'")
+                                          for outcome in sorted(CURRENT_OUTCOMES)])
 _current_outcomes = (
     select(job_attempts.c.job_id, job_attempts.c.outcome)
-    .where(job_attempts.c.job_id.in_(bindparam("ids", expanding=True)),
-           job_attempts.c.outcome.in_([literal_column(f"'{outcome.value}'")
-                                       for outcome in sorted(CURRENT_OUTCOMES)]))
+    .where(job_attempts.c.job_id.in_(bindparam("ids", expanding=True)), _IS_CURRENT)
 )
+
+
+def current_attempt_of(job_id: Any, column: Any = job_attempts.c.outcome) -> Any:
+    """A scalar subquery: `column` of the stored attempt that is the current one of the job
+    `job_id` names (running or completed, app/jobs/timeline/row_story.py), NULL when only
+    its row tells it. For a statement that reads it along with the job's row."""
+    return (select(column).where(job_attempts.c.job_id == job_id, _IS_CURRENT)
+            .limit(1).scalar_subquery())
 _attempts_of_job = (select(job_attempts).where(job_attempts.c.job_id == bindparam("job_id"))
                     .order_by(job_attempts.c.number))
 # The newest events, read backwards through (job_id, id).
@@ -83,6 +107,17 @@ class HistoryRepository:
             _open_attempt.rows(self.conn, rows[0])
         else:
             _open_attempt.execute_many(self.conn, rows)
+
+    def add_ended_attempts(self, rows: Sequence[Mapping[str, Any]], outcome: Outcome,
+                           ended_at: int) -> None:
+        """Store, already ended, an attempt per row (`job_id`, `worker_id`, `claimed_at`,
+        `error`, `fingerprint`) whose claim was not stored while it ran: one statement where
+        opening it and then ending it would take two."""
+        params = [{**row, "ended_at": ended_at, "outcome": outcome.value} for row in rows]
+        if len(params) == 1:
+            _ended_attempt.rows(self.conn, params[0])
+        else:
+            _ended_attempt.execute_many(self.conn, params)
 
     def close_attempts(self, rows: Sequence[Mapping[str, Any]], outcome: Outcome,
                        ended_at: int) -> None:

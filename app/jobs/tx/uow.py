@@ -25,11 +25,12 @@ from app.jobs.domain.transitions import Transition
 from app.jobs.sql.context_repository import JobContextRepository
 from app.jobs.sql.control_repository import ControlRepository
 from app.jobs.sql.dependency_repository import DependencyRepository
+from app.jobs.sql.fail_repository import FailRepository
 from app.jobs.sql.key_repository import KeyRepository
 from app.jobs.sql.repository import JobRepository
 from app.jobs.sql.reservation_repository import ReservationRepository
 from app.jobs.timeline.failure_repository import FailureRepository
-from app.jobs.timeline.recorder import HistoryRecorder
+from app.jobs.timeline.recorder import FailHistory, HistoryRecorder
 from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.timeline.stats_buffer import StatsBuffer
 from app.jobs.timeline.stats_repository import CountKey, minute_of
@@ -70,10 +71,11 @@ class Timeline:
     def transition(self, transition: Transition, jobs: Sequence[Job], *, actor: str,
                    now_us: int, held_by: str | None = None,
                    details: Mapping[int, Mapping[str, Any]] | None = None,
-                   before: Mapping[int, Job] | None = None) -> None:
+                   before: Mapping[int, Job] | None = None,
+                   current_attempts: Mapping[int, str | None] | None = None) -> None:
         self._recorder.transition(self._conn, transition, jobs, actor=actor, now_us=now_us,
                                   held_by=held_by, details=details, counts=self.counts,
-                                  before=before)
+                                  before=before, current_attempts=current_attempts)
 
     def enqueued(self, jobs: Sequence[Job], *, actor: str | None = None,
                  actors: Sequence[str] | None = None) -> None:
@@ -96,6 +98,12 @@ class Timeline:
 
     def seen(self, name: str, now_us: int, *, claimed: bool) -> None:
         self._recorder.seen(self._conn, name, now_us, claimed=claimed)
+
+    def counted(self, transition: Transition, jobs: Sequence[Job], *, now_us: int) -> None:
+        self._recorder.counted(self._conn, transition, jobs, now_us=now_us, counts=self.counts)
+
+    def fail_history(self, error: str) -> FailHistory:
+        return self._recorder.fail_history(error)
 
 
 class JobsTx(Transaction):
@@ -127,6 +135,10 @@ class JobsTx(Transaction):
     @functools.cached_property
     def jobs(self) -> JobRepository:
         return JobRepository(self.conn)
+
+    @functools.cached_property
+    def fails(self) -> FailRepository:
+        return FailRepository(self.jobs)
 
     @functools.cached_property
     def dependencies(self) -> DependencyRepository:
@@ -233,16 +245,25 @@ class JobsTx(Transaction):
     def after_transition(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
              held_by: str | None = None,
              details: Mapping[int, Mapping[str, Any]] | None = None,
-             before: Mapping[int, Job] | None = None) -> None:
+             before: Mapping[int, Job] | None = None,
+             current_attempts: Mapping[int, str | None] | None = None,
+             whole_in_statement: bool = False) -> None:
         """Called in the transaction of every transition made, with the jobs as it left
         them: what a transition entails besides its UPDATE — the job's history (its attempts
         and events), the events counted for metrics, and for the jobs it finished, what
         their end does to the jobs waiting on them (app/jobs/tx/dependencies.py). `actor` is
         who made it; `held_by` the worker whose lease a rescue took back; `details` extra
         event detail by job id; `before`, by job id, the rows as they were before an
-        attempt's end that clears its claim (the history keeps it)."""
+        attempt's end that clears its claim (the history keeps it); `current_attempts`, by
+        job id, the outcome of its stored current attempt as read with that row (None: none
+        stored; app/jobs/timeline/recorder.py). `whole_in_statement`: the transition's own
+        statement did all it entails, its history written and no dependents, key or fair
+        round to see to (app/jobs/sql/fail_repository.py): it is only counted."""
         self._record(transition, jobs, actor=actor, now_us=now_us, held_by=held_by,
-                     details=details, before=before)
+                     details=details, before=before, current_attempts=current_attempts,
+                     history_written=whole_in_statement)
+        if whole_in_statement:
+            return
         moves: list[tuple[Transition, Sequence[Job]]] = [(transition, jobs)]
         # Only a job some edge waits on has dependents to settle: the end of any other sends
         # nothing about dependencies.
@@ -288,11 +309,17 @@ class JobsTx(Transaction):
     def _record(self, transition: Transition, jobs: list[Job], *, actor: str, now_us: int,
                 held_by: str | None = None,
                 details: Mapping[int, Mapping[str, Any]] | None = None,
-                before: Mapping[int, Job] | None = None) -> None:
+                before: Mapping[int, Job] | None = None,
+                current_attempts: Mapping[int, str | None] | None = None,
+                history_written: bool = False) -> None:
         if not jobs:
             return
-        self.timeline.transition(transition, jobs, actor=actor, now_us=now_us,
-                                 held_by=held_by, details=details, before=before)
+        if history_written:
+            self.timeline.counted(transition, jobs, now_us=now_us)
+        else:
+            self.timeline.transition(transition, jobs, actor=actor, now_us=now_us,
+                                     held_by=held_by, details=details, before=before,
+                                     current_attempts=current_attempts)
         events = self.events
         # Not a metric: wakes the reads waiting for a job to finish (GET ?wait_seconds).
         events[FINISHED] += sum(1 for job in jobs if job.status in TERMINAL_STATUSES)

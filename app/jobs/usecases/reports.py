@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.core.callers import Caller
 from app.core.clock import MICROS, Clock
 from app.core.errors import Conflict, NotFound, QueueError
+from app.core.limits import RETRIES
 from app.core.redaction import redact_error
 from app.jobs.domain.intake import sized_json
 from app.jobs.domain.models import Job, JobControls
@@ -28,6 +29,7 @@ from app.jobs.domain.report_pace import (
 from app.jobs.domain.settings import QueueSettings
 from app.jobs.domain.transitions import Transition, refusal
 from app.jobs.sql.control_repository import progress_columns
+from app.jobs.timeline.recorder import fingerprint_of
 from app.jobs.tx.attempts import end_attempt
 from app.jobs.tx.uow import JobsTx, JobsUnitOfWork
 
@@ -272,53 +274,96 @@ class WorkerReports:
         error = redact_error(error).replace("\x00", "\ufffd")
         retry_in_us = None if retry_in_seconds is None else retry_in_seconds * MICROS
         stored_checkpoint = self._stored_checkpoint(checkpoint)
+        fingerprint_of(error)  # before any lock: the recorder, inside it, finds it remembered
+        # The backoff's jitter, drawn once for whichever retry count the job has reached.
+        draw = self.rng.random() if retry_in_us is None else 0.0
+        backoff = self.settings.backoff
+
+        def delay_after(retry_count: int) -> int:
+            return retry_in_us if retry_in_us is not None else backoff.delay_at(retry_count,
+                                                                                 draw)
 
         def fail_in(tx: JobsTx) -> Job:
-            repo = tx.jobs_confirming(caller)  # by the read that locks the job
-            now = self.clock.now_us()
-            job = repo.get_job(job_id, for_update=True)
-            if job is None or not job.is_held_by(caller.name, now, lease_token):
-                if job is not None and lease_token is not None and (
-                        job.shows_fail(caller.name, lease_token, error, retry_in_us)
-                        or job.shows_stop(caller.name, lease_token, error=error)):
-                    return job
-                return self._refuse_report(job, caller, now, lease_token)
-            if stored_checkpoint is not None:
-                tx.controls.save_checkpoint(job_id, stored_checkpoint, now)
-            if tx.controls.cancel_requested_by(job_id) is not None:
-                # Its row is held: a cancel requested by now is seen, one requested later
-                # finds the job no longer running.
-                made = Transition.STOP
-                stopped = repo.apply_transition(made, job_id, made.values(now_us=now,
-                                                                          error=error),
-                                                worker=caller.name, now_us=now,
-                                                lease_token=lease_token)
-                if stopped is None:
-                    raise ReportRefused("The job changed while this request ran; its lease "
-                                        "is gone.", job_id=job_id, worker=caller.name)
-                if delivered is not None:
-                    tx.timeline.delivered(stopped, delivered, actor=caller.name, now_us=now)
-                self._record_stop(tx, stopped, caller, now)
-                tx.timeline.seen(caller.name, now, claimed=False)
-                return stopped
-            if retry_in_us is None:
-                delay = self.settings.backoff.delay_us(job.retry_count, self.rng)
-            else:
-                delay = retry_in_us
-            failed = end_attempt(repo, Transition.FAIL, job,
-                                 Transition.FAIL.values(job, now, error, delay),
-                                 worker=caller.name, now_us=now)
-            if failed is None:  # another transaction changed it first (PostgreSQL only)
-                raise ReportRefused("The job changed while this request ran; its lease is "
-                                    "gone.", job_id=job_id, worker=caller.name)
-            if delivered is not None:
-                tx.timeline.delivered(job, delivered, actor=caller.name, now_us=now)
-            tx.after_transition(Transition.FAIL, [failed], actor=caller.name, now_us=now,
-                    before={job.id: job})
-            tx.timeline.seen(caller.name, now, claimed=False)
-            return failed
+            if tx.one_statement:
+                if stored_checkpoint is None and delivered is None:
+                    failed = self._lone_fail(tx, caller, job_id, lease_token, error,
+                                             delay_after)
+                    if failed is not None:  # (if not, it runs again in a transaction)
+                        return failed
+                tx.need_transaction()  # a checkpoint or a delivery: more than one write
+            return self._fail_in(tx, caller, job_id, lease_token, error, retry_in_us,
+                                 delay_after, delivered, stored_checkpoint)
 
-        return self._report("fail", caller, job_id, fail_in)
+        # A plain job's fail is one statement: one round trip on PostgreSQL.
+        return self._report("fail", caller, job_id, fail_in, self.uow.run_statement)
+
+    def _lone_fail(self, tx: JobsTx, caller: Caller, job_id: int, lease_token: str | None,
+                   error: str, delay_after: Callable[[int], int]) -> Job | None:
+        """The fail of a plain job (no dependents, no key, no unique key, its cancel not
+        requested) as one statement, history and failure group with it
+        (app/jobs/sql/fail_repository.py): the job as it left it; None when the work must run
+        in a transaction."""
+        tx.jobs_confirming(caller)  # by the fail's statement
+        now = self.clock.now_us()
+        failed = tx.fails.fail_alone(
+            job_id, worker=caller.name, now_us=now, lease_token=lease_token,
+            history=tx.timeline.fail_history(error),
+            delays=[delay_after(count) for count in range(RETRIES.max)], actor=caller.name)
+        if failed is None:
+            return None
+        with tx.statement_of_its_own():  # a note of activity
+            tx.timeline.seen(caller.name, now, claimed=False)
+        tx.after_transition(Transition.FAIL, [failed], actor=caller.name, now_us=now,
+                whole_in_statement=True)
+        return failed
+
+    def _fail_in(self, tx: JobsTx, caller: Caller, job_id: int, lease_token: str | None,
+                 error: str, retry_in_us: int | None, delay_after: Callable[[int], int],
+                 delivered: int | None, stored_checkpoint: str | None) -> Job:
+        """A fail in a transaction: any job, and every refusal, replay or cancel."""
+        repo = tx.jobs_confirming(caller)  # by the read that locks the job
+        now = self.clock.now_us()
+        held = tx.fails.job_to_end(job_id)
+        if held is None or not held.job.is_held_by(caller.name, now, lease_token):
+            current = None if held is None else held.job
+            if current is not None and lease_token is not None and (
+                    current.shows_fail(caller.name, lease_token, error, retry_in_us)
+                    or current.shows_stop(caller.name, lease_token, error=error)):
+                return current
+            return self._refuse_report(current, caller, now, lease_token)
+        job = held.job
+        if stored_checkpoint is not None:
+            tx.controls.save_checkpoint(job_id, stored_checkpoint, now)
+        if held.cancel_requested_by is not None:
+            # Its row is held: a cancel requested by now is seen, one requested later
+            # finds the job no longer running.
+            made = Transition.STOP
+            stopped = repo.apply_transition(made, job_id, made.values(now_us=now, error=error),
+                                            worker=caller.name, now_us=now,
+                                            lease_token=lease_token)
+            if stopped is None:
+                raise ReportRefused("The job changed while this request ran; its lease "
+                                    "is gone.", job_id=job_id, worker=caller.name)
+            if delivered is not None:
+                tx.timeline.delivered(stopped, delivered, actor=caller.name, now_us=now)
+            self._record_stop(tx, stopped, caller, now)
+            tx.timeline.seen(caller.name, now, claimed=False)
+            return stopped
+        failed = end_attempt(repo, Transition.FAIL, job,
+                             Transition.FAIL.values(job, now, error,
+                                                    delay_after(job.retry_count)),
+                             worker=caller.name, now_us=now)
+        if failed is None:  # another transaction changed it first (PostgreSQL only)
+            raise ReportRefused("The job changed while this request ran; its lease is "
+                                "gone.", job_id=job_id, worker=caller.name)
+        if delivered is not None:
+            tx.timeline.delivered(job, delivered, actor=caller.name, now_us=now)
+        # Its stored attempt as read with its row, unless the delivery just stored it.
+        stored = None if delivered is not None else {job.id: held.stored_attempt}
+        tx.after_transition(Transition.FAIL, [failed], actor=caller.name, now_us=now,
+                before={job.id: job}, current_attempts=stored)
+        tx.timeline.seen(caller.name, now, claimed=False)
+        return failed
 
     @staticmethod
     def _refuse_report(job: Job | None, caller: Caller, now: int,
