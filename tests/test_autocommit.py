@@ -99,3 +99,20 @@ def test_work_whose_statement_changed_nothing_may_go_on_in_a_transaction(databas
     assert runs_taken == (2 if database.engine.dialect.name == "postgresql" else 1)
     if database.engine.dialect.name == "postgresql":
         assert runs == ["AUTOCOMMIT", None]  # alone first, then in a transaction
+
+
+@pytest.mark.parametrize("engine_name", ["postgresql"], indirect=True)
+def test_a_statement_undone_to_break_a_deadlock_is_run_again(engine_name, database):
+    # PostgreSQL's own deadlock_detected, raised by the server on the first run: the
+    # statement committed nothing, so it runs again, as a transaction would.
+    runs = []
+
+    def note(conn):
+        runs.append(len(runs))
+        if len(runs) == 1:
+            conn.exec_driver_sql(
+                "DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = '40P01'; END $$")
+        return conn.execute(insert(_notes).values(id=7).returning(_notes.c.id)).scalar_one()
+
+    assert database.run_statement(note) == 7
+    assert runs == [0, 1] and _notes_stored(database) == [7]

@@ -390,15 +390,26 @@ class Database:
         again in one, by run_write.
 
         Not run again after a dead connection: the statement may have committed. A pooled
-        connection its server closed is dropped at checkout instead."""
+        connection its server closed is dropped at checkout instead. Run again when
+        PostgreSQL undid it to break a deadlock (nothing of it stands), up to as many times
+        as a transaction."""
         if self._sqlite_writer is not None:
             return self._sqlite_writer.run(fn)
-        try:
-            with self.engine.connect() as conn:
-                conn.execution_options(isolation_level="AUTOCOMMIT", **{_ONE_STATEMENT: True})
-                return fn(conn)
-        except RunInTransaction:
-            return self.run_write(fn)
+        attempts = 1
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    conn.execution_options(isolation_level="AUTOCOMMIT",
+                                           **{_ONE_STATEMENT: True})
+                    return fn(conn)
+            except RunInTransaction:
+                return self.run_write(fn)
+            except DBAPIError as exc:
+                # A statement PostgreSQL undid to break a deadlock committed nothing: it is
+                # run again, as a transaction would be.
+                if not undone_to_run_again(exc) or attempts == _WRITE_ATTEMPTS:
+                    raise
+                attempts += 1
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
