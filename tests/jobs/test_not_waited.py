@@ -15,7 +15,7 @@ from flask import Flask
 
 from app import create_app
 from app.core.callers import Role
-from app.jobs.wake.waiting import NOT_WAITED_RETRY_AFTER_SECONDS
+from app.jobs.wake.waiting import NOT_WAITED_RETRY_AFTER_SECONDS, WaitingBudget
 from tests.conftest import Api, Key
 
 NOT_WAITED = str(NOT_WAITED_RETRY_AFTER_SECONDS)
@@ -42,11 +42,16 @@ def _keys(application: Flask, suffix: str = "") -> tuple[Key, Key]:
             Key("w" + suffix, keys.create_key("w" + suffix, Role.WORKER)))
 
 
-def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+def _in_thread(call: Callable[[], Any], budget: WaitingBudget
+               ) -> tuple[threading.Thread, dict[str, Any]]:
+    """`call` in a thread of its own, once it holds its slot of `budget`."""
     answer: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: answer.update(response=call()))
     thread.start()
-    time.sleep(0.3)  # let it take the waiting slot
+    deadline = time.monotonic() + 30
+    while budget.in_use == 0 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert budget.in_use == 1, "the first request never took its waiting slot"
     return thread, answer
 
 
@@ -76,8 +81,9 @@ def test_past_a_full_budget_of_one_the_answer_says_it_did_not_wait(budget_app):
     producer, worker = _keys(application)
     api = Api(application.test_client())
 
+    jobs = application.extensions["queuelog"].jobs
     held_claim, first_claim = _in_thread(lambda: Api(application.test_client()).claim(
-        worker, wait_seconds=10))
+        worker, wait_seconds=10), jobs.waiting_claims)
     second = api.claim(worker, wait_seconds=10)
     assert second.status_code == 204 and second.headers["Retry-After"] == NOT_WAITED
     assert held_claim.is_alive()
@@ -88,7 +94,7 @@ def test_past_a_full_budget_of_one_the_answer_says_it_did_not_wait(budget_app):
     assert "Retry-After" not in first_claim["response"].headers  # it did wait
 
     held_read, first_read = _in_thread(lambda: application.test_client().get(
-        f"/jobs/{job_id}?wait_seconds=10", headers=producer.headers))
+        f"/jobs/{job_id}?wait_seconds=10", headers=producer.headers), jobs.waiting_reads)
     second_read = application.test_client().get(f"/jobs/{job_id}?wait_seconds=10",
                                                 headers=producer.headers)
     assert second_read.json["status"] == "running"

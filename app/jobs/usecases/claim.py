@@ -85,7 +85,7 @@ class ClaimService:
         self.signal = signal
         # None: no flow control at all (services built without the type settings).
         self.flow = flow
-        self._waits = WaitingBudget(settings.max_waiting_claims)
+        self.waits = WaitingBudget(settings.max_waiting_claims)
 
     def claim(self, caller: Caller, *, types: Iterable[str] | None = None,
               lease_seconds: int | None = None, limit: int = 1,
@@ -120,7 +120,7 @@ class ClaimService:
             claimed = self._claim_now(ask)
             if claimed:
                 return WaitAnswer(claimed)
-            with self._waits.slot() as granted:
+            with self.waits.slot() as granted:
                 deadline = time.monotonic() + wait_seconds
                 while granted and not claimed and self._wait_for_work(ask, seen, deadline):
                     seen = self.signal.generation

@@ -52,8 +52,9 @@ class JobService:
                              settings.check_url_prefixes)
         enqueuing = Enqueuing(uow, clock, intake, self.signal)
         self.finished = finished or JobSignal()
-        reads = JobReads(uow, clock, self.finished,
-                         WaitingBudget(settings.max_waiting_requests))
+        # How many claims, and reads of a job, wait at once in this process.
+        self.waiting_reads = WaitingBudget(settings.max_waiting_requests)
+        reads = JobReads(uow, clock, self.finished, self.waiting_reads)
         reports = WorkerReports(uow, clock, settings, rng or random.SystemRandom())
         admin = Administration(uow, clock, settings.bulk_batch_size)
         # The use cases, each from the module that holds it.
@@ -73,6 +74,7 @@ class JobService:
         # flow None: no flow control at all (services built without the type settings).
         claims = ClaimService(uow, clock, settings, self.signal, flow)
         self.claim = claims.claim
+        self.waiting_claims = claims.waits
         self.await_claim = claims.await_claim
         self.heartbeat = reports.heartbeat
         self.complete = reports.complete

@@ -112,13 +112,25 @@ class WaitingBudget:
     def __init__(self, limit: int) -> None:
         self._slots = threading.BoundedSemaphore(max(limit, 1))
         self._may_wait = limit > 0
+        self._lock = threading.Lock()
+        self._in_use = 0
+
+    @property
+    def in_use(self) -> int:
+        """How many requests hold a slot now."""
+        return self._in_use
 
     @contextmanager
     def slot(self) -> Iterator[bool]:
         """Yields whether this request may wait; the slot is given back on leaving."""
         granted = self._may_wait and self._slots.acquire(blocking=False)
+        if granted:
+            with self._lock:
+                self._in_use += 1
         try:
             yield granted
         finally:
             if granted:
+                with self._lock:
+                    self._in_use -= 1
                 self._slots.release()
