@@ -127,7 +127,11 @@ def test_claims_past_the_waiting_limit_answer_at_once(app_config):
 
     waiter = threading.Thread(target=wait_long)
     waiter.start()
-    time.sleep(0.3)  # the one waiting slot is taken
+    waits = services.jobs.waiting_claims
+    deadline = time.monotonic() + 30
+    while waits.in_use == 0 and waiter.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert waits.in_use == 1  # the one waiting slot is taken
     second = Api(application.test_client()).claim(worker, wait_seconds=10)
     assert second.status_code == 204  # answered without waiting, the first still waits
     assert waiter.is_alive()
