@@ -11,12 +11,13 @@ PYTHON=${PYTHON:-python3}
 # setuptools packs whatever an earlier build left in build/lib into the wheel it makes.
 rm -rf build client/build
 .venv-test/bin/python -m pip install --quiet ".[test,bench]"
-# Two processes (pytest-xdist), a file at a time each: much of the suite waits on real
-# servers, leases and schedule slots, which overlap well even on two cores; a file's fixtures
-# (the built image, the browser) are made once. `-n 0` after the script runs one process.
+# Three processes (pytest-xdist), a file at a time each: much of the suite waits on real
+# servers, leases and schedule slots, so even on two cores a third process finds the CPU a
+# run of two leaves idle (measured once, a run of two used about a third of it); a file's
+# fixtures (the built image, the browser) are made once. `-n 0` after the script runs one process.
 # The files run longest first (tests/longest_files.txt, in tests/conftest.py), not in
 # pytest-xdist's default order (most tests first), which left the long files with few tests
 # to the end, one process running them while the other idled.
 # The 30 slowest tests are listed at the end: where the run's time goes, for whoever keeps it
 # short.
-exec .venv-test/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30 "$@"
+exec .venv-test/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=30 "$@"
