@@ -471,10 +471,14 @@ def backup(path: Path, force: bool) -> None:
     click.echo(f"backed up {jobs} jobs to {path}")
 
 
-class _ServeMistake(click.ClickException):
-    """A mistake on `queuelog serve`'s command line: one line, exit 2 (a usage error)."""
+class _UsageMistake(click.ClickException):
+    """A mistake on a command line: one line, exit 2 (a usage error, as click's own)."""
 
     exit_code = 2
+
+
+class _ServeMistake(_UsageMistake):
+    """A mistake on `queuelog serve`'s command line."""
 
 
 class _ServeCommand(click.Command):
@@ -681,6 +685,12 @@ class _QueuelogGroup(FlaskGroup):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            # click's own would print the usage block before the mistake: one line instead,
+            # naming the command and where its usage is.
+            where = exc.ctx.command_path if exc.ctx is not None else "queuelog"
+            raise _UsageMistake(f"{where}: {exc.format_message()} (see {where} --help)"
+                                ) from None
         except (DatabaseSetupError, ConfigError) as exc:
             raise click.ClickException(str(exc)) from None
         except DBAPIError as exc:

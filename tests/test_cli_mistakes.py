@@ -86,6 +86,21 @@ def test_help_with_a_database_url_mistake_says_it_in_one_line(tmp_path, name, ur
         assert phrase in lines[0], lines[0]
 
 
+@pytest.mark.parametrize(("args", "phrases"), [
+    (["keys", "create", "shop", "--role", "nope"],
+     ["queuelog keys create: ", "'nope' is not one of", "--help"]),
+    (["keys", "create"], ["queuelog keys create: ", "Missing argument 'NAME'", "--help"]),
+    (["nosuch"], ["queuelog: ", "No such command 'nosuch'", "queuelog --help"]),
+    (["types", "set", "email", "--max-running", "many"],
+     ["queuelog types set: ", "'many'", "--help"]),
+], ids=["bad-choice", "missing-argument", "unknown-command", "not-a-number"])
+def test_a_command_line_mistake_is_one_line_with_exit_2(tmp_path, args, phrases) -> None:
+    # click's own answer is the usage block, a hint and the error: one line says it all.
+    result = run(args, tmp_path, QUEUELOG_DATABASE_URL=f"sqlite:///{tmp_path / 'q.sqlite3'}")
+    assert result.returncode == 2
+    assert_one_line_mistake(result, *phrases)
+
+
 def test_a_database_never_migrated_is_one_line(tmp_path) -> None:
     database = tmp_path / "other.sqlite3"
     with sqlite3.connect(database) as connection:
