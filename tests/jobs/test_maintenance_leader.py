@@ -107,34 +107,50 @@ def test_a_follower_never_runs_the_chores(app: Flask, second_app: Flask, api: An
     assert [s for s in sent if any(mark in s for mark in SWEEP_MARKS)] == []
 
 
-def sessions_of(app: Flask) -> int:
-    """How many sessions the database shows for its own name (this test's alone)."""
+def sessions_of(app: Flask) -> set[int]:
+    """The sessions the database shows for its own name (this one's left out), by pid."""
     engine = app.extensions["queuelog"].db.engine
     with engine.connect() as conn:
-        return int(conn.exec_driver_sql(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid()").scalar_one())
+        return set(conn.exec_driver_sql(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()").scalars())
+
+
+def lead_holder(app: Flask) -> set[int]:
+    """The session holding the database's maintenance lock."""
+    engine = app.extensions["queuelog"].db.engine
+    with engine.connect() as conn:
+        return set(conn.exec_driver_sql(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND database ="
+            " (SELECT oid FROM pg_database WHERE datname = current_database())").scalars())
+
+
+def _empty_pools(*apps: Flask) -> None:
+    for each in apps:
+        each.extensions["queuelog"].db.engine.dispose()
 
 
 @pytest.mark.parametrize("engine_name", ["postgresql"], indirect=True)
 def test_only_the_leader_keeps_a_connection_for_the_lead(
         app: Flask, second_app: Flask, clock: Any) -> None:
     # Every process of every host tries for the lead: were each try's connection kept, a
-    # host's connections would grow by one per worker process for nothing.
-    for each in (app, second_app):
-        each.extensions["queuelog"].db.engine.dispose()
+    # host's connections would grow by one per worker process for nothing. Sessions of
+    # this database that other tests left are there before and after, and not counted.
+    _empty_pools(app, second_app)
+    before = sessions_of(app)
+    _empty_pools(app, second_app)
     clock.advance(1)
     clock.advance(1)
     assert (leads(app), leads(second_app)) == (True, False)
-    for each in (app, second_app):
-        each.extensions["queuelog"].db.engine.dispose()  # only what the lead holds is left
-    assert sessions_of(app) == 1
+    _empty_pools(app, second_app)  # only what the lead holds is left
+    held = lead_holder(app)
+    assert len(held) == 1 and sessions_of(app) - before == held
     stop_maintenance(app)
     clock.advance(1)
     assert (leads(app), leads(second_app)) == (False, True)
-    for each in (app, second_app):
-        each.extensions["queuelog"].db.engine.dispose()
-    assert sessions_of(second_app) == 1
+    _empty_pools(app, second_app)
+    held = lead_holder(second_app)
+    assert len(held) == 1 and sessions_of(second_app) - before == held
 
 
 def wait_for(condition: Any, what: str) -> None:
