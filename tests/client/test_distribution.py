@@ -93,7 +93,7 @@ def test_the_server_wheel_carries_the_client_the_serving_files_and_no_client_req
     assert set(CLIENT_MODULES) <= names
     # What `queuelog serve` runs: the settings, the WSGI module, the worker class.
     assert {"queuelog_gunicorn/conf.py", "queuelog_gunicorn/binding.py",
-            "queuelog_gunicorn/worker.py", "app/wsgi.py", "app/cli.py"} <= names
+            "queuelog_gunicorn/worker.py", "app/wsgi.py", "app/cli/entry.py"} <= names
     assert any(n.endswith("data/data/share/queuelog/alembic.ini") for n in names)
     # Every package of the checkout's app is in it (setup.py finds them; none left out).
     packages = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "app").rglob("__init__.py")}

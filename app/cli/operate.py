@@ -1,33 +1,21 @@
-"""The operator's commands: `queuelog serve` (gunicorn with the shipped settings),
-`queuelog db …`, `queuelog keys …`, `queuelog types …`, `queuelog schedules …`,
-`queuelog purge`, `queuelog copy`, `queuelog backup`, `queuelog dispatch` (push delivery),
-and the worker runner `queuelog worker …` (the client's package, shipped in this
-distribution).
-
-`queuelog` is a Flask CLI group over the app factory, so `flask --app app …` works the same.
-A mistake with the database (a URL queuelog cannot use, a file that is not there, a schema
-not migrated, a server that refuses) is one line on stderr, never a traceback: the group's
-invoke below is the one place that turns them into messages (their wording: app/storage/engine.py).
-"""
+"""The commands that act on the database: `queuelog db …`, `queuelog keys …`, `queuelog types
+…`, `queuelog schedules …`, `queuelog purge`, `queuelog copy`, `queuelog backup`. Each runs
+in the app's context (AppGroup, with_appcontext); app/cli/entry.py registers them."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import sys
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from flask import Flask, current_app
-from flask.cli import AppGroup, FlaskGroup, ScriptInfo, with_appcontext
+from flask import current_app
+from flask.cli import AppGroup, with_appcontext
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
 
-from app.config import ConfigError
 from app.core.callers import Role
 from app.core.errors import NotFound, QueueError
 from app.core.limits import BATCH_ROWS, RATE, TYPE_LIMIT
@@ -35,7 +23,7 @@ from app.core.priorities import Priority
 from app.core.redaction import display_url
 from app.core.statuses import TERMINAL_STATUSES
 from app.keys.service import KeyCommandError
-from app.storage.engine import DatabaseSetupError, explain_database_error, shown_url, sqlite_path
+from app.storage.engine import shown_url, sqlite_path
 
 if TYPE_CHECKING:  # app imports this module while it is being built
     from app import Services
@@ -54,7 +42,7 @@ def parse_duration(text: str) -> int:
     return int(match[1]) * _UNIT_SECONDS[match[2]]
 
 
-def _services() -> Services:
+def app_services() -> Services:
     """The app's services, once the database is known to be there and migrated (checked once
     per process): a command never runs its statements, or prints a table's header, against a
     database it cannot use."""
@@ -152,7 +140,7 @@ def _sign_hint(name: str) -> str:
 def keys_create(name: str, role: str, max_priority: str | None, types: str | None,
                 check_url: str | None) -> None:
     """Create a key; its token is printed once, alone on the last line."""
-    token = _key_call(lambda: _services().keys.create_key(
+    token = _key_call(lambda: app_services().keys.create_key(
         name, Role(role),
         max_priority=Priority.from_label(max_priority) if max_priority else None,
         job_types=types.split(",") if types else None,
@@ -169,7 +157,7 @@ def keys_create(name: str, role: str, max_priority: str | None, types: str | Non
 def keys_list() -> None:
     """List keys (never their tokens). max_priority is a producer's ceiling: "-" for others.
     check_url, a producer's, in its display form (no credentials, no query values)."""
-    keys = _services().keys.list_keys()
+    keys = app_services().keys.list_keys()
     click.echo(f"{'name':<24} {'role':<9} {'max_priority':<13} {'types':<24} {'status':<8} "
                "check_url")
     for key in keys:
@@ -185,7 +173,7 @@ def keys_list() -> None:
 @click.argument("name")
 def keys_revoke(name: str) -> None:
     """Revoke a key; the next request with it is refused."""
-    _key_call(lambda: _services().keys.revoke_key(name))
+    _key_call(lambda: app_services().keys.revoke_key(name))
     click.echo(f"revoked {name!r}")
 
 
@@ -198,7 +186,7 @@ def keys_set_check_url(name: str, url: str | None, clear: bool) -> None:
     on take it; those made before keep theirs."""
     if clear == (url is not None):
         raise click.ClickException("give the check url, or --clear to remove it (not both)")
-    key = _key_call(lambda: _services().keys.set_check_url(name, url))
+    key = _key_call(lambda: app_services().keys.set_check_url(name, url))
     if url is None:
         click.echo(f"check url of {name!r} cleared: its reservations from now on without a "
                    "check url of their own are released at their deadline if left unanswered")
@@ -212,7 +200,7 @@ def keys_set_check_url(name: str, url: str | None, clear: bool) -> None:
 def keys_check_secret(name: str) -> None:
     """Give producer key NAME a new check secret, printed once, alone on the last line; the
     one before stops signing its checks at once."""
-    secret = _key_call(lambda: _services().keys.rotate_check_secret(name))
+    secret = _key_call(lambda: app_services().keys.rotate_check_secret(name))
     click.echo(f"new check secret of {name!r} (the one before no longer signs its checks); "
                "it is shown once, store it now:")
     click.echo(secret)
@@ -237,7 +225,7 @@ def types_list() -> None:
     oldest claimable age, last claim."""
     from app.core.clock import to_rfc3339
 
-    views = _services().types.list_types()
+    views = app_services().types.list_types()
     click.echo(f"{'type':<20} {'paused':<7} {'max_run':<8} {'per_key':<8} {'rate/s':<9} "
                f"{'burst':<6} {'pending':>8} {'running':>8} {'completed':>10} {'failed':>8} "
                f"{'cancelled':>10} {'oldest_s':>9}  last_claim_at")
@@ -306,7 +294,7 @@ def types_set(job_type: str, paused: bool | None, max_running: int | None,
     if not patch:
         raise click.UsageError("nothing to change; see --help")
     try:
-        view = _services().types.update_type(job_type, patch)
+        view = app_services().types.update_type(job_type, patch)
     except NotFound:
         raise click.ClickException(
             f"{job_type!r} is not a configured job type (QUEUELOG_JOB_TYPES)") from None
@@ -349,7 +337,7 @@ def _schedule_call(call: Callable[[], Any]) -> Any:
 @schedules_group.command("list")
 def schedules_list() -> None:
     """Every schedule: expression, zone, catch-up, paused, next and last slot."""
-    _echo_schedules(_services().schedules.every_schedule())
+    _echo_schedules(app_services().schedules.every_schedule())
 
 
 @schedules_group.command("create")
@@ -384,13 +372,13 @@ def schedules_create(name: str, cron: str, job_type: str | None, payload: str | 
         loaded = ScheduleCreateSchema().load(body)
     except ValidationError as exc:
         raise click.ClickException(f"invalid: {exc.messages}") from None
-    schedule = _schedule_call(lambda: _services().schedules.create_schedule(loaded))
+    schedule = _schedule_call(lambda: app_services().schedules.create_schedule(loaded))
     _echo_schedules([schedule])
 
 
 def _set_paused(name: str, paused: bool) -> None:
     schedule = _schedule_call(
-        lambda: _services().schedules.update_schedule(name, {"paused": paused}))
+        lambda: app_services().schedules.update_schedule(name, {"paused": paused}))
     _echo_schedules([schedule])
 
 
@@ -412,7 +400,7 @@ def schedules_resume(name: str) -> None:
 @click.argument("name")
 def schedules_delete(name: str) -> None:
     """Delete a schedule; the jobs it enqueued stay."""
-    _schedule_call(lambda: _services().schedules.delete_schedule(name))
+    _schedule_call(lambda: app_services().schedules.delete_schedule(name))
     click.echo(f"deleted {name!r}")
 
 
@@ -434,7 +422,7 @@ def purge(older_than: str, statuses: tuple[str, ...], force: bool,
         raise click.ClickException(
             "--older-than below 24h forgets idempotency keys producers may still retry; "
             "add --force if that is what you want")
-    deleted = _services().jobs.purge(older_than_seconds=seconds, statuses=statuses or None,
+    deleted = app_services().jobs.purge(older_than_seconds=seconds, statuses=statuses or None,
                                      batch_size=batch_size)
     click.echo(f"purged {deleted} jobs")
 
@@ -465,262 +453,7 @@ def backup(path: Path, force: bool) -> None:
     from app.ops.backup import BackupError, backup_sqlite
 
     try:
-        jobs = backup_sqlite(_services().db.engine, path, overwrite=force)
+        jobs = backup_sqlite(app_services().db.engine, path, overwrite=force)
     except BackupError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"backed up {jobs} jobs to {path}")
-
-
-class _UsageMistake(click.ClickException):
-    """A mistake on a command line: one line, exit 2 (a usage error, as click's own)."""
-
-    exit_code = 2
-
-
-class _ServeMistake(_UsageMistake):
-    """A mistake on `queuelog serve`'s command line."""
-
-
-class _ServeCommand(click.Command):
-    """`queuelog serve`, whose every usage mistake is one line (click's own would print the
-    usage block first)."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            raise _ServeMistake(f"queuelog serve: {exc.format_message()}") from None
-
-
-def _serve_addresses(host: str | None, port: int | None, binds: tuple[str, ...]) -> list[str]:
-    """Where gunicorn will listen: --bind, else --host/--port (what is not given taken from
-    the configured address), else GUNICORN_CMD_ARGS's --bind, else QUEUELOG_BIND's."""
-    from queuelog_gunicorn import arguments, binding
-
-    if binds and (host is not None or port is not None):
-        raise _ServeMistake("queuelog serve: give --bind, or --host and --port, not both")
-    if binds:
-        return list(binds)
-    configured = arguments.binds_from_environment(os.environ) or binding.configured_binds()
-    if host is None and port is None:
-        return configured
-    return [binding.address_of(host, port, configured)]
-
-
-@click.command("serve", cls=_ServeCommand,
-               context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.option("--database", "database_url", metavar="URL",
-              help="the database to serve (sets QUEUELOG_DATABASE_URL); default: "
-                   "QUEUELOG_DATABASE_URL, else queuelog.sqlite3 in the instance folder")
-@click.option("--host", metavar="HOST",
-              help="the address to listen on, e.g. 0.0.0.0 for every interface (default: "
-                   "QUEUELOG_BIND's host, else 127.0.0.1)")
-@click.option("--port", type=click.IntRange(1, 65_535), metavar="PORT",
-              help="the port to listen on (default: QUEUELOG_BIND's port, else 8000)")
-@click.option("-b", "--bind", "binds", multiple=True, metavar="HOST:PORT",
-              help="listen on this address instead (repeatable; unix:PATH too); replaces "
-                   "QUEUELOG_BIND")
-@click.argument("gunicorn_args", nargs=-1, type=click.UNPROCESSED)
-def serve(database_url: str | None, host: str | None, port: int | None,
-          binds: tuple[str, ...], gunicorn_args: tuple[str, ...]) -> None:
-    """Serve the API and dashboard with gunicorn and the shipped production settings.
-
-    Listens on --host/--port (or --bind) when given, else where QUEUELOG_BIND says (default
-    127.0.0.1:8000). Any other option goes to gunicorn (`queuelog serve --workers 2`; see
-    gunicorn --help). The database must exist and be migrated: `queuelog db upgrade` first.
-    """
-    from queuelog_gunicorn import arguments, binding
-
-    try:
-        arguments.read_options(gunicorn_args)
-    except arguments.ArgumentMistake as exc:
-        raise _ServeMistake(
-            f"queuelog serve: {exc}; its own options are --host, --port, --bind and "
-            "--database (queuelog serve --help), the others gunicorn's (gunicorn --help)"
-        ) from None
-    addresses = _serve_addresses(host, port, binds)
-    app = current_app
-    if database_url is not None:
-        os.environ["QUEUELOG_DATABASE_URL"] = database_url
-        app = _create_app()
-    url = app.config["DATABASE_URL"]
-    # The workers inherit the database checked and shown here, never a default of their own
-    # (from a checkout, gunicorn's working directory puts the checkout's app first, whose
-    # default instance folder is not the installed one's).
-    os.environ["QUEUELOG_DATABASE_URL"] = url
-    try:
-        require_migrated_database(url, app.extensions["queuelog"].db.engine)
-    except DBAPIError as exc:
-        raise click.ClickException(explain_database_error(exc, url) or str(exc)) from None
-    unbindable = binding.first_unbindable(addresses)
-    if unbindable is not None:
-        address, reason = unbindable
-        raise click.ClickException(
-            f"cannot listen on {address}: {reason}; choose another address with --port PORT "
-            "(or QUEUELOG_BIND=host:port, several comma-separated)")
-    click.echo(f"queuelog: serving {shown_url(url)} on {', '.join(addresses)}", err=True)
-    _say_configuration_warnings(app)
-    # On gunicorn's command line, which it reads after its settings file and
-    # GUNICORN_CMD_ARGS: the address said above is the one it listens on.
-    bind_args = [arg for address in addresses for arg in ("--bind", address)]
-    os.environ[binding.BIND_VARIABLE] = ",".join(addresses)
-    # exec, not gunicorn in this process: the master must not hold the app's modules (see
-    # queuelog_gunicorn/conf.py), and a container's stop signal must reach gunicorn itself.
-    conf = Path(binding.__file__).with_name("conf.py")
-    os.execv(sys.executable, [sys.executable, "-m", "gunicorn", "-c", str(conf),  # noqa: S606
-                              *bind_args, *gunicorn_args, "app.wsgi:app"])
-
-
-def _say_configuration_warnings(app: Flask) -> None:
-    """What the service will refuse because of its settings, said once here rather than by
-    each gunicorn worker as it loads the app (app/wsgi.py)."""
-    from app.config import CONFIGURATION_WARNED, configuration_warnings
-
-    for warning in configuration_warnings(app.config):
-        click.echo(f"queuelog: warning: {warning}", err=True)
-    os.environ[CONFIGURATION_WARNED] = "1"
-
-
-# The worker runner talks to a server over HTTP and needs neither the app nor a database:
-# its options are parsed by queuelog_client's own (standard-library) command line.
-@click.command("worker", add_help_option=False,
-               context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def worker(args: tuple[str, ...]) -> None:
-    """Run jobs with a Python handler: queuelog worker --url URL --handler m:f (see --help)."""
-    try:
-        from queuelog_client.cli import main as worker_main
-    except ModuleNotFoundError:
-        # queuelog ships queuelog_client; it goes missing when a queuelog-client installed
-        # over it (the same files) is uninstalled again.
-        raise click.ClickException(
-            "the worker runner (the queuelog_client package, shipped with queuelog) is not "
-            "installed here: reinstall queuelog, or install the client (pip install ./client)"
-        ) from None
-
-    raise SystemExit(worker_main(list(args), prog="queuelog worker"))
-
-
-@click.command("dispatch")
-@click.option("--concurrency", type=click.IntRange(1, 256), default=None,
-              help="deliveries at once (default: QUEUELOG_DISPATCH_CONCURRENCY, 16)")
-@click.option("--metrics-port", type=click.IntRange(1, 65_535), default=None,
-              help="serve this process's metrics on 127.0.0.1:PORT (when not run by the "
-                   "container's gunicorn, whose /metrics shows them)")
-@click.option("--only-if-enabled", is_flag=True, hidden=True,
-              help="exit at once unless QUEUELOG_DISPATCH is on (the gunicorn hook)")
-@with_appcontext
-def dispatch(concurrency: int | None, metrics_port: int | None, only_if_enabled: bool) -> None:
-    """Deliver the jobs of push types to their endpoints, until SIGTERM (then exit 0)."""
-    import logging
-
-    from app import start_stats_flusher
-    from app.dispatch.checks import CheckSettings
-    from app.dispatch.dispatcher import Dispatcher
-    from app.dispatch.metrics import DispatchMetrics
-
-    config = current_app.config
-    if only_if_enabled and not config["DISPATCH"]:
-        return
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    metrics = DispatchMetrics.from_environment()
-    if metrics_port is not None:
-        metrics.serve(metrics_port, "127.0.0.1")
-    services = _services()
-    services.type_settings.start()
-    dispatcher = Dispatcher(services.jobs, services.types,
-                            concurrency=concurrency or config["DISPATCH_CONCURRENCY"],
-                            grace_seconds=config["DISPATCH_GRACE_SECONDS"], metrics=metrics,
-                            clock=services.clock,
-                            checks=CheckSettings(config["CHECK_CONCURRENCY"],
-                                                 config["CHECK_ORIGIN_CONCURRENCY"],
-                                                 config["CHECK_TIMEOUT_SECONDS"]))
-    dispatcher.install_signal_handlers()
-    # Its claims, completes and fails count in the stats like a worker's requests.
-    start_stats_flusher(current_app)
-    try:
-        dispatcher.run()
-    finally:
-        services.stats_flusher.stop()
-
-
-def register_commands(app: Flask) -> None:
-    app.cli.add_command(serve)
-    app.cli.add_command(db_group)
-    app.cli.add_command(keys_group)
-    app.cli.add_command(types_group)
-    app.cli.add_command(schedules_group)
-    app.cli.add_command(purge)
-    app.cli.add_command(copy)
-    app.cli.add_command(backup)
-    app.cli.add_command(dispatch)
-    app.cli.add_command(worker)
-
-
-def _create_app() -> Flask:
-    from app import create_app
-
-    return create_app()
-
-
-def queuelog_version() -> str:
-    """The installed distribution's version (what `pip install .` recorded)."""
-    try:
-        return metadata.version("queuelog")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-# FlaskGroup gives every group --app, --debug and --env-file; queuelog has one app, is served
-# by gunicorn (never Flask's development server) and reads no dotenv files.
-_FLASK_OPTIONS = frozenset({"app", "debug", "env_file"})
-
-
-class _QueuelogGroup(FlaskGroup):
-    """FlaskGroup whose commands' database and settings mistakes are one line (click's
-    "Error: …" on stderr, exit 1), not a traceback. The app is built inside invoke (when a
-    command is looked up), so a URL it cannot use, or a QUEUELOG_ variable it cannot read
-    (ConfigError names it), is caught here too."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            # click's own would print the usage block before the mistake: one line instead,
-            # naming the command and where its usage is.
-            where = exc.ctx.command_path if exc.ctx is not None else "queuelog"
-            raise _UsageMistake(f"{where}: {exc.format_message()} (see {where} --help)"
-                                ) from None
-        except (DatabaseSetupError, ConfigError) as exc:
-            raise click.ClickException(str(exc)) from None
-        except DBAPIError as exc:
-            url = ctx.ensure_object(ScriptInfo).load_app().config["DATABASE_URL"]
-            raise click.ClickException(explain_database_error(exc, url) or str(exc)) from None
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        # `queuelog --help` builds the app to list its commands; Flask prints the traceback of
-        # an app that cannot be built. A database URL queuelog cannot use is one line instead,
-        # and the help lists what needs no app (the worker).
-        try:
-            ctx.ensure_object(ScriptInfo).load_app()
-        except (DatabaseSetupError, ConfigError) as exc:
-            click.echo(f"Error: {exc}", err=True)
-            return sorted(click.Group.list_commands(self, ctx))
-        return super().list_commands(ctx)
-
-
-def build_cli() -> click.Group:
-    """The `queuelog` command: queuelog's commands and version, none of Flask's own."""
-    cli = _QueuelogGroup(create_app=_create_app, add_default_commands=False,
-                     add_version_option=False, load_dotenv=False, set_debug_flag=False,
-                     help="queuelog: operate the job queue (serve it with `queuelog serve`).")
-    cli.params = [param for param in cli.params if param.name not in _FLASK_OPTIONS]
-    click.version_option(queuelog_version(), "--version", prog_name="queuelog",
-                         message="%(prog)s %(version)s")(cli)
-    # On the group itself, so `queuelog worker` never builds the app (no database needed).
-    cli.add_command(worker)
-    return cli
-
-
-def main() -> None:
-    build_cli().main(prog_name="queuelog")
