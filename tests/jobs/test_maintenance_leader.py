@@ -107,22 +107,22 @@ def test_a_follower_never_runs_the_chores(app: Flask, second_app: Flask, api: An
     assert [s for s in sent if any(mark in s for mark in SWEEP_MARKS)] == []
 
 
+def _pids(app: Flask, query: str) -> set[int]:
+    with app.extensions["queuelog"].db.engine.connect() as conn:
+        return set(conn.exec_driver_sql(query).scalars())
+
+
 def sessions_of(app: Flask) -> set[int]:
     """The sessions the database shows for its own name (this one's left out), by pid."""
-    engine = app.extensions["queuelog"].db.engine
-    with engine.connect() as conn:
-        return set(conn.exec_driver_sql(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid()").scalars())
+    return _pids(app, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                      " AND pid <> pg_backend_pid()")
 
 
 def lead_holder(app: Flask) -> set[int]:
     """The session holding the database's maintenance lock."""
-    engine = app.extensions["queuelog"].db.engine
-    with engine.connect() as conn:
-        return set(conn.exec_driver_sql(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND database ="
-            " (SELECT oid FROM pg_database WHERE datname = current_database())").scalars())
+    return _pids(app, "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND"
+                      " database = (SELECT oid FROM pg_database"
+                      " WHERE datname = current_database())")
 
 
 def _empty_pools(*apps: Flask) -> None:
