@@ -17,7 +17,7 @@ from sqlalchemy import (
     update,
 )
 
-from app.jobs.sql.job_rows import COUNTS_RUNNING_TYPE, PAUSED_PUSHED_OR_FAIR_TYPE
+from app.jobs.sql.job_rows import COUNTS_RUNNING_TYPE, KEY_MODE_TYPE, PAUSED_PUSHED_OR_FAIR_TYPE
 from app.jobs.tx.key_rules import KeyMode
 from app.storage.dialects import conflict_insert
 from app.storage.schema import job_types
@@ -40,7 +40,7 @@ _select_limited = DriverStatement(
 _select_key_modes = DriverStatement(
     select(job_types.c.type, job_types.c.fairness, job_types.c.ordering,
            job_types.c.on_failure, job_types.c.key_scope)
-    .where(or_(job_types.c.fairness.is_not(None), job_types.c.ordering.is_not(None))))
+    .where(KEY_MODE_TYPE))
 _select_pushed = select(job_types).where(job_types.c.push_url.is_not(None)).order_by(
     job_types.c.type)
 

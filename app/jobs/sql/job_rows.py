@@ -47,6 +47,16 @@ TYPE_FREE = ~(select(job_types.c.type)
                .where(job_types.c.type == jobs.c.type,
                       or_(PAUSED_PUSHED_OR_FAIR_TYPE, COUNTS_RUNNING_TYPE))
                .exists())
+# A job_types row that gives its type key modes (fair or ordered keys): the end of a job with
+# a concurrency key may pass the key's turn on or number its next round (app/jobs/tx/
+# key_rules.py). The one spelling of it in SQL (app/types/repository.py reads the modes with it).
+KEY_MODE_TYPE = or_(job_types.c.fairness.is_not(None), job_types.c.ordering.is_not(None))
+# The condition of a step that settles no key at the statement's own moment: the job has no
+# concurrency key, or its type has no key modes now (a mode set on another host a moment ago
+# included). One probe of job_types' key, for a job with a key alone.
+NO_KEY_TO_SETTLE = or_(jobs.c.concurrency_key.is_(None),
+                       ~select(job_types.c.type)
+                       .where(job_types.c.type == jobs.c.type, KEY_MODE_TYPE).exists())
 # A job past its expires_at is never handed out (docs/JOBS.md): every claim's candidates and
 # its UPDATE say so, at the claim's own moment; the maintenance loop cancels such jobs.
 NOT_EXPIRED = or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > bindparam("now"))

@@ -40,6 +40,7 @@ from app.jobs.sql.control_repository import CONTROL_COLUMNS, controls_from
 from app.jobs.sql.job_rows import (
     JOB_COLUMN_COUNT,
     JOB_COLUMNS,
+    NO_KEY_TO_SETTLE,
     NOT_UNIQUE_HOLDER,
     UNIQUE_HOLDER,
     capped_lease,
@@ -141,7 +142,7 @@ def transition_conditions(transition: Transition, fenced: bool, key_to_confirm: 
         # (Transition.STOP).
         conditions.append(jobs.c.cancel_requested_at.is_(None))
     if alone:
-        conditions += [jobs.c.has_dependents.is_(None), jobs.c.concurrency_key.is_(None)]
+        conditions += [jobs.c.has_dependents.is_(None), NO_KEY_TO_SETTLE]
     return conditions
 
 
@@ -153,7 +154,8 @@ def _transition_update(transition: Transition, columns: frozenset[str],
     A worker's report also needs the job held: by the worker, under a live lease. `fenced`
     adds: its lease token matches; `key_to_confirm`: the caller's key is live (KeyToConfirm);
     `alone`: the job's end touches no other row (no dependents to settle, no key's turn to
-    pass on), so the UPDATE is all the step writes. Built once per shape: building and
+    pass on: no concurrency key, or one of a type without key modes), so the UPDATE is all
+    the step writes. Built once per shape: building and
     hashing a statement costs more than running it on the hot paths."""
     conditions = transition_conditions(transition, fenced, key_to_confirm, alone)
     values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in sorted(columns)}
@@ -366,7 +368,8 @@ class JobRepository(JobReads):
         from-statuses, held by `worker` under a lease live at `now_us` when the transition is
         a worker's, and under `lease_token` when one is given. None when it is not, or when
         there is no such job. `alone` (one-statement work alone): only if the job has no
-        dependents and no key, whose rows its end would change too; if it changed nothing,
+        dependents and no key to settle (NO_KEY_TO_SETTLE), whose rows its end would change
+        too; if it changed nothing,
         the work runs again in a transaction (need_transaction)."""
         if transition.by_lease_holder and (worker is None or now_us is None):
             raise ValueError(f"{transition.name} needs the worker and the time")

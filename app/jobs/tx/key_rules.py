@@ -111,6 +111,11 @@ class KeyRules:
                 self._known[job_type] = found.get(job_type, KeyMode())
         return {t: self._known.get(t, KeyMode()) for t in types}
 
+    def seen_without_modes(self, job_type: str) -> None:
+        """The step's own statement found the type without key modes at its moment
+        (NO_KEY_TO_SETTLE, app/jobs/sql/job_rows.py): nothing to read for it here."""
+        self._known[job_type] = KeyMode()
+
     def modes_of_jobs(self, jobs: Collection[Job]) -> dict[str, KeyMode]:
         """The modes of these jobs' types (see modes_of)."""
         return self.modes_of({job.type for job in jobs},

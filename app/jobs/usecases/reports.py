@@ -204,6 +204,8 @@ class WorkerReports:
                 if job is not None:  # (if not, the work runs again in a transaction)
                     with tx.statement_of_its_own():  # a note of activity
                         tx.timeline.seen(caller.name, now, claimed=False)
+                    # Its UPDATE found its key, if any, with nothing to settle.
+                    tx.keys.seen_without_modes(job.type)
                     tx.after_transition(made, [job], actor=caller.name, now_us=now)
                     return job
             completed: list[Job] = []
