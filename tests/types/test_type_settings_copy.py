@@ -8,6 +8,7 @@ without a key once its copy is read again."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,6 +75,30 @@ def test_a_plain_jobs_steps_read_no_type_row_and_send_nothing_about_dependencies
     assert {name: [s for s in sent_by_step if _touches_type_rows_or_edges(s)]
             for name, sent_by_step in sent.items()} == {name: [] for name in sent}
     assert all(sent.values())  # each step was counted
+
+
+def test_a_waiting_claims_empty_attempts_read_no_type_row(app, api, producer, worker,
+                                                           statements):
+    """A long-polling claim woken by work it cannot take (another type's job) tries again
+    and finds nothing, as often as such work comes: those attempts read no type's row (its
+    wait notices a type put under flow control elsewhere once the copy is read)."""
+    enqueued: list[int] = []
+
+    def enqueue_another_type() -> None:
+        time.sleep(0.3)
+        enqueued.append(Api(app.test_client()).enqueue(producer, type="pdf").status_code)
+
+    helper = threading.Thread(target=enqueue_another_type)
+    helper.start()
+    waited = api.claim(worker, types=["email"], wait_seconds=1.5)
+    helper.join()
+
+    assert (waited.status_code, enqueued) == (204, [201])
+    # An attempt takes SQLite's write lock, or locks its candidates on PostgreSQL (its
+    # peeks between wakes do neither).
+    attempts = [s for s in statements if s == "BEGIN IMMEDIATE" or "FOR UPDATE" in s]
+    assert len(attempts) >= 2, statements  # the first attempt, and the one the wake made
+    assert [s for s in statements if _touches_type_rows_or_edges(s)] == []
 
 
 def test_a_job_with_dependents_still_releases_them(api, producer, worker):
@@ -143,6 +168,26 @@ def test_ordering_set_through_one_instance_holds_the_others_keyed_jobs_at_once(
     second = there.enqueue(producer, concurrency_key="k").json
 
     assert (first["status"], second["status"]) == ("pending", "waiting")
+
+
+def test_ordering_set_through_one_instance_passes_the_turn_at_the_others_complete(
+        api, producer, worker, admin, other):
+    """The other instance's copy still shows the type without key modes; its complete of a
+    keyed job (one statement on PostgreSQL for a type without them) finds the ordering itself
+    and passes the key's turn on."""
+    there = Api(other.test_client())
+    there.enqueue(producer, type="pdf")  # its copy read before the change
+    _patch(api, admin, {"ordering": "key"})
+    first = there.enqueue(producer, concurrency_key="k").json
+    second = there.enqueue(producer, concurrency_key="k").json
+    claimed = there.claim(worker, types=["email"]).json
+    assert claimed["id"] == first["id"]
+
+    done = there.complete(worker, first["id"], lease_token=claimed["lease_token"])
+
+    assert done.json["status"] == "completed"
+    assert api.get(producer, second["id"]).json["status"] == "pending"
+    assert there.claim(worker, types=["email"]).json["id"] == second["id"]
 
 
 def test_fairness_set_through_one_instance_reaches_the_others_jobs_once_its_copy_is_read(

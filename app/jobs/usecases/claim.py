@@ -114,20 +114,25 @@ class ClaimService:
         ask = _Ask(caller, wanted, limit,
                    (lease_seconds or self.settings.lease_seconds) * MICROS, push)
         if wait_seconds <= 0:
-            return WaitAnswer(self._claim_now(ask))
+            return WaitAnswer(self._claim_now(ask, answer_now=True))
         with self.signal.watching():
             seen = self.signal.generation
-            claimed = self._claim_now(ask)
+            claimed = self._claim_now(ask, answer_now=False)
             if claimed:
                 return WaitAnswer(claimed)
             with self.waits.slot() as granted:
                 deadline = time.monotonic() + wait_seconds
                 while granted and not claimed and self._wait_for_work(ask, seen, deadline):
                     seen = self.signal.generation
-                    claimed = self._claim_now(ask)
+                    claimed = self._claim_now(ask, answer_now=False)
         return WaitAnswer(claimed, not_waited=not granted)
 
-    def _claim_now(self, ask: _Ask) -> list[Claimed]:
+    def _claim_now(self, ask: _Ask, *, answer_now: bool) -> list[Claimed]:
+        """One attempt at the claim. `answer_now`: its answer is final (a claim that does
+        not wait), so an empty one made on a copy of the type settings that may be behind
+        is made again if the copy, read again, shows a type under flow control since. A
+        waiting claim's empty attempts read nothing more: its wait peeks on the copy its
+        thread reads each second, and so claims such a type's jobs within a second."""
         # Each attempt is a moment of its own: a key revoked since the request began (while
         # this claim waited for work, say) must take nothing, so every attempt's transaction
         # confirms the key again rather than trusting an earlier check.
@@ -140,7 +145,7 @@ class ClaimService:
             done = first_try(lambda tx: self._claim_in(tx, ask, nonce, optimistic=True))
         except LimitReached:
             done = self.uow.run(lambda tx: self._claim_in(tx, ask, nonce, optimistic=False))
-        if (not done.jobs and done.free_types_only and self.flow is not None
+        if (answer_now and not done.jobs and done.free_types_only and self.flow is not None
                 and self.flow.put_under_control_since(ask.wanted)):
             # This process's copy of the settings was behind a change made elsewhere (a
             # limit set a moment ago): the claim is made again, under the limits.
