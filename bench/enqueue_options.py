@@ -25,7 +25,7 @@ rotating order) so that the machine's changing load falls on all kinds alike:
 After the run, each kind's jobs are read back: the rows they have beside them (job_tags,
 job_traces, job_dependencies, job_reservations, job_checkpoints, key_turns, job_events),
 the job-row columns they set that a plain job leaves NULL, and their status, printed beside
-the list this script states (from app/storage/schema.py). Then the SQL statements one enqueue
+the list this script states (from app/storage/schema/). Then the SQL statements one enqueue
 of each kind sends (counted on the engine's cursor events, apart from the timing). And the
 stored width of the run's plain jobs' rows beside that of jobs enqueued then with every option
 (SQLite: the records' payload from the dbstat table; PostgreSQL: pg_column_size), each beside
@@ -533,7 +533,7 @@ def measure(options: Any) -> Report:
     report.tables += [timing_table(results, sizes), writes_table(results),
                       width_table(results, sizes)]
     report.notes += [
-        "Beyond plain (the static list above, from app/storage/schema.py; the found columns "
+        "Beyond plain (the static list above, from app/storage/schema/; the found columns "
         "read the run's jobs back): " + "; ".join(
             f"{kind}: {LISTED[kind].more}" for kind in KINDS if LISTED[kind].more) + ".",
         "Statements: counted on the engine's cursor events over "

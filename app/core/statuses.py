@@ -45,8 +45,8 @@ STATUS_BITS: dict[JobStatus, int] = {
 
 
 # The claim order: the highest priority first, then the oldest, then the lowest id. The
-# claim's ORDER BY, its indexes (app/storage/schema.py) and the sorts in Python are all made
-# from this.
+# claim's ORDER BY, its indexes (app/storage/schema/jobs.py) and the sorts in Python are all
+# made from this.
 CLAIM_ORDER: tuple[tuple[str, bool], ...] = (("priority", True), ("created_at", False),
                                              ("id", False))
 

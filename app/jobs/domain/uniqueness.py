@@ -2,7 +2,8 @@
 stores, and the rule on which `while` sets the database can enforce. No SQL, no HTTP.
 
 Enforcement is the partial unique index on (producer, unique_scope) over the jobs whose
-status is in their own while set (app/storage/schema.py). Two consequences shape the rules here:
+status is in their own while set (app/storage/schema/jobs.py). Two consequences shape the
+rules here:
 - a new job is pending, so a while set without pending would never meet the index at
   enqueue and could deduplicate nothing;
 - a job must never *enter* its while set by a claim or a worker's report while a twin holds
