@@ -79,25 +79,27 @@ _not_behind_a_turn = ~(select(key_turns.c.job_id)
                               key_turns.c.concurrency_key == jobs.c.concurrency_key,
                               key_turns.c.job_id != jobs.c.id)
                        .exists())
-_RELEASED_VALUES = Transition.RELEASE.values(
-    now_us=bindparam("now"),
-    run_at=case((jobs.c.run_at < bindparam("now"), bindparam("now")), else_=jobs.c.run_at))
-_release_one = DriverStatement(
-    update(jobs)
-    .where(jobs.c.id == bindparam("released_id"),
-           status_is_job(*Transition.RELEASE.from_statuses), _no_unfinished_dependency,
-           _not_behind_a_turn)
-    .values(_RELEASED_VALUES)
-    .returning(*JOB_COLUMNS)
-)
-_release_many = (
-    update(jobs)
-    .where(jobs.c.id.in_(bindparam("released_ids", expanding=True)),
-           status_is_job(*Transition.RELEASE.from_statuses), _no_unfinished_dependency,
-           _not_behind_a_turn)
-    .values(_RELEASED_VALUES)
-    .returning(*JOB_COLUMNS)
-)
+
+
+def _release(ids: Any) -> Any:
+    """The waiting jobs `ids` picks that nothing holds back any more made pending
+    (Transition.RELEASE), due now at the earliest, RETURNING them."""
+    return (
+        update(jobs)
+        .where(ids, status_is_job(*Transition.RELEASE.from_statuses),
+               _no_unfinished_dependency, _not_behind_a_turn)
+        .values(Transition.RELEASE.values(
+            now_us=bindparam("now"),
+            run_at=case((jobs.c.run_at < bindparam("now"), bindparam("now")),
+                        else_=jobs.c.run_at)))
+        .returning(*JOB_COLUMNS)
+    )
+
+
+# One job (a dependency's end releases its one dependent, mostly) on the driver's cursor;
+# several in chunks of expanded ids.
+_release_one = DriverStatement(_release(jobs.c.id == bindparam("released_id")))
+_release_many = _release(jobs.c.id.in_(bindparam("released_ids", expanding=True)))
 
 # A job an admin's retry made pending, with a dependency still unfinished (it was cancelled
 # by another one's failure): waiting again, in the retry's own transaction.
