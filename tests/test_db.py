@@ -20,7 +20,11 @@ from app.core.statuses import JobStatus
 from app.jobs.sql.claim_repository import (
     _candidates_one_type,
     _candidates_one_type_by_key,
+    _claim_any_free_type,
     _claim_any_type,
+    _driver_candidates_one_free_type,
+    _due_probe_any_free_type,
+    _due_probe_one_free_type,
     _due_probe_one_type,
     _due_probe_one_type_by_key,
 )
@@ -156,20 +160,74 @@ CLAIM_PARAMS = {"now": 0, "worker": "w", "lease_expires_at": 0, "nonce": "n", "l
                 "type": "email", "full_keys": ["customer-1"]}
 
 
-def test_sqlite_claim_reads_the_partial_claim_order_index(sqlite_template):
-    plan = _sqlite_plan(sqlite_template, _claim_any_type.statement, CLAIM_PARAMS)
-    assert any(step.endswith("USING INDEX ix_jobs_claim_order") for step in plan), plan
+# A claim that read no type's row passes over the types under flow control in its own
+# statement (app/jobs/sql/job_rows.py, TYPE_FREE): it reads the same index, in the same order.
+@pytest.mark.parametrize("stmt", [_claim_any_type.statement, _claim_any_free_type.statement,
+                                  _due_probe_any_free_type])
+def test_sqlite_claim_reads_the_partial_claim_order_index(sqlite_template, stmt):
+    plan = _sqlite_plan(sqlite_template, stmt, CLAIM_PARAMS)
+    assert any(step.endswith("USING INDEX ix_jobs_claim_order")
+               or step.endswith("USING COVERING INDEX ix_jobs_claim_order")
+               for step in plan), plan
     assert not any("TEMP B-TREE" in step for step in plan)  # no sort: already in claim order
 
 
 @pytest.mark.parametrize("stmt", [_candidates_one_type, _due_probe_one_type,
-                                  _candidates_one_type_by_key, _due_probe_one_type_by_key])
+                                  _candidates_one_type_by_key, _due_probe_one_type_by_key,
+                                  _driver_candidates_one_free_type.statement,
+                                  _due_probe_one_free_type])
 def test_sqlite_claims_of_one_type_read_that_types_part_of_the_index(sqlite_template, stmt):
     plan = _sqlite_plan(sqlite_template, stmt, CLAIM_PARAMS)
     assert any("USING INDEX ix_jobs_claim_order_by_type (type=?)" in step
                or "USING COVERING INDEX ix_jobs_claim_order_by_type (type=?)" in step
                for step in plan), plan
     assert not any("TEMP B-TREE" in step for step in plan)
+
+
+def _postgres_plan(conn: Any, stmt: Any, params: dict[str, Any]) -> dict[str, Any]:
+    compiled = stmt.compile(dialect=conn.dialect)
+    values = {**compiled.params,
+              **{name: value for name, value in params.items() if name in compiled.binds}}
+    [(plan,)] = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + compiled.string, values).all()
+    return dict(plan[0]["Plan"])
+
+
+def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(child for sub in node.get("Plans", []) for child in _plan_nodes(sub))]
+
+
+@pytest.mark.parametrize("stmt", [_claim_any_type.statement, _claim_any_free_type.statement,
+                                  _due_probe_any_free_type,
+                                  _driver_candidates_one_free_type.statement,
+                                  _due_probe_one_free_type])
+def test_postgresql_claims_walk_the_claim_order_and_stop_at_their_limit(postgres_server, stmt):
+    """With 20,000 pending jobs and their statistics, each claim (and each peek of a waiting
+    claim) reads the pending jobs through a claim-order index, already in order: no sort,
+    no join over every pending row (the condition on the types' rows a filter of the scan),
+    so its cost does not grow with the backlog."""
+    engine = make_engine(postgres_server.create_database())
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO jobs (type, payload, priority, status, retry_count, max_retries,"
+                " producer, run_at, created_at, updated_at)"
+                " SELECT CASE WHEN mod(n, 2) = 0 THEN 'email' ELSE 'pdf' END, '{}', 10,"
+                " 'pending', 0, 3, 'p', n, n, n FROM generate_series(1, 20000) AS n")
+            conn.exec_driver_sql(
+                "INSERT INTO job_types (type, paused, updated_at)"
+                " VALUES ('sync', true, 0)")
+            conn.exec_driver_sql("ANALYZE jobs")
+            conn.exec_driver_sql("ANALYZE job_types")
+            plan = _postgres_plan(conn, stmt, {**CLAIM_PARAMS, "now": 10**15})
+    finally:
+        engine.dispose()
+    nodes = _plan_nodes(plan)
+    kinds = [node["Node Type"] for node in nodes]
+    assert "Sort" not in kinds and not any("Join" in kind for kind in kinds), kinds
+    assert any(node.get("Index Name", "").startswith("ix_jobs_claim_order")
+               and node.get("Relation Name") == "jobs" for node in nodes), kinds
+    assert not any(node["Node Type"] == "Seq Scan" and node.get("Relation Name") == "jobs"
+                   for node in nodes), kinds
 
 
 @pytest.mark.parametrize("after", [None, (5, 7)])
