@@ -213,6 +213,8 @@ def test_at_most_one_job_per_scope_is_ever_in_its_while_statuses(
     keys |= {"worker": make_key("worker-1", "worker"), "admin": make_key("admin-1", "admin")}
     run_state_machine_as_test(
         lambda: UniqueMachine(app, client, keys),
-        settings=settings(max_examples=100, stateful_step_count=40, deadline=None,
+        # 60 runs of up to 40 steps each (2,400 steps a run), as the state machine of a job's
+        # life (test_state_machine_property.py) takes.
+        settings=settings(max_examples=60, stateful_step_count=40, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow]),
     )
