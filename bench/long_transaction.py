@@ -68,7 +68,7 @@ class Sizes:
 
 
 FULL = Sizes(prefill=300_000, window=60.0, hold_windows=3)
-SMOKE = Sizes(prefill=3_000, window=2.0, hold_windows=2)
+SMOKE = Sizes(prefill=2_500, window=1.0, hold_windows=2)
 
 
 @scenario

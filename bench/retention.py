@@ -74,7 +74,7 @@ from bench.stats import Spread, percentile
 
 TARGET_RATIO = 0.7
 CLIENTS_EACH = 4  # enqueuers, and as many claim + complete workers: 8 clients in all
-WINDOW_SECONDS_FULL, WINDOW_SECONDS_SMOKE = 30.0, 3.0
+WINDOW_SECONDS_FULL, WINDOW_SECONDS_SMOKE = 30.0, 1.0
 HOUR_US = 3_600_000_000
 AGE_US = 48 * HOUR_US  # the million's last update: two days ago
 EXPIRED_SECONDS = 60  # the shortest window a type may set
