@@ -2,6 +2,10 @@
 client (no network, no gunicorn), under cProfile, summed by layer.
 
     PYTHONPATH=. python bench/profile_hot_paths.py [--jobs N] [--synchronous FULL|OFF]
+        [--database-url postgresql+psycopg://…/an_empty_database]
+
+On PostgreSQL (an empty database, migrated here) the driver's layer includes the time spent
+waiting for the server's answers.
 
 cProfile inflates the cost of many small calls, so read the shares, not the microseconds.
 """
@@ -30,6 +34,8 @@ LAYERS = [
     ("marshmallow", ("/marshmallow/",)),
     ("sqlalchemy", ("/sqlalchemy/",)),
     ("sqlite3 driver (incl. fsync)", ("sqlite3.Cursor", "sqlite3.Connection")),
+    ("psycopg driver (incl. waiting for PostgreSQL)", ("/psycopg/", "/psycopg_binary/",
+                                                       "psycopg_binary.")),
     ("flask and werkzeug", ("/flask/", "/werkzeug/")),
     ("json", ("/json/",)),
     ("logging", ("/logging/",)),
@@ -49,10 +55,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--synchronous", default="FULL")
+    parser.add_argument("--database-url", default=None,
+                        help="an empty PostgreSQL database (default: a SQLite file)")
     args = parser.parse_args()
     logging.disable(logging.INFO)  # the request log's lines, not its cost, are muted here
     with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite:///{Path(tmp) / 'profile.sqlite3'}"
+        url = args.database_url or f"sqlite:///{Path(tmp) / 'profile.sqlite3'}"
         upgrade(url)
         app = create_app({"DATABASE_URL": url, "JOB_TYPES": {"email"},
                           "SQLITE_SYNCHRONOUS": args.synchronous})
