@@ -5,10 +5,14 @@ baseline (bench/baseline_app.py). They are launched by the tests' launcher, test
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from bench.data import JOB_TYPES
 from tests.servers import HOST, GunicornServer, free_port, gunicorn_argv, server_environment
+
+# Set by the tests' smoke runs: the workers each server runs (the shipped settings otherwise).
+SMOKE_WORKERS_VARIABLE = "QUEUELOG_BENCH_SMOKE_WORKERS"
 
 
 def gunicorn_server(app: str, directory: str, overrides: dict[str, str],
@@ -19,6 +23,11 @@ def gunicorn_server(app: str, directory: str, overrides: dict[str, str],
     port = free_port()
     logs = Path(directory) / f"server-{port}"
     env = server_environment(logs, QUEUELOG_BIND=f"{HOST}:{port}", **overrides)
+    # The tests' smoke runs (tests/bench) ask for one worker per server: they read no figure,
+    # and a server of one worker boots in half the CPU. A script's own GUNICORN_WORKERS wins.
+    smoke_workers = os.environ.get(SMOKE_WORKERS_VARIABLE)
+    if smoke_workers and "GUNICORN_WORKERS" not in overrides:
+        env["GUNICORN_WORKERS"] = smoke_workers
     # stdout carries one JSON line per request; read only when `keep_stdout`.
     if root is not None:  # another checkout: its code, from its own directory
         env["PYTHONPATH"] = str(root)

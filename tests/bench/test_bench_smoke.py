@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.data import POSTGRES_VARIABLE
+from bench.servers import SMOKE_WORKERS_VARIABLE
 from tests.conftest import POSTGRES_URL_VARIABLE
 from tests.servers import REPO_ROOT, server_environment
 
@@ -64,6 +65,9 @@ def engine_scripts(share: int) -> list[str]:
 def run_bench(*argv: str, tmp_path: Path,
               postgres: bool = False) -> subprocess.CompletedProcess[str]:
     env = server_environment(tmp_path)
+    # One gunicorn worker per server the script starts: the run reads no figure, and each
+    # server then boots one worker rather than one per core (bench/servers.py).
+    env[SMOKE_WORKERS_VARIABLE] = "1"
     server = os.environ.get(POSTGRES_URL_VARIABLE)
     if postgres and server:
         env[POSTGRES_VARIABLE] = server
