@@ -368,8 +368,11 @@ def test_a_job_not_claimed_before_it_expires_is_cancelled_not_run(server):
     expires = datetime.fromisoformat(job["expires_at"])
     wait_until(lambda: datetime.now(UTC) > expires + timedelta(seconds=0.5),
                what="the job's expiry to pass")
-    assert worker.claim(types=["email"]) is None
-    assert producer.get_job(job["id"])["status"] == "cancelled"
+    assert worker.claim(types=["email"]) is None  # never handed out once past its expiry
+    # Cancelled by the service's maintenance loop (within a second, docs/JOBS.md; a loaded
+    # machine may take longer, and the test asserts no timing).
+    wait_until(lambda: producer.get_job(job["id"])["status"] == "cancelled",
+               timeout=15, what="the expired job cancelled by the service")
 
 
 @pytest.mark.slow
