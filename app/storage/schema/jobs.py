@@ -303,3 +303,14 @@ Index(
 # The reserved jobs of each type, which GET /types counts (docs/JOBS.md, Reserved jobs).
 Index("ix_jobs_reserved_type", jobs.c.type,
       sqlite_where=text("status = 'reserved'"), postgresql_where=text("status = 'reserved'"))
+
+# Pending jobs due later than they were made (delayed, retried, released with a backoff):
+# the maintenance leader reads from it when the next one comes due, to wake the waiting
+# claims then (docs/SCALING.md, "Several hosts"). An immediate enqueue (run_at = created_at)
+# writes nothing here.
+Index(
+    "ix_jobs_delayed_run_at",
+    jobs.c.run_at,
+    sqlite_where=text("status = 'pending' AND run_at > created_at"),
+    postgresql_where=text("status = 'pending' AND run_at > created_at"),
+)
