@@ -63,6 +63,8 @@ class Services:
     # Writes this process's stats counts once a second once started (start_stats_flusher).
     stats_flusher: StatsFlusher
     type_settings: TypeSettingsCopy  # this process's copy of the job types' settings
+    # This host's other processes of the database: their waiting requests' wakes.
+    host: HostWake
 
     def close(self) -> None:
         """Stop the maintenance loop (giving its lead up), write the stats counts still
@@ -201,6 +203,45 @@ def start_maintenance(app: Flask) -> None:
     app.extensions["queuelog"].maintenance.start()
 
 
+def start_database_wakes(app: Flask) -> None:
+    """On PostgreSQL (unless QUEUELOG_NOTIFY is off), let the database tell this process of
+    every change its waiters, settings copy, ticker and maintenance act on, rather than have
+    them peek (docs/SCALING.md, "Several hosts"): one process per host listens, leads
+    maintenance if the lead is free, and tells the host's others. Called where the app is
+    served (wsgi.py), before the maintenance loop starts."""
+    services: Services = app.extensions["queuelog"]
+    engine = services.db.engine
+    lock_path = services.host.listener_lock_path
+    if (engine.dialect.name != "postgresql" or not app.config["NOTIFY"]
+            or lock_path is None or "queuelog_listener" in app.extensions):
+        return
+    from app.jobs.usecases.listening_lead import RETENTION_IDLE_SECONDS, ListeningLead
+    from app.jobs.wake.database_wake import SCHEDULES, TYPES, DatabaseWakes
+    from app.storage.listener import DatabaseListener
+
+    every_kind = frozenset({CLAIMABLE, FINISHED, TYPES, SCHEDULES})
+    wakes = DatabaseWakes(services.host, every_kind)
+    claims, finished = services.jobs.signal, services.jobs.finished
+    for signal in (claims, finished):
+        signal.told_by_database()
+    # A job's end may free a place (a cap, an ordered key) that a waiting claim waits for.
+    wakes.on([CLAIMABLE, FINISHED], claims.notify_here)
+    wakes.on([FINISHED], finished.notify_here)
+    services.type_settings.told_by_database()
+    wakes.on([TYPES], services.type_settings.changed)
+    ticker = app.extensions.get("queuelog_ticker")
+    if ticker is not None:
+        ticker.told_by_database()
+        wakes.on([SCHEDULES], ticker.changed)
+    services.host.keep_listening()
+    services.jobs.retention.idle_seconds = RETENTION_IDLE_SECONDS
+    lead = ListeningLead(services.clock, services.maintenance.woken_only())
+    services.maintenance.leadership = lead
+    app.extensions["queuelog_listener"] = DatabaseListener(
+        engine, lock_path, wakes.deliver,
+        every_kind=every_kind, duty=lead).start()
+
+
 def stop_maintenance(app: Flask) -> None:
     """Stop the maintenance loop and give its lead up, letting a round under way end
     (gunicorn's worker_exit hook): another process takes the lead at its next try."""
@@ -215,6 +256,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         pool_timeout=config["DB_POOL_TIMEOUT_SECONDS"],
         sqlite_synchronous=config["SQLITE_SYNCHRONOUS"],
         sqlite_busy_timeout_ms=config["SQLITE_BUSY_TIMEOUT_MS"],
+        notify=config["NOTIFY"],
     )
     db = Database(engine, counting_reads=config["COUNTING_READS"])
     clock = config.get("CLOCK") or Clock()
@@ -282,4 +324,5 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         maintenance=MaintenanceLoop(leadership_of(engine),
                                     jobs.maintenance_chores(types.retention_windows), clock),
         type_settings=type_settings,
+        host=host,
     )

@@ -166,6 +166,10 @@ SETTINGS: tuple[Setting, ...] = (
             "GET /jobs/{id}?wait_seconds requests a process lets wait at once for a job to "
             "finish (a budget of their own); past it they answer at once. Keep it plus "
             "MAX_WAITING_CLAIMS below GUNICORN_THREADS"),
+    Setting("NOTIFY", True, _flag,
+            "PostgreSQL: the database tells every host of each change (LISTEN/NOTIFY), so "
+            "idle hosts send it nearly nothing and waiting requests wake at once; 0 has "
+            "them peek instead, and sends no notification"),
     Setting("SCHEDULER", True, _flag,
             "fire due schedules from each served process (a ticker thread started by wsgi.py "
             "under gunicorn); 0 leaves firing to other processes or hosts"),

@@ -4,6 +4,7 @@ and maintenance loop started and its copy of the job types' settings kept fresh.
 
 from app import (
     create_app,
+    start_database_wakes,
     start_maintenance,
     start_scheduler,
     start_stats_flusher,
@@ -15,5 +16,6 @@ app = create_app()
 warn_about_configuration(app)
 start_scheduler(app)
 start_stats_flusher(app)
+start_database_wakes(app)
 start_maintenance(app)
 start_type_settings_refresh(app)

@@ -36,6 +36,8 @@ class PeriodicThread:
         self._at_exit = at_exit
         self._stop_timeout = stop_timeout
         self._stopping = threading.Event()
+        # Set by wake() (and stop()): the wait between rounds ends early.
+        self._nudged = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._start_lock = threading.Lock()
@@ -66,9 +68,15 @@ class PeriodicThread:
             if self._at_exit is not None:
                 atexit.register(self._at_exit)
 
+    def wake(self) -> None:
+        """Run the next round now rather than at the end of the wait (or, during a round, as
+        soon as it ends)."""
+        self._nudged.set()
+
     def stop(self) -> None:
         """Stop the thread, letting a round under way end (up to `stop_timeout`)."""
         self._stopping.set()
+        self._nudged.set()
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
         thread = self._thread
@@ -76,10 +84,16 @@ class PeriodicThread:
                 and thread is not threading.current_thread()):
             thread.join(self._stop_timeout)
 
+    def _pause(self, seconds: float) -> bool:
+        """Wait `seconds` or until woken; True when the thread is to stop."""
+        if self._nudged.wait(seconds):
+            self._nudged.clear()  # a wake after this runs one more round: none is lost
+        return self._stopping.is_set()
+
     def _run(self) -> None:
-        if self._wait_first and self._stopping.wait(self.interval):
+        if self._wait_first and self._pause(self.interval):
             return
         while not self._stopping.is_set():
             wait = self._work()
-            if self._stopping.wait(self.interval if wait is None else wait):
+            if self._pause(self.interval if wait is None else wait):
                 return

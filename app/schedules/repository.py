@@ -54,12 +54,13 @@ class ScheduleRepository:
             stmt = stmt.where(schedules.c.name > after_name)
         return [_schedule(row) for row in self.conn.execute(stmt)]
 
-    def has_due(self, now_us: int, passing_over: Collection[str] = ()) -> bool:
-        """Whether any active schedule's next slot has come: one index probe, so that a tick
-        with nothing due opens no write transaction."""
-        stmt = (select(schedules.c.name).where(*_due(now_us, passing_over))
+    def earliest_slot(self, passing_over: Collection[str] = ()) -> int | None:
+        """The earliest next slot of the active schedules (None: none is active): one index
+        probe, so that a tick with nothing due opens no write transaction, and knows how long
+        nothing will be."""
+        stmt = (select(schedules.c.next_run_at).where(*_active(passing_over))
                 .order_by(schedules.c.next_run_at, schedules.c.name).limit(1))
-        return self.conn.execute(stmt).first() is not None
+        return self.conn.execute(stmt).scalar()
 
     def take_due(self, now_us: int, limit: int, passing_over: Collection[str] = ()
                  ) -> list[Schedule]:
@@ -98,9 +99,13 @@ class ScheduleRepository:
             delete(schedules).where(schedules.c.name == name)).rowcount == 1
 
 
-def _due(now_us: int, passing_over: Collection[str]) -> list[Any]:
+def _active(passing_over: Collection[str]) -> list[Any]:
     # `paused` leads ix_schedules_due: the paused schedules are never read here.
-    due = [schedules.c.paused == false(), schedules.c.next_run_at <= now_us]
+    active = [schedules.c.paused == false()]
     if passing_over:  # the few schedules whose zone this process cannot read
-        due.append(schedules.c.name.not_in(sorted(passing_over)))
-    return due
+        active.append(schedules.c.name.not_in(sorted(passing_over)))
+    return active
+
+
+def _due(now_us: int, passing_over: Collection[str]) -> list[Any]:
+    return [*_active(passing_over), schedules.c.next_run_at <= now_us]

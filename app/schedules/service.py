@@ -141,6 +141,9 @@ class ScheduleService:
         # said once, then passed over by this process's due queries (its zone database does
         # not change while it runs). Another host that knows the zone fires them.
         self._unreadable: set[str] = set()
+        # The earliest slot of the active schedules at the last firing's look (None: none),
+        # for a ticker that sleeps until then (app/schedules/ticker.py).
+        self.next_slot_at: int | None = None
 
     # -- admins ---------------------------------------------------------------------------
 
@@ -259,8 +262,10 @@ class ScheduleService:
         process fired (a job each, or a workflow each). Database errors propagate."""
         first = self.clock.now_us() if now_us is None else now_us
         with self.db.read() as conn:
-            if not ScheduleRepository(conn).has_due(first, passing_over=self._unreadable):
-                return 0  # the common tick: one index probe, no write transaction
+            self.next_slot_at = ScheduleRepository(conn).earliest_slot(
+                passing_over=self._unreadable)
+        if self.next_slot_at is None or self.next_slot_at > first:
+            return 0  # the common tick: one index probe, no write transaction
         enqueued = 0
         while True:
             # Each batch is stamped (created_at, the lateness metric) with its own time: a

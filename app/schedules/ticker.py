@@ -1,7 +1,9 @@
 """The ticker: a thread in each server process that fires the due schedules about twice a
 second, and runs this process's own timed chores with them (the pending depth the stats
-count). Started where the app is served (wsgi.py, under QUEUELOG_SCHEDULER), never by the
-factory: tests fire by hand (ScheduleService.fire_due) with a clock they move.
+count). Where the database tells every process when a schedule changes (PostgreSQL), it
+sleeps instead until the earliest slot or the next minute, and ticks when told. Started
+where the app is served (wsgi.py, under QUEUELOG_SCHEDULER), never by the factory: tests
+fire by hand (ScheduleService.fire_due) with a clock they move.
 
 Every process runs one; the database decides which of them fires a slot (see service.py),
 so adding processes or hosts adds no duplicates, and any one of them alive keeps schedules
@@ -18,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.core.clock import MICROS
 from app.core.periodic import PeriodicThread
 from app.core.storage_refusal import storage_refusal
 from app.schedules.service import ScheduleService
@@ -25,6 +28,7 @@ from app.schedules.service import ScheduleService
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.5
+MINUTE_US = 60 * MICROS
 # How long stop() waits for a firing under way to end (its transaction commits or not).
 STOP_TIMEOUT_SECONDS = 5.0
 
@@ -37,9 +41,10 @@ class Ticker:
         # Run each tick after the schedules fire, each on its own: one failing stops none.
         self.chores = [schedules.fire_due, *chores]
         self._failing = False
+        self._told = False
         # Stopped (at exit, and by gunicorn's worker_exit hook), it lets a firing under way
         # end first.
-        self._thread = PeriodicThread("queuelog-schedules", self.tick, interval,
+        self._thread = PeriodicThread("queuelog-schedules", self._paced_tick, interval,
                                       wait_first=True, at_exit=self.stop,
                                       stop_timeout=STOP_TIMEOUT_SECONDS)
 
@@ -53,6 +58,28 @@ class Ticker:
     @property
     def running(self) -> bool:
         return self._thread.running
+
+    def told_by_database(self) -> None:
+        """The database tells this process when a schedule changes (a served process on
+        PostgreSQL: app/jobs/wake/database_wake.py, which calls changed()): each tick then
+        sleeps until the earliest slot, or the next minute's chores, rather than
+        `interval`."""
+        self._told = True
+
+    def changed(self) -> None:
+        """A schedule changed (told by the database): tick now."""
+        self._thread.wake()
+
+    def _paced_tick(self) -> float | None:
+        self.tick()
+        if not self._told or self._failing:
+            return None
+        now = self.schedules.clock.now_us()
+        # The chores (the stats' minute) run at each minute's start at the latest.
+        wait_us = MINUTE_US - now % MINUTE_US
+        if self.schedules.next_slot_at is not None:
+            wait_us = min(wait_us, self.schedules.next_slot_at - now)
+        return max(wait_us / MICROS, self.interval / 10)
 
     def tick(self) -> None:
         """One round: fire what is due, then the chores; log (once per outage) and carry on

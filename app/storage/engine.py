@@ -159,10 +159,12 @@ def explain_database_error(error: BaseException, url: str) -> str | None:
 
 def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeout: int = 10,
                 sqlite_synchronous: str = "FULL", sqlite_busy_timeout_ms: int = 30_000,
-                read_only: bool = False) -> Engine:
+                read_only: bool = False, notify: bool = True) -> Engine:
     """An engine for `url`, with the hooks its dialect needs. Connects lazily.
 
     `pooled=False` is for one-off commands (migrations, key management): nothing stays open.
+    `notify=False` (PostgreSQL) has the database's triggers send no notification for this
+    engine's sessions.
     `read_only=True` opens a SQLite file read-only (a `mode=ro` URI), which also refuses to
     create a missing file; it is for reading a database another service owns (a copy's
     source), and changes nothing on other engines.
@@ -186,6 +188,10 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
                                pool_reset_on_return=None, **options)
         _install_sqlite_hooks(engine, sqlite_synchronous, sqlite_busy_timeout_ms, read_only)
         return engine
+    if not notify:
+        # The database's triggers send no notification for this engine's sessions
+        # (migration 0025): QUEUELOG_NOTIFY=0.
+        options["connect_args"] = {"options": "-c queuelog.notify=off"}
     engine = create_engine(url, **options)
     _install_postgres_hooks(engine)
     return engine

@@ -139,3 +139,10 @@ class AdvisoryLeadership:
             with contextlib.suppress(SQLAlchemyError):  # dead: nothing left to free
                 self._conn.close()
         self._conn = None
+
+
+def try_advisory_lead(conn: Connection) -> bool:
+    """Take the database's maintenance lead on `conn`'s session if it is free (a session lock:
+    held until the session ends). The listening session's way to lead (app/storage/listener.py)."""
+    return bool(conn.execute(text("SELECT pg_try_advisory_lock(:key)"),
+                             {"key": ADVISORY_LOCK_KEY}).scalar_one())

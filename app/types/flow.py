@@ -163,6 +163,9 @@ class FlowControl:
         running = JobRepository(conn).count_running() if count else {}
         return limits_for_claim(relevant, running, now_us, push=push)
 
+    def may_limit(self, wanted: frozenset[str] | None) -> bool:
+        return self.settings_copy is None or self.settings_copy.under_flow_control(wanted)
+
     def put_under_control_since(self, wanted: frozenset[str] | None) -> bool:
         if self.settings_copy is None:
             return False

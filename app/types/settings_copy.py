@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 # How old the copy may grow: the background thread reads it this often, and a process without
 # the thread reads it again on use once it is this old.
 REFRESH_SECONDS = 1.0
+# Where the database tells of each change: the thread's safety-net read.
+TOLD_REFRESH_SECONDS = 60.0
 # The refreshes after the one that saw a type become fair that number its stragglers again
 # (an enqueue that decided on the stale copy may commit after the first).
 _CATCH_UP_REFRESHES = 2
@@ -130,7 +132,19 @@ class TypeSettingsCopy:
     def stop(self) -> None:
         self._thread.stop()
 
-    def _refresh_round(self) -> None:
+    def told_by_database(self) -> None:
+        """The database tells this process when a type's settings change (a served process
+        on PostgreSQL: app/jobs/wake/database_wake.py, which calls changed()): the thread reads
+        the copy then, and otherwise only every TOLD_REFRESH_SECONDS, a safety net."""
+        self._thread.interval = TOLD_REFRESH_SECONDS
+
+    def changed(self) -> None:
+        """A type's settings changed (told by the database): read the copy now."""
+        self._thread.wake()
+
+    def _refresh_round(self) -> float | None:
+        """The thread's round; while stragglers of a newly fair type are left to number, the
+        next comes within a second whatever the thread's interval."""
         try:
             self.tick()
         except SQLAlchemyError as error:
@@ -141,6 +155,7 @@ class TypeSettingsCopy:
             self._failing = True
         else:
             self._failing = False
+        return REFRESH_SECONDS if self._failing or self._catch_up else None
 
     def _current(self) -> dict[str, TypeSettings] | None:
         """The copy, or None when there is none fresh enough to trust (then the caller reads

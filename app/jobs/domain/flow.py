@@ -145,6 +145,10 @@ class FlowPolicy(Protocol):
     def claimed(self, limits: ClaimLimits | None, claimed: list[Job], now_us: int) -> None:
         """After the claim committed: what only metrics and GET /types' last claim need."""
 
+    def may_limit(self, wanted: frozenset[str] | None) -> bool:
+        """Whether flow control may hold back a claim of `wanted` types (None: any), as far
+        as this process knows without a statement: True when it cannot tell."""
+
     def put_under_control_since(self, wanted: frozenset[str] | None) -> bool:
         """After a claim that read no type's row found nothing (outside its transaction):
         read the types' settings again; True when one of `wanted` (None: any) turns out to be

@@ -12,7 +12,9 @@ One claim reads top to bottom, in one write transaction (`_claim_in`):
 A claim that met LimitReached is made once more on limits read under the locks, which
 cannot miss. What only metrics need (the skips, last_claim_at) is the policy's, after the
 commit. A claim with nothing due may wait for work: no connection is held while it waits,
-and it peeks (`_may_claim_now`) every POLL_SECONDS for the other processes' work.
+and it peeks (`_may_claim_now`) every POLL_SECONDS for the other processes' work, or, where
+the database tells every process of it (PostgreSQL: app/jobs/wake/waiting.py), only when
+told, unless a type it waits for is under flow control.
 
 A claim sweeps nothing: the maintenance loop's leader rescues expired leases and cancels
 expired jobs (app/jobs/usecases/maintenance_loop.py). Meanwhile a job whose lease ran out is still
@@ -220,11 +222,18 @@ class ClaimService:
         """Sleep until a job may be claimable (True), or the deadline passes or the process
         stops (False)."""
         while (remaining := deadline - time.monotonic()) > 0 and not self.signal.waits_ended:
-            if self.signal.wait(seen_generation, timeout=min(POLL_SECONDS, remaining)):
+            peek = (self.signal.peek_seconds if not self._under_flow_control(ask)
+                    else POLL_SECONDS)
+            if self.signal.wait(seen_generation, timeout=min(peek, remaining)):
                 return True
             if self.uow.read(lambda tx: self._may_claim_now(tx, ask)):
                 return True
         return False
+
+    def _under_flow_control(self, ask: _Ask) -> bool:
+        """Whether the claim's types may become claimable with no change to tell (a rate's
+        tokens come back with time): its wait peeks every POLL_SECONDS, however it is told."""
+        return self.flow is not None and self.flow.may_limit(ask.wanted)
 
     def _may_claim_now(self, tx: JobsTx, ask: _Ask) -> bool:
         """The waiting claim's peek: is there work this claim could take now, flow control

@@ -8,6 +8,11 @@ the lead every FOLLOW_SECONDS and take over when its holder stops or dies. Claim
 sweep of their own: a job whose lease ran out is still running, and one past its expiry is
 never a candidate, until the leader settles them (docs/OPERATIONS.md, "Maintenance").
 
+On PostgreSQL with notifications (docs/SCALING.md, "Several hosts") the lead lives on the
+host's listening session instead (app/jobs/usecases/listening_lead.py): the leader asks once a
+second, in one statement, what is due, and wakes this loop for the chores that have work; an
+idle database costs one statement a second, and a process that does not lead costs none.
+
 Each chore reports its failures to MaintenanceHealth (the log, /metrics, /readyz); one that
 fails stops none of the others.
 """
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -31,6 +36,9 @@ log = logging.getLogger(__name__)
 LEAD_SECONDS = 0.5
 # How often a process that does not lead asks for the lead again.
 FOLLOW_SECONDS = 3.0
+# Woken only, how long the thread waits for a wake before a round of whatever is due (none,
+# unless a wake was missed).
+WOKEN_SAFETY_SECONDS = 60.0
 # How long stop() waits for a round under way to end.
 STOP_TIMEOUT_SECONDS = 5.0
 
@@ -45,8 +53,12 @@ class MaintenanceLoop:
         self.leadership = leadership
         self.chores = list(chores)
         self._round = threading.Lock()
+        self._due_lock = threading.Lock()
         self._leading = False
         self._unanswered = False
+        # The chores the next woken round runs (None: every chore): see wake().
+        self._due: set[str] | None = None
+        self._woken_only = False
         # A clock moved by hand (the tests' ManualClock) runs a round each time it moves,
         # in the thread that moves it, and no thread is started: time passes only when it
         # is moved, so a thread would find nothing due between two moves, and would run
@@ -74,9 +86,24 @@ class MaintenanceLoop:
             self.leadership.release()
             self._leading = False
 
+    def woken_only(self) -> MaintenanceLoop:
+        """Run rounds only when wake() says which chores have work (and the thread's
+        interval is a long safety net): for a lead that asks what is due itself."""
+        self._woken_only = True
+        self._due = set()
+        self._thread.interval = WOKEN_SAFETY_SECONDS
+        return self
+
+    def wake(self, chores: Collection[str]) -> None:
+        """Run the chores named (their functions' names) in the next round, now."""
+        with self._due_lock:
+            if self._due is not None:
+                self._due.update(chores)
+        self._thread.wake()
+
     def run_round(self) -> bool:
-        """Take or keep the lead and, leading, run every chore once; True when this process
-        leads."""
+        """Take or keep the lead and, leading, run every chore once (woken only: the chores
+        named since the last round); True when this process leads."""
         with self._round:
             if self._thread.stopping:
                 return False
@@ -85,9 +112,12 @@ class MaintenanceLoop:
                 log.info("maintenance: this process %s the database's maintenance",
                          "leads" if leading else "no longer leads")
             self._leading = leading
+            with self._due_lock:
+                due, self._due = self._due, (set() if self._woken_only else None)
             if leading:
                 for chore in self.chores:
-                    self._run_chore(chore)
+                    if due is None or getattr(chore, "__name__", "") in due:
+                        self._run_chore(chore)
             return leading
 
     def _hold(self) -> bool:
@@ -116,4 +146,7 @@ class MaintenanceLoop:
 
     def _paced_round(self) -> float:
         """The thread's round: the leader comes back sooner than a follower."""
-        return LEAD_SECONDS if self.run_round() else FOLLOW_SECONDS
+        leading = self.run_round()
+        if self._woken_only:
+            return WOKEN_SAFETY_SECONDS
+        return LEAD_SECONDS if leading else FOLLOW_SECONDS

@@ -12,7 +12,7 @@ from app.core.statuses import TERMINAL_STATUSES, JobStatus
 from app.jobs.domain.cursor import decode_cursor, encode_cursor
 from app.jobs.domain.models import Job, JobDependencies, JobExtras
 from app.jobs.tx.uow import JobsTx, JobsUnitOfWork
-from app.jobs.wake.waiting import POLL_SECONDS, JobSignal, WaitAnswer, WaitingBudget
+from app.jobs.wake.waiting import JobSignal, WaitAnswer, WaitingBudget
 
 
 def visible_to(caller: Caller, job: Job) -> bool:
@@ -43,9 +43,10 @@ class JobReads:
     def await_job(self, caller: Caller, job_id: int, wait_seconds: float) -> WaitAnswer[Job]:
         """The job as get_job reads it, once it is finished or `wait_seconds` have passed.
 
-        An unfinished job is read again as soon as this process finishes a job, and every
-        POLL_SECONDS for the other processes and hosts, until it is completed, failed or
-        cancelled or the time is up (or the process stops); then it is answered as it is. Past
+        An unfinished job is read again as soon as a job finishes in this process, or in
+        another that tells it (app/jobs/wake/waiting.py), and every `peek_seconds` otherwise,
+        until it is completed, failed or cancelled or the time is up (or the process stops);
+        then it is answered as it is. Past
         the process's budget of waiting requests it is answered at once, marked `not_waited`.
         """
         if wait_seconds <= 0:
@@ -60,7 +61,7 @@ class JobReads:
                 while (granted and job.status not in TERMINAL_STATUSES
                        and not self.finished.waits_ended
                        and (remaining := deadline - time.monotonic()) > 0):
-                    self.finished.wait(seen, timeout=min(POLL_SECONDS, remaining))
+                    self.finished.wait(seen, timeout=min(self.finished.peek_seconds, remaining))
                     seen = self.finished.generation
                     job = self._read_visible(caller, job_id)
         return WaitAnswer(job, not_waited=not granted)

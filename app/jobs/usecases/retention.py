@@ -77,6 +77,9 @@ class Retention:
         self._pass: list[tuple[str, JobStatus]] = []
         self._windows: dict[str, RetentionWindows] = {}
         self._idle_until_us = 0
+        # The pause between two passes; longer where an idle database should be asked
+        # nearly nothing (docs/SCALING.md, "Several hosts").
+        self.idle_seconds = RETENTION_IDLE_SECONDS
 
     @property
     def pass_under_way(self) -> bool:
@@ -116,8 +119,8 @@ class Retention:
         `max_batches` batches, or until they took `max_seconds` (None: no time bound);
         returns the jobs deleted. A pass reads the types' windows,
         forgets the failure groups of each type not seen within its failed window, then
-        visits every (type, status) with a window; the next pass starts
-        RETENTION_IDLE_SECONDS after one ends."""
+        visits every (type, status) with a window; the next pass starts `idle_seconds`
+        after one ends."""
         now = self.clock.now_us()
         if not self._pass:
             if now < self._idle_until_us:
@@ -152,7 +155,7 @@ class Retention:
             else:
                 self._positions[(job_type, status)] = scanned[-1]
         if not self._pass:
-            self._idle_until_us = now + round(RETENTION_IDLE_SECONDS * MICROS)
+            self._idle_until_us = now + round(self.idle_seconds * MICROS)
         return deleted
 
     def chore(self, read_windows: WindowsSource) -> Callable[[], int]:

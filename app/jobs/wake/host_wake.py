@@ -120,6 +120,16 @@ class HostWake:
         # A bind that failed for want of a resource stops receiving, not sending, for a while.
         self._bind_again_at = 0.0
 
+    @property
+    def listener_lock_path(self) -> str | None:
+        """The file whose flock makes one process of this host the database's listener
+        (app/storage/listener.py): beside the directory, which the last process out removes,
+        and named apart from it."""
+        if self.directory is None:
+            return None
+        parent, name = os.path.split(self.directory)
+        return os.path.join(parent, name.replace("queuelog-wake-", "queuelog-listener-") + ".lock")
+
     def on_wake(self, kind: str, notify: Callable[[], None]) -> None:
         self._handlers[kind.encode()] = notify
 
@@ -135,6 +145,14 @@ class HostWake:
             with self._lock:
                 self._watchers -= 1
                 self._idle_since = time.monotonic()
+
+    def keep_listening(self) -> None:
+        """Bind this process's socket for good (while the process lives): for a process the
+        host's database listener tells (app/jobs/wake/database_wake.py), whose background
+        work waits for wakes too."""
+        with self._lock:
+            self._watchers += 1
+            self._listen()
 
     def _listen(self) -> None:
         """Bind this process's socket and start its receiver, unless bound already."""

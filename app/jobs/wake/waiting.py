@@ -3,9 +3,11 @@ and reads waiting for a job to finish (GET /jobs/{id}?wait_seconds=N).
 
 A change made by this process wakes its waiting requests at once through a condition
 variable, and those of this host's other queuelog processes (the sibling gunicorn workers)
-through a datagram (app/jobs/wake/host_wake.py). Changes made on other hosts, and delayed jobs
-coming due, are noticed by a cheap indexed peek every POLL_SECONDS, which works the same on
-SQLite and PostgreSQL and needs no connection held while waiting.
+through a datagram (app/jobs/wake/host_wake.py). On SQLite, and wherever the database does not
+tell, changes made elsewhere and delayed jobs coming due are noticed by a cheap indexed peek
+every POLL_SECONDS, which needs no connection held while waiting. On PostgreSQL the database
+tells every host (app/jobs/wake/database_wake.py): a served process's waits then peek only
+every TOLD_PEEK_SECONDS, a safety net, and its changes are told by the database alone.
 
 When the process is told to stop (gunicorn's SIGTERM, SIGINT or SIGQUIT: see
 queuelog_gunicorn/shutdown.py), every wait ends at once and the waiting requests answer with
@@ -25,6 +27,9 @@ from typing import Generic, TypeVar
 from app.jobs.wake.host_wake import HostWake
 
 POLL_SECONDS = 0.05
+# Where the database tells every process of each change (a missed notice costs a look at
+# most: the listener delivers every kind when it listens again).
+TOLD_PEEK_SECONDS = 60.0
 # What a request that asked to wait but found the budget full is told (Retry-After): come
 # back in this many seconds rather than at once, which would spin (a client asking again
 # at once made thousands of requests in 10 s). A waiting slot frees as soon as one of its requests
@@ -54,8 +59,18 @@ class JobSignal:
         self._ended = False
         self._host = host
         self._kind = kind
+        # How long a waiter goes without looking when nothing wakes it.
+        self.peek_seconds = POLL_SECONDS
+        self._database_tells = False
         if host is not None:
             host.on_wake(kind, self.notify_here)
+
+    def told_by_database(self) -> None:
+        """The database tells every process, this one's siblings included, of each change
+        (a served process on PostgreSQL): waiters peek only as a safety net, and notify()
+        wakes this process's waiters alone."""
+        self._database_tells = True
+        self.peek_seconds = TOLD_PEEK_SECONDS
 
     @property
     def generation(self) -> int:
@@ -87,7 +102,7 @@ class JobSignal:
     def notify(self) -> None:
         """It may have happened: this process's waiting requests look, and the host's others'."""
         self.notify_here()
-        if self._host is not None:
+        if self._host is not None and not self._database_tells:
             self._host.send(self._kind)
 
     def notify_here(self) -> None:

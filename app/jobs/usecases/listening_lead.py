@@ -1,0 +1,84 @@
+"""The maintenance lead on the host's listening session (PostgreSQL with notifications:
+docs/SCALING.md, "Several hosts").
+
+The listening session (app/storage/listener.py) is the one connection a host keeps out of
+its pools; the lead's advisory lock lives on it, so that the lead costs no connection of its
+own and ends with the session. Between notifications the session's thread calls tick():
+- not leading, it asks for the lead every FOLLOW_SECONDS (one statement);
+- leading, it asks what is due (app/jobs/sql/due_repository.py, one statement) at least every
+  LEAD_SECONDS, and sooner when a lease, an expiry or a delayed job comes due before then;
+  it wakes the maintenance loop for the chores that have work, and retention, which keeps its
+  own pace (a pass every RETENTION_IDLE_SECONDS, or at once while one is under way).
+A lease that runs out is so rescued within a second, as before, and an idle database is asked
+one statement a second.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection
+
+from app.core.clock import MICROS, Clock
+from app.jobs.sql.due_repository import ask_due_work
+from app.jobs.usecases.maintenance_loop import MaintenanceLoop
+from app.storage.leadership import try_advisory_lead
+
+LEAD_SECONDS = 1.0
+FOLLOW_SECONDS = 5.0
+# Retention's pause between passes here: deleting finished jobs a minute late costs nothing,
+# and an idle database is asked nothing meanwhile.
+RETENTION_IDLE_SECONDS = 60.0
+# The first ask of a new leader looks back this far for delayed jobs that came due (the last
+# leader's last ask was at most LEAD_SECONDS before it stopped).
+_HANDOVER_US = 2 * int(LEAD_SECONDS * MICROS)
+# Shorter waits than this are not worth a statement of their own.
+_MIN_WAIT_SECONDS = 0.01
+
+
+class ListeningLead:
+    """The listener's duty (app/storage/listener.py's ListenerDuty) and the maintenance loop's
+    leadership (app/storage/leadership.py's Leadership) at once."""
+
+    def __init__(self, clock: Clock, maintenance: MaintenanceLoop) -> None:
+        self.clock = clock
+        self.maintenance = maintenance
+        self.leading = False
+        self._since_us = 0
+
+    # -- the listener's duty -----------------------------------------------------------------
+
+    def tick(self, conn: Connection) -> float:
+        if not self.leading:
+            self.leading = try_advisory_lead(conn)
+            if not self.leading:
+                return FOLLOW_SECONDS
+            self._since_us = self.clock.now_us() - _HANDOVER_US
+            self.maintenance.wake(())  # the loop's round notes the lead
+        now = self.clock.now_us()
+        due = ask_due_work(conn, now, self._since_us)
+        self._since_us = now
+        chores = {"retention"}  # no statement until its pass is due
+        if due.sweeps_due:
+            chores.add("sweep")
+        if due.cascades:
+            chores.add("cascades")
+        if due.reservations:
+            chores.add("release_overdue_reservations")
+        self.maintenance.wake(chores)
+        wait = LEAD_SECONDS
+        next_at = due.next_at()
+        if next_at is not None:
+            wait = min(wait, (next_at - now) / MICROS)
+        return max(wait, _MIN_WAIT_SECONDS)
+
+    def lost(self) -> None:
+        self.leading = False
+        self.maintenance.wake(())  # the loop's round notes the lead's end
+
+    # -- the maintenance loop's leadership ---------------------------------------------------
+
+    def hold(self) -> bool:
+        return self.leading
+
+    def release(self) -> None:
+        """Nothing to do here: the lead ends with the listening session, which the listener
+        closes when it stops."""
