@@ -1,6 +1,8 @@
 """The workers of one gunicorn wake each other's waiting requests through Unix sockets in a
-directory of their database under $TMPDIR (app/jobs/wake/host_wake.py): a worker's socket is
-bound while a request waits in it, and a stopped server leaves none behind."""
+directory of their database under $TMPDIR (app/jobs/wake/host_wake.py): on SQLite a worker's
+socket is bound while a request waits in it; on PostgreSQL, where one worker listens to the
+database's notifications and tells the others, every worker's is bound from its start. A
+stopped server leaves none behind."""
 
 from __future__ import annotations
 
@@ -40,6 +42,10 @@ def sockets(directory: Path) -> list[Path]:
     return list(directory.iterdir()) if directory.exists() else []
 
 
+def bound_from_the_start(db_url: str) -> bool:
+    return db_url.startswith("postgresql")
+
+
 def claim_while_a_job_is_enqueued(server: GunicornServer, db_url: str,
                                   directory: Path) -> None:
     """A claim waits in one of the server's two workers and gets the job enqueued meanwhile;
@@ -47,7 +53,12 @@ def claim_while_a_job_is_enqueued(server: GunicornServer, db_url: str,
     producer = bearer(create_key(db_url, "producer-1", "producer"))
     worker = bearer(create_key(db_url, "worker-1", "worker"))
     server.wait_until_answering()
-    assert sockets(directory) == []  # nothing bound until a request waits
+    if bound_from_the_start(db_url):
+        server.wait_for(lambda: len(sockets(directory)) == 2, "both workers' sockets")
+        assert {int(bound.name.split(".")[0]) for bound in sockets(directory)} == set(
+            server.worker_pids())
+    else:
+        assert sockets(directory) == []  # nothing bound until a request waits
 
     answer: dict[str, Any] = {}
 
@@ -59,9 +70,11 @@ def claim_while_a_job_is_enqueued(server: GunicornServer, db_url: str,
     waiting = threading.Thread(target=claim)
     waiting.start()
     server.wait_for(lambda: bool(sockets(directory)), "the waiting claim's socket")
-    [bound] = sockets(directory)
+    bound = sockets(directory)[0]
     assert int(bound.name.split(".")[0]) in server.worker_pids()
     assert bound.parent.stat().st_mode & 0o777 == 0o700
+    if not bound_from_the_start(db_url):
+        assert len(sockets(directory)) == 1
 
     made = requests.post(server.url_of("/jobs"), json={"type": "email"}, headers=producer,
                          timeout=30)
