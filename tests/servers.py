@@ -95,8 +95,9 @@ class GunicornServer:
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], *, port: int, logs: Path,
                  name: str | None = None, keep_stdout: bool = True,
-                 cwd: Path = REPO_ROOT) -> None:
+                 cwd: Path = REPO_ROOT, host: str = HOST) -> None:
         self.argv = list(argv)
+        self.host = host  # where it listens: loopback, or a network namespace's address
         self.cwd = cwd  # another checkout (a previous release, for a benchmark) runs from its own
         self.env = dict(env)
         self.port = port
@@ -107,7 +108,7 @@ class GunicornServer:
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -161,7 +162,7 @@ class GunicornServer:
 
     def answers(self, path: str) -> bool:
         """Whether GET `path` answers 200 now."""
-        connection = http.client.HTTPConnection(HOST, self.port, timeout=2)
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=2)
         try:
             connection.request("GET", path)
             return connection.getresponse().status == 200

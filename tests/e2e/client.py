@@ -7,7 +7,7 @@ from typing import Any
 
 import requests
 
-from tests.servers import LiveServer
+from tests.servers import GunicornServer
 
 REQUEST_TIMEOUT_SECONDS = 60
 
@@ -19,7 +19,7 @@ class QueueClient:
     port. `statuses` counts the answers by status, for the tests' "no 5xx" assertions.
     """
 
-    def __init__(self, server: LiveServer, token: str) -> None:
+    def __init__(self, server: GunicornServer, token: str) -> None:
         self.server = server
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {token}"
