@@ -206,9 +206,9 @@ def start_maintenance(app: Flask) -> None:
 def start_database_wakes(app: Flask) -> None:
     """On PostgreSQL (unless QUEUELOG_NOTIFY is off), let the database tell this process of
     every change its waiters, settings copy, ticker and maintenance act on, rather than have
-    them peek (docs/SCALING.md, "Several hosts"): one process per host listens, leads
-    maintenance if the lead is free, and tells the host's others. Called where the app is
-    served (wsgi.py), before the maintenance loop starts."""
+    them peek (docs/SCALING.md, "The database tells every host"): one process per host
+    listens, leads maintenance if the lead is free, and tells the host's others. Called where
+    the app is served (wsgi.py), before the maintenance loop starts."""
     services: Services = app.extensions["queuelog"]
     engine = services.db.engine
     lock_path = services.host.listener_lock_path
@@ -235,6 +235,9 @@ def start_database_wakes(app: Flask) -> None:
         wakes.on([SCHEDULES], ticker.changed)
     services.host.keep_listening()
     services.jobs.retention.idle_seconds = RETENTION_IDLE_SECONDS
+    listen_url = app.config["LISTEN_DATABASE_URL"]
+    if listen_url:  # past a transaction pooler, straight to the server: a session of its own
+        engine = make_engine(listen_url, pooled=False, notify=app.config["NOTIFY"])
     lead = ListeningLead(services.clock, services.maintenance.woken_only())
     services.maintenance.leadership = lead
     app.extensions["queuelog_listener"] = DatabaseListener(
@@ -242,10 +245,42 @@ def start_database_wakes(app: Flask) -> None:
         every_kind=every_kind, duty=lead).start()
 
 
+def start_dispatch_wakes(app: Flask, dispatcher: Any) -> None:
+    """On PostgreSQL (unless QUEUELOG_NOTIFY is off), `queuelog dispatch` (`dispatcher`)
+    listens on a session of its own, apart from its host's served processes (it leads no
+    maintenance), so that it claims a push job as soon as one is committed, and otherwise
+    looks only every few seconds."""
+    services: Services = app.extensions["queuelog"]
+    engine = services.db.engine
+    if engine.dialect.name != "postgresql" or not app.config["NOTIFY"]:
+        return
+    from app.jobs.wake.database_wake import TYPES
+    from app.storage.listener import DatabaseListener
+
+    if app.config["LISTEN_DATABASE_URL"]:
+        engine = make_engine(app.config["LISTEN_DATABASE_URL"], pooled=False)
+
+    def deliver(kinds: frozenset[str]) -> None:
+        if kinds & {CLAIMABLE, FINISHED}:  # a job's end may free a place too
+            services.jobs.signal.notify_here()
+        if TYPES in kinds:
+            services.type_settings.changed()
+
+    services.jobs.signal.told_by_database()
+    services.type_settings.told_by_database()
+    dispatcher.told_by_database()
+    app.extensions["queuelog_listener"] = DatabaseListener(
+        engine, None, deliver, every_kind=frozenset({CLAIMABLE, FINISHED, TYPES})).start()
+
+
 def stop_maintenance(app: Flask) -> None:
     """Stop the maintenance loop and give its lead up, letting a round under way end
-    (gunicorn's worker_exit hook): another process takes the lead at its next try."""
+    (gunicorn's worker_exit hook): another process takes the lead at its next try. A
+    listening session ends too, and another process of the host listens in its place."""
     app.extensions["queuelog"].maintenance.stop()
+    listener = app.extensions.get("queuelog_listener")
+    if listener is not None:
+        listener.stop()
 
 
 def _build_services(config: Mapping[str, Any], on_event: EventSink,

@@ -170,6 +170,10 @@ SETTINGS: tuple[Setting, ...] = (
             "PostgreSQL: the database tells every host of each change (LISTEN/NOTIFY), so "
             "idle hosts send it nearly nothing and waiting requests wake at once; 0 has "
             "them peek instead, and sends no notification"),
+    Setting("LISTEN_DATABASE_URL", None, str,
+            "PostgreSQL: the URL of the host's listening session, if not "
+            "QUEUELOG_DATABASE_URL: the server itself where requests go through PgBouncer in "
+            "transaction mode (LISTEN and the maintenance lead's lock need a session)"),
     Setting("SCHEDULER", True, _flag,
             "fire due schedules from each served process (a ticker thread started by wsgi.py "
             "under gunicorn); 0 leaves firing to other processes or hosts"),

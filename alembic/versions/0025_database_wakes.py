@@ -1,5 +1,5 @@
-"""Database wakes: PostgreSQL tells every listening host what changed (docs/SCALING.md,
-"Several hosts"), and delayed jobs get an index of their own.
+"""Database wakes: PostgreSQL tells every listening host what changed (docs/SCALING.md, "The
+database tells every host"), and delayed jobs get an index of their own.
 
 - On PostgreSQL, triggers send one NOTIFY on the channel `queuelog` per statement that
   changes what a waiting process acts on: 'claimable' (a job became pending and

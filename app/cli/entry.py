@@ -182,7 +182,7 @@ def dispatch(concurrency: int | None, metrics_port: int | None, only_if_enabled:
     """Deliver the jobs of push types to their endpoints, until SIGTERM (then exit 0)."""
     import logging
 
-    from app import start_stats_flusher
+    from app import start_dispatch_wakes, start_stats_flusher
     from app.dispatch.checks import CheckSettings
     from app.dispatch.dispatcher import Dispatcher
     from app.dispatch.metrics import DispatchMetrics
@@ -204,6 +204,7 @@ def dispatch(concurrency: int | None, metrics_port: int | None, only_if_enabled:
                                                  config["CHECK_ORIGIN_CONCURRENCY"],
                                                  config["CHECK_TIMEOUT_SECONDS"]))
     dispatcher.install_signal_handlers()
+    start_dispatch_wakes(current_app, dispatcher)
     # Its claims, completes and fails count in the stats like a worker's requests.
     start_stats_flusher(current_app)
     try:

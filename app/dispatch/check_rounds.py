@@ -99,6 +99,8 @@ class Checker:
         self._held = 0  # checks taken and not yet recorded
         self._threads = 0
         self._failing = False
+        # How often due checks are looked for after a round that was not full.
+        self.interval = CHECK_INTERVAL_SECONDS
 
     def run(self, stopping: threading.Event) -> None:
         """Ask due checks until `stopping` is set; a failed round is logged (once per
@@ -119,7 +121,7 @@ class Checker:
                 self._failing = False
             if not full:
                 # Until the soonest check put off is due, if that comes first.
-                stopping.wait(min(CHECK_INTERVAL_SECONDS, put_off_for))
+                stopping.wait(min(self.interval, put_off_for))
                 continue
             with self._lock:  # more may be due: as soon as there is room
                 self._lock.wait_for(lambda: self._held < self.max_held,

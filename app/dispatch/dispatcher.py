@@ -58,6 +58,12 @@ log = logging.getLogger(__name__)
 DISPATCHER_NAME = "queuelog:dispatch"
 # Idle: wait this long before claiming again, doubling up to the maximum while nothing comes.
 IDLE_WAIT_SECONDS = (0.02, 0.5)
+# Where the database tells of each job that becomes claimable (PostgreSQL): the idle wait's
+# and the reservation checks' longest, a safety net (a push type's rate tokens come back
+# untold; a reservation's check comes due untold).
+TOLD_IDLE_SECONDS = 5.0
+# How soon an idle wait sees stop().
+_STOP_CHECK_SECONDS = 0.5
 # Push settings are read again at most this often (a change applies within it).
 TARGETS_MAX_AGE_SECONDS = 1.0
 # What a delivery leaves of its lease to record the outcome: the deadline of a job that
@@ -116,6 +122,14 @@ class Dispatcher:
         self._targets_read_at = -TARGETS_MAX_AGE_SECONDS
         self._rotation = 0
         self._failing = False  # the last claim met a database that did not answer
+        self.idle_max = IDLE_WAIT_SECONDS[1]
+        self.check_interval: float | None = None  # None: the checker's own
+
+    def told_by_database(self) -> None:
+        """The database tells this process when a job becomes claimable (jobs.signal is
+        woken): idle waits, and the looks for due reservation checks, stretch to
+        TOLD_IDLE_SECONDS."""
+        self.idle_max = self.check_interval = TOLD_IDLE_SECONDS
 
     # -- running --------------------------------------------------------------------------
 
@@ -127,8 +141,10 @@ class Dispatcher:
 
     def _check_forever(self) -> None:
         """Ask the due checks of reservations until stop() (app/dispatch/check_rounds.py)."""
-        Checker(self.jobs.reservations, self.client, self.clock,
-                self.checks).run(self._stopping)
+        checker = Checker(self.jobs.reservations, self.client, self.clock, self.checks)
+        if self.check_interval is not None:
+            checker.interval = self.check_interval
+        checker.run(self._stopping)
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -152,15 +168,27 @@ class Dispatcher:
                 free = self._wait_for_free_thread()
                 if free <= 0:
                     continue
+                seen = self.jobs.signal.generation
                 if self._claim_some(free):
                     idle = IDLE_WAIT_SECONDS[0]
                 else:
-                    self._stopping.wait(idle)
-                    idle = min(idle * 2, IDLE_WAIT_SECONDS[1])
+                    if self._idle(idle, seen):
+                        idle = IDLE_WAIT_SECONDS[0]
+                    else:
+                        idle = min(idle * 2, self.idle_max)
         finally:
             self._finish_in_flight()
             self.metrics.close()
         log.info("dispatch: stopped")
+
+    def _idle(self, seconds: float, seen: int) -> bool:
+        """Wait `seconds` before claiming again, or less when a job may have become
+        claimable since the generation `seen` (True then) or the dispatcher stops."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping.is_set() and (left := deadline - time.monotonic()) > 0:
+            if self.jobs.signal.wait(seen, min(left, _STOP_CHECK_SECONDS)):
+                return True
+        return False
 
     def _wait_for_free_thread(self) -> int:
         with self._lock:

@@ -177,7 +177,11 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
                          query={"mode": "ro", "uri": "true"}).render_as_string()
     options: dict[str, Any] = {}
     if pooled:
-        options.update(pool_size=pool_size, max_overflow=pool_size, pool_timeout=pool_timeout)
+        # PostgreSQL's connections are counted against its max_connections by every host: a
+        # process holds DB_POOL_SIZE at most, never more in a burst, so that a host's share
+        # is known (docs/SCALING.md, "Connections"). A SQLite file has no such budget.
+        options.update(pool_size=pool_size, max_overflow=pool_size if is_sqlite else 0,
+                       pool_timeout=pool_timeout)
     else:
         options["poolclass"] = NullPool
     if is_sqlite:

@@ -1,5 +1,5 @@
-"""Listening to PostgreSQL's notifications: one session per host (docs/SCALING.md, "Several
-hosts").
+"""Listening to PostgreSQL's notifications: one session per host (docs/SCALING.md, "The
+database tells every host").
 
 The database's triggers send a notification on CHANNEL when a statement changes what a
 waiting process acts on (migration 0025): its payload names the kinds of change,
@@ -59,13 +59,14 @@ class ListenerDuty(Protocol):
 
 
 class DatabaseListener:
-    """This process's part: wait for the host's listening turn, then listen until stopped.
+    """This process's part: wait for the host's listening turn, then listen until stopped
+    (without `lock_path`, listen at once, for this process alone: `queuelog dispatch`).
 
     `deliver(kinds)` runs in the listening thread, for each notification and, with
     `every_kind`, after each (re)connect. A forked child starts its own thread.
     """
 
-    def __init__(self, engine: Engine, lock_path: str,
+    def __init__(self, engine: Engine, lock_path: str | None,
                  deliver: Callable[[frozenset[str]], None], every_kind: frozenset[str],
                  duty: ListenerDuty | None = None) -> None:
         self.engine = engine
@@ -125,6 +126,8 @@ class DatabaseListener:
             self._lock_file.close()  # the next process in line takes the turn
 
     def _wait_for_turn(self) -> IO[bytes] | None:
+        if self.lock_path is None:  # a process that listens for itself alone
+            return open(os.devnull, "rb")
         lock_file = os.fdopen(open_private(self.lock_path, os.O_RDONLY), "rb")
         while not self._stopping.is_set():
             try:

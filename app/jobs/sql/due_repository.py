@@ -1,5 +1,5 @@
 """What maintenance has to do, asked in one statement (PostgreSQL, where the leader asks it
-on its listening session: docs/SCALING.md, "Several hosts").
+on its listening session: docs/SCALING.md, "The database tells every host").
 
 An idle database answers it from indexes alone: the earliest lease of a running job, the
 earliest expiry of an unclaimed one, the next delayed job, whether a cascade or an overdue

@@ -1,5 +1,5 @@
 """The maintenance lead on the host's listening session (PostgreSQL with notifications:
-docs/SCALING.md, "Several hosts").
+docs/SCALING.md, "The database tells every host").
 
 The listening session (app/storage/listener.py) is the one connection a host keeps out of
 its pools; the lead's advisory lock lives on it, so that the lead costs no connection of its

@@ -8,10 +8,11 @@ the lead every FOLLOW_SECONDS and take over when its holder stops or dies. Claim
 sweep of their own: a job whose lease ran out is still running, and one past its expiry is
 never a candidate, until the leader settles them (docs/OPERATIONS.md, "Maintenance").
 
-On PostgreSQL with notifications (docs/SCALING.md, "Several hosts") the lead lives on the
-host's listening session instead (app/jobs/usecases/listening_lead.py): the leader asks once a
-second, in one statement, what is due, and wakes this loop for the chores that have work; an
-idle database costs one statement a second, and a process that does not lead costs none.
+On PostgreSQL with notifications (docs/SCALING.md, "The database tells every host") the lead
+lives on the host's listening session instead (app/jobs/usecases/listening_lead.py): the
+leader asks once a second, in one statement, what is due, and wakes this loop for the chores
+that have work; an idle database costs one statement a second, and a process that does not
+lead costs none.
 
 Each chore reports its failures to MaintenanceHealth (the log, /metrics, /readyz); one that
 fails stops none of the others.

@@ -78,7 +78,7 @@ class Retention:
         self._windows: dict[str, RetentionWindows] = {}
         self._idle_until_us = 0
         # The pause between two passes; longer where an idle database should be asked
-        # nearly nothing (docs/SCALING.md, "Several hosts").
+        # nearly nothing (docs/SCALING.md, "The database tells every host").
         self.idle_seconds = RETENTION_IDLE_SECONDS
 
     @property

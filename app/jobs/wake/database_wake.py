@@ -1,5 +1,5 @@
 """What the database's notifications wake in a served process (PostgreSQL: docs/SCALING.md,
-"Several hosts").
+"The database tells every host").
 
 One process per host listens (app/storage/listener.py) and hands each notification's kinds
 to deliver(): it wakes its own waiters and sends each kind to the host's other processes

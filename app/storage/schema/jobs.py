@@ -306,8 +306,8 @@ Index("ix_jobs_reserved_type", jobs.c.type,
 
 # Pending jobs due later than they were made (delayed, retried, released with a backoff):
 # the maintenance leader reads from it when the next one comes due, to wake the waiting
-# claims then (docs/SCALING.md, "Several hosts"). An immediate enqueue (run_at = created_at)
-# writes nothing here.
+# claims then (docs/SCALING.md, "The database tells every host"). An immediate enqueue
+# (run_at = created_at) writes nothing here.
 Index(
     "ix_jobs_delayed_run_at",
     jobs.c.run_at,
