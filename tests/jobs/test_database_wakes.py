@@ -28,6 +28,7 @@ from app import create_app
 from app.core.callers import Role
 from app.core.clock import MICROS, Clock
 from app.jobs.sql.due_repository import ask_due_work
+from app.jobs.usecases.listening_lead import FOLLOW_SECONDS, LEAD_SECONDS, ListeningLead
 from app.storage.engine import make_engine
 from app.storage.listener import CHANNEL, DatabaseListener
 from app.storage.migrations import alembic_config, upgrade
@@ -420,3 +421,46 @@ def test_one_listener_per_host_and_a_new_session_tells_every_kind(pg_url, tmp_pa
             listener.stop()
         other.close()
         engine.dispose()
+
+
+class WokenChores:
+    """The maintenance loop as the lead sees it: which chores it was woken for."""
+
+    def __init__(self) -> None:
+        self.woken: list[set[str]] = []
+
+    def wake(self, chores: Any) -> None:
+        self.woken.append(set(chores))
+
+
+def test_one_lead_per_database_woken_for_the_chores_with_work(served_app, pg_url):
+    client = served_app.test_client()
+    producer, worker, _admin = _keys(served_app)
+    engine = make_engine(pg_url, pooled=False)
+    first_loop, second_loop = WokenChores(), WokenChores()
+    first = ListeningLead(Clock(), first_loop)  # type: ignore[arg-type]
+    second = ListeningLead(Clock(), second_loop)  # type: ignore[arg-type]
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as one, \
+            engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
+        wait = first.tick(one)
+        assert first.leading and 0 < wait <= LEAD_SECONDS
+        assert first_loop.woken == [set(), {"retention"}]  # the lead noted; nothing due
+        assert second.tick(other) == FOLLOW_SECONDS and not second.leading
+        assert second_loop.woken == []
+
+        client.post("/jobs", json={"type": "email"}, headers=producer)
+        client.post("/jobs/claim", json={"lease_seconds": 1}, headers=worker)
+        assert first.tick(one) <= 1.0  # no later than the lease's end
+        time.sleep(1.1)
+        first.tick(one)
+        assert first_loop.woken[-1] == {"retention", "sweep"}  # the lease ran out
+
+        first.lost()  # its session ended: the lock with it
+        one.close()
+        assert not first.leading
+        for _ in range(50):  # the server frees a closed session's locks a moment later
+            if second.tick(other) <= LEAD_SECONDS:
+                break
+            time.sleep(0.1)
+        assert second.leading
+    engine.dispose()
