@@ -206,9 +206,11 @@ def test_serve_refuses_a_database_not_there(tmp_path) -> None:
 
 
 def _migrated(tmp_path: Path) -> dict[str, str]:
+    """A migrated SQLite database, made directly (`queuelog db upgrade` is tested in
+    tests/test_cli.py), and the settings that name it."""
     env = {"QUEUELOG_DATABASE_URL": f"sqlite:///{tmp_path / 'q.sqlite3'}",
            "QUEUELOG_JOB_TYPES": "email"}
-    assert run(["db", "upgrade"], tmp_path, **env).returncode == 0
+    upgrade(env["QUEUELOG_DATABASE_URL"])
     return env
 
 
