@@ -93,7 +93,7 @@ class Sizes:
 
 
 FULL = Sizes(jobs=1_000_000, prefill=40_000, window=WINDOW_SECONDS_FULL, removal_cap=900.0)
-SMOKE = Sizes(jobs=3_000, prefill=2_000, window=WINDOW_SECONDS_SMOKE, removal_cap=60.0)
+SMOKE = Sizes(jobs=1_000, prefill=2_000, window=WINDOW_SECONDS_SMOKE, removal_cap=60.0)
 
 
 # -- the store ----------------------------------------------------------------------------------

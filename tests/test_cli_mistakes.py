@@ -1,21 +1,34 @@
-"""An operator's mistakes with the database or the address, through the installed `queuelog`
-console script: each is one line on stderr saying what is wrong and what to do, a non-zero
-exit, nothing on stdout (no table header before it), and no SQLite file made by a typo."""
+"""An operator's mistakes with the database or the address, through the `queuelog` command:
+each is one line on stderr saying what is wrong and what to do, a non-zero exit, nothing on
+stdout (no table header before it), and no SQLite file made by a typo.
+
+Most mistakes run the command's click entry point in this process (`in_process`): a process
+each cost about a second of CPU, to import the app again. What only a process shows is proven
+through the installed console script: that it says each kind of mistake exactly as the entry
+point does here (test_the_console_script_says_a_mistake_as_the_entry_point_does), and the
+mistakes that need a real process (serve, which execs gunicorn; a refused connection)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sqlite3
 import subprocess
 import sys
 import time
+import traceback
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import requests
+from click.testing import CliRunner
 
-from tests.servers import free_port
+from app.cli import build_cli
+from app.storage.migrations import upgrade
+from tests.servers import create_api_key, free_port
 
 QUEUELOG = Path(sys.executable).with_name("queuelog")
 POSTGRES = os.environ.get("QUEUELOG_TEST_POSTGRES_URL")
@@ -25,11 +38,49 @@ pytestmark = pytest.mark.skipif(not QUEUELOG.exists(),
 
 
 def run(args: list[str], cwd: Path, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    """The installed `queuelog` console script, in a process of its own."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("QUEUELOG_", "GUNICORN_")) and k != "PYTHONPATH"}
     env.update(env_extra)
     return subprocess.run([str(QUEUELOG), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
+
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def in_process(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> Run:
+    """`run`, but through the command's click entry point in this process (what main() runs:
+    build_cli().main(prog_name="queuelog")), with the same environment and directory. Its
+    stderr also holds what a process of its own would have printed there and this one keeps
+    elsewhere: the warnings Python shows by default, the records logged at WARNING or above
+    (pytest's log capture holds them here), and the traceback of an exception that escaped."""
+
+    def run_here(args: list[str], cwd: Path, **env_extra: str) -> subprocess.CompletedProcess[str]:
+        monkeypatch.chdir(cwd)
+        env: dict[str, str | None] = {k: None for k in os.environ
+                                      if k.startswith(("QUEUELOG_", "GUNICORN_"))}
+        env.update(env_extra)
+        caplog.clear()
+        with warnings.catch_warnings(record=True) as shown:
+            # Python's default filters, as a fresh process has them.
+            warnings.resetwarnings()
+            for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning,
+                             DeprecationWarning):
+                warnings.simplefilter("ignore", category)
+            result = CliRunner().invoke(build_cli(), args, env=env, prog_name="queuelog")
+        stderr = result.stderr
+        stderr += "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
+                          for w in shown)
+        stderr += "".join(f"{record.getMessage()}\n" for record in caplog.records
+                          if record.levelno >= logging.WARNING)
+        if result.exc_info is not None and not isinstance(result.exc_info[1], SystemExit):
+            stderr += "".join(traceback.format_exception(*result.exc_info))
+        return subprocess.CompletedProcess([str(QUEUELOG), *args], result.exit_code,
+                                           result.stdout, stderr)
+
+    return run_here
 
 
 def assert_one_line_mistake(result: subprocess.CompletedProcess[str], *phrases: str) -> None:
@@ -66,8 +117,10 @@ MISTAKES = [
 @pytest.mark.parametrize("command", [["keys", "list"], ["types", "list"],
                                      ["schedules", "list"]])
 @pytest.mark.parametrize(("name", "url", "phrases"), MISTAKES, ids=[m[0] for m in MISTAKES])
-def test_a_database_url_mistake_is_one_line(tmp_path, command, name, url, phrases) -> None:
-    result = run(command, tmp_path, QUEUELOG_DATABASE_URL=url(tmp_path), QUEUELOG_JOB_TYPES="e")
+def test_a_database_url_mistake_is_one_line(tmp_path, in_process, command, name, url,
+                                            phrases) -> None:
+    result = in_process(command, tmp_path, QUEUELOG_DATABASE_URL=url(tmp_path),
+                        QUEUELOG_JOB_TYPES="e")
     assert_one_line_mistake(result, *phrases)
     assert list(tmp_path.iterdir()) == []  # no file created by the mistake
 
@@ -75,9 +128,9 @@ def test_a_database_url_mistake_is_one_line(tmp_path, command, name, url, phrase
 @pytest.mark.parametrize(("name", "url", "phrases"),
                          [m for m in MISTAKES if not m[0].startswith("sqlite")],
                          ids=[m[0] for m in MISTAKES if not m[0].startswith("sqlite")])
-def test_help_with_a_database_url_mistake_says_it_in_one_line(tmp_path, name, url,
+def test_help_with_a_database_url_mistake_says_it_in_one_line(tmp_path, in_process, name, url,
                                                               phrases) -> None:
-    result = run(["--help"], tmp_path, QUEUELOG_DATABASE_URL=url(tmp_path))
+    result = in_process(["--help"], tmp_path, QUEUELOG_DATABASE_URL=url(tmp_path))
     assert result.returncode == 0
     assert "Usage: queuelog" in result.stdout and "worker" in result.stdout
     lines = result.stderr.strip().splitlines()
@@ -94,24 +147,26 @@ def test_help_with_a_database_url_mistake_says_it_in_one_line(tmp_path, name, ur
     (["types", "set", "email", "--max-running", "many"],
      ["queuelog types set: ", "'many'", "--help"]),
 ], ids=["bad-choice", "missing-argument", "unknown-command", "not-a-number"])
-def test_a_command_line_mistake_is_one_line_with_exit_2(tmp_path, args, phrases) -> None:
+def test_a_command_line_mistake_is_one_line_with_exit_2(tmp_path, in_process, args,
+                                                        phrases) -> None:
     # click's own answer is the usage block, a hint and the error: one line says it all.
-    result = run(args, tmp_path, QUEUELOG_DATABASE_URL=f"sqlite:///{tmp_path / 'q.sqlite3'}")
+    result = in_process(args, tmp_path, QUEUELOG_DATABASE_URL=f"sqlite:///{tmp_path / 'q.sqlite3'}")
     assert result.returncode == 2
     assert_one_line_mistake(result, *phrases)
 
 
-def test_a_database_never_migrated_is_one_line(tmp_path) -> None:
+def test_a_database_never_migrated_is_one_line(tmp_path, in_process) -> None:
     database = tmp_path / "other.sqlite3"
     with sqlite3.connect(database) as connection:
         connection.execute("CREATE TABLE unrelated (id INTEGER)")
-    result = run(["keys", "list"], tmp_path, QUEUELOG_DATABASE_URL=f"sqlite:///{database}")
+    result = in_process(["keys", "list"], tmp_path, QUEUELOG_DATABASE_URL=f"sqlite:///{database}")
     assert_one_line_mistake(result, "has no queuelog tables", "queuelog db upgrade")
 
 
-def test_db_upgrade_into_a_missing_directory_is_one_line_and_creates_nothing(tmp_path) -> None:
+def test_db_upgrade_into_a_missing_directory_is_one_line_and_creates_nothing(
+        tmp_path, in_process) -> None:
     database = tmp_path / "nowhere" / "q.sqlite3"
-    result = run(["db", "upgrade"], tmp_path, QUEUELOG_DATABASE_URL=f"sqlite:///{database}")
+    result = in_process(["db", "upgrade"], tmp_path, QUEUELOG_DATABASE_URL=f"sqlite:///{database}")
     assert_one_line_mistake(result, "directory does not exist")
     assert not database.parent.exists()
 
@@ -151,9 +206,11 @@ def test_serve_refuses_a_database_not_there(tmp_path) -> None:
 
 
 def _migrated(tmp_path: Path) -> dict[str, str]:
+    """A migrated SQLite database, made directly (`queuelog db upgrade` is tested in
+    tests/test_cli.py), and the settings that name it."""
     env = {"QUEUELOG_DATABASE_URL": f"sqlite:///{tmp_path / 'q.sqlite3'}",
            "QUEUELOG_JOB_TYPES": "email"}
-    assert run(["db", "upgrade"], tmp_path, **env).returncode == 0
+    upgrade(env["QUEUELOG_DATABASE_URL"])
     return env
 
 
@@ -254,11 +311,11 @@ def test_serve_from_a_checkout_serves_the_default_database_it_names(tmp_path) ->
 def keys_database(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A migrated SQLite database holding a producer key (billing) and a worker key
     (renderer); the mistakes below change nothing in it."""
-    where = tmp_path_factory.mktemp("keys")
-    env = _migrated(where)
+    url = f"sqlite:///{tmp_path_factory.mktemp('keys') / 'q.sqlite3'}"
+    upgrade(url)
     for name, role in (("billing", "producer"), ("renderer", "worker")):
-        assert run(["keys", "create", name, "--role", role], where, **env).returncode == 0
-    return env
+        create_api_key(url, name, role)
+    return {"QUEUELOG_DATABASE_URL": url, "QUEUELOG_JOB_TYPES": "email"}
 
 
 CHECK_URL = "https://shop.example/queuelog/check"
@@ -280,8 +337,34 @@ CHECK_KEY_MISTAKES = [
 
 @pytest.mark.parametrize(("name", "args", "env_extra", "phrases"), CHECK_KEY_MISTAKES,
                          ids=[m[0] for m in CHECK_KEY_MISTAKES])
-def test_a_check_url_or_check_secret_mistake_is_one_line(tmp_path, keys_database, name, args,
-                                                         env_extra, phrases) -> None:
-    result = run(["keys", *args], tmp_path, **keys_database, **env_extra)
+def test_a_check_url_or_check_secret_mistake_is_one_line(tmp_path, in_process, keys_database,
+                                                         name, args, env_extra,
+                                                         phrases) -> None:
+    result = in_process(["keys", *args], tmp_path, **keys_database, **env_extra)
     assert_one_line_mistake(result, *phrases)
     assert "qlchk_" not in result.stderr
+
+
+# One mistake of each kind above, through the installed console script in a process of its own:
+# it says exactly what the entry point says in this process (so what the tests above prove of
+# the one holds of the other), and nothing more.
+@pytest.mark.parametrize(("args", "url", "env_extra"), [
+    (["types", "list"], lambda d: f"sqlite:///{d / 'typo.sqlite3'}", {}),
+    (["--help"], lambda d: "postgres://user@host/db", {}),
+    (["keys", "create", "shop", "--role", "nope"], lambda d: f"sqlite:///{d / 'q.sqlite3'}", {}),
+    (["keys", "check-secret", "billing"], None,
+     {"QUEUELOG_CHECK_URL_ORIGINS": "shop.example"}),
+], ids=["database-url", "help-with-a-database-url", "command-line", "check-url-origins"])
+def test_the_console_script_says_a_mistake_as_the_entry_point_does(
+        tmp_path, in_process, keys_database, args, url, env_extra) -> None:
+    env = {**keys_database, **env_extra} if url is None else {
+        "QUEUELOG_DATABASE_URL": url(tmp_path), "QUEUELOG_JOB_TYPES": "e", **env_extra}
+
+    real = run(args, tmp_path, **env)
+    here = in_process(args, tmp_path, **env)
+
+    assert (real.returncode, real.stdout, real.stderr) == (here.returncode, here.stdout,
+                                                           here.stderr)
+    assert real.returncode != 0 or args == ["--help"]
+    assert len(real.stderr.strip().splitlines()) == 1, real.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -5,10 +5,11 @@ the packages above it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-from urllib3.exceptions import LocationParseError
-from urllib3.util import parse_url
+if TYPE_CHECKING:
+    from urllib3.util import Url
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -32,9 +33,8 @@ def push_origin(url: str) -> str | None:
     """The origin a push url sends to, parsed as the dispatcher's HTTP client parses it
     (urllib3), so that what is checked is what is connected to: "scheme://host:port",
     lower-cased, the default port spelled out. None when it names no http(s) host."""
-    try:
-        parsed = parse_url(url.strip())
-    except LocationParseError:
+    parsed = _parsed(url)
+    if parsed is None:
         return None
     scheme = (parsed.scheme or "").lower()
     if scheme not in _DEFAULT_PORTS or not parsed.host:
@@ -89,8 +89,21 @@ def _hides_a_step(path: str) -> bool:
 
 
 def _path_of(url: str) -> str:
-    try:
-        parsed = parse_url(url.strip())
-    except LocationParseError:
+    parsed = _parsed(url)
+    if parsed is None:
         return ""
     return parsed.path or "/"
+
+
+def _parsed(url: str) -> Url | None:
+    """`url` as urllib3 parses it, None when it cannot. urllib3 is imported here, on the first
+    url read, not with this module: every process that loads the app imports this module (its
+    settings do), and urllib3 is 40 ms of CPU at each gunicorn worker's boot, where most
+    servers never read a url."""
+    from urllib3.exceptions import LocationParseError
+    from urllib3.util import parse_url
+
+    try:
+        return parse_url(url.strip())
+    except LocationParseError:
+        return None
