@@ -240,18 +240,21 @@ def test_the_readme_links_every_document_in_docs() -> None:
 
 def test_scaling_counts_postgresql_connections_with_the_shipped_worker_count() -> None:
     """docs/SCALING.md once counted 2 workers a host: the test machine's cores, not what
-    queuelog_gunicorn/conf.py ships (one worker per core, at most 4)."""
+    queuelog_gunicorn/conf.py ships (one worker per core, at most 4). Its connections per host
+    follow the shipped worker count and pool."""
     conf = (ROOT / "queuelog_gunicorn" / "conf.py").read_text()
     cap = re.search(r'"GUNICORN_WORKERS", min\(os\.cpu_count\(\) or 1, (\d+)\)', conf)
     assert cap is not None, "the shipped worker count is no longer min(cores, N)"
     workers = int(cap[1])
     pool = next(s.default for s in SETTINGS if s.variable == "QUEUELOG_DB_POOL_SIZE")
     scaling = (ROOT / "docs" / "SCALING.md").read_text()
+    per_host = workers * pool + 1  # the pools (no overflow on PostgreSQL) and one listener
+    section = re.sub(r"\s+", " ", scaling.split("#### Connections", 1)[1].split("\n#", 1)[0])
+    assert f"`QUEUELOG_DB_POOL_SIZE` pooled connections ({pool};" in section
+    assert f"{workers} × {pool} + 1 = {per_host}" in section
     bullet = scaling.split("- **Connections.**", 1)[1].split("\n- **", 1)[0]
     bullet = re.sub(r"\s+", " ", bullet)
-    assert f"`QUEUELOG_DB_POOL_SIZE` ({pool})" in bullet
-    assert f"at most {workers}" in bullet
-    assert f"up to {workers * pool * 2} connections per host" in bullet
+    assert f"({per_host} with the shipped settings on {workers} or more cores)" in bullet
 
 
 def _layers_drawn(path: Path, heading: str) -> list[str]:
