@@ -167,6 +167,10 @@ class DatabaseListener:
             for notification in raw.notifies(timeout=wait, stop_after=1):
                 kinds.update(notification.payload.split())
             if kinds:
+                # And whatever else has arrived: many notices waiting are told as one, so a
+                # burst of commits wakes each waiter once, not once per commit.
+                for notification in raw.notifies(timeout=0.0):
+                    kinds.update(notification.payload.split())
                 self.deliver(frozenset(kinds))
 
     def _end_session(self) -> None:
