@@ -235,6 +235,8 @@ def start_database_wakes(app: Flask) -> None:
         wakes.on([SCHEDULES], ticker.changed)
     services.host.keep_listening()
     services.jobs.retention.idle_seconds = RETENTION_IDLE_SECONDS
+    maintenance = services.maintenance
+    services.stats.samples_database = lambda: maintenance.leading
     listen_url = app.config["LISTEN_DATABASE_URL"]
     if listen_url:  # past a transaction pooler, straight to the server: a session of its own
         engine = make_engine(listen_url, pooled=False, notify=app.config["NOTIFY"])

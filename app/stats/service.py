@@ -44,6 +44,11 @@ class StatsService:
         self.unwritten = unwritten
         self._sampled_minute = 0
         self._lock = threading.Lock()
+        # Whether this process samples the depth and forgets old minutes for the whole
+        # database: every process, unless one is chosen (the maintenance leader, where the
+        # database tells every host: app/__init__.py, start_database_wakes), so that an idle
+        # host's workers do not each count and write the same thing every minute.
+        self.samples_database: Callable[[], bool] = lambda: True
 
     def series(self, job_type: str | None, *, start_us: int | None = None,
                end_us: int | None = None, step: Step = Step.MINUTE) -> Series:
@@ -100,7 +105,9 @@ class StatsService:
     def chore(self) -> Callable[[], int]:
         """A ticker chore: once a minute per process, count the pending depth of every type,
         write the counts kept so far (then no minute it forgets is written after it), and
-        forget a batch of what is older than 14 days. Returns the rows written."""
+        forget a batch of what is older than 14 days; where `samples_database` says this
+        process does not (another samples the whole database for it), only write its counts.
+        Returns the rows written."""
 
         def stats() -> int:
             minute = minute_of(self.clock.now_us())
@@ -108,6 +115,8 @@ class StatsService:
                 if minute == self._sampled_minute:
                     return 0
                 self._sampled_minute = minute
+            if not self.samples_database():
+                return self._write_own_counts()
             return self.sample_depth() + self._write_own_counts() + self.forget_old()
 
         return stats
