@@ -216,14 +216,16 @@ def start_database_wakes(app: Flask) -> None:
             or lock_path is None or "queuelog_listener" in app.extensions):
         return
     from app.jobs.usecases.listening_lead import RETENTION_IDLE_SECONDS, ListeningLead
+    from app.jobs.usecases.waiters import WaiterEntry
     from app.jobs.wake.database_wake import SCHEDULES, TYPES, DatabaseWakes
     from app.storage.listener import DatabaseListener
 
     every_kind = frozenset({CLAIMABLE, FINISHED, TYPES, SCHEDULES})
     wakes = DatabaseWakes(services.host, every_kind)
     claims, finished = services.jobs.signal, services.jobs.finished
+    entry = WaiterEntry(services.db, services.clock)
     for signal in (claims, finished):
-        signal.told_by_database()
+        signal.told_by_database(entry.before_wait)
     # A job's end may free a place (a cap, an ordered key) that a waiting claim waits for.
     wakes.on([CLAIMABLE, FINISHED], claims.notify_here)
     wakes.on([FINISHED], finished.notify_here)
@@ -256,6 +258,7 @@ def start_dispatch_wakes(app: Flask, dispatcher: Any) -> None:
     engine = services.db.engine
     if engine.dialect.name != "postgresql" or not app.config["NOTIFY"]:
         return
+    from app.jobs.usecases.waiters import WaiterEntry
     from app.jobs.wake.database_wake import TYPES
     from app.storage.listener import DatabaseListener
 
@@ -268,7 +271,7 @@ def start_dispatch_wakes(app: Flask, dispatcher: Any) -> None:
         if TYPES in kinds:
             services.type_settings.changed()
 
-    services.jobs.signal.told_by_database()
+    services.jobs.signal.told_by_database(WaiterEntry(services.db, services.clock).before_wait)
     services.type_settings.told_by_database()
     dispatcher.told_by_database()
     app.extensions["queuelog_listener"] = DatabaseListener(

@@ -9,6 +9,12 @@ database tells every host"), and delayed jobs get an index of their own.
   notification, and PostgreSQL folds equal ones within a transaction. A session that sets
   `queuelog.notify = off` sends none (QUEUELOG_NOTIFY=off). The triggers run in the sending
   statement: no round trip is added to any request.
+- The jobs' notices go out only while some process's requests wait for jobs: each such
+  process keeps a row in job_waiters (until when it waits, refreshed while it does), and the
+  trigger sends nothing when none is current. PostgreSQL takes a lock for the whole server at
+  the commit of a transaction that notified, held until its commit is flushed, so notifying
+  commits go one at a time: with nobody waiting (a busy queue's workers are busy), enqueues
+  pay none of it. Unlogged: a crash loses it, and the next wait writes it again.
 - On both engines, ix_jobs_delayed_run_at holds the pending jobs whose run_at is later than
   their creation (delayed and retried jobs, nothing an immediate enqueue writes), so that the
   maintenance leader can tell when the next one comes due without reading the backlog.
@@ -39,6 +45,9 @@ BEGIN
     RETURN NULL;
   END IF;
   now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+  IF NOT EXISTS (SELECT 1 FROM job_waiters WHERE until_at > now_us) THEN
+    RETURN NULL;
+  END IF;
   IF TG_OP = 'INSERT' THEN
     SELECT EXISTS (SELECT 1 FROM new_rows
                    WHERE status = 'pending' AND (run_at <= created_at OR run_at <= now_us))
@@ -98,8 +107,15 @@ _TRIGGERS = (
 def upgrade() -> None:
     op.create_index("ix_jobs_delayed_run_at", "jobs", ["run_at"],
                     sqlite_where=sa.text(_DELAYED), postgresql_where=sa.text(_DELAYED))
+    op.create_table(
+        "job_waiters",
+        sa.Column("waiter", sa.String(200), nullable=False),
+        sa.Column("until_at", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("waiter", name=op.f("pk_job_waiters")),
+    )
     if op.get_context().dialect.name != "postgresql":
         return
+    op.execute(sa.text("ALTER TABLE job_waiters SET UNLOGGED"))
     op.execute(sa.text(_JOBS_FUNCTION))
     op.execute(sa.text(_KIND_FUNCTION))
     for trigger in _TRIGGERS:
@@ -114,4 +130,5 @@ def downgrade() -> None:
         op.execute(sa.text("DROP TRIGGER IF EXISTS queuelog_jobs_inserted ON jobs"))
         op.execute(sa.text("DROP FUNCTION IF EXISTS queuelog_notify_kind()"))
         op.execute(sa.text("DROP FUNCTION IF EXISTS queuelog_notify_jobs()"))
+    op.drop_table("job_waiters")
     op.drop_index("ix_jobs_delayed_run_at", table_name="jobs")

@@ -168,6 +168,7 @@ class Dispatcher:
                 free = self._wait_for_free_thread()
                 if free <= 0:
                     continue
+                self.jobs.signal.before_wait()  # where the database tells, it tells this one
                 seen = self.jobs.signal.generation
                 if self._claim_some(free):
                     idle = IDLE_WAIT_SECONDS[0]

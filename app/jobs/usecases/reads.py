@@ -52,6 +52,7 @@ class JobReads:
         if wait_seconds <= 0:
             return WaitAnswer(self._read_visible(caller, job_id))
         with self.finished.watching():
+            self.finished.before_wait()
             seen = self.finished.generation
             job = self._read_visible(caller, job_id)
             if job.status in TERMINAL_STATUSES:

@@ -19,7 +19,8 @@ once too.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -59,18 +60,34 @@ class JobSignal:
         self._ended = False
         self._host = host
         self._kind = kind
-        # How long a waiter goes without looking when nothing wakes it.
-        self.peek_seconds = POLL_SECONDS
         self._database_tells = False
+        # Told by the database: called before a request's first look, it returns until when
+        # (time.monotonic) waits must still peek (app/jobs/usecases/waiters.py).
+        self._before_wait: Callable[[], float] | None = None
+        self._peek_until = 0.0
         if host is not None:
             host.on_wake(kind, self.notify_here)
 
-    def told_by_database(self) -> None:
+    def told_by_database(self, before_wait: Callable[[], float] | None = None) -> None:
         """The database tells every process, this one's siblings included, of each change
         (a served process on PostgreSQL): waiters peek only as a safety net, and notify()
-        wakes this process's waiters alone."""
+        wakes this process's waiters alone. `before_wait` holds the process's entry among
+        the waiters (without one, the database tells nobody)."""
         self._database_tells = True
-        self.peek_seconds = TOLD_PEEK_SECONDS
+        self._before_wait = before_wait
+
+    def before_wait(self) -> None:
+        """A request is about to look, and may wait: where the database tells, it is told
+        that this process waits (a statement at most every 25 s or so)."""
+        if self._before_wait is not None:
+            self._peek_until = self._before_wait()
+
+    @property
+    def peek_seconds(self) -> float:
+        """How long a waiter goes without looking when nothing wakes it."""
+        if self._database_tells and time.monotonic() >= self._peek_until:
+            return TOLD_PEEK_SECONDS
+        return POLL_SECONDS
 
     @property
     def generation(self) -> int:

@@ -39,6 +39,7 @@ from app.storage.schema.jobs import (
 from app.storage.schema.settings import (
     api_keys,
     job_types,
+    job_waiters,
     key_activity,
     schedules,
     ui_sessions,
@@ -65,6 +66,7 @@ __all__ = [
     "job_tags",
     "job_traces",
     "job_types",
+    "job_waiters",
     "jobs",
     "key_activity",
     "key_turns",

@@ -113,6 +113,17 @@ key_activity = Table(
     Column("last_claim_at", Micros, nullable=True),
 )
 
+# The processes whose requests wait for jobs, each until when (PostgreSQL with notices: docs/
+# SCALING.md, "The database tells every host"). The jobs' triggers send a notice only while a
+# row here is current: with no waiter anywhere, an enqueue takes no notice lock at its commit.
+# Unlogged on PostgreSQL (migration 0025): lost in a crash, rewritten by the next wait.
+job_waiters = Table(
+    "job_waiters",
+    metadata,
+    Column("waiter", String(200), primary_key=True),
+    Column("until_at", Micros, nullable=False),
+)
+
 # The dashboard's signed-in sessions (section 14), one row each. The browser's cookie holds a
 # random id; only its SHA-256 digest is kept here, as for API tokens: nothing readable from the
 # database lets anyone present a session, and deleting the row (sign-out, the key revoked,
