@@ -22,6 +22,7 @@ from app.jobs.timeline.recorder import HistoryRecorder
 from app.jobs.timeline.stats_buffer import StatsBuffer
 from app.jobs.timeline.stats_flusher import StatsFlusher
 from app.jobs.tx.uow import CLAIMABLE, FINISHED, bind_jobs
+from app.jobs.usecases.horizon_watch import HorizonWatch
 from app.jobs.usecases.maintenance_loop import MaintenanceLoop
 from app.jobs.usecases.retention import RetentionWindows
 from app.jobs.usecases.service import JobService
@@ -65,6 +66,8 @@ class Services:
     type_settings: TypeSettingsCopy  # this process's copy of the job types' settings
     # This host's other processes of the database: their waiting requests' wakes.
     host: HostWake
+    # Who holds PostgreSQL's xmin horizon: GET /health/database, the dashboard, a chore.
+    horizon: HorizonWatch
 
     def close(self) -> None:
         """Stop the maintenance loop (giving its lead up), write the stats counts still
@@ -336,6 +339,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
                             config["RETENTION_COMPLETED_SECONDS"] or None,
                             config["RETENTION_FAILED_SECONDS"] or None,
                             config["RETENTION_CANCELLED_SECONDS"] or None))
+    horizon = HorizonWatch(db, clock, config["HORIZON_WARN_SECONDS"])
     return Services(
         db=db,
         clock=clock,
@@ -362,7 +366,9 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         stats=StatsService(db, clock, counts, settings.job_types, stats_buffer),
         stats_flusher=StatsFlusher(stats_buffer),
         maintenance=MaintenanceLoop(leadership_of(engine),
-                                    jobs.maintenance_chores(types.retention_windows), clock),
+                                    [*jobs.maintenance_chores(types.retention_windows),
+                                     horizon.chore()], clock),
         type_settings=type_settings,
         host=host,
+        horizon=horizon,
     )

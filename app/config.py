@@ -194,6 +194,11 @@ SETTINGS: tuple[Setting, ...] = (
             "PostgreSQL: /readyz warns when a transaction holding a snapshot (any session "
             "of the server) has been open this long; such a transaction holds back the "
             "removal of dead rows, and claims slow down as they pile up"),
+    Setting("HORIZON_WARN_SECONDS", 300.0, _float_in(0.1, 604_800),
+            "PostgreSQL: the maintenance leader logs a WARNING, once per holder, for each "
+            "transaction, prepared transaction, replication slot or standby that has held "
+            "the xmin horizon (the removal of dead rows) this long; GET /health/database and "
+            "the dashboard's overview name them"),
     Setting("DISPATCH", False, _flag,
             "run the push dispatcher (`queuelog dispatch`) beside gunicorn: the gunicorn "
             "master starts it, stops it with itself and restarts it if it dies"),

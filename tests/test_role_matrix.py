@@ -46,6 +46,7 @@ ROUTES = {
     "workers": Route("GET", "/workers", "running", None),
     "retry-many": Route("POST", "/jobs/retry-many", "failed", {"ids": ["{id}"]}),
     "cancel-many": Route("POST", "/jobs/cancel-many", "pending", {"ids": ["{id}"]}),
+    "health-database": Route("GET", "/health/database", "running", None),
 }
 
 # route -> role -> (status, the job's status afterwards, as an admin sees it)
@@ -94,6 +95,8 @@ EXPECTED: dict[str, dict[str, tuple[int, str]]] = {
                    "admin": (200, "pending")},
     "cancel-many": {"producer": (403, "pending"), "worker": (403, "pending"),
                     "admin": (200, "cancelled")},
+    "health-database": {"producer": (403, "running"), "worker": (403, "running"),
+                        "admin": (200, "running")},
 }
 
 
@@ -184,6 +187,9 @@ def test_each_role_gets_the_contracts_answer_on_each_route(
         assert (body["job_id"], body["reasons"][0]["code"]) == (job_id, "running")
     elif route_name == "workers":
         assert [(w["name"], w["running"]) for w in body["workers"]] == [(worker.name, 1)]
+    elif route_name == "health-database":
+        assert body["engine"] in ("sqlite", "postgresql")
+        assert body["horizon"] is (body["engine"] == "postgresql")
     elif route_name in ("retry-many", "cancel-many"):
         assert body == {"count": 1, "ids": [job_id]}
     elif route_name == "list":

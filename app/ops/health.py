@@ -1,5 +1,6 @@
 """GET /healthz (the process answers) and GET /readyz (the database answers, at the newest
-migration). Neither needs a key: orchestrators probe them without one."""
+migration): neither needs a key, orchestrators probe them without one. GET /health/database
+(admins): who holds PostgreSQL's xmin horizon back."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ from flask import Blueprint, Response, current_app, jsonify
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.config import configuration_warnings
+from app.core.callers import Role
 from app.core.errors import ServiceUnavailable
 from app.jobs.usecases.maintenance import MaintenanceHealth
+from app.ops.schemas import DatabaseHealthSchema, represent_database_health
 from app.storage.activity import oldest_transaction_seconds
 from app.storage.migrations import current_revision, head_revision
+from app.web.auth import require_roles
 from app.web.openapi import Reply, documented
 
 log = logging.getLogger(__name__)
@@ -77,7 +81,8 @@ def readyz() -> Response:
             f"A transaction has been open on the database server for {oldest_transaction:.0f} "
             f"s (over QUEUELOG_LONG_TRANSACTION_WARNING_SECONDS, {limit:g}): it holds back "
             "the removal of dead rows, so claims slow down the longer it lasts. Find it in "
-            "pg_stat_activity (the oldest xact_start) and end it.")
+            "GET /health/database, which names it (or pg_stat_activity, the oldest "
+            "xact_start), and end it.")
     ready["maintenance"] = maintenance_detail(services.jobs.maintenance, *cascades,
                                               leading=services.maintenance.leading)
     for chore, failure in ready["maintenance"]["failing"].items():
@@ -89,6 +94,20 @@ def readyz() -> Response:
     if warnings:
         ready["warnings"] = warnings
     return jsonify(ready)
+
+
+@bp.get("/health/database")
+@documented("Who holds PostgreSQL's xmin horizon back: the sessions, prepared transactions, "
+            "replication slots and standbys that keep VACUUM from removing dead rows, "
+            "oldest first.",
+            replies=[Reply(200, "The engine, the oldest transaction's age, the threshold and "
+                                "the holders (none on SQLite, which has no such horizon).",
+                           DatabaseHealthSchema)])
+@require_roles(Role.ADMIN)
+def database_health() -> Response:
+    # A database that does not answer is a 503 problem, as on every keyed route.
+    report = current_app.extensions["queuelog"].horizon.report()
+    return jsonify(represent_database_health(report))
 
 
 def maintenance_detail(health: MaintenanceHealth, cascades: int,

@@ -31,6 +31,7 @@ from app.jobs.domain.models import Job, JobControls, JobDependencies
 from app.jobs.domain.transitions import Transition
 from app.jobs.sql.key_repository import KeyTurn
 from app.jobs.usecases.admin import Cancelled
+from app.jobs.usecases.horizon_watch import HorizonReport, what_to_do
 from app.jobs.web.answers import represent
 from app.jobs.web.requests import BulkSchema
 from app.schedules.schemas import represent_schedule
@@ -206,7 +207,19 @@ def overview() -> tuple[str, int]:
     return _page("overview.html", types=types, blocked_keys=blocked,
                  blocked_total=blocked_total, **_schedules_shown(),
                  workers=[represent_worker(worker) for worker in services.history.workers()],
-                 totals=series[0], per_type=series[1:], **charts)
+                 totals=series[0], per_type=series[1:], **charts,
+                 **_horizon_shown(services.horizon.report()))
+
+
+def _horizon_shown(report: HorizonReport) -> dict[str, Any]:
+    """The xmin horizon's holders, every one, once any has held it past the threshold
+    (QUEUELOG_HORIZON_WARN_SECONDS); none otherwise: a snapshot held for a moment is every
+    transaction's, and nothing to act on."""
+    if not report.past_threshold():
+        return {"horizon_holders": []}
+    return {"horizon_holders": [(holder, to_rfc3339(holder.since_us), what_to_do(holder))
+                                for holder in report.holders],
+            "horizon_threshold": report.threshold_seconds}
 
 
 @bp.get("/types/<job_type>")

@@ -7,8 +7,9 @@ own and ends with the session. Between notifications the session's thread calls 
 - not leading, it asks for the lead every FOLLOW_SECONDS (one statement);
 - leading, it asks what is due (app/jobs/sql/due_repository.py, one statement) at least every
   LEAD_SECONDS, and sooner when a lease, an expiry or a delayed job comes due before then;
-  it wakes the maintenance loop for the chores that have work, and retention, which keeps its
-  own pace (a pass every RETENTION_IDLE_SECONDS, or at once while one is under way).
+  it wakes the maintenance loop for the chores that have work, and retention and the horizon's
+  look (app/jobs/usecases/horizon_watch.py), which keep their own pace (a pass every
+  RETENTION_IDLE_SECONDS, or at once while one is under way; a look every 30 s).
 A lease that runs out is so rescued within a second, as before, and an idle database is asked
 one statement a second.
 """
@@ -19,6 +20,7 @@ from sqlalchemy import Connection
 
 from app.core.clock import MICROS, Clock
 from app.jobs.sql.due_repository import ask_due_work
+from app.jobs.usecases.horizon_watch import HORIZON_CHORE
 from app.jobs.usecases.maintenance_loop import MaintenanceLoop
 from app.storage.leadership import try_advisory_lead
 
@@ -56,7 +58,9 @@ class ListeningLead:
         now = self.clock.now_us()
         due = ask_due_work(conn, now, self._since_us)
         self._since_us = now
-        chores = {"retention"}  # no statement until its pass is due
+        # No statement until their own pace says so: retention's next pass, the horizon's
+        # next look (at most every 30 s, never a part of the question above).
+        chores = {"retention", HORIZON_CHORE}
         if due.sweeps_due:
             chores.add("sweep")
         if due.cascades:
