@@ -9,9 +9,11 @@ database tells every host"), and delayed jobs get an index of their own.
   notification, and PostgreSQL folds equal ones within a transaction. A session that sets
   `queuelog.notify = off` sends none (QUEUELOG_NOTIFY=off). The triggers run in the sending
   statement: no round trip is added to any request.
-- The jobs' notices go out only while some process's requests wait for jobs: each such
-  process keeps a row in job_waiters (until when it waits, refreshed while it does), and the
-  trigger sends nothing when none is current. PostgreSQL takes a lock for the whole server at
+- The jobs' notices go out only while some process's requests wait for them: each such
+  process keeps rows in job_waiters (until when it waits, refreshed while it does): its
+  waiting claims' types ('claims'; no types: any), its waiting reads ('reads'). A job made
+  claimable is told only while a claim waits for its type; a job's end while a read waits, or
+  a claim for its type (an end may free a place a claim waits for). PostgreSQL takes a lock for the whole server at
   the commit of a transaction that notified, held until its commit is flushed, so notifying
   commits go one at a time: with nobody waiting (a busy queue's workers are busy), enqueues
   pay none of it. Unlogged: a crash loses it, and the next wait writes it again.
@@ -45,18 +47,28 @@ BEGIN
     RETURN NULL;
   END IF;
   now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+  -- Nobody waits (a busy queue's workers are busy): nothing to tell, no lock to take.
   IF NOT EXISTS (SELECT 1 FROM job_waiters WHERE until_at > now_us) THEN
     RETURN NULL;
   END IF;
   IF TG_OP = 'INSERT' THEN
-    SELECT EXISTS (SELECT 1 FROM new_rows
-                   WHERE status = 'pending' AND (run_at <= created_at OR run_at <= now_us))
+    SELECT EXISTS (SELECT 1 FROM new_rows n JOIN job_waiters w
+                     ON w.until_at > now_us AND w.waits_for = 'claims'
+                    AND (w.types IS NULL OR n.type = ANY (string_to_array(w.types, ',')))
+                   WHERE n.status = 'pending' AND (n.run_at <= n.created_at OR n.run_at <= now_us))
       INTO claimable;
   ELSE
     SELECT EXISTS (SELECT 1 FROM new_rows n JOIN old_rows o ON o.id = n.id
+                   JOIN job_waiters w
+                     ON w.until_at > now_us AND w.waits_for = 'claims'
+                    AND (w.types IS NULL OR n.type = ANY (string_to_array(w.types, ',')))
                    WHERE n.status = 'pending' AND n.run_at <= now_us
                      AND (o.status <> 'pending' OR o.run_at <> n.run_at)),
            EXISTS (SELECT 1 FROM new_rows n JOIN old_rows o ON o.id = n.id
+                   JOIN job_waiters w
+                     ON w.until_at > now_us
+                    AND (w.waits_for = 'reads' OR w.types IS NULL
+                         OR n.type = ANY (string_to_array(w.types, ',')))
                    WHERE n.status IN ('completed', 'failed', 'cancelled')
                      AND o.status NOT IN ('completed', 'failed', 'cancelled'))
       INTO claimable, finished;
@@ -110,8 +122,10 @@ def upgrade() -> None:
     op.create_table(
         "job_waiters",
         sa.Column("waiter", sa.String(200), nullable=False),
+        sa.Column("waits_for", sa.String(8), nullable=False),
+        sa.Column("types", sa.Text(), nullable=True),
         sa.Column("until_at", sa.BigInteger(), nullable=False),
-        sa.PrimaryKeyConstraint("waiter", name=op.f("pk_job_waiters")),
+        sa.PrimaryKeyConstraint("waiter", "waits_for", name=op.f("pk_job_waiters")),
     )
     if op.get_context().dialect.name != "postgresql":
         return

@@ -182,7 +182,8 @@ def dispatch(concurrency: int | None, metrics_port: int | None, only_if_enabled:
     """Deliver the jobs of push types to their endpoints, until SIGTERM (then exit 0)."""
     import logging
 
-    from app import start_dispatch_wakes, start_stats_flusher
+    from app import start_stats_flusher
+    from app.database_wakes import start_dispatch_wakes
     from app.dispatch.checks import CheckSettings
     from app.dispatch.dispatcher import Dispatcher
     from app.dispatch.metrics import DispatchMetrics

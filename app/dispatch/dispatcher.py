@@ -168,7 +168,6 @@ class Dispatcher:
                 free = self._wait_for_free_thread()
                 if free <= 0:
                     continue
-                self.jobs.signal.before_wait()  # where the database tells, it tells this one
                 seen = self.jobs.signal.generation
                 if self._claim_some(free):
                     idle = IDLE_WAIT_SECONDS[0]
@@ -202,6 +201,8 @@ class Dispatcher:
         groups taken in turn, so one busy group cannot starve another); True if any."""
         try:
             targets = self._push_targets()
+            # Where the database tells, it tells this process of the push types' jobs.
+            self.jobs.signal.before_wait(targets)
             groups: dict[int, list[str]] = defaultdict(list)
             for target in targets.values():
                 groups[target.push_timeout_seconds or 0].append(target.type)

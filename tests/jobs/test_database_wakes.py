@@ -28,7 +28,7 @@ from app import create_app
 from app.core.callers import Role
 from app.core.clock import MICROS, Clock
 from app.jobs.sql.due_repository import ask_due_work
-from app.jobs.sql.waiter_repository import hold_waiting
+from app.jobs.sql.waiter_repository import CLAIMS, hold_waiting
 from app.jobs.usecases.listening_lead import FOLLOW_SECONDS, LEAD_SECONDS, ListeningLead
 from app.jobs.usecases.waiters import WaiterEntry
 from app.storage.engine import make_engine
@@ -67,7 +67,7 @@ def _someone_waits(url: str, until_us: int = 2**62) -> None:
     """A process whose requests wait, as job_waiters holds it: the jobs' notices go out."""
     engine = make_engine(url, pooled=False)
     with engine.begin() as conn:
-        hold_waiting(conn, "a waiting process", until_us)
+        hold_waiting(conn, "a waiting process", CLAIMS, None, until_us)
     engine.dispose()
 
 
@@ -82,7 +82,8 @@ def notices(pg_url: str) -> Iterator[Notices]:
 @pytest.fixture
 def served_app(pg_url: str) -> Iterator[Any]:
     application = create_app({"TESTING": True, "DATABASE_URL": pg_url,
-                              "JOB_TYPES": frozenset({"email", "pdf"}), "DB_POOL_SIZE": 2})
+                              "JOB_TYPES": frozenset({"email", "pdf", "sync"}),
+                              "DB_POOL_SIZE": 2})
     yield application
     application.extensions["queuelog"].close()
 
@@ -153,13 +154,31 @@ def test_with_nobody_waiting_the_jobs_changes_tell_nobody(served_app, pg_url):
     client.patch("/types/email", json={"paused": True}, headers=admin)
     assert listening.told() == ["types"]
 
-    # A request that is about to wait says so, once for many waits: told again.
+    # A claim that is about to wait says so, once for many waits, and for its types alone.
     entry = WaiterEntry(served_app.extensions["queuelog"].db, Clock())
-    peek_until = entry.before_wait()
+    peek_until = entry.before_claim_wait({"pdf"})
     assert peek_until > time.monotonic()  # new: its first second still peeks
-    assert entry.before_wait() == peek_until  # held: no statement, no new grace
+    assert entry.before_claim_wait({"pdf"}) == peek_until  # held: no statement, no grace
+    client.post("/jobs", json={"type": "email"}, headers=producer)
+    assert listening.told() == []  # nobody waits for email jobs
+    pdf = client.post("/jobs", json={"type": "pdf"}, headers=producer).json
+    assert listening.told() == ["claimable"]
+    claimed = client.post("/jobs/claim", json={"types": ["pdf"]}, headers=worker).json
+    assert claimed["id"] == pdf["id"]
+    listening.told()  # the pdf type's first claim made its row
+    client.post(f"/jobs/{pdf['id']}/complete", json={"result": {}}, headers=worker)
+    assert listening.told() == ["finished"]  # its end may free a place a pdf claim awaits
+
+    entry.before_claim_wait({"email"})  # now email too
     client.post("/jobs", json={"type": "email"}, headers=producer)
     assert listening.told() == ["claimable"]
+    entry.before_read_wait()  # and a read waits for some job's end, whatever its type
+    other = client.post("/jobs", json={"type": "sync"}, headers=producer).json
+    assert listening.told() == []  # a sync job claimable: nobody waits for one
+    client.post("/jobs/claim", json={"types": ["sync"]}, headers=worker)
+    listening.told()
+    client.post(f"/jobs/{other['id']}/complete", json={"result": {}}, headers=worker)
+    assert listening.told() == ["finished"]
     listening.close()
 
 

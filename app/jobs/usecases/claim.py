@@ -118,7 +118,7 @@ class ClaimService:
         if wait_seconds <= 0:
             return WaitAnswer(self._claim_now(ask, answer_now=True))
         with self.signal.watching():
-            self.signal.before_wait()
+            self.signal.before_wait(ask.wanted)
             seen = self.signal.generation
             claimed = self._claim_now(ask, answer_now=False)
             if claimed:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -38,6 +38,9 @@ TOLD_PEEK_SECONDS = 60.0
 NOT_WAITED_RETRY_AFTER_SECONDS = 1
 
 T = TypeVar("T")
+# Tells the database that this process waits for jobs of some types (None: any); returns
+# until when (time.monotonic) its waits must still peek.
+WaitingSaid = Callable[[Collection[str] | None], float]
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,12 @@ class JobSignal:
         self._database_tells = False
         # Told by the database: called before a request's first look, it returns until when
         # (time.monotonic) waits must still peek (app/jobs/usecases/waiters.py).
-        self._before_wait: Callable[[], float] | None = None
+        self._before_wait: WaitingSaid | None = None
         self._peek_until = 0.0
         if host is not None:
             host.on_wake(kind, self.notify_here)
 
-    def told_by_database(self, before_wait: Callable[[], float] | None = None) -> None:
+    def told_by_database(self, before_wait: WaitingSaid | None = None) -> None:
         """The database tells every process, this one's siblings included, of each change
         (a served process on PostgreSQL): waiters peek only as a safety net, and notify()
         wakes this process's waiters alone. `before_wait` holds the process's entry among
@@ -76,11 +79,12 @@ class JobSignal:
         self._database_tells = True
         self._before_wait = before_wait
 
-    def before_wait(self) -> None:
-        """A request is about to look, and may wait: where the database tells, it is told
-        that this process waits (a statement at most every 25 s or so)."""
+    def before_wait(self, types: Collection[str] | None = None) -> None:
+        """A request is about to look, and may wait (for jobs of `types`; None: any): where
+        the database tells, it is told that this process waits (a statement at most every
+        25 s or so, or when it waits for a new type)."""
         if self._before_wait is not None:
-            self._peek_until = self._before_wait()
+            self._peek_until = self._before_wait(types)
 
     @property
     def peek_seconds(self) -> float:

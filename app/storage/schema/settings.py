@@ -113,14 +113,19 @@ key_activity = Table(
     Column("last_claim_at", Micros, nullable=True),
 )
 
-# The processes whose requests wait for jobs, each until when (PostgreSQL with notices: docs/
-# SCALING.md, "The database tells every host"). The jobs' triggers send a notice only while a
-# row here is current: with no waiter anywhere, an enqueue takes no notice lock at its commit.
+# The processes whose requests wait for jobs, each until when and for what (PostgreSQL with
+# notices: docs/SCALING.md, "The database tells every host"). The jobs' triggers send a notice
+# only while a row here waits for it: an enqueue of a type nobody waits for takes no notice
+# lock at its commit.
 # Unlogged on PostgreSQL (migration 0025): lost in a crash, rewritten by the next wait.
 job_waiters = Table(
     "job_waiters",
     metadata,
     Column("waiter", String(200), primary_key=True),
+    # 'claims' (its waiting claims, of `types`: comma-separated, NULL for any) or 'reads'
+    # (its reads waiting for a job's end, of any type).
+    Column("waits_for", String(8), primary_key=True),
+    Column("types", Text, nullable=True),
     Column("until_at", Micros, nullable=False),
 )
 

@@ -1,0 +1,90 @@
+"""Where the database tells a served process of each change (PostgreSQL, unless
+QUEUELOG_NOTIFY is off: docs/SCALING.md, "The database tells every host"): what listens, what
+each notice wakes, and who says the process waits. Called where the app is served (wsgi.py)
+and by `queuelog dispatch`, never by the factory: tests and operator commands listen to
+nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask
+
+from app.jobs.tx.uow import CLAIMABLE, FINISHED
+from app.storage.engine import make_engine
+
+
+def start_database_wakes(app: Flask) -> None:
+    """On PostgreSQL (unless QUEUELOG_NOTIFY is off), let the database tell this process of
+    every change its waiters, settings copy, ticker and maintenance act on, rather than have
+    them peek (docs/SCALING.md, "The database tells every host"): one process per host
+    listens, leads maintenance if the lead is free, and tells the host's others. Called where
+    the app is served (wsgi.py), before the maintenance loop starts."""
+    services = app.extensions["queuelog"]
+    engine = services.db.engine
+    lock_path = services.host.listener_lock_path
+    if (engine.dialect.name != "postgresql" or not app.config["NOTIFY"]
+            or lock_path is None or "queuelog_listener" in app.extensions):
+        return
+    from app.jobs.usecases.listening_lead import RETENTION_IDLE_SECONDS, ListeningLead
+    from app.jobs.usecases.waiters import WaiterEntry
+    from app.jobs.wake.database_wake import SCHEDULES, TYPES, DatabaseWakes
+    from app.storage.listener import DatabaseListener
+
+    every_kind = frozenset({CLAIMABLE, FINISHED, TYPES, SCHEDULES})
+    wakes = DatabaseWakes(services.host, every_kind)
+    claims, finished = services.jobs.signal, services.jobs.finished
+    entry = WaiterEntry(services.db, services.clock)
+    claims.told_by_database(entry.before_claim_wait)
+    finished.told_by_database(entry.before_read_wait)
+    # A job's end may free a place (a cap, an ordered key) that a waiting claim waits for.
+    wakes.on([CLAIMABLE, FINISHED], claims.notify_here)
+    wakes.on([FINISHED], finished.notify_here)
+    services.type_settings.told_by_database()
+    wakes.on([TYPES], services.type_settings.changed)
+    ticker = app.extensions.get("queuelog_ticker")
+    if ticker is not None:
+        ticker.told_by_database()
+        wakes.on([SCHEDULES], ticker.changed)
+    services.host.keep_listening()
+    services.jobs.retention.idle_seconds = RETENTION_IDLE_SECONDS
+    maintenance = services.maintenance
+    services.stats.samples_database = lambda: maintenance.leading
+    listen_url = app.config["LISTEN_DATABASE_URL"]
+    if listen_url:  # past a transaction pooler, straight to the server: a session of its own
+        engine = make_engine(listen_url, pooled=False, notify=app.config["NOTIFY"])
+    lead = ListeningLead(services.clock, services.maintenance.woken_only())
+    services.maintenance.leadership = lead
+    app.extensions["queuelog_listener"] = DatabaseListener(
+        engine, lock_path, wakes.deliver,
+        every_kind=every_kind, duty=lead).start()
+
+
+def start_dispatch_wakes(app: Flask, dispatcher: Any) -> None:
+    """On PostgreSQL (unless QUEUELOG_NOTIFY is off), `queuelog dispatch` (`dispatcher`)
+    listens on a session of its own, apart from its host's served processes (it leads no
+    maintenance), so that it claims a push job as soon as one is committed, and otherwise
+    looks only every few seconds."""
+    services = app.extensions["queuelog"]
+    engine = services.db.engine
+    if engine.dialect.name != "postgresql" or not app.config["NOTIFY"]:
+        return
+    from app.jobs.usecases.waiters import WaiterEntry
+    from app.jobs.wake.database_wake import TYPES
+    from app.storage.listener import DatabaseListener
+
+    if app.config["LISTEN_DATABASE_URL"]:
+        engine = make_engine(app.config["LISTEN_DATABASE_URL"], pooled=False)
+
+    def deliver(kinds: frozenset[str]) -> None:
+        if kinds & {CLAIMABLE, FINISHED}:  # a job's end may free a place too
+            services.jobs.signal.notify_here()
+        if TYPES in kinds:
+            services.type_settings.changed()
+
+    services.jobs.signal.told_by_database(
+        WaiterEntry(services.db, services.clock).before_claim_wait)
+    services.type_settings.told_by_database()
+    dispatcher.told_by_database()
+    app.extensions["queuelog_listener"] = DatabaseListener(
+        engine, None, deliver, every_kind=frozenset({CLAIMABLE, FINISHED, TYPES})).start()
