@@ -73,12 +73,14 @@ class Sizes:
     idle_warmup: float  # seconds after the last idle server answered, before counting
     wakes: int  # cross-host wakes per condition and repeat
     enqueues: int  # operations per throughput run
+    idle_workers: tuple[int, ...]  # the gunicorn worker counts of the idle hosts
 
 
-FULL = Sizes(idle_window=30.0, idle_warmup=10.0, wakes=200, enqueues=3000)
-SMOKE = Sizes(idle_window=5.0, idle_warmup=4.0, wakes=10, enqueues=80)
+FULL = Sizes(idle_window=30.0, idle_warmup=10.0, wakes=200, enqueues=3000,
+             idle_workers=(1, 2, 4))
+# Every phase and table, on the fewest servers: a smoke run proves the script, not a figure.
+SMOKE = Sizes(idle_window=2.0, idle_warmup=2.0, wakes=5, enqueues=40, idle_workers=(1,))
 
-IDLE_WORKERS = (1, 2, 4)
 IDLE_GOAL = 2.0  # statements per second per idle host, notifications on
 WAKE_GOAL_MS = 20.0  # p99 of a cross-host wake
 RATIO_GOAL = 0.95  # enqueue jobs/s, notifications on / off
@@ -205,7 +207,7 @@ def measure_idle(server_url: str, log_path: str, sizes: Sizes, repeat: int,
                  figures: IdleFigures) -> None:
     """One repeat: every configuration (workers x notifications on/off) served at once, each
     on a database and TMPDIR of its own, counted over the same window."""
-    configurations = [(workers, mode) for workers in IDLE_WORKERS for mode in MODES]
+    configurations = [(workers, mode) for workers in sizes.idle_workers for mode in MODES]
     if repeat % 2:
         configurations.reverse()
     with scratch_directory("queuelog-bench-wakes-idle-") as directory, \
@@ -232,7 +234,8 @@ def measure_idle(server_url: str, log_path: str, sizes: Sizes, repeat: int,
             log.seek(start)
             lines = log.read(max(end - start, 0)).decode(errors="replace").splitlines()
     counts: collections.Counter[tuple[int, str]] = collections.Counter()
-    texts: dict[int, collections.Counter[str]] = {w: collections.Counter() for w in IDLE_WORKERS}
+    texts: dict[int, collections.Counter[str]] = {
+        w: collections.Counter() for w in sizes.idle_workers}
     backends: dict[tuple[int, str], set[str]] = collections.defaultdict(set)
     for line in lines:
         found = STATEMENT.search(line)
@@ -261,7 +264,7 @@ def idle_tables(figures: IdleFigures, sizes: Sizes, report: Report) -> None:
                   "warm-up, no request (median [min-max] over repeats)",
                   ["gunicorn workers", "notifications on", "QUEUELOG_NOTIFY=0 (peeking)",
                    "on / off", "listening turn held (on / off)", "sessions heard (on / off)"])
-    for workers in IDLE_WORKERS:
+    for workers in sizes.idle_workers:
         on, off = figures.rates[(workers, "on")], figures.rates[(workers, "off")]
         ratio = Spread([a / b if b else float("nan")
                         for a, b in zip(on.values, off.values, strict=True)])
@@ -278,13 +281,13 @@ def idle_tables(figures: IdleFigures, sizes: Sizes, report: Report) -> None:
         totals.update(rates)
     breakdown = Table("What an idle host sends with notifications on: statements/s by "
                       "statement (the last repeat; the 8 most frequent)",
-                      ["statement", *(f"{workers} worker(s)" for workers in IDLE_WORKERS)])
+                      ["statement", *(f"{workers} worker(s)" for workers in sizes.idle_workers)])
     for statement, _ in totals.most_common(8):
         breakdown.add(f"`{statement.replace('|', '¦')}`",
                       *(f"{figures.by_statement[w].get(statement, 0.0):.2f}"
-                        for w in IDLE_WORKERS))
+                        for w in sizes.idle_workers))
     if not totals:
-        breakdown.add("(none)", *("0" for _ in IDLE_WORKERS))
+        breakdown.add("(none)", *("0" for _ in sizes.idle_workers))
     report.tables.append(breakdown)
 
 
@@ -558,11 +561,11 @@ def throughput_tables(figures: ThroughputFigures, sizes: Sizes, report: Report) 
 
 # -- the script ----------------------------------------------------------------------------------
 
-def idle_not_measured(report: Report, why: str) -> None:
+def idle_not_measured(report: Report, why: str, sizes: Sizes) -> None:
     """The idle table, saying why it holds no figure."""
     idle = Table("Idle host: statements/s PostgreSQL received from the host's database",
                  ["gunicorn workers", "notifications on", "QUEUELOG_NOTIFY=0 (peeking)"])
-    for workers in IDLE_WORKERS:
+    for workers in sizes.idle_workers:
         idle.add(workers, f"not measured: {why}", "-")
     report.tables.append(idle)
 
@@ -580,7 +583,7 @@ def measure_idle_part(options: Any, server_url: str, sizes: Sizes, report: Repor
     if why is None:
         idle_tables(idle, sizes, report)
     else:
-        idle_not_measured(report, why)
+        idle_not_measured(report, why, sizes)
 
 
 def measure_wake_part(options: Any, server_url: str, directory: str, sizes: Sizes,
@@ -632,7 +635,7 @@ def measure(options: Any) -> Report:
         print(f"wakes: {POSTGRES_VARIABLE} is not set; PostgreSQL only: nothing measured",
               flush=True)
         why = f"set {POSTGRES_VARIABLE} (PostgreSQL only)"
-        idle_not_measured(report, why)
+        idle_not_measured(report, why, sizes)
         others = Table("Cross-host wakes and enqueue cost", ["part", "measured"])
         others.add("cross-host wake latency", f"not measured: {why}")
         others.add("enqueue jobs/s, notifications on / off", f"not measured: {why}")
