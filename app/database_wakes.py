@@ -6,12 +6,20 @@ nothing."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from flask import Flask
+from sqlalchemy import Engine
 
 from app.jobs.tx.uow import CLAIMABLE, FINISHED
+from app.jobs.usecases.listening_lead import RETENTION_IDLE_SECONDS, ListeningLead
+from app.jobs.usecases.waiters import WaiterEntry
+from app.jobs.wake.database_wake import SCHEDULES, TYPES, DatabaseWakes
 from app.storage.engine import make_engine
+from app.storage.listener import DatabaseListener
+
+if TYPE_CHECKING:
+    from app.dispatch.dispatcher import Dispatcher
 
 
 def start_database_wakes(app: Flask) -> None:
@@ -26,11 +34,6 @@ def start_database_wakes(app: Flask) -> None:
     if (engine.dialect.name != "postgresql" or not app.config["NOTIFY"]
             or lock_path is None or "queuelog_listener" in app.extensions):
         return
-    from app.jobs.usecases.listening_lead import RETENTION_IDLE_SECONDS, ListeningLead
-    from app.jobs.usecases.waiters import WaiterEntry
-    from app.jobs.wake.database_wake import SCHEDULES, TYPES, DatabaseWakes
-    from app.storage.listener import DatabaseListener
-
     every_kind = frozenset({CLAIMABLE, FINISHED, TYPES, SCHEDULES})
     wakes = DatabaseWakes(services.host, every_kind)
     claims, finished = services.jobs.signal, services.jobs.finished
@@ -50,17 +53,14 @@ def start_database_wakes(app: Flask) -> None:
     services.jobs.retention.idle_seconds = RETENTION_IDLE_SECONDS
     maintenance = services.maintenance
     services.stats.samples_database = lambda: maintenance.leading
-    listen_url = app.config["LISTEN_DATABASE_URL"]
-    if listen_url:  # past a transaction pooler, straight to the server: a session of its own
-        engine = make_engine(listen_url, pooled=False, notify=app.config["NOTIFY"])
     lead = ListeningLead(services.clock, services.maintenance.woken_only())
     services.maintenance.leadership = lead
     app.extensions["queuelog_listener"] = DatabaseListener(
-        engine, lock_path, wakes.deliver,
+        _listening_engine(app, engine), lock_path, wakes.deliver,
         every_kind=every_kind, duty=lead).start()
 
 
-def start_dispatch_wakes(app: Flask, dispatcher: Any) -> None:
+def start_dispatch_wakes(app: Flask, dispatcher: Dispatcher) -> None:
     """On PostgreSQL (unless QUEUELOG_NOTIFY is off), `queuelog dispatch` (`dispatcher`)
     listens on a session of its own, apart from its host's served processes (it leads no
     maintenance), so that it claims a push job as soon as one is committed, and otherwise
@@ -69,13 +69,6 @@ def start_dispatch_wakes(app: Flask, dispatcher: Any) -> None:
     engine = services.db.engine
     if engine.dialect.name != "postgresql" or not app.config["NOTIFY"]:
         return
-    from app.jobs.usecases.waiters import WaiterEntry
-    from app.jobs.wake.database_wake import TYPES
-    from app.storage.listener import DatabaseListener
-
-    if app.config["LISTEN_DATABASE_URL"]:
-        engine = make_engine(app.config["LISTEN_DATABASE_URL"], pooled=False)
-
     def deliver(kinds: frozenset[str]) -> None:
         if kinds & {CLAIMABLE, FINISHED}:  # a job's end may free a place too
             services.jobs.signal.notify_here()
@@ -87,4 +80,15 @@ def start_dispatch_wakes(app: Flask, dispatcher: Any) -> None:
     services.type_settings.told_by_database()
     dispatcher.told_by_database()
     app.extensions["queuelog_listener"] = DatabaseListener(
-        engine, None, deliver, every_kind=frozenset({CLAIMABLE, FINISHED, TYPES})).start()
+        _listening_engine(app, engine), None, deliver,
+        every_kind=frozenset({CLAIMABLE, FINISHED, TYPES})).start()
+
+
+def _listening_engine(app: Flask, engine: Engine) -> Engine:
+    """Where the listening session connects: past a transaction pooler (PgBouncer), straight
+    to the server (QUEUELOG_LISTEN_DATABASE_URL), since LISTEN and the lead's lock live as
+    long as a session; else where the pool connects."""
+    listen_url = app.config["LISTEN_DATABASE_URL"]
+    if not listen_url:
+        return engine
+    return make_engine(listen_url, pooled=False, notify=app.config["NOTIFY"])
