@@ -40,8 +40,9 @@ def start_database_wakes(app: Flask) -> None:
     entry = WaiterEntry(services.db, services.clock)
     claims.told_by_database(entry.before_claim_wait)
     finished.told_by_database(entry.before_read_wait)
-    # A job's end may free a place (a cap, an ordered key) that a waiting claim waits for.
-    wakes.on([CLAIMABLE, FINISHED], claims.notify_here)
+    # Not a job's end: every claim waiting in the process would look again at each one. A
+    # claim whose type's jobs an end may free (a cap, an ordered key) peeks instead.
+    wakes.on([CLAIMABLE], claims.notify_here)
     wakes.on([FINISHED], finished.notify_here)
     services.type_settings.told_by_database()
     wakes.on([TYPES], services.type_settings.changed)
@@ -70,7 +71,7 @@ def start_dispatch_wakes(app: Flask, dispatcher: Dispatcher) -> None:
     if engine.dialect.name != "postgresql" or not app.config["NOTIFY"]:
         return
     def deliver(kinds: frozenset[str]) -> None:
-        if kinds & {CLAIMABLE, FINISHED}:  # a job's end may free a place too
+        if CLAIMABLE in kinds:
             services.jobs.signal.notify_here()
         if TYPES in kinds:
             services.type_settings.changed()

@@ -164,7 +164,9 @@ class FlowControl:
         return limits_for_claim(relevant, running, now_us, push=push)
 
     def may_limit(self, wanted: frozenset[str] | None) -> bool:
-        return self.settings_copy is None or self.settings_copy.under_flow_control(wanted)
+        copy = self.settings_copy
+        return (copy is None or copy.under_flow_control(wanted)
+                or copy.orders_keys(wanted))
 
     def put_under_control_since(self, wanted: frozenset[str] | None) -> bool:
         if self.settings_copy is None:

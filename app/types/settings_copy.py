@@ -91,6 +91,15 @@ class TypeSettingsCopy:
         return any(s.is_limited for name, s in current.items()
                    if wanted is None or name in wanted)
 
+    def orders_keys(self, wanted: Collection[str] | None) -> bool:
+        """True when the copy shows one of the `wanted` types (None: any) ordered per key (or
+        when there is no fresh copy): a job of it may become claimable when another ends."""
+        current = self._current()
+        if current is None:
+            return True
+        return any(s.key_mode.ordered for name, s in current.items()
+                   if wanted is None or name in wanted)
+
     # -- keeping it fresh -------------------------------------------------------------------
 
     def tick(self) -> None:

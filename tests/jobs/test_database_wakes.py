@@ -155,12 +155,18 @@ def test_with_nobody_waiting_the_jobs_changes_tell_nobody(served_app, pg_url):
     assert listening.told() == ["types"]
 
     # A claim that is about to wait says so, once for many waits, and for its types alone.
+    _someone_waits(pg_url, until_us=Clock().now_us() - 2 * 3600 * MICROS)  # stopped long ago
     entry = WaiterEntry(served_app.extensions["queuelog"].db, Clock())
     peek_until = entry.before_claim_wait({"pdf"})
     assert peek_until > time.monotonic()  # new: its first second still peeks
     assert entry.before_claim_wait({"pdf"}) == peek_until  # held: no statement, no grace
     client.post("/jobs", json={"type": "email"}, headers=producer)
     assert listening.told() == []  # nobody waits for email jobs
+    engine = make_engine(pg_url, pooled=False)
+    with engine.connect() as conn:  # the entry long lapsed is forgotten as this one is written
+        assert conn.execute(text("SELECT waiter FROM job_waiters")).scalars().all() == [
+            entry.name]
+    engine.dispose()
     pdf = client.post("/jobs", json={"type": "pdf"}, headers=producer).json
     assert listening.told() == ["claimable"]
     claimed = client.post("/jobs/claim", json={"types": ["pdf"]}, headers=worker).json

@@ -147,7 +147,8 @@ class FlowPolicy(Protocol):
 
     def may_limit(self, wanted: frozenset[str] | None) -> bool:
         """Whether flow control may hold back a claim of `wanted` types (None: any), as far
-        as this process knows without a statement: True when it cannot tell."""
+        as this process knows without a statement (a cap, a rate, a pause, an ordered key:
+        what frees a job for it is no job becoming claimable): True when it cannot tell."""
 
     def put_under_control_since(self, wanted: frozenset[str] | None) -> bool:
         """After a claim that read no type's row found nothing (outside its transaction):

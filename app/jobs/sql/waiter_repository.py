@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, delete
 
 from app.storage.dialects import conflict_insert
 from app.storage.schema import job_waiters
@@ -24,3 +24,9 @@ def hold_waiting(conn: Connection, waiter: str, waits_for: str,
     conn.execute(stmt.on_conflict_do_update(
         index_elements=[job_waiters.c.waiter, job_waiters.c.waits_for],
         set_={"types": stmt.excluded.types, "until_at": stmt.excluded.until_at}))
+
+
+def forget_lapsed(conn: Connection, before_us: int) -> None:
+    """Forget the entries that lapsed before `before_us` (processes that have stopped waiting,
+    or stopped): the table the triggers read stays as small as the processes that wait."""
+    conn.execute(delete(job_waiters).where(job_waiters.c.until_at < before_us))

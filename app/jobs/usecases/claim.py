@@ -233,7 +233,8 @@ class ClaimService:
 
     def _under_flow_control(self, ask: _Ask) -> bool:
         """Whether the claim's types may become claimable with no change to tell (a rate's
-        tokens come back with time): its wait peeks every POLL_SECONDS, however it is told."""
+        tokens come back with time, another job's end frees a cap's place or an ordered key's
+        turn): its wait peeks every POLL_SECONDS, however it is told."""
         return self.flow is not None and self.flow.may_limit(ask.wanted)
 
     def _may_claim_now(self, tx: JobsTx, ask: _Ask) -> bool:

@@ -24,8 +24,10 @@ import threading
 import time
 from collections.abc import Collection
 
+from sqlalchemy import Connection
+
 from app.core.clock import MICROS, Clock
-from app.jobs.sql.waiter_repository import CLAIMS, READS, hold_waiting
+from app.jobs.sql.waiter_repository import CLAIMS, READS, forget_lapsed, hold_waiting
 from app.storage.engine import Database
 
 # Longer than any wait (a read waits up to 60 s): an entry written at a wait's start lasts it.
@@ -33,6 +35,9 @@ HOLD_SECONDS = 90.0
 # Written again when less than this is left: more than the longest wait.
 REFRESH_LEFT_SECONDS = 65.0
 GRACE_SECONDS = 1.0
+# Entries lapsed this long ago (their processes stopped waiting, or stopped) are forgotten by
+# the next entry written.
+FORGET_AFTER_SECONDS = 3600.0
 # What a claim of any type waits for, in the entry's types.
 ANY_TYPE = ""
 _entries = itertools.count(1)
@@ -77,7 +82,13 @@ class WaiterEntry:
             current = {item for item, at in held.items() if at > now} | set(wanted)
         types = None if ANY_TYPE in current else current
         name = self.name
-        self.db.run_statement(lambda conn: hold_waiting(conn, name, waits_for, types, until))
+        lapsed_before = now - round(FORGET_AFTER_SECONDS * MICROS)
+
+        def write(conn: Connection) -> None:
+            hold_waiting(conn, name, waits_for, types, until)
+            forget_lapsed(conn, lapsed_before)
+
+        self.db.run_write(write)
         with self._lock:
             self._held[waits_for] = dict.fromkeys(current, until)
             if new:
