@@ -3,7 +3,7 @@ JSON API calls, render a template (or redirect after a form)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -13,11 +13,9 @@ from werkzeug.exceptions import BadRequest, HTTPException, MethodNotAllowed, Not
 from werkzeug.wrappers import Response
 
 from app.core.callers import Caller, Role
-from app.core.clock import to_rfc3339
 from app.core.errors import QueueError
 from app.core.limits import BULK_JOBS
-from app.core.statuses import TERMINAL_STATUSES, JobStatus
-from app.core.tracecontext import Trace
+from app.core.statuses import JobStatus
 from app.history.explain import ReasonCode
 from app.history.failure_schemas import represent_detail
 from app.history.schemas import (
@@ -27,16 +25,12 @@ from app.history.schemas import (
     represent_worker,
 )
 from app.jobs.domain.cursor import encode_cursor
-from app.jobs.domain.models import Job, JobControls, JobDependencies
 from app.jobs.domain.transitions import Transition
-from app.jobs.sql.key_repository import KeyTurn
-from app.jobs.usecases.admin import Cancelled
-from app.jobs.usecases.horizon_watch import HorizonReport, what_to_do
-from app.jobs.web.answers import represent
 from app.jobs.web.requests import BulkSchema
 from app.schedules.schemas import represent_schedule
 from app.stats.models import Series
 from app.types.schemas import represent_type
+from app.ui import job_views as views
 from app.ui import session as ui_session
 from app.ui import throttle
 from app.ui.charts import Period, window
@@ -56,7 +50,6 @@ from app.ui.forms import (
     workflow_filters,
 )
 from app.ui.graph_drawing import NODE_HEIGHT, NODE_WIDTH, GraphJob, draw, why_not_drawn
-from app.ui.present import utc
 from app.ui.security import CSRFRefused, check_csrf
 from app.web.problems import flatten_errors, problem_type_of
 from app.workflows.schemas import represent_summary, represent_workflow
@@ -200,7 +193,8 @@ def overview() -> tuple[str, int]:
     services = _services()
     charts = _charts_asked()
     types = [represent_type(view) for view in services.types.list_types()]
-    blocked = [_blocked_shown(turn) for turn in services.types.blocked_keys(BLOCKED_KEYS_SHOWN)]
+    blocked = [views.blocked_shown(turn)
+               for turn in services.types.blocked_keys(BLOCKED_KEYS_SHOWN)]
     # Counted and listed in two reads: the total said is never less than the rows shown.
     blocked_total = max(len(blocked), sum(shown["blocked_keys"] for shown in types))
     series = _series_of([None, *(shown["type"] for shown in types)], charts["period"])
@@ -208,18 +202,7 @@ def overview() -> tuple[str, int]:
                  blocked_total=blocked_total, **_schedules_shown(),
                  workers=[represent_worker(worker) for worker in services.history.workers()],
                  totals=series[0], per_type=series[1:], **charts,
-                 **_horizon_shown(services.horizon.report()))
-
-
-def _horizon_shown(report: HorizonReport) -> dict[str, Any]:
-    """The xmin horizon's holders, every one, once any has held it past the threshold
-    (QUEUELOG_HORIZON_WARN_SECONDS); none otherwise: a snapshot held for a moment is every
-    transaction's, and nothing to act on."""
-    if not report.past_threshold():
-        return {"horizon_holders": []}
-    return {"horizon_holders": [(holder, to_rfc3339(holder.since_us), what_to_do(holder))
-                                for holder in report.holders],
-            "horizon_threshold": report.threshold_seconds}
+                 **views.horizon_shown(services.horizon.report()))
 
 
 @bp.get("/types/<job_type>")
@@ -252,11 +235,6 @@ def _series_of(job_types: list[str | None], period: Period) -> list[Series]:
             for name in job_types]
 
 
-def _blocked_shown(turn: KeyTurn) -> dict[str, Any]:
-    return {"type": turn.type, "concurrency_key": turn.concurrency_key, "job_id": turn.job_id,
-            "since": to_rfc3339(turn.since)}
-
-
 @bp.get("/jobs")
 def jobs() -> tuple[str, int]:
     services = _services()
@@ -284,7 +262,7 @@ def jobs() -> tuple[str, int]:
     shown = {name: value for name, value in filters.items() if name not in ("cursor", "before")}
     # The page's progress, cancel requests and tags in one read each, not one per job.
     extras = services.jobs.extras_of(page)
-    return _page("jobs.html", jobs=[_shown(job, controls=extras.controls, tags=extras.tags)
+    return _page("jobs.html", jobs=[views.shown(job, controls=extras.controls, tags=extras.tags)
                                     for job in page],
                  filters=shown, next_cursor=next_cursor, previous_cursor=previous_cursor,
                  messages={}, auto_refresh=filters.get("refresh") == REFRESH_ON,
@@ -353,7 +331,7 @@ def job(job_id: int) -> tuple[str, int]:
     services, caller = _services(), _caller()
     found = services.jobs.get_job(caller, job_id)
     extras = services.jobs.extras_of([found])
-    shown = _shown(found, extras.dependencies, extras.controls, extras.tags, extras.traces)
+    shown = views.shown(found, extras.dependencies, extras.controls, extras.tags, extras.traces)
     explanation = represent_explanation(services.history.explain(caller, job_id))
     # A failed job that blocks its ordered key may be cancelled too: that passes the turn on.
     blocks_its_key = any(reason["code"] == ReasonCode.KEY_BLOCKED and reason.get("job_id") == job_id
@@ -362,52 +340,11 @@ def job(job_id: int) -> tuple[str, int]:
                  workflow_id=services.workflows.workflow_of_job(caller, job_id),
                  attempts=[represent_attempt(a, show_error=True)
                            for a in services.history.attempts(caller, job_id)],
-                 events=[_event_shown(represent_event(e), shown["error"])
+                 events=[views.event_shown(represent_event(e), shown["error"])
                          for e in services.history.events(caller, job_id)],
                  explanation=explanation,
-                 cancel_request=_cancel_request(shown, extras.controls.get(job_id)),
-                 attempt_deadline=_attempt_deadline(found))
-
-
-def _cancel_request(shown: dict[str, Any], controls: JobControls | None
-                    ) -> dict[str, Any] | None:
-    """Who asked a running job's cancel and when; None when none is pending. A request
-    that outlived its job (a complete raced it) is moot, as the API's cancel_requested says."""
-    if not shown.get("cancel_requested") or controls is None:
-        return None
-    return {"by": controls.cancel_requested_by,
-            "at": to_rfc3339(controls.cancel_requested_at)}
-
-
-def _attempt_deadline(job: Job) -> str | None:
-    """When the running attempt is over (its claim plus timeout_seconds); None otherwise."""
-    if job.status != JobStatus.RUNNING:
-        return None
-    return to_rfc3339(job.attempt_deadline)
-
-
-def _event_shown(event: dict[str, Any], error: str | None) -> dict[str, Any]:
-    # The error the page shows at its top is not said again in the event that recorded it.
-    detail = event["detail"]
-    if error and isinstance(detail, dict) and detail.get("error") == error:
-        rest = {name: value for name, value in detail.items() if name != "error"}
-        return event | {"detail": rest or None, "error_above": True}
-    return event
-
-
-def _shown(job: Job, dependencies: Mapping[int, JobDependencies] | None = None,
-           controls: Mapping[int, JobControls] | None = None,
-           tags: Mapping[int, Sequence[str]] | None = None,
-           traces: Mapping[int, Trace] | None = None) -> dict[str, Any]:
-    # As the API shows it to an admin, with the producer too (the API's representation
-    # leaves it out: a producer sees only its own jobs); with `dependencies` (a job's page),
-    # its depends_on, waiting_on and on_dependency_failure too; with `controls`, its
-    # progress and cancel_requested; with `tags` and `traces`, those.
-    # Finished is when a job reached its end: nothing but a retry changes it after that.
-    finished = to_rfc3339(job.updated_at) if job.status in TERMINAL_STATUSES else None
-    return represent(job, show_error=True, dependencies=dependencies, controls=controls,
-                     tags=tags, traces=traces) | {
-        "producer": job.producer, "finished_at": finished}
+                 cancel_request=views.cancel_request(shown, extras.controls.get(job_id)),
+                 attempt_deadline=views.attempt_deadline(found))
 
 
 @bp.post("/jobs/<id:job_id>/retry")
@@ -418,20 +355,8 @@ def retry_job(job_id: int) -> Response:
 
 @bp.post("/jobs/<id:job_id>/cancel")
 def cancel_job(job_id: int) -> Response:
-    return _act(lambda: _services().jobs.cancel(_caller(), job_id), _cancel_said,
+    return _act(lambda: _services().jobs.cancel(_caller(), job_id), views.cancel_said,
                 url_for("ui.job", job_id=job_id))
-
-
-def _cancel_said(cancelled: Cancelled) -> str:
-    """What a cancel did: a pending or waiting job (or a failed one blocking its key) is
-    cancelled at once; a running one's cancel is only requested of its worker."""
-    if cancelled.controls is None:
-        return "Released." if cancelled.released else "Cancelled."
-    asked = cancelled.controls
-    return (f"Cancel requested (by {asked.cancel_requested_by}, "
-            f"{utc(to_rfc3339(asked.cancel_requested_at))}): the worker will be told at its "
-            "next heartbeat; the job ends cancelled when it reports, or when its lease "
-            "expires.")
 
 
 @bp.get("/types")
@@ -592,8 +517,4 @@ def retry_failure_group(job_type: str, fingerprint: str) -> Response:
         raise NotFound("No such failure group.") from None
     # The page came filtered by type only when it showed this group's type.
     back = url_for("ui.failures", type=job_type if request.form.get("filtered") else None)
-    return _act(lambda: _services().jobs.retry_many(_caller(), filters), _retried_said, back)
-
-
-def _retried_said(changed: list[Job]) -> str:
-    return f"{len(changed)} job{'' if len(changed) == 1 else 's'} sent back to pending."
+    return _act(lambda: _services().jobs.retry_many(_caller(), filters), views.retried_said, back)
