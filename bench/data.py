@@ -163,9 +163,10 @@ STAND_INS: dict[str, StandInAutovacuum] = {}
 
 
 @contextlib.contextmanager
-def postgres_database(server_url: str) -> Iterator[str]:
+def postgres_database(server_url: str, *, stand_in: bool = True) -> Iterator[str]:
     """A fresh, migrated database on the PostgreSQL server at `server_url`, dropped after;
-    vacuumed and analyzed as autovacuum would, even where the server runs without it."""
+    vacuumed and analyzed as autovacuum would, even where the server runs without it (unless
+    not `stand_in`: a count of the statements it receives would count the stand-in's)."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
@@ -178,8 +179,11 @@ def postgres_database(server_url: str) -> Iterator[str]:
     url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
     try:
         upgrade(url)
-        with StandInAutovacuum(url) as stand_in:
-            STAND_INS[url] = stand_in
+        if not stand_in:
+            yield url
+            return
+        with StandInAutovacuum(url) as vacuum:
+            STAND_INS[url] = vacuum
             yield url
     finally:
         STAND_INS.pop(url, None)

@@ -41,7 +41,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +48,9 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as `python bench/wakes.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from app.jobs.wake.waiting import POLL_SECONDS
 from bench.data import (
@@ -167,25 +169,15 @@ def logged_database(server_url: str) -> Iterator[tuple[str, str]]:
     this database alone, for the sessions that start after); dropped after, its setting with
     it. Yields (url, name). No stand-in autovacuum here: its statements would be counted, and
     an idle database has nothing to vacuum."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    from app.storage.migrations import upgrade
-
-    name = f"queuelog_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade(url)
-        with admin.connect() as conn:
-            conn.execute(text(f"ALTER DATABASE \"{name}\" SET log_statement = 'all'"))
-        yield url, name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with postgres_database(server_url, stand_in=False) as url:
+        name = make_url(url).database
+        admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                conn.execute(text(f"ALTER DATABASE \"{name}\" SET log_statement = 'all'"))
+        finally:
+            admin.dispose()
+        yield url, name or ""
 
 
 def normalized(statement: str) -> str:
