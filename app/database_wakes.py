@@ -46,6 +46,8 @@ def start_database_wakes(app: Flask) -> None:
     wakes.on([FINISHED], finished.notify_here)
     services.type_settings.told_by_database()
     wakes.on([TYPES], services.type_settings.changed)
+    # Retention's windows are type settings too: a pass starts on the leader's next round.
+    wakes.on([TYPES], services.jobs.retention.windows_changed)
     ticker = app.extensions.get("queuelog_ticker")
     if ticker is not None:
         ticker.told_by_database()

@@ -165,6 +165,25 @@ def test_many_expired_jobs_are_removed_a_batch_at_a_time(app, api, client, clock
     assert len(made) == 25
 
 
+def test_a_window_shortened_is_kept_at_once_not_after_the_pause(app, api, client, clock,
+                                                                 producer, admin):
+    # Between passes retention pauses (a minute where the database tells every host); told
+    # that a type's settings changed, the next round starts a pass with the new windows.
+    services = app.extensions["queuelog"]
+    retention = services.jobs.retention
+    retention.idle_seconds = 3600
+    job_id = api.enqueue(producer).json["id"]
+    assert client.post(f"/jobs/{job_id}/cancel", headers=producer.headers).status_code == 200
+    clock.advance(120)
+    assert remove_expired(app) == 0  # kept 7 days; the next pass in an hour
+    assert client.patch("/types/email", headers=admin.headers,
+                        json={"retention": {"cancelled_seconds": 60}}).status_code == 200
+    assert remove_expired(app) == 0  # not told: the pause holds
+    retention.windows_changed()
+    assert remove_expired(app) == 1
+    assert api.get(admin, job_id).status_code == 404
+
+
 def test_retention_settings_are_validated_and_null_restores_the_defaults(client, admin):
     for bad in ({"completed_seconds": 59}, {"failed_seconds": 315_360_001},
                 {"cancelled_seconds": "7d"}, {"completed_seconds": 1.5}, {"kept": 60},

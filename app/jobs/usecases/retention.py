@@ -77,6 +77,8 @@ class Retention:
         self._pass: list[tuple[str, JobStatus]] = []
         self._windows: dict[str, RetentionWindows] = {}
         self._idle_until_us = 0
+        # Set by windows_changed (another thread), read by the next remove_expired.
+        self._windows_changed = False
         # The pause between two passes; longer where an idle database should be asked
         # nearly nothing (docs/SCALING.md, "The database tells every host").
         self.idle_seconds = RETENTION_IDLE_SECONDS
@@ -85,6 +87,13 @@ class Retention:
     def pass_under_way(self) -> bool:
         """The pass has (type, status) scans left: its next call goes on with them."""
         return bool(self._pass)
+
+    def windows_changed(self) -> None:
+        """A type's settings changed (told by the database): the next round starts a new
+        pass with the windows as they are now (a pass under way is dropped: it read the old
+        ones), rather than after the idle pause, so that a window an operator shortened is
+        kept within a round or two."""
+        self._windows_changed = True
 
     def on_purged(self, cleanup: Cleanup) -> None:
         """Have `cleanup(tx, ids)` run in each purge batch's transaction, with the ids it
@@ -122,6 +131,9 @@ class Retention:
         visits every (type, status) with a window; the next pass starts `idle_seconds`
         after one ends."""
         now = self.clock.now_us()
+        if self._windows_changed:
+            self._windows_changed = False
+            self._pass, self._idle_until_us = [], 0
         if not self._pass:
             if now < self._idle_until_us:
                 return 0
