@@ -225,6 +225,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         sqlite_synchronous=config["SQLITE_SYNCHRONOUS"],
         sqlite_busy_timeout_ms=config["SQLITE_BUSY_TIMEOUT_MS"],
         notify=config["NOTIFY"],
+        prepared_statements=config["DB_PREPARED_STATEMENTS"],
     )
     db = Database(engine, counting_reads=config["COUNTING_READS"])
     clock = config.get("CLOCK") or Clock()

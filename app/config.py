@@ -174,6 +174,12 @@ SETTINGS: tuple[Setting, ...] = (
             "PostgreSQL: the URL of the host's listening session, if not "
             "QUEUELOG_DATABASE_URL: the server itself where requests go through PgBouncer in "
             "transaction mode (LISTEN and the maintenance lead's lock need a session)"),
+    Setting("DB_PREPARED_STATEMENTS", True, _flag,
+            "PostgreSQL: let the driver prepare the statements a connection sends often "
+            "(psycopg's default, from a statement's fifth run); 0 where requests go through "
+            "PgBouncer in transaction mode before 1.21, which cannot keep a prepared statement "
+            "for its client (the listening session, which connects to the server itself, "
+            "prepares as usual)"),
     Setting("SCHEDULER", True, _flag,
             "fire due schedules from each served process (a ticker thread started by wsgi.py "
             "under gunicorn); 0 leaves firing to other processes or hosts"),

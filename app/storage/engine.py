@@ -159,12 +159,15 @@ def explain_database_error(error: BaseException, url: str) -> str | None:
 
 def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeout: int = 10,
                 sqlite_synchronous: str = "FULL", sqlite_busy_timeout_ms: int = 30_000,
-                read_only: bool = False, notify: bool = True) -> Engine:
+                read_only: bool = False, notify: bool = True,
+                prepared_statements: bool = True) -> Engine:
     """An engine for `url`, with the hooks its dialect needs. Connects lazily.
 
     `pooled=False` is for one-off commands (migrations, key management): nothing stays open.
     `notify=False` (PostgreSQL) has the database's triggers send no notification for this
     engine's sessions.
+    `prepared_statements=False` (PostgreSQL) has the driver prepare nothing: for a transaction
+    pooler (PgBouncer before 1.21) that hands each transaction to any server session.
     `read_only=True` opens a SQLite file read-only (a `mode=ro` URI), which also refuses to
     create a missing file; it is for reading a database another service owns (a copy's
     source), and changes nothing on other engines.
@@ -192,8 +195,10 @@ def make_engine(url: str, *, pooled: bool = True, pool_size: int = 5, pool_timeo
                                pool_reset_on_return=None, **options)
         _install_sqlite_hooks(engine, sqlite_synchronous, sqlite_busy_timeout_ms, read_only)
         return engine
-    engine = create_engine(url, connect_args=postgres_connect_args(parsed, notify=notify),
-                           **options)
+    connect_args = postgres_connect_args(parsed, notify=notify)
+    if not prepared_statements:
+        connect_args["prepare_threshold"] = None  # psycopg's: never prepare
+    engine = create_engine(url, connect_args=connect_args, **options)
     _install_postgres_hooks(engine)
     return engine
 
