@@ -51,6 +51,23 @@ def test_a_dependency_already_completed_is_applied_at_once(api, producer, worker
     assert (b["status"], b["waiting_on"], b["depends_on"]) == ("pending", 0, [a])
 
 
+def test_a_job_born_pending_is_not_due_before_its_dependency_ended(api, clock, producer,
+                                                                   worker):
+    # The enqueue reads its clock before it waits for its dependencies' locks; one may end
+    # meanwhile, stamped later. Here the enqueue's clock reads a minute before the end.
+    a = api.enqueue(producer).json["id"]
+    clock.advance(120)
+    run_one(api, worker)
+    ended_at = api.get(producer, a).json["updated_at"]
+    clock.advance(-60)
+    b = api.enqueue(producer, depends_on=[a]).json
+    assert (b["status"], b["run_at"]) == ("pending", ended_at)
+    assert api.claim(worker).status_code == 204  # a claim at the enqueue's moment
+    clock.advance(60)
+    claimed = api.claim(worker).json
+    assert (claimed["id"], claimed["claimed_at"]) == (b["id"], ended_at)
+
+
 def test_a_failed_dependency_cancels_its_dependents_transitively_and_run_ones_still_run(
         api, producer, worker, admin):
     root = api.enqueue(producer, max_retries=0).json["id"]

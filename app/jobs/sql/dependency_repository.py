@@ -55,6 +55,7 @@ class DependencyRow:
     id: int
     producer: str
     status: str
+    updated_at: int  # a finished job's: when it ended
 
 
 _edge_columns = (job_dependencies.c.job_id, job_dependencies.c.depends_on_id,
@@ -127,11 +128,12 @@ class DependencyRepository:
         self._flag(ids, unfinished_only=True)
         found: dict[int, DependencyRow] = {}
         for chunk in chunked(sorted(set(ids))):
-            stmt = (select(jobs.c.id, jobs.c.producer, jobs.c.status)
+            stmt = (select(jobs.c.id, jobs.c.producer, jobs.c.status, jobs.c.updated_at)
                     .where(jobs.c.id.in_(chunk))
                     .order_by(jobs.c.id)
                     .with_for_update(read=True))
-            found.update((row.id, DependencyRow(row.id, row.producer, row.status))
+            found.update((row.id, DependencyRow(row.id, row.producer, row.status,
+                                                row.updated_at))
                          for row in self.conn.execute(stmt))
         return found
 
