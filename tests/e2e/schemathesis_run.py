@@ -8,7 +8,8 @@ Zero failures.
 Each role sees a different API, so it runs twice, one test file each (so that the two runs
 can go to different test processes): with the admin key (and the worker key on the worker
 routes, see schemathesis_hooks.py) in test_schemathesis.py, and with a producer key on every
-route, whose 403s must be documented too, in test_schemathesis_as_producer.py.
+route, whose 403s must be documented too, in test_schemathesis_as_producer.py (on SQLite
+alone: a producer's refusals are decided before any statement reaches the database).
 """
 
 from __future__ import annotations
