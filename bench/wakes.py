@@ -14,7 +14,9 @@ each against real gunicorn under the shipped gunicorn.conf.py on fresh databases
 - cross-host wake latency: two servers ("hosts": each its own TMPDIR, so its own wake directory
   and its own listener) on one database; a claim long-polls on host B, one job of its type is
   enqueued on host A; the figure runs from A's 201 (the commit) to B's claim answer, on an
-  otherwise idle pair and while 8 client threads enqueue jobs of another type on A;
+  otherwise idle pair, while 8 client threads enqueue jobs of another type on A at a steady
+  pace (LOAD_PACE each), and while they enqueue as fast as A answers (on 2 cores that
+  saturates the machine: the wake then waits for a core);
 - enqueue throughput: one server, 8 clients, one job per POST /jobs, notifications on and off
   in alternating turns; the ratio on / off.
 
@@ -87,6 +89,10 @@ IDLE_GOAL = 2.0  # statements per second per idle host, notifications on
 WAKE_GOAL_MS = 20.0  # p99 of a cross-host wake
 RATIO_GOAL = 0.95  # enqueue jobs/s, notifications on / off
 LOAD_CLIENTS = 8
+# Each loading client's jobs/s in the paced condition: 8 clients make 200 jobs/s, about 40 %
+# of what one 2-core host's enqueues reach here (bench/http_single.py), so a core is mostly
+# free when the wake comes, as on a host that has headroom.
+LOAD_PACE = 25.0
 MAX_SECONDS = 15.0  # bound of one throughput run
 CLAIM_WAIT_SECONDS = 10  # the waiting claim's wait_seconds
 # How long after sending the waiting claim the job is enqueued (plus a random part of the peek
@@ -95,7 +101,13 @@ SETTLE_SECONDS = 0.15
 WAKE_TYPE, LOAD_TYPE = "report", "email"
 MODES = {"on": "1", "off": "0"}  # QUEUELOG_NOTIFY
 MODE_NAMES = {"on": "notifications on", "off": "QUEUELOG_NOTIFY=0 (peeking)"}
-CONDITIONS = {"idle": "idle pair", "load": f"{LOAD_CLIENTS} clients enqueuing {LOAD_TYPE} on A"}
+CONDITIONS = {
+    "idle": "idle pair",
+    "load": f"{LOAD_CLIENTS} clients enqueuing {LOAD_TYPE} on A, {LOAD_PACE:g} jobs/s each",
+    "saturating": f"{LOAD_CLIENTS} clients enqueuing {LOAD_TYPE} on A as fast as it answers",
+}
+# The background enqueues of each loaded condition: jobs/s per client (None: no pause).
+LOAD_PACES: dict[str, float | None] = {"load": LOAD_PACE, "saturating": None}
 KEYS = {"producer-0": "producer", "producer-1": "producer", "worker-0": "worker"}
 # A statement line of the server log, with log_line_prefix '%m [%p] %q%u@%d ': the backend's
 # pid, the database, and the statement as log_statement writes it ("statement: ..." for the
@@ -285,17 +297,23 @@ def idle_tables(figures: IdleFigures, sizes: Sizes, report: Report) -> None:
 
 # -- 2. cross-host wake latency ------------------------------------------------------------------
 
-def _enqueue_loop(port: int, tokens: list[str], threads: int, first: int, stop: Any,
-                  done: Any) -> None:
+def _enqueue_loop(port: int, tokens: list[str], threads: int, first: int, pace: float | None,
+                  stop: Any, done: Any) -> None:
     """A forked client process: `threads` keep-alive clients enqueueing LOAD_TYPE jobs on `port`
-    until `stop` is set; adds the jobs enqueued to `done`. Exits 1 on an error."""
+    until `stop` is set, each `pace` jobs/s (None: one after another); adds the jobs enqueued
+    to `done`. Exits 1 on an error."""
     failed: list[str] = []
 
     def run(index: int) -> None:
         client = Client(port, tokens[(first + index) % len(tokens)])
         n = 0
+        # Spread over the period, so that the clients' enqueues do not come in bursts.
+        next_at = time.perf_counter() + (random.uniform(0, 1 / pace) if pace else 0.0)
         try:
             while not stop.is_set():
+                if pace is not None:
+                    time.sleep(max(0.0, next_at - time.perf_counter()))
+                    next_at += 1 / pace
                 client.call("POST", "/jobs", job_body(n), expect=(201,))
                 n += 1
         except Exception as error:  # the parent reads the exit code
@@ -318,10 +336,11 @@ def _enqueue_loop(port: int, tokens: list[str], threads: int, first: int, stop: 
 
 class BackgroundEnqueues:
     """LOAD_CLIENTS clients enqueueing one job per POST /jobs on a server, in forked processes
-    (one per core, as bench/load.py's), from enter to exit; `rate` is their jobs/s."""
+    (one per core, as bench/load.py's), from enter to exit, each `pace` jobs/s (None: as fast
+    as the server answers); `rate` is their jobs/s."""
 
-    def __init__(self, port: int, tokens: list[str]) -> None:
-        self.port, self.tokens = port, tokens
+    def __init__(self, port: int, tokens: list[str], pace: float | None) -> None:
+        self.port, self.tokens, self.pace = port, tokens, pace
         self.context = multiprocessing.get_context("fork")
         self.stop = self.context.Event()
         self.done = self.context.Value("q", 0)
@@ -335,7 +354,7 @@ class BackgroundEnqueues:
         for i in range(processes):
             share = LOAD_CLIENTS // processes + (1 if i < LOAD_CLIENTS % processes else 0)
             child = self.context.Process(target=_enqueue_loop, daemon=True, args=(
-                self.port, self.tokens, share, first, self.stop, self.done))
+                self.port, self.tokens, share, first, self.pace, self.stop, self.done))
             child.start()
             self.children.append(child)
             first += share
@@ -407,7 +426,7 @@ class WakeFigures:
     p50: dict[tuple[str, str], Spread] = field(default_factory=dict)
     p99: dict[tuple[str, str], Spread] = field(default_factory=dict)
     worst: dict[tuple[str, str], Spread] = field(default_factory=dict)
-    load_rate: dict[str, Spread] = field(default_factory=dict)
+    load_rate: dict[tuple[str, str], Spread] = field(default_factory=dict)
     listeners: dict[str, int] = field(default_factory=dict)
 
 
@@ -428,16 +447,17 @@ def measure_wakes(pairs: dict[str, Pair], sizes: Sizes, repeat: int,
             pair = pairs[mode]
             with contextlib.ExitStack() as stack:
                 load = None
-                if condition == "load":
+                if condition in LOAD_PACES:
                     load = stack.enter_context(BackgroundEnqueues(
-                        pair.a.port, [pair.tokens["producer-0"], pair.tokens["producer-1"]]))
+                        pair.a.port, [pair.tokens["producer-0"], pair.tokens["producer-1"]],
+                        LOAD_PACES[condition]))
                 samples = wake_samples(pair, sizes.wakes)
             key = (condition, mode)
             figures.p50.setdefault(key, Spread()).add(percentile(samples, 50))
             figures.p99.setdefault(key, Spread()).add(percentile(samples, 99))
             figures.worst.setdefault(key, Spread()).add(max(samples))
             if load is not None:
-                figures.load_rate.setdefault(mode, Spread()).add(load.rate)
+                figures.load_rate.setdefault(key, Spread()).add(load.rate)
             print(f"repeat {repeat + 1}: wake, {CONDITIONS[condition]}, {MODE_NAMES[mode]}: "
                   f"p50 {percentile(samples, 50):.1f} ms, p99 {percentile(samples, 99):.1f} ms"
                   + (f", background {load.rate:,.0f} jobs/s" if load is not None else ""),
@@ -455,7 +475,7 @@ def wake_tables(figures: WakeFigures, sizes: Sizes, report: Report) -> None:
             key = (condition, mode)
             table.add(label, MODE_NAMES[mode], figures.p50[key].show(1),
                       figures.p99[key].show(1), figures.worst[key].show(1),
-                      figures.load_rate[mode].show() if condition == "load" else "-",
+                      figures.load_rate[key].show() if condition in LOAD_PACES else "-",
                       f"{figures.listeners[mode]} of 2")
     report.tables.append(table)
     for condition, label in CONDITIONS.items():
@@ -661,10 +681,13 @@ def measure(options: Any) -> Report:
         "then completed (not timed). Both pairs (on, "
         "off) run side by side on databases of their own and take turns. Under load, "
         f"{LOAD_CLIENTS} client threads (in forked processes) enqueue email jobs on A, one "
-        "per POST, for the whole run of wakes: with notifications on each of those commits "
-        "also notifies every host, and the waiting claim for report jobs looks and waits "
-        "again. A negative figure is a claim on B that answered before the producer had "
-        "read A's 201 (the commit reached B first; A's answer was slow to come back).",
+        f"per POST, for the whole run of wakes, {LOAD_PACE:g} jobs/s each (paced) or one "
+        "after another (saturating: on 2 cores the servers, PostgreSQL and the clients then "
+        "want more CPU than there is, and the wake's processes wait their turn for a core). "
+        "With notifications on, those commits notify nobody: no process waits for an email "
+        "job (job_waiters), so the triggers send nothing for them. A negative figure is a "
+        "claim on B that answered before the producer had read A's 201 (the commit reached "
+        "B first; A's answer was slow to come back).",
         "Throughput: bench/http_single.py's enqueue scenario through bench/load.py, one "
         "server per mode, each on a database of its own, in alternating order; the ratio is "
         "the same repeat's on / off. The last column samples, every 50 ms during each "
