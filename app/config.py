@@ -10,6 +10,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
 from app.core.limits import DELAY_SECONDS, LEASE_SECONDS, RETENTION_SECONDS, RETRY_IN_SECONDS
 from app.core.origins import push_origin
 
@@ -88,6 +91,19 @@ def _check_url_prefixes(text: str) -> tuple[str, ...]:
     if not prefixes:
         raise ValueError("lists no prefix; unset it to allow no check url")
     return tuple(prefixes)
+
+
+def _listen_database_url(text: str) -> str:
+    """A PostgreSQL URL (the listening session's), checked here rather than at a worker's boot;
+    never echoed, since it may hold a password."""
+    try:
+        url = make_url(text)
+    except ArgumentError:
+        raise ValueError("is not a database URL") from None
+    if url.drivername != "postgresql+psycopg":
+        raise ValueError("must be a postgresql+psycopg:// URL (the listening session is "
+                         "PostgreSQL's)")
+    return text
 
 
 def _sqlite_synchronous(text: str) -> str:
@@ -170,7 +186,7 @@ SETTINGS: tuple[Setting, ...] = (
             "PostgreSQL: the database tells every host of each change (LISTEN/NOTIFY), so "
             "idle hosts send it nearly nothing and waiting requests wake at once; 0 has "
             "them peek instead, and sends no notification"),
-    Setting("LISTEN_DATABASE_URL", None, str,
+    Setting("LISTEN_DATABASE_URL", None, _listen_database_url,
             "PostgreSQL: the URL of the host's listening session, if not "
             "QUEUELOG_DATABASE_URL: the server itself where requests go through PgBouncer in "
             "transaction mode (LISTEN and the maintenance lead's lock need a session)"),

@@ -49,7 +49,10 @@ def test_settings_are_read_from_queuelog_variables():
 @pytest.mark.parametrize("variable,value", [("QUEUELOG_LEASE_SECONDS", "0"),
                                             ("QUEUELOG_LEASE_SECONDS", "ten"),
                                             ("QUEUELOG_METRICS_PUBLIC", "maybe"),
-                                            ("QUEUELOG_SQLITE_SYNCHRONOUS", "FAST")])
+                                            ("QUEUELOG_SQLITE_SYNCHRONOUS", "FAST"),
+                                            ("QUEUELOG_LISTEN_DATABASE_URL", "not a url"),
+                                            ("QUEUELOG_LISTEN_DATABASE_URL",
+                                             "sqlite:///queue.sqlite3")])
 def test_a_bad_setting_stops_the_service_with_its_name(variable, value):
     with pytest.raises(ConfigError, match=variable):
         load_settings({variable: value})
