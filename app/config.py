@@ -212,15 +212,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("DB_POOL_SIZE", 5, _int_in(1, 200), "connections kept per process"),
     Setting("DB_POOL_TIMEOUT_SECONDS", 10, _int_in(1, 600),
             "how long a request waits for a pooled connection"),
-    Setting("LONG_TRANSACTION_WARNING_SECONDS", 300.0, _float_in(0.1, 604_800),
-            "PostgreSQL: /readyz warns when a transaction holding a snapshot (any session "
-            "of the server) has been open this long; such a transaction holds back the "
-            "removal of dead rows, and claims slow down as they pile up"),
     Setting("HORIZON_WARN_SECONDS", 300.0, _float_in(0.1, 604_800),
             "PostgreSQL: the maintenance leader logs a WARNING, once per holder, for each "
             "transaction, prepared transaction, replication slot or standby that has held "
             "the xmin horizon (the removal of dead rows) this long; GET /health/database and "
-            "the dashboard's overview name them"),
+            "the dashboard's overview name them, and /readyz warns (staying ready) while a "
+            "transaction holding a snapshot has been open this long"),
+    # The former name of the /readyz half of HORIZON_WARN_SECONDS, kept so that a
+    # configuration that sets it still starts: read when HORIZON_WARN_SECONDS is not set.
+    Setting("LONG_TRANSACTION_WARNING_SECONDS", None, _float_in(0.1, 604_800),
+            "the former name of QUEUELOG_HORIZON_WARN_SECONDS, read when that is not set"),
     Setting("DISPATCH", False, _flag,
             "run the push dispatcher (`queuelog dispatch`) beside gunicorn: the gunicorn "
             "master starts it, stops it with itself and restarts it if it dies"),
@@ -261,6 +262,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             values[setting.key] = setting.parse(raw)
         except ValueError as exc:
             raise ConfigError(f"{setting.variable}: {exc}") from None
+    if (values["LONG_TRANSACTION_WARNING_SECONDS"] is not None
+            and "QUEUELOG_HORIZON_WARN_SECONDS" not in environ):
+        values["HORIZON_WARN_SECONDS"] = values["LONG_TRANSACTION_WARNING_SECONDS"]
     return values
 
 

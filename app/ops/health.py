@@ -73,13 +73,13 @@ def readyz() -> Response:
     # Ready still: reads, claims and reports work, and a misconfigured release should be
     # told, not taken out of service. The warning says what does not work.
     warnings = configuration_warnings(current_app.config)
-    limit = current_app.config["LONG_TRANSACTION_WARNING_SECONDS"]
+    limit = current_app.config["HORIZON_WARN_SECONDS"]
     if oldest_transaction is not None and oldest_transaction > limit:
         # Ready still: every request works, only slower, and taking the service out of the
         # load balancer would not end the transaction, which is someone else's session.
         warnings.append(
             f"A transaction has been open on the database server for {oldest_transaction:.0f} "
-            f"s (over QUEUELOG_LONG_TRANSACTION_WARNING_SECONDS, {limit:g}): it holds back "
+            f"s (over QUEUELOG_HORIZON_WARN_SECONDS, {limit:g}): it holds back "
             "the removal of dead rows, so claims slow down the longer it lasts. Find it in "
             "GET /health/database, which names it (or pg_stat_activity, the oldest "
             "xact_start), and end it.")

@@ -1,10 +1,10 @@
-"""A transaction held open on PostgreSQL beside the load (issue 36): a REPEATABLE READ
+"""A transaction held open on PostgreSQL beside the load (docs/OPERATIONS.md): a REPEATABLE READ
 snapshot in the service's database, idle for HOLD_SECONDS, holds the xmin horizon back, so
 the dead row versions every claim and complete leave behind cannot be removed. The claim rate
 before, during and after is printed (the load here is too short to show what minutes cost:
 bench/long_transaction.py holds one for minutes). The operator sees it:
 queuelog_database_oldest_transaction_seconds on /metrics, and a /readyz warning (still 200)
-past QUEUELOG_LONG_TRANSACTION_WARNING_SECONDS; both clear once the transaction ends."""
+past QUEUELOG_HORIZON_WARN_SECONDS; both clear once the transaction ends."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_a_long_transaction_beside_the_load_is_seen_by_the_operator_and_loses_no
         start_server: StartServer, make_keys: Callable[[str], Keys], tmp_path: Path) -> None:
     url = private_database_url
     server = start_server(url, workers=2, threads=4, settings={
-        "LONG_TRANSACTION_WARNING_SECONDS": str(WARNING_SECONDS)})
+        "HORIZON_WARN_SECONDS": str(WARNING_SECONDS)})
     keys = make_keys(url)
     with LoadRun(server.url, producer_token=keys.producer, worker_token=keys.worker,
                  admin_token=keys.admin, directory=tmp_path) as load:
@@ -86,4 +86,4 @@ def test_a_long_transaction_beside_the_load_is_seen_by_the_operator_and_loses_no
     assert gauge_after is not None and gauge_after < WARNING_SECONDS
     assert warnings_before == [] and warnings_after == []
     assert len(warnings_during) == 1
-    assert "QUEUELOG_LONG_TRANSACTION_WARNING_SECONDS" in warnings_during[0]
+    assert "QUEUELOG_HORIZON_WARN_SECONDS" in warnings_during[0]
