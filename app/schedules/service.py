@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import re
 from collections import Counter
@@ -28,33 +27,30 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from marshmallow import ValidationError
 from sqlalchemy import Connection
 
-from app.core.callers import Caller, Role
 from app.core.clock import MICROS, Clock, to_rfc3339
 from app.core.errors import Conflict, NotFound, SlotTaken, ValidationFailed
-from app.core.priorities import Priority
 from app.core.tracecontext import Trace
 from app.jobs.domain.cursor import decode_name_cursor, encode_name_cursor
 from app.jobs.domain.intake import IntakeRules, NewJob, new_job
 from app.jobs.domain.uniqueness import Deduplicated
 from app.jobs.tx.uow import JobsTx
-from app.jobs.usecases.enqueue import GraphRequest
 from app.jobs.usecases.service import JobService
-from app.jobs.web.fastload import load_batch
 from app.schedules.cron import Cron, CronError, normalise_expression, parse_zone
-from app.schedules.models import Firing, Schedule, plan_firing, producer_of
+from app.schedules.models import Firing, Schedule, plan_firing
 from app.schedules.repository import ScheduleRepository
 from app.schedules.schemas import (
     NAME_PATTERN,
     WORKFLOW_JOBS_FIELD,
     WORKFLOW_KEY,
-    JobTemplateSchema,
-    WorkflowTemplateSchema,
-    stored_workflow,
-    template_json,
-    workflow_template_json,
+)
+from app.schedules.templates import (
+    ScheduleTemplates,
+    TemplateUnreadable,
+    WorkflowTemplate,
+    caller_of,
+    graph_of_slot,
 )
 from app.storage.engine import Database
 from app.workflows.repository import WorkflowRepository
@@ -75,7 +71,6 @@ FIRE_BATCH = 250
 FIRE_WORKFLOW_JOBS = 10_000
 _NAME = re.compile(NAME_PATTERN)
 _PAGE_READ = 500  # schedules every_schedule reads per query
-_NOT_IN_TEMPLATE = frozenset(JobTemplateSchema.Meta.exclude)
 
 # Why a due slot enqueued no job (the skipped-slots metric's reason label: bounded).
 SKIP_MISSED = "missed"  # catch_up latest or none passed over a missed slot
@@ -111,14 +106,6 @@ class _Batch:
 
 
 @dataclass(frozen=True)
-class _WorkflowTemplate:
-    """A stored workflow template, loaded (WorkflowTemplateSchema): what each slot creates."""
-
-    name: str | None
-    jobs: list[dict[str, Any]]
-
-
-@dataclass(frozen=True)
 class ScheduleSettings:
     allow_seconds: bool = False  # QUEUELOG_SCHEDULE_SECONDS: six-field expressions
     grace_seconds: float = 60.0  # QUEUELOG_SCHEDULE_GRACE_SECONDS: late, not yet missed
@@ -135,8 +122,7 @@ class ScheduleService:
         self.intake = intake
         self.settings = settings or ScheduleSettings()
         self.on_fired: FiringSink = on_fired or _IgnoreFirings()
-        self._template = JobTemplateSchema()
-        self._workflow_template = WorkflowTemplateSchema()
+        self.templates = ScheduleTemplates(jobs, intake)
         # Schedules whose zone this host's zone database does not know (saved where it did):
         # said once, then passed over by this process's due queries (its zone database does
         # not change while it runs). Another host that knows the zone fires them.
@@ -155,9 +141,9 @@ class ScheduleService:
         now = self.clock.now_us()
         cron = self._cron(body["cron"], body["timezone"])
         if body.get(WORKFLOW_KEY) is not None:
-            job = self._checked_workflow(body[WORKFLOW_KEY], body["name"])
+            job = self.templates.checked_workflow(body[WORKFLOW_KEY], body["name"])
         else:
-            job = self._checked_template(body["job"], body["name"], now)
+            job = self.templates.checked_job(body["job"], body["name"], now)
         values = {
             "name": body["name"], "cron": cron.expression, "timezone": body["timezone"],
             "job": job, "catch_up": body["catch_up"], "paused": body["paused"],
@@ -232,9 +218,9 @@ class ScheduleService:
         values: dict[str, Any] = {"cron": cron.expression, "timezone": cron.zone.key,
                                   "next_run_at": cron.next_after(now), "updated_at": now}
         if "job" in patch:
-            values["job"] = self._checked_template(patch["job"], name, now)
+            values["job"] = self.templates.checked_job(patch["job"], name, now)
         elif patch.get(WORKFLOW_KEY) is not None:
-            values["job"] = self._checked_workflow(patch[WORKFLOW_KEY], name)
+            values["job"] = self.templates.checked_workflow(patch[WORKFLOW_KEY], name)
         for field in ("catch_up", "paused"):
             if field in patch:
                 values[field] = patch[field]
@@ -288,7 +274,7 @@ class ScheduleService:
         batch = _Batch(taken=len(taken))
         grace = round(self.settings.grace_seconds * MICROS)
         slots: list[tuple[Schedule, int, NewJob]] = []
-        workflows: list[tuple[Schedule, Firing, _WorkflowTemplate]] = []
+        workflows: list[tuple[Schedule, Firing, WorkflowTemplate]] = []
         moves: dict[str, dict[str, Any]] = {}
         for schedule in taken:
             move = {"name": schedule.name, "last_run_at": schedule.last_run_at,
@@ -303,7 +289,7 @@ class ScheduleService:
             firing = plan_firing(schedule, cron, now, grace)
             move["next_run_at"] = firing.next_run_at
             template = self._loaded_template(schedule, batch)
-            if isinstance(template, _WorkflowTemplate):
+            if isinstance(template, WorkflowTemplate):
                 workflows.append((schedule, firing, template))  # after the plain ones
                 continue
             if firing.skipped:
@@ -311,7 +297,7 @@ class ScheduleService:
             if template is None:
                 batch.skipped[SKIP_INVALID] += len(firing.slots)
                 continue
-            caller = _caller_of(schedule.name)
+            caller = caller_of(schedule.name)
             for position, slot in enumerate(firing.slots):
                 try:
                     new = new_job(self.intake, caller, template, None, now, schedule.trace)
@@ -358,7 +344,7 @@ class ScheduleService:
         return batch
 
     def _fire_workflow(self, tx: JobsTx, schedule: Schedule, slots: list[int],
-                       template: _WorkflowTemplate, *, now: int, batch: _Batch,
+                       template: WorkflowTemplate, *, now: int, batch: _Batch,
                        move: dict[str, Any], stored_jobs: int) -> int:
         """Create the workflow of each of `slots` (oldest first) in `tx`, one slot at a time,
         each in a savepoint: its jobs and their edges by the graph path of POST /workflows,
@@ -368,7 +354,7 @@ class ScheduleService:
         transaction; returns the jobs stored in `tx` so far."""
         if not slots:
             return stored_jobs
-        caller = _caller_of(schedule.name)
+        caller = caller_of(schedule.name)
         try:
             graph = self.jobs.prepare_graph(caller, template.jobs, prefix=WORKFLOW_JOBS_FIELD,
                                             earlier_only=False, trace=schedule.trace)
@@ -389,7 +375,7 @@ class ScheduleService:
             try:
                 with tx.jobs.savepoint():
                     outcomes = self.jobs.enqueue_graph_in(
-                        tx, caller, _graph_of_slot(graph, schedule.name, slot))
+                        tx, caller, graph_of_slot(graph, schedule.name, slot))
                     job_ids = [outcome.job.id for outcome in outcomes]
                     WorkflowRepository(tx.conn).add_workflow(
                         name=template.name, producer=caller.name, created_at=now,
@@ -442,55 +428,14 @@ class ScheduleService:
         except CronError as exc:
             raise ValidationFailed(f"cron: {exc}.", errors={"cron": [f"{exc}."]}) from None
 
-    def _checked_template(self, template: dict[str, Any], name: str, now: int) -> str:
-        """The loaded template as stored, once it passes the rules of POST /jobs (the type
-        configured, the payload's size). Raises ValidationFailed naming job.<field>."""
-        stored = template_json(template)
-        caller = _caller_of(name)
-        try:
-            new_job(self.intake, caller, template, None, now)
-        except ValidationFailed as exc:
-            raise ValidationFailed(
-                exc.detail, errors={f"job.{field}": messages
-                                    for field, messages in (exc.errors or {}).items()}) from None
-        return stored
-
-    def _checked_workflow(self, workflow: dict[str, Any], name: str) -> str:
-        """The loaded workflow template as stored, once it passes the rules of POST
-        /workflows (each job's, the refs, no cycle). Raises ValidationFailed naming
-        workflow.jobs.<n>.<field> (a cycle: workflow.jobs)."""
-        ids = {f"{WORKFLOW_JOBS_FIELD}.{position}.depends_on": [
-            "A schedule's workflow names its own jobs by ref; job ids are not taken (each "
-            "slot's workflow would wait on the same job)."]
-            for position, job in enumerate(workflow["jobs"])
-            if any(isinstance(dep, int) for dep in job.get("depends_on") or ())}
-        if ids:
-            raise ValidationFailed("Some jobs of the workflow name job ids.", errors=ids)
-        self.jobs.prepare_graph(_caller_of(name), workflow["jobs"], prefix=WORKFLOW_JOBS_FIELD,
-                                earlier_only=False)
-        return workflow_template_json(workflow)
-
     def _loaded_template(self, schedule: Schedule, batch: _Batch
-                         ) -> dict[str, Any] | _WorkflowTemplate | None:
+                         ) -> dict[str, Any] | WorkflowTemplate | None:
         try:
-            stored = json.loads(schedule.job)
-            workflow = stored_workflow(stored)
-            if workflow is not None:
-                loaded_workflow = self._workflow_template.load(workflow)
-                return _WorkflowTemplate(loaded_workflow.get("name"), loaded_workflow["jobs"])
-            # A stored template passed JobTemplateSchema when saved, so it holds none of the
-            # fields the template excludes; such a body loads as POST /jobs/batch's plain
-            # jobs do (app/jobs/web/fastload.py, which agrees with the schema and declines to
-            # it when unsure), skipping marshmallow's per-field cost at every firing.
-            if isinstance(stored, dict) and not _NOT_IN_TEMPLATE.intersection(stored):
-                loaded: dict[str, Any] = load_batch({"jobs": [stored]})["jobs"][0]
-            else:
-                loaded = self._template.load(stored)
-        except (ValueError, ValidationError):
+            return self.templates.loaded(schedule.job)
+        except TemplateUnreadable:
             batch.said.append((schedule.name,
                                "its stored job template does not load; slot skipped"))
             return None
-        return loaded
 
     @staticmethod
     def _require_name(name: str) -> None:
@@ -515,15 +460,6 @@ def _parsed_cron(expression: str, timezone: str, allow_seconds: bool) -> Cron:
     return Cron(normalise_expression(expression, seconds=allow_seconds), zone)
 
 
-def _graph_of_slot(graph: GraphRequest, schedule: str, slot: int) -> GraphRequest:
-    """The workflow's jobs for one slot: every job names the schedule, the first the slot too
-    (the slot's guard, uq_jobs_schedule_scheduled_for); the others' scheduled_for is NULL."""
-    items = [replace(item, values={**item.values, "schedule": schedule,
-                                   "scheduled_for": slot if position == 0 else None})
-             for position, item in enumerate(graph.items)]
-    return replace(graph, items=items)
-
-
 def _with_workflows(conn: Connection, schedules: list[Schedule]) -> list[Schedule]:
     """The schedules with last_workflow_id: the workflow their last job is part of (a
     workflow template's slot), read in one query on `conn`."""
@@ -533,10 +469,3 @@ def _with_workflows(conn: Connection, schedules: list[Schedule]) -> list[Schedul
         return schedules
     return [replace(schedule, last_workflow_id=workflow_of.get(schedule.last_job_id or 0))
             for schedule in schedules]
-
-
-def _caller_of(name: str) -> Caller:
-    """Who a schedule's jobs are enqueued as: its own producer, with an admin's reach (only
-    admins create schedules)."""
-    return Caller(name=producer_of(name), role=Role.ADMIN, max_priority=Priority.CRITICAL,
-                  allowed_types=None)
