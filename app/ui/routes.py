@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlencode
 
-from flask import Blueprint, current_app, flash, g, redirect, render_template, request, url_for
+from flask import flash, redirect, request, url_for
 from marshmallow import ValidationError
-from werkzeug.exceptions import BadRequest, HTTPException, MethodNotAllowed, NotFound
+from werkzeug.exceptions import BadRequest, NotFound
 from werkzeug.wrappers import Response
 
-from app.core.callers import Caller, Role
+from app.core.callers import Role
 from app.core.errors import QueueError
 from app.core.limits import BULK_JOBS
 from app.core.statuses import JobStatus
@@ -50,17 +49,14 @@ from app.ui.forms import (
     workflow_filters,
 )
 from app.ui.graph_drawing import NODE_HEIGHT, NODE_WIDTH, GraphJob, draw, why_not_drawn
-from app.ui.security import CSRFRefused, check_csrf
-from app.web.problems import flatten_errors, problem_type_of
+from app.ui.pages import act as _act
+from app.ui.pages import bp
+from app.ui.pages import queue_services as _services
+from app.ui.pages import render_page as _page
+from app.ui.pages import signed_in as _caller
+from app.web.problems import flatten_errors
 from app.workflows.schemas import represent_summary, represent_workflow
 
-bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
-               static_folder="static")
-
-# The navigation, in order: (endpoint, label). A section is one entry here, its route and
-# its template.
-SECTIONS = (("ui.overview", "Overview"), ("ui.jobs", "Jobs"), ("ui.failures", "Failures"),
-            ("ui.workflows", "Workflows"), ("ui.types", "Types"), ("ui.schedules", "Schedules"))
 JOBS_PER_PAGE = 50
 _bulk_schema = BulkSchema()
 SCHEDULES_PER_PAGE = JOBS_PER_PAGE
@@ -69,93 +65,6 @@ BLOCKED_KEYS_SHOWN = 50
 # The failures page's groups, most recently seen first, each with its chart and newest jobs
 # (one read transaction): the API's default page of groups.
 FAILURE_GROUPS_SHOWN = 50
-_OPEN = frozenset({"ui.sign_in", "ui.static"})
-# How often a page asked to refresh itself (?refresh=on) reloads, by a <meta> refresh: no
-# script, so the CSP stays as it is.
-REFRESH_SECONDS = 10
-
-
-@bp.before_request
-def _require_session() -> Response | None:
-    check_csrf()
-    if request.endpoint in _OPEN:
-        return None
-    caller = ui_session.signed_in_caller()
-    if caller is None:
-        return redirect(url_for("ui.sign_in"))
-    g.caller = caller
-    return None
-
-
-@bp.context_processor
-def _page_context() -> dict[str, Any]:
-    return {"sections": SECTIONS, "signed_in": g.get("caller"), "this_page": this_page,
-            "refresh_seconds": REFRESH_SECONDS}
-
-
-def this_page(**changed: str | None) -> str:
-    """This page's address with its query string as it came but for `changed` (a None
-    removes the parameter): the auto-refresh and period links keep every filter."""
-    args = request.args.to_dict(flat=False)
-    for name, value in changed.items():
-        if value is None:
-            args.pop(name, None)
-        else:
-            args[name] = [value]
-    # Encoded here, not by url_for: a parameter named like one of its own (`_external`,
-    # `_scheme`) is only text to keep.
-    path = url_for(request.endpoint or "ui.overview", **(request.view_args or {}))
-    return f"{path}?{urlencode(args, doseq=True)}" if args else path
-
-
-def _services() -> Any:
-    return current_app.extensions["queuelog"]
-
-
-def _caller() -> Caller:
-    caller: Caller = g.caller
-    return caller
-
-
-def _page(template: str, status: int = 200, **context: Any) -> tuple[str, int]:
-    return render_template(f"ui/{template}", **context), status
-
-
-@bp.errorhandler(CSRFRefused)
-def _csrf_refused(error: CSRFRefused) -> tuple[str, int]:
-    return _page("error.html", 400, title="Form refused",
-                 detail="The form came without a valid CSRF token (or from another site). "
-                        "Reload the page and send it again.")
-
-
-@bp.errorhandler(QueueError)
-def _problem(error: QueueError) -> tuple[str, int]:
-    kind = problem_type_of(error)
-    return _page("error.html", kind.status, title=kind.title, detail=error.detail)
-
-
-@bp.errorhandler(HTTPException)
-def _http_error(error: HTTPException) -> tuple[str, int]:
-    status = error.code or 500
-    return _page("error.html", status, title=error.name, detail=error.description)
-
-
-@bp.before_app_request
-def _dashboard_routing_error() -> Response | None:
-    """A path under /ui/ that no page has (or an id that is no id: /ui/jobs/abc), or a page
-    asked with a method it does not take, is the dashboard's own error page, not the JSON
-    API's problem: a routing failure never reaches the blueprint's handlers, as no route of
-    it matched."""
-    error = request.routing_exception
-    if (not isinstance(error, (NotFound, MethodNotAllowed))
-            or not ui_session.is_dashboard(request.path)):
-        return None
-    # Nor do the blueprint's session check and page context run: the page asks itself, so
-    # that a signed-in admin still has the navigation.
-    g.caller = ui_session.signed_in_caller()
-    page = render_template("ui/error.html", **_page_context(), title=error.name,
-                           detail=error.description)
-    return Response(page, error.code, headers=error.get_headers())
 
 
 @bp.route("/sign-in", methods=["GET", "POST"])
@@ -403,18 +312,6 @@ def _change_type_by_form(job_type: str, read: Callable[[Mapping[str, str]], dict
 def _change_type(job_type: str, patch: dict[str, Any], done: str) -> Response:
     return _act(lambda: _services().types.update_type(job_type, patch), done,
                 url_for("ui.types"))
-
-
-def _act(action: Callable[[], Any], done: str | Callable[[Any], str], then: str) -> Response:
-    """Run a form's action; its refusal (a 404, a 409) becomes a message on the next page.
-    `done` is the message of its success, or makes it from what the action returned."""
-    try:
-        answer = action()
-    except QueueError as refused:
-        flash(refused.detail, "error")
-    else:
-        flash(done if isinstance(done, str) else done(answer), "ok")
-    return redirect(then)
 
 
 @bp.get("/schedules")
