@@ -19,11 +19,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from app import create_app
-from app.storage.engine import (
-    POSTGRES_CONNECT_TIMEOUT_SECONDS,
-    make_engine,
-    postgres_connect_args,
-)
+from app.storage.connect_args import POSTGRES_CONNECT_TIMEOUT_SECONDS, postgres_connect_args
+from app.storage.engine import make_engine
 from tests.conftest import JOB_TYPES, PostgresServer
 
 SERVER_OPTIONS = ("-c tcp_user_timeout=5000 -c tcp_keepalives_idle=5 "
