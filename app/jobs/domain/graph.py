@@ -187,6 +187,16 @@ def born(statuses: Sequence[tuple[Dependency, str]], cancel_on_failure: bool) ->
     return Birth(JobStatus.PENDING)
 
 
+def due_at_birth(run_at: int, deps: Sequence[Dependency], ended_at: Mapping[int, int]) -> int:
+    """When a job born pending because the jobs it names have ended (`ended_at`: each ended
+    one's id, its end) is due: no earlier than the last of those ends. The enqueue read its
+    clock before it waited for their locks, and one may have ended meanwhile, stamped later;
+    a claim must not take the job and record its attempt before a dependency's end (as a
+    release never lets it)."""
+    return max([run_at, *(ended_at.get(dep.job_id, run_at) for dep in deps
+                          if dep.job_id is not None)])
+
+
 def statuses_at_birth(deps: Sequence[Sequence[Dependency]], items: Sequence[GraphItem],
            existing: Mapping[int, str], fixed: Mapping[int, str],
            aliases: Mapping[int, int]) -> dict[int, Birth]:

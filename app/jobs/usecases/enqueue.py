@@ -4,7 +4,7 @@ replace, reject); one at a time, in batches, and inside another service's transa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from app.jobs.domain.graph import (
     Dependency,
     GraphItem,
     dependency_first,
+    due_at_birth,
     field,
     resolve_graph,
     statuses_at_birth,
@@ -43,7 +44,6 @@ from app.jobs.domain.intake import (
 from app.jobs.domain.models import Job
 from app.jobs.domain.transitions import Transition
 from app.jobs.domain.uniqueness import Deduplicated
-from app.jobs.sql.dependency_repository import DependencyRow
 from app.jobs.sql.repository import WriteConflict
 from app.jobs.tx.uow import JobsTx, JobsUnitOfWork
 from app.jobs.wake.waiting import JobSignal
@@ -234,6 +234,7 @@ class Enqueuing:
             {dep.job_id for deps in request.deps for dep in deps if dep.job_id is not None})
         _refuse_unknown_dependencies(caller, request, existing)
         status_of = {job_id: row.status for job_id, row in existing.items()}
+        ended_at = {i: r.updated_at for i, r in existing.items() if r.status in TERMINAL_STATUSES}
         decided: dict[int, Birth] = {}
 
         def born_as(plan: BatchPlan) -> None:
@@ -242,10 +243,11 @@ class Enqueuing:
                                              aliases))
             for position, (kind, row, _how) in enumerate(plan.steps):
                 if kind == "new":
-                    plan.new_rows[row]["status"] = decided[position].status.value
-                    if decided[position].status is JobStatus.PENDING:
-                        _due_after_its_dependencies(plan.new_rows[row],
-                                                    request.deps[position], existing)
+                    new_row, status = plan.new_rows[row], decided[position].status
+                    new_row["status"] = status.value
+                    if status is JobStatus.PENDING:
+                        new_row["run_at"] = due_at_birth(
+                            new_row["run_at"], request.deps[position], ended_at)
             _store_dependencies_first(plan, dependency_first(request.deps, aliases))
 
         outcomes = _insert_or_meet_many(tx, request.items, before_insert=born_as)
@@ -400,18 +402,6 @@ def add_context(tx: JobsTx, made: Sequence[tuple[int, NewJob]]) -> None:
         tx.context.add_tags(tags)
     if traces:
         tx.context.add_traces(traces)
-
-
-def _due_after_its_dependencies(row: dict[str, Any], deps: Sequence[Dependency],
-                                existing: Mapping[int, DependencyRow]) -> None:
-    """A job born pending because the jobs it names have ended: due no earlier than the last
-    of those ends. The enqueue read its clock before it waited for their locks, and one of
-    them may have ended meanwhile, stamped later than that; a claim must not take the job
-    and record its attempt before a dependency's end (as a release never lets it)."""
-    ended = [existing[dep.job_id].updated_at for dep in deps
-             if dep.job_id is not None and existing[dep.job_id].status in TERMINAL_STATUSES]
-    if ended and max(ended) > row["run_at"]:
-        row["run_at"] = max(ended)
 
 
 def _refuse_unknown_dependencies(caller: Caller, request: GraphRequest,
