@@ -15,6 +15,7 @@ from app.jobs.tx.uow import CLAIMABLE, FINISHED
 from app.jobs.usecases.listening_lead import RETENTION_IDLE_SECONDS, ListeningLead
 from app.jobs.usecases.waiters import WaiterEntry
 from app.jobs.wake.database_wake import SCHEDULES, TYPES, DatabaseWakes
+from app.storage.activity import HORIZON_HELD
 from app.storage.engine import make_engine
 from app.storage.listener import DatabaseListener
 
@@ -35,7 +36,9 @@ def start_database_wakes(app: Flask) -> None:
             or lock_path is None or "queuelog_listener" in app.extensions):
         return
     every_kind = frozenset({CLAIMABLE, FINISHED, TYPES, SCHEDULES})
-    wakes = DatabaseWakes(services.host, every_kind)
+    # The horizon's notice is no change to catch up on: it is not among the kinds every
+    # process is told after its host's listener (re)connects.
+    wakes = DatabaseWakes(services.host, every_kind | {HORIZON_HELD})
     claims, finished = services.jobs.signal, services.jobs.finished
     entry = WaiterEntry(services.db, services.clock)
     claims.told_by_database(entry.before_claim_wait)
@@ -46,6 +49,8 @@ def start_database_wakes(app: Flask) -> None:
     wakes.on([FINISHED], finished.notify_here)
     services.type_settings.told_by_database()
     wakes.on([TYPES], services.type_settings.changed)
+    # A snapshot holds the horizon: claims read from positions (docs/SCALING.md).
+    wakes.on([HORIZON_HELD], services.jobs.claim_positions.horizon_held)
     # Retention's windows are type settings too: a pass starts on the leader's next round.
     wakes.on([TYPES], services.jobs.retention.windows_changed)
     ticker = app.extensions.get("queuelog_ticker")

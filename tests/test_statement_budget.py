@@ -217,3 +217,31 @@ def test_a_feature_adds_only_where_it_acts(app: Flask, api: Any, producer: Any, 
     added = {step: len(sent.statements) - PLAIN_STATEMENTS[engine][step]
              for step, sent in costs.items()}
     assert added == adds[engine], {step: sent.shown() for step, sent in costs.items()}
+
+
+def test_a_claim_from_positions_is_the_plain_claims_cost(app: Flask, api: Any, producer: Any,
+                                                          worker: Any, admin: Any,
+                                                          clock: Any) -> None:
+    """While a held snapshot puts claims on positions (docs/SCALING.md, "A held snapshot"),
+    a claim reads from them and, should they find nothing, from the front, in its one
+    statement: whether it finds a job ahead of them or behind them."""
+    _warm(api, producer, worker)
+    engine = _engine(app)
+    behind = api.enqueue(producer, max_retries=0).json["id"]
+    assert api.claim(worker).json["id"] == behind
+    assert api.fail(worker, behind).json["status"] == "failed"
+    ahead = [api.enqueue(producer).json["id"] for _ in range(2)]
+    clock.advance(60)
+    app.extensions["queuelog"].jobs.claim_positions.horizon_held()
+    assert api.claim(worker).json["id"] == ahead[0]  # the front's read
+    costs: dict[str, Sent] = {}
+    with counting(app) as costs["ahead"]:
+        assert api.claim(worker).json["id"] == ahead[1]
+    assert api.retry(admin, behind).status_code == 200  # pending again, behind the positions
+    with counting(app) as costs["behind"]:
+        assert api.claim(worker).json["id"] == behind
+    for case, sent in costs.items():
+        assert len(sent.statements) == PLAIN_STATEMENTS[engine]["claim"], (case, sent.shown())
+        assert any("UNION ALL" in sql for sql in sent.statements), (case, sent.shown())
+        if engine == "postgresql":
+            assert sent.round_trips == PLAIN_ROUND_TRIPS["claim"], (case, sent.shown())

@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, func, select, text
 
 from app.core.clock import EPOCH
 from app.storage.dialects import is_sqlite
+from app.storage.listener import CHANNEL
 
 # The oldest transaction holding a snapshot, in any database of the server: its xmin is the
 # horizon below which VACUUM removes no dead row version, and the dead versions that updates
@@ -132,3 +133,17 @@ def sees_every_session(conn: Connection) -> bool | None:
 
 def _micros(moment: datetime) -> int:
     return (moment - EPOCH) // timedelta(microseconds=1)
+
+
+# The notice (on the listeners' channel) that a holder has held the horizon for a while: each
+# listening process's claims then read from positions (app/jobs/domain/claim_positions.py).
+# Not sent where this session sends no notices (QUEUELOG_NOTIFY off: nobody listens).
+HORIZON_HELD = "horizon"
+_TELL_HORIZON_HELD = select(func.pg_notify(CHANNEL, HORIZON_HELD)).where(
+    func.coalesce(func.current_setting("queuelog.notify", True), "on") != "off")
+
+
+def tell_horizon_held(conn: Connection) -> None:
+    """Tell every listening host that the horizon is held (nothing on SQLite)."""
+    if not is_sqlite(conn):
+        conn.execute(_TELL_HORIZON_HELD)

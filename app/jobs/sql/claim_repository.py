@@ -10,10 +10,22 @@ import itertools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, String, bindparam, cast, literal_column, or_, select, update
+from sqlalchemy import (
+    Connection,
+    String,
+    bindparam,
+    cast,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+    union_all,
+    update,
+)
 
 from app.core.statuses import claim_order_key
 from app.core.tracecontext import Trace
+from app.jobs.domain.claim_positions import LEVELS, Position
 from app.jobs.domain.flow import ClaimLimits
 from app.jobs.domain.models import Job
 from app.jobs.domain.transitions import Transition
@@ -125,34 +137,60 @@ _CLAIMED_VALUES = Transition.CLAIM.values(
 )
 
 
-def _claim_next_any_type(key_to_confirm: bool, *, free_types_only: bool = False) -> Any:
+def _candidates_any_type(free_types_only: bool, positioned: bool) -> Any:
+    """The candidates of a claim of any type, as a CTE: read from the front of the pending
+    jobs in claim order, or (`positioned`) each priority level from its position first
+    (app/jobs/domain/claim_positions.py), then from the front should those give too few."""
     # PostgreSQL renders FOR UPDATE SKIP LOCKED, so concurrent claims pass over each other's
     # rows instead of queueing on them; SQLite renders nothing and relies on BEGIN IMMEDIATE.
+    due = (CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), NOT_EXPIRED,
+           *([TYPE_FREE] if free_types_only else []))
+    front = (select(jobs.c.id).where(*due).order_by(*CLAIM_ORDER).limit(bindparam("limit"))
+             .with_for_update(skip_locked=True))
+    candidates: Any = front
+    if positioned:
+        # One part per level, highest first, each a range of the claim index that starts at
+        # its position; the front last. PostgreSQL runs the parts of a UNION ALL in order and
+        # stops once the LIMIT has its rows, locking only the rows it returns: a claim whose
+        # positions find a job reads nothing else.
+        parts = [
+            select(jobs.c.id)
+            .where(*due, jobs.c.priority == literal_column(str(level)),
+                   tuple_(jobs.c.created_at, jobs.c.id)
+                   >= tuple_(bindparam(f"created_{level}"), bindparam(f"id_{level}")))
+            .order_by(jobs.c.created_at, jobs.c.id)
+            .limit(bindparam("limit"))
+            .with_for_update(skip_locked=True)
+            .subquery()
+            for level in LEVELS
+        ]
+        every = union_all(*(select(part.c.id) for part in [*parts, front.subquery()]))
+        candidates = select(every.subquery().c.id).limit(bindparam("limit"))
     # MATERIALIZED makes the candidates a fixed set: as a plain subquery PostgreSQL may
     # re-run it for each row it updates, and with SKIP LOCKED each re-run finds new rows,
     # so one claim would take more jobs than its LIMIT.
-    candidates = (
-        select(jobs.c.id)
-        .where(CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), NOT_EXPIRED,
-               *([TYPE_FREE] if free_types_only else []))
-        .order_by(*CLAIM_ORDER)
-        .limit(bindparam("limit"))
-        .with_for_update(skip_locked=True)
-        .cte("candidates")
-        .prefix_with("MATERIALIZED")
-    )
+    return candidates.cte("candidates").prefix_with("MATERIALIZED")
+
+
+def _claim_next_any_type(key_to_confirm: bool, *, free_types_only: bool = False,
+                         positioned: bool = False) -> DriverStatement:
+    candidates = _candidates_any_type(free_types_only, positioned)
     claim = update(jobs).where(jobs.c.id.in_(select(candidates.c.id)), CLAIMABLE_ROW)
     if key_to_confirm:
         claim = claim.where(live_key_condition())
-    return claim.values(_CLAIMED_VALUES).returning(*_CLAIMED_COLUMNS)
+    return DriverStatement(claim.values(_CLAIMED_VALUES).returning(*_CLAIMED_COLUMNS))
 
 
 # A claimed job comes back with the checkpoint its previous attempt saved (docs/JOBS.md) and
 # the trace context it was enqueued with (docs/TRACING.md), in this order after its columns.
 _CLAIMED_COLUMNS = (*JOB_COLUMNS, CHECKPOINT, *TRACE)
-_claim_any_type = DriverStatement(_claim_next_any_type(key_to_confirm=False))
-_claim_any_free_type = DriverStatement(
-    _claim_next_any_type(key_to_confirm=False, free_types_only=True))
+# By whether the caller's key is to be confirmed (KeyToConfirm), whether only the types under
+# no flow control are taken, and whether the levels are read from positions.
+_CLAIMS_ANY_TYPE = {
+    (live, free, positioned): _claim_next_any_type(live, free_types_only=free,
+                                                   positioned=positioned)
+    for live in (False, True) for free in (False, True) for positioned in (False, True)
+}
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
 # One job chosen (a claim of one): on SQLite's driver cursor, as the claim of any type is.
 _claim_chosen_one = DriverStatement(
@@ -168,9 +206,6 @@ _claim_chosen = (
     .returning(*_CLAIMED_COLUMNS)
 )
 # The same claims, made only while the caller's key is live (KeyToConfirm).
-_claim_any_type_if_live = DriverStatement(_claim_next_any_type(key_to_confirm=True))
-_claim_any_free_type_if_live = DriverStatement(
-    _claim_next_any_type(key_to_confirm=True, free_types_only=True))
 _claim_chosen_one_if_live = DriverStatement(
     _claim_chosen_one.statement.where(live_key_condition()))
 _claim_chosen_if_live = _claim_chosen.where(live_key_condition())
@@ -258,7 +293,8 @@ class ClaimRepository:
     def claim_next_jobs(self, *, now_us: int, worker: str, lease_expires_at: int, nonce: str,
                         limit: int, types: Collection[str] | None,
                         limits: ClaimLimits | None = None,
-                        free_types_only: bool = False) -> ClaimedRows:
+                        free_types_only: bool = False,
+                        positions: Mapping[int, Position] | None = None) -> ClaimedRows:
         """Mark up to `limit` claimable jobs running for `worker`, returned in claim order
         with their checkpoints.
 
@@ -267,7 +303,9 @@ class ClaimRepository:
         read within its budget, its full keys left out and no key taken beyond its cap.
         Must run in a write transaction (BEGIN IMMEDIATE on SQLite), which makes the read of
         the candidates and their update one step. `free_types_only` (a claim that read no
-        type's row): only jobs of types under no flow control now are taken.
+        type's row): only jobs of types under no flow control now are taken. `positions` (a
+        claim of any type, while the horizon is held): the (created_at, id) each priority
+        level is read from before the front (app/jobs/domain/claim_positions.py).
         """
         params: dict[str, Any] = {
             "now": now_us, "worker": worker, "lease_expires_at": lease_expires_at,
@@ -278,10 +316,9 @@ class ClaimRepository:
             key = self.take_key_to_confirm()
             if key is not None:
                 params[LIVE_KEY] = key.digest
-            if free_types_only:
-                claim = _claim_any_free_type if key is None else _claim_any_free_type_if_live
-            else:
-                claim = _claim_any_type if key is None else _claim_any_type_if_live
+            for level, (created_at, job_id) in (positions or {}).items():
+                params.update({f"created_{level}": created_at, f"id_{level}": job_id})
+            claim = _CLAIMS_ANY_TYPE[key is not None, free_types_only, positions is not None]
             rows = claim.rows(self.conn, params)
             if key is not None:
                 key.answered(bool(rows))

@@ -4,7 +4,9 @@ One claim reads top to bottom, in one write transaction (`_claim_in`):
 
 1. ask the flow-control policy (app/jobs/domain/flow.py) what may run now: ClaimLimits, or None
    when no limit concerns the claim; a fair type's jobs that came due are numbered;
-2. claim with the conditions the repository makes of those limits;
+2. claim with the conditions the repository makes of those limits (while a snapshot holds
+   PostgreSQL's horizon, a claim of any type reads each priority level from where this
+   process's last claims left off: app/jobs/domain/claim_positions.py);
 3. settle: pay the rate tokens and, where writers run concurrently, check the claim under
    its types' row locks (LimitReached), restamping its jobs if it waited for a lock;
 4. record: the history of the transition, the claimed event, the worker seen.
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from app.core.callers import Caller
 from app.core.clock import MICROS, Clock
 from app.core.tracecontext import Trace
+from app.jobs.domain.claim_positions import ClaimPositions
 from app.jobs.domain.flow import ClaimLimits, FlowPolicy, LimitReached
 from app.jobs.domain.intake import require_configured_types
 from app.jobs.domain.models import Job
@@ -79,7 +82,8 @@ class ClaimService:
     """The claim use cases: claim, await_claim (JobService composes them)."""
 
     def __init__(self, uow: JobsUnitOfWork, clock: Clock, settings: QueueSettings,
-                 signal: JobSignal, flow: FlowPolicy | None = None) -> None:
+                 signal: JobSignal, flow: FlowPolicy | None = None,
+                 positions: ClaimPositions | None = None) -> None:
         self.uow = uow
         self.clock = clock
         self.settings = settings
@@ -88,6 +92,8 @@ class ClaimService:
         # None: no flow control at all (services built without the type settings).
         self.flow = flow
         self.waits = WaitingBudget(settings.max_waiting_claims)
+        # Where claims of any type start while the horizon is held (told by the database).
+        self.positions = positions or ClaimPositions(clock)
 
     def claim(self, caller: Caller, *, types: Iterable[str] | None = None,
               lease_seconds: int | None = None, limit: int = 1,
@@ -184,14 +190,17 @@ class ClaimService:
             # from the round served now (app/jobs/tx/key_rules.py).
             tx.keys.number_due(limits.fair & limits.allowed(self._types_of(ask.wanted)), now)
         restricted = limits is not None and limits.restricts(ask.limit)
+        types = self._types_of(ask.wanted) if restricted else ask.wanted
         jobs, checkpoints, traces = repo.claim_next_jobs(
             now_us=now, worker=ask.caller.name, lease_expires_at=now + ask.lease_us,
-            nonce=nonce, limit=ask.limit,
-            types=self._types_of(ask.wanted) if restricted else ask.wanted,
+            nonce=nonce, limit=ask.limit, types=types,
             limits=limits if restricted else None,
             # No type's row read: the statement itself passes over the types under flow
             # control now (a pause made on another host a moment ago included).
-            free_types_only=self.flow is not None and limits is None)
+            free_types_only=self.flow is not None and limits is None,
+            positions=self.positions.where_to_start() if types is None else None)
+        if types is None:
+            self.positions.claimed(jobs)
 
         if (self.flow is not None and limits is not None
                 and self.flow.settle(tx.conn, limits, jobs, now, check=optimistic)):

@@ -11,7 +11,10 @@ the holder, so that the operator can.
 The chore runs in the maintenance leader's process only (one per database), and looks at
 most every LOOK_SECONDS: one cheap statement over the server's statistics views, never on
 the listening lead's per-second question. Each holder is logged once, at WARNING, when it has
-held the horizon past QUEUELOG_HORIZON_WARN_SECONDS, and not again while it holds.
+held the horizon past QUEUELOG_HORIZON_WARN_SECONDS, and not again while it holds. At each look
+while one has held it past HELD_SECONDS, every listening process is told (tell_horizon_held),
+and its claims read from positions rather than over what the holder keeps
+(app/jobs/domain/claim_positions.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.core.clock import MICROS, Clock
+from app.jobs.domain.claim_positions import HELD_SECONDS
 from app.storage.activity import (
     PREPARED,
     SLOT,
@@ -30,6 +34,7 @@ from app.storage.activity import (
     horizon_holders,
     oldest_transaction_seconds,
     sees_every_session,
+    tell_horizon_held,
 )
 from app.storage.engine import Database
 
@@ -86,10 +91,12 @@ def what_to_do(holder: HorizonHolder) -> str:
 class HorizonWatch:
     """`threshold_seconds`: QUEUELOG_HORIZON_WARN_SECONDS."""
 
-    def __init__(self, db: Database, clock: Clock, threshold_seconds: float) -> None:
+    def __init__(self, db: Database, clock: Clock, threshold_seconds: float,
+                 tell_after_seconds: float = HELD_SECONDS) -> None:
         self.db = db
         self.clock = clock
         self.threshold_seconds = threshold_seconds
+        self.tell_after_seconds = tell_after_seconds
         self._next_look_us = 0
         # Each holder seen at the last look, with when it was first seen (the time of those
         # the server gives none, a slot or a standby), and the ones already logged.
@@ -130,17 +137,20 @@ class HorizonWatch:
 
     def look(self) -> list[HorizonHolder]:
         """Log, once each, the holders past the threshold not logged before; forget those
-        that hold no more (a new one is logged again). Returns the ones logged now."""
+        that hold no more (a new one is logged again); tell the listening processes while one
+        has held past tell_after_seconds. Returns the ones logged now."""
         with self.db.read() as conn:
             holders = horizon_holders(conn)
         now = self.clock.now_us()
         seen: dict[HolderKey, int] = {}
         logged = []
+        longest = 0.0
         for holder in holders:
             key = _key(holder)
             seen[key] = first_seen = self._first_seen_us.get(key, now)
             held = holder.seconds if holder.seconds is not None else \
                 (now - first_seen) / MICROS
+            longest = max(longest, held)
             if key in self._logged or held <= self.threshold_seconds:
                 continue
             self._logged.add(key)
@@ -148,6 +158,9 @@ class HorizonWatch:
             _warn(holder, held, self.threshold_seconds)
         self._first_seen_us = seen
         self._logged &= set(seen)
+        if longest > self.tell_after_seconds:
+            with self.db.read() as conn:
+                tell_horizon_held(conn)
         return logged
 
 

@@ -73,6 +73,8 @@ class JobService:
         self.enqueue_graph_in = enqueuing.enqueue_graph_in
         # flow None: no flow control at all (services built without the type settings).
         claims = ClaimService(uow, clock, settings, self.signal, flow)
+        # Told by the database while a snapshot holds its horizon (app/database_wakes.py).
+        self.claim_positions = claims.positions
         self.claim = claims.claim
         self.waiting_claims = claims.waits
         self.await_claim = claims.await_claim
