@@ -211,7 +211,8 @@ def test_every_metric_has_its_help_text():
 
 
 def _statuses_named(sql: str) -> set[str]:
-    condition = re.search(r"jobs\.status (?:= '(\w+)'|IN \(([^)]*)\))", sql)
+    # Written `(jobs.status || '')` in a statement that finds the job by id (status_is_by_id).
+    condition = re.search(r"\(?jobs\.status(?: \|\| '')?\)? (?:= '(\w+)'|IN \(([^)]*)\))", sql)
     assert condition is not None, sql
     single, listed = condition.groups()
     return {single} if single else set(re.findall(r"'(\w+)'", listed))

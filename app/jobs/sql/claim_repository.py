@@ -23,7 +23,7 @@ from sqlalchemy import (
     update,
 )
 
-from app.core.statuses import claim_order_key
+from app.core.statuses import JobStatus, claim_order_key
 from app.core.tracecontext import Trace
 from app.jobs.domain.claim_positions import LEVELS, Position
 from app.jobs.domain.flow import ClaimLimits
@@ -33,6 +33,7 @@ from app.jobs.sql.context_repository import TRACE, trace_of
 from app.jobs.sql.control_repository import CHECKPOINT
 from app.jobs.sql.job_rows import (
     CLAIM_ORDER,
+    CLAIMABLE_BY_ID,
     CLAIMABLE_ROW,
     JOB_COLUMN_COUNT,
     JOB_COLUMNS,
@@ -40,8 +41,9 @@ from app.jobs.sql.job_rows import (
     TYPE_FREE,
     capped_lease,
     job_of,
+    status_is_job_by_id,
 )
-from app.jobs.sql.statuses import PENDING, RUNNING
+from app.jobs.sql.statuses import PENDING
 from app.keys.repository import LIVE_KEY, KeyToConfirm, live_key_condition
 from app.storage.schema import fair_order_columns, jobs
 from app.storage.statements import DriverStatement
@@ -175,7 +177,7 @@ def _candidates_any_type(free_types_only: bool, positioned: bool) -> Any:
 def _claim_next_any_type(key_to_confirm: bool, *, free_types_only: bool = False,
                          positioned: bool = False) -> DriverStatement:
     candidates = _candidates_any_type(free_types_only, positioned)
-    claim = update(jobs).where(jobs.c.id.in_(select(candidates.c.id)), CLAIMABLE_ROW)
+    claim = update(jobs).where(jobs.c.id.in_(select(candidates.c.id)), CLAIMABLE_BY_ID)
     if key_to_confirm:
         claim = claim.where(live_key_condition())
     return DriverStatement(claim.values(_CLAIMED_VALUES).returning(*_CLAIMED_COLUMNS))
@@ -195,13 +197,13 @@ _CLAIMS_ANY_TYPE = {
 # One job chosen (a claim of one): on SQLite's driver cursor, as the claim of any type is.
 _claim_chosen_one = DriverStatement(
     update(jobs)
-    .where(jobs.c.id == bindparam("chosen_id"), CLAIMABLE_ROW, NOT_EXPIRED)
+    .where(jobs.c.id == bindparam("chosen_id"), CLAIMABLE_BY_ID, NOT_EXPIRED)
     .values(_CLAIMED_VALUES)
     .returning(*_CLAIMED_COLUMNS)
 )
 _claim_chosen = (
     update(jobs)
-    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), CLAIMABLE_ROW, NOT_EXPIRED)
+    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), CLAIMABLE_BY_ID, NOT_EXPIRED)
     .values(_CLAIMED_VALUES)
     .returning(*_CLAIMED_COLUMNS)
 )
@@ -213,7 +215,8 @@ _claim_chosen_if_live = _claim_chosen.where(live_key_condition())
 # The claim's own stamps moved to the moment it held its locks (JobService.claim).
 _restamp_claimed = (
     update(jobs)
-    .where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.status == RUNNING)
+    .where(jobs.c.id.in_(bindparam("ids", expanding=True)),
+           status_is_job_by_id(JobStatus.RUNNING))
     .values(claimed_at=bindparam("now"),
             lease_expires_at=capped_lease(bindparam("now"), bindparam("lease_expires_at")),
             claimed_until=capped_lease(bindparam("now"), bindparam("lease_expires_at")),

@@ -11,8 +11,9 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, select, update
 
+from app.core.statuses import JobStatus
 from app.jobs.domain.models import JobControls
-from app.jobs.sql.statuses import RUNNING
+from app.jobs.sql.statuses import status_is_by_id
 from app.storage.dialects import conflict_insert_for
 from app.storage.schema import job_checkpoints, jobs
 from app.storage.statements import DriverStatement
@@ -49,7 +50,7 @@ def progress_columns(now_us: int, progress: tuple[int, int] | None,
 
 _request_cancel = DriverStatement(
     update(jobs)
-    .where(jobs.c.id == bindparam("job_id"), jobs.c.status == RUNNING,
+    .where(jobs.c.id == bindparam("job_id"), status_is_by_id(jobs, [JobStatus.RUNNING]),
            jobs.c.cancel_requested_at.is_(None))
     .values(cancel_requested_at=bindparam("requested_at"),
             cancel_requested_by=bindparam("requested_by"))

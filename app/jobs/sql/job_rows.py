@@ -13,7 +13,7 @@ from app.core.clock import MICROS
 from app.core.statuses import JobStatus
 from app.jobs.domain.models import Job
 from app.jobs.domain.transitions import Transition
-from app.jobs.sql.statuses import status_is
+from app.jobs.sql.statuses import status_is, status_is_by_id
 from app.storage.schema import UNIQUE_HOLDER_PREDICATE, claim_order_columns, job_types, jobs
 
 # The columns of the Job record, the first of the table's: what every statement here reads of
@@ -28,7 +28,14 @@ def status_is_job(*statuses: JobStatus) -> Any:
     return status_is(jobs, statuses)
 
 
+def status_is_job_by_id(*statuses: JobStatus) -> Any:
+    """As status_is_job, for a statement that finds the job by its id (see status_is_by_id)."""
+    return status_is_by_id(jobs, statuses)
+
+
 CLAIMABLE_ROW = status_is_job(*Transition.CLAIM.from_statuses)
+# The same, checked again on a row a claim found by id.
+CLAIMABLE_BY_ID = status_is_job_by_id(*Transition.CLAIM.from_statuses)
 # A job_types row that puts its type under flow control (TypeSettings.is_limited): a claim of
 # the type must look at it. The one spelling of it in SQL (app/types/repository.py reads these
 # rows with it): a cap or a rate, whose claims count what runs; or paused, pushed (only the

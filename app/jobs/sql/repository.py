@@ -45,7 +45,7 @@ from app.jobs.sql.job_rows import (
     UNIQUE_HOLDER,
     capped_lease,
     job_of,
-    status_is_job,
+    status_is_job_by_id,
 )
 from app.jobs.sql.read_repository import JobReads
 from app.jobs.sql.statuses import PENDING, WAITING, status_is
@@ -86,7 +86,7 @@ def _release(ids: Any) -> Any:
     (Transition.RELEASE), due now at the earliest, RETURNING them."""
     return (
         update(jobs)
-        .where(ids, status_is_job(*Transition.RELEASE.from_statuses),
+        .where(ids, status_is_job_by_id(*Transition.RELEASE.from_statuses),
                _no_unfinished_dependency, _not_behind_a_turn)
         .values(Transition.RELEASE.values(
             now_us=bindparam("now"),
@@ -131,7 +131,7 @@ def transition_conditions(transition: Transition, fenced: bool, key_to_confirm: 
     `now` (and `held_lease_token`, when `fenced`), its cancel not requested for a complete
     or a fail. For the statements that move a job one way or another (app/jobs/sql/
     fail_repository.py) as for the UPDATE here."""
-    conditions = [status_is_job(*transition.from_statuses)]
+    conditions = [status_is_job_by_id(*transition.from_statuses)]
     if key_to_confirm:
         conditions.append(live_key_condition())
     if transition.by_lease_holder:
@@ -278,7 +278,7 @@ def _transition_many(transition: Transition, status: JobStatus,
     aliased subqueries cost an ordered key's enqueue more than the rest of it."""
     ids: Any = bindparam("ids", expanding=True)
     return (update(jobs)
-            .where(jobs.c.id.in_(ids), status_is_job(*transition.from_statuses),
+            .where(jobs.c.id.in_(ids), status_is_job_by_id(*transition.from_statuses),
                    ~_takes_a_held_key(transition, status, ids))
             .values({name: bindparam(f"new_{name}") for name in sorted(columns)})
             .returning(*JOB_COLUMNS))

@@ -26,6 +26,18 @@ def status_is(table: Any, statuses: Collection[JobStatus]) -> Any:
     return table.c.status == literals[0] if len(literals) == 1 else table.c.status.in_(literals)
 
 
+def status_is_by_id(table: Any, statuses: Collection[JobStatus]) -> Any:
+    """As status_is, for a statement that finds its rows by id: written (`status || ''`) so
+    that no planner can match it to a partial index of pending or running rows. Otherwise
+    PostgreSQL may walk such an index whole instead of looking the id up, whenever its
+    statistics call the index small (a plan made while few jobs ran, and kept): each walk
+    steps over every entry the index holds, dead ones included, and under a held snapshot
+    none can be removed (docs/SCALING.md, "A held snapshot")."""
+    literals = [status_literal(status) for status in statuses]
+    status = table.c.status.concat(literal_column("''"))
+    return status == literals[0] if len(literals) == 1 else status.in_(literals)
+
+
 PENDING = status_literal(JobStatus.PENDING)
 RUNNING = status_literal(JobStatus.RUNNING)
 WAITING = status_literal(JobStatus.WAITING)
