@@ -6,12 +6,16 @@ nothing."""
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from flask import Flask
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
+from app.jobs.domain.claim_positions import ClaimPositions
 from app.jobs.tx.uow import CLAIMABLE, FINISHED
+from app.jobs.usecases.horizon_watch import HorizonWatch
 from app.jobs.usecases.listening_lead import RETENTION_IDLE_SECONDS, ListeningLead
 from app.jobs.usecases.waiters import WaiterEntry
 from app.jobs.wake.database_wake import SCHEDULES, TYPES, DatabaseWakes
@@ -50,7 +54,10 @@ def start_database_wakes(app: Flask) -> None:
     services.type_settings.told_by_database()
     wakes.on([TYPES], services.type_settings.changed)
     # A snapshot holds the horizon: claims read from positions (docs/SCALING.md).
-    wakes.on([HORIZON_HELD], services.jobs.claim_positions.horizon_held)
+    positions = services.jobs.claim_positions
+    wakes.on([HORIZON_HELD], positions.horizon_held)
+    threading.Thread(target=look_at_the_horizon, args=(services.horizon, positions),
+                     name="queuelog-horizon-look", daemon=True).start()
     # Retention's windows are type settings too: a pass starts on the leader's next round.
     wakes.on([TYPES], services.jobs.retention.windows_changed)
     ticker = app.extensions.get("queuelog_ticker")
@@ -66,6 +73,17 @@ def start_database_wakes(app: Flask) -> None:
     app.extensions["queuelog_listener"] = DatabaseListener(
         _listening_engine(app, engine), lock_path, wakes.deliver,
         every_kind=every_kind, duty=lead).start()
+
+
+def look_at_the_horizon(horizon: HorizonWatch, positions: ClaimPositions) -> None:
+    """A process that starts (a worker gunicorn recycles, say) while a snapshot holds the
+    horizon would read from the front until the leader's next notice, up to half a minute:
+    it looks once itself, beside its first requests."""
+    try:
+        if horizon.held_long():
+            positions.horizon_held()
+    except SQLAlchemyError:
+        pass  # the leader's next notice says it instead
 
 
 def start_dispatch_wakes(app: Flask, dispatcher: Dispatcher) -> None:

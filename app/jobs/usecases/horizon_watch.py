@@ -97,6 +97,7 @@ class HorizonWatch:
         self.clock = clock
         self.threshold_seconds = threshold_seconds
         self.tell_after_seconds = tell_after_seconds
+        self._database = db.engine.url.database
         self._next_look_us = 0
         # Each holder seen at the last look, with when it was first seen (the time of those
         # the server gives none, a slot or a standby), and the ones already logged.
@@ -114,6 +115,17 @@ class HorizonWatch:
             oldest = oldest_transaction_seconds(conn)
             sees = sees_every_session(conn)
         return HorizonReport(engine, oldest, self.threshold_seconds, holders, sees)
+
+    def held_long(self) -> bool:
+        """Whether a session or prepared transaction of this database has held the horizon
+        past tell_after_seconds, by the server's clock: the look of a process that starts
+        (app/database_wakes.py), which the leader's notices reach only at its next look."""
+        if self.db.engine.dialect.name == "sqlite":
+            return False
+        with self.db.read() as conn:
+            holders = horizon_holders(conn)
+        return any(self._holds_this_database(holder) and holder.seconds is not None
+                   and holder.seconds > self.tell_after_seconds for holder in holders)
 
     def chore(self) -> Callable[[], object]:
         """look_if_due as a maintenance chore."""
@@ -150,7 +162,8 @@ class HorizonWatch:
             seen[key] = first_seen = self._first_seen_us.get(key, now)
             held = holder.seconds if holder.seconds is not None else \
                 (now - first_seen) / MICROS
-            longest = max(longest, held)
+            if self._holds_this_database(holder):
+                longest = max(longest, held)
             if key in self._logged or held <= self.threshold_seconds:
                 continue
             self._logged.add(key)
@@ -162,6 +175,12 @@ class HorizonWatch:
             with self.db.read() as conn:
                 tell_horizon_held(conn)
         return logged
+
+
+    def _holds_this_database(self, holder: HorizonHolder) -> bool:
+        # Only this database's sessions (and what holds every database's: a slot, a standby)
+        # keep its dead rows: another database's snapshot holds back none of them.
+        return holder.database in (None, self._database)
 
 
 def _key(holder: HorizonHolder) -> HolderKey:
