@@ -17,13 +17,15 @@ rm -rf build client/build
 # the hundreds of workers the suite boots compiled all of it again (about 0.14 CPU-s of a
 # worker's 0.65 s boot). __pycache__ is ignored by git and left out of the wheel.
 .venv-test/bin/python -m compileall -q -j 0 app queuelog_gunicorn alembic bench tests wsgi.py >/dev/null
-# Three processes (pytest-xdist), a file at a time each: much of the suite waits on real
-# servers, leases and schedule slots, so even on two cores a third process finds the CPU a
-# run of two leaves idle (measured once, a run of two used about a third of it); a file's
-# fixtures (the built image, the browser) are made once. `-n 0` after the script runs one process.
+# Four processes (pytest-xdist), a file at a time each: much of the suite waits on real
+# servers, leases and schedule slots, so even on two cores more processes than cores find the
+# CPU the others leave idle (a run of two used about a third of it; in a run of three, the
+# run's own processes and servers used about one core of the two, PostgreSQL's not counted); a
+# file's fixtures (the built image, the browser) are made once. `-n 0` after the script runs
+# one process.
 # The files run longest first (tests/longest_files.txt, in tests/conftest.py), not in
 # pytest-xdist's default order (most tests first), which left the long files with few tests
 # to the end, one process running them while the other idled.
 # The 30 slowest tests are listed at the end: where the run's time goes, for whoever keeps it
 # short.
-exec .venv-test/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=30 "$@"
+exec .venv-test/bin/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=30 "$@"
