@@ -17,11 +17,11 @@ from app import create_app
 from app.core.callers import Role
 from app.core.clock import ManualClock
 from app.core.statuses import JobStatus
+from app.jobs.domain.claim_positions import LEVELS
 from app.jobs.sql.claim_repository import (
+    _CLAIMS_ANY_TYPE,
     _candidates_one_type,
     _candidates_one_type_by_key,
-    _claim_any_free_type,
-    _claim_any_type,
     _driver_candidates_one_free_type,
     _due_probe_any_free_type,
     _due_probe_one_free_type,
@@ -157,13 +157,20 @@ def _sqlite_plan(template: str, stmt: Any, params: dict[str, Any]) -> list[str]:
 
 
 CLAIM_PARAMS = {"now": 0, "worker": "w", "lease_expires_at": 0, "nonce": "n", "limit": 1,
-                "type": "email", "full_keys": ["customer-1"]}
+                "type": "email", "full_keys": ["customer-1"],
+                # The positions a claim from positions reads each level from.
+                **{f"{part}_{level}": 0 for level in LEVELS for part in ("created", "id")}}
+# The claims of any type: from the front, with or without the types under flow control, and
+# (while a snapshot holds PostgreSQL's horizon) from positions.
+_claim_any_type = _CLAIMS_ANY_TYPE[False, False, False]
+_claim_any_free_type = _CLAIMS_ANY_TYPE[False, True, False]
+_claim_from_positions = _CLAIMS_ANY_TYPE[False, True, True]
 
 
 # A claim that read no type's row passes over the types under flow control in its own
 # statement (app/jobs/sql/job_rows.py, TYPE_FREE): it reads the same index, in the same order.
 @pytest.mark.parametrize("stmt", [_claim_any_type.statement, _claim_any_free_type.statement,
-                                  _due_probe_any_free_type])
+                                  _claim_from_positions.statement, _due_probe_any_free_type])
 def test_sqlite_claim_reads_the_partial_claim_order_index(sqlite_template, stmt):
     plan = _sqlite_plan(sqlite_template, stmt, CLAIM_PARAMS)
     assert any(step.endswith("USING INDEX ix_jobs_claim_order")
@@ -197,7 +204,7 @@ def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("stmt", [_claim_any_type.statement, _claim_any_free_type.statement,
-                                  _due_probe_any_free_type,
+                                  _claim_from_positions.statement, _due_probe_any_free_type,
                                   _driver_candidates_one_free_type.statement,
                                   _due_probe_one_free_type])
 def test_postgresql_claims_walk_the_claim_order_and_stop_at_their_limit(postgres_server, stmt):

@@ -173,13 +173,13 @@ def test_a_job_behind_the_positions_is_claimed_at_once_when_nothing_is_ahead_of_
 # -- under a real held snapshot (PostgreSQL) ---------------------------------------------------
 
 @contextlib.contextmanager
-def _held_snapshot(url: str, table: str = "jobs") -> Iterator[None]:
-    """A REPEATABLE READ transaction that has taken its snapshot (reading `table`), idle while
-    the block runs."""
+def _held_snapshot(url: str, first_read: str = "SELECT count(*) FROM jobs") -> Iterator[None]:
+    """A REPEATABLE READ transaction that has taken its snapshot (by `first_read`), idle
+    while the block runs."""
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(dsn, autocommit=True, application_name=_HOLDER) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        conn.execute(f"SELECT count(*) FROM {table}")
+        conn.execute(first_read)
         try:
             yield
         finally:
@@ -262,7 +262,7 @@ def test_the_leader_tells_every_listener_while_a_holder_has_held_the_horizon(app
         listener.execute(f"LISTEN {CHANNEL}")
         other_database = make_url(db_url).set(database="postgres").render_as_string(
             hide_password=False)
-        with _held_snapshot(other_database, table="pg_class"):
+        with _held_snapshot(other_database, "SELECT count(*) FROM pg_class"):
             time.sleep(0.6)
             # Another database's snapshot holds back none of this one's dead rows.
             watch = HorizonWatch(services.db, clock, threshold_seconds=300,
