@@ -18,11 +18,12 @@ rm -rf build client/build
 # worker's 0.65 s boot). __pycache__ is ignored by git and left out of the wheel.
 .venv-test/bin/python -m compileall -q -j 0 app queuelog_gunicorn alembic bench tests wsgi.py >/dev/null
 # Four processes (pytest-xdist), a file at a time each: much of the suite waits on real
-# servers, leases and schedule slots, so even on two cores more processes than cores find the
-# CPU the others leave idle (a run of two used about a third of it; in a run of three, the
-# run's own processes and servers used about one core of the two, PostgreSQL's not counted); a
-# file's fixtures (the built image, the browser) are made once. `-n 0` after the script runs
-# one process.
+# servers, leases and schedule slots, so even on two cores more processes than cores find CPU
+# the others leave idle. A run of two used about a third of it. On one 2-core machine, the
+# whole CI took 29:23 with three (151 s of it building the container's base image, once per
+# machine) and 27:09 with four, the CPU then about 90 % busy: more would not help. A file's
+# fixtures (the built image, the browser) are made once. `-n 0` after the script runs one
+# process.
 # The files run longest first (tests/longest_files.txt, in tests/conftest.py), not in
 # pytest-xdist's default order (most tests first), which left the long files with few tests
 # to the end, one process running them while the other idled.
