@@ -135,16 +135,23 @@ def test_claims_from_positions_keep_the_claim_order(app, api, admin, worker, clo
     assert api.claim(worker).status_code == 204
 
 
-def test_a_job_come_back_behind_the_positions_waits_at_most_for_the_next_front_read(
-        app, api, admin, worker, clock):
+def _failed_then_newer(app: Any, api: Api, admin: Key, worker: Key, clock: ManualClock,
+                       count: int) -> tuple[int, list[int]]:
+    """A job failed for good (its retry will put it behind the positions), then `count` newer
+    ones, a minute old when the horizon's notice puts the claims on positions."""
     first = api.enqueue(admin, max_retries=0).json["id"]
     assert api.claim(worker).json["id"] == first
     assert api.fail(worker, first).json["status"] == "failed"
     clock.advance(1)
-    newer = [api.enqueue(admin).json["id"] for _ in range(3)]
+    newer = [api.enqueue(admin).json["id"] for _ in range(count)]
     clock.advance(60)
-    positions = _positions(app)
-    positions.horizon_held()
+    _positions(app).horizon_held()
+    return first, newer
+
+
+def test_a_job_come_back_behind_the_positions_waits_at_most_for_the_next_front_read(
+        app, api, admin, worker, clock):
+    first, newer = _failed_then_newer(app, api, admin, worker, clock, 3)
     assert _claimed_ids(api, worker, 1) == newer[:1]  # from the front
 
     assert api.retry(admin, first).status_code == 200  # pending again, behind the position
@@ -156,13 +163,7 @@ def test_a_job_come_back_behind_the_positions_waits_at_most_for_the_next_front_r
 
 def test_a_job_behind_the_positions_is_claimed_at_once_when_nothing_is_ahead_of_them(
         app, api, admin, worker, clock):
-    first = api.enqueue(admin, max_retries=0).json["id"]
-    assert api.claim(worker).json["id"] == first
-    assert api.fail(worker, first).json["status"] == "failed"
-    clock.advance(1)
-    newer = [api.enqueue(admin).json["id"] for _ in range(2)]
-    clock.advance(60)
-    _positions(app).horizon_held()
+    first, newer = _failed_then_newer(app, api, admin, worker, clock, 2)
     assert _claimed_ids(api, worker, 2) == newer
     assert api.retry(admin, first).status_code == 200
 

@@ -76,9 +76,9 @@ class ClaimPositions:
         for the next claim of any type, or None: read from the front (no held horizon, or a
         front read is due)."""
         now = self.clock.now_us()
+        if now >= self._held_until_us:
+            return None  # the common case: no held horizon, no lock taken
         with self._lock:
-            if now >= self._held_until_us:
-                return None
             if now >= self._next_front_us:
                 self._next_front_us = now + round(FRONT_SECONDS * MICROS)
                 return None
