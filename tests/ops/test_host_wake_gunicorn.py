@@ -95,8 +95,19 @@ def test_a_waiting_claim_binds_its_workers_socket_and_a_stopped_server_leaves_no
     assert list(short_tmpdir.glob("queuelog-wake-*")) == []  # the last worker out removed it
 
 
+@pytest.fixture
+def own_db_url(db_url: str, request: pytest.FixtureRequest) -> str:
+    """A database no other test uses. Its wake directory is named after the database, and
+    under the shared /tmp the session's other PostgreSQL servers and apps bind theirs in the
+    directory of the session's shared database (and a killed one leaves its socket there)."""
+    if not db_url.startswith("postgresql"):
+        return db_url  # a file of this test's own
+    return str(request.getfixturevalue("postgres_server").create_database())
+
+
 def test_a_tmpdir_too_deep_for_a_socket_binds_under_tmp_instead(
-        start_server: Callable[..., GunicornServer], db_url: str, tmp_path: Path) -> None:
+        start_server: Callable[..., GunicornServer], own_db_url: str, tmp_path: Path) -> None:
+    db_url = own_db_url
     deep = tmp_path / ("deep" * 20)
     deep.mkdir()
     server = start_server(gunicorn_argv(), server_environment(
