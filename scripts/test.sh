@@ -27,6 +27,7 @@ rm -rf build client/build
 # The files run longest first (tests/longest_files.txt, in tests/conftest.py), not in
 # pytest-xdist's default order (most tests first), which left the long files with few tests
 # to the end, one process running them while the other idled.
-# The 30 slowest tests are listed at the end: where the run's time goes, for whoever keeps it
-# short.
+# The 30 slowest tests are listed at the end, and the 20 files that cost the most CPU
+# (tests/cpu_accounting.py): with the CPU the limit, the second list is where a shorter run
+# comes from.
 exec .venv-test/bin/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=30 "$@"

@@ -28,6 +28,8 @@ from app.core.callers import Role
 from app.core.clock import ManualClock
 from app.storage.migrations import upgrade
 
+pytest_plugins = ["tests.cpu_accounting"]
+
 POSTGRES_URL_VARIABLE = "QUEUELOG_TEST_POSTGRES_URL"
 JOB_TYPES = frozenset({"email", "pdf", "sync"})
 ENGINES = [
