@@ -119,6 +119,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app.jobs.web.routes import bp as jobs_bp
 
     app.register_blueprint(jobs_bp)
+    from app.jobs.web.wait_routes import bp as waits_bp
+
+    app.register_blueprint(waits_bp)
     from app.types.routes import bp as types_bp
 
     app.register_blueprint(types_bp)
@@ -238,6 +241,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         max_waiting_claims=config["MAX_WAITING_CLAIMS"],
         max_waiting_requests=config["MAX_WAITING_REQUESTS"],
         check_url_prefixes=config["CHECK_URL_ORIGINS"],
+        event_keep_seconds=config["EVENT_KEEP_SECONDS"],
     )
     keys = KeyService(db, clock, check_url_prefixes=config["CHECK_URL_ORIGINS"])
     counts = BacklogCounts(db, clock, config["TYPE_COUNTS_MAX_AGE_SECONDS"])

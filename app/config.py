@@ -138,6 +138,9 @@ SETTINGS: tuple[Setting, ...] = (
             "default lease of a claim"),
     Setting("MAX_PAYLOAD_BYTES", 65_536, _int_in(2, 16 * 1024 * 1024),
             "largest payload or result, as compact UTF-8 JSON"),
+    Setting("EVENT_KEEP_SECONDS", 86_400, _int_in(60, 31_536_000),
+            "how long a posted event is kept: its Idempotency-Key holds, and one that woke "
+            "nobody resumes the first wait for it (docs/WAITS.md)"),
     Setting("MAX_CONTENT_LENGTH", 1024 * 1024, _int_in(1024, 256 * 1024 * 1024),
             "largest request body (413 above)"),
     # At most what a worker may ask for in retry_in_seconds.

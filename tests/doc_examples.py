@@ -185,6 +185,8 @@ MASKED_KEYS = frozenset({"lease_token", "token", "traceparent", "secret", "check
 MASKED_HEADERS = frozenset({"date", "server", "content-length", "retry-after", "traceparent",
                             "set-cookie", "x-request-id"})
 MASK = "<masked>"
+# A waitpoint's url holds its token (docs/WAITS.md).
+_WAITPOINT_URL = re.compile(r"^/waitpoints/[A-Za-z0-9_-]+$")
 
 
 def mask(value: Any) -> Any:
@@ -193,7 +195,7 @@ def mask(value: Any) -> Any:
                 for key, member in value.items()}
     if isinstance(value, list):
         return [mask(item) for item in value]
-    if isinstance(value, str) and _TIME.match(value):
+    if isinstance(value, str) and (_TIME.match(value) or _WAITPOINT_URL.match(value)):
         return MASK
     return value
 

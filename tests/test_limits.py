@@ -123,6 +123,13 @@ PROBES: dict[str, Probe] = {
     "STATS_BUCKETS": Probe("admin", "GET", "/stats", "from", query=lambda n: {
         "from": "2027-01-15T08:00:00Z",
         "to": to_rfc3339(parse_rfc3339("2027-01-15T08:00:00Z") + n * 60_000_000)}),
+    "EVENT_NAME_CHARS": Probe("producer", "POST", "/events", "name",
+                              body=lambda n: {"name": _text(n)}),
+    "EVENT_KEY_CHARS": Probe("producer", "POST", "/events", "key",
+                             body=lambda n: {"name": "order.paid", "key": _text(n)}),
+    # The worker holds no job 1: the maximum passes the schema and meets the 404.
+    "WAIT_SECONDS": Probe("worker", "POST", "/jobs/1/suspend", "seconds",
+                          body=lambda n: {**_LEASE, "seconds": n}),
     "PUSH_TIMEOUT_SECONDS": Probe("admin", "PATCH", "/types/email", "push.timeout_seconds",
                                   body=lambda n: {"push": {"url": "http://push.example/",
                                                            "timeout_seconds": n}}),

@@ -163,7 +163,8 @@ def test_copy_opens_a_sqlite_source_read_only(source, empty_db_url, tmp_path):
                       "job_dependencies": 7, "workflows": 1, "workflow_jobs": 4,
                       "key_turns": 0, "job_checkpoints": 0, "job_reservations": 0,
                       "job_types": 2, "schedules": 1, "failure_groups": 1,
-                      "job_tags": 0, "job_traces": 0, "job_stats": 3, "job_depth": 0}
+                      "job_tags": 0, "job_traces": 0, "job_stats": 3, "job_depth": 0,
+                      "job_waits": 0, "posted_events": 0}
 
 
 def test_copy_refuses_a_source_without_the_schema_and_leaves_the_target_alone(

@@ -49,6 +49,17 @@ class UniqueConflict(Conflict):
         self.existing_job_id = existing_job_id
 
 
+class WaitEnded(Conflict):
+    """A waitpoint token answered after its wait ended (docs/WAITS.md): `ended_at` (RFC 3339)
+    and `ended_by` (token, timeout, time, event; None: the job left it otherwise, a cancel)
+    say when and how."""
+
+    def __init__(self, detail: str, ended_at: str | None, ended_by: str | None) -> None:
+        super().__init__(detail)
+        self.ended_at = ended_at
+        self.ended_by = ended_by
+
+
 class TooManyRequests(QueueError):
     """The caller asks faster than the queue takes this request (a job's heartbeats, say):
     nothing was done; `retry_after_seconds` says when to ask again."""

@@ -63,6 +63,10 @@ PROGRESS_MESSAGE_CHARS = Limit[int]("PROGRESS_MESSAGE_CHARS", 0, 200, "character
                                     "a heartbeat's progress message")
 TAG_CHARS = Limit[int]("TAG_CHARS", 1, 64, "characters",
                        "a job's tag (printable ASCII; the job_tags.tag column)")
+EVENT_NAME_CHARS = Limit[int]("EVENT_NAME_CHARS", 1, 200, "characters",
+                              "an event's name, posted or waited for (printable ASCII)")
+EVENT_KEY_CHARS = Limit[int]("EVENT_KEY_CHARS", 0, 255, "characters",
+                             "an event's key, posted or waited for (default: empty)")
 
 # -- how many ----------------------------------------------------------------------------------
 RETRIES = Limit[int]("RETRIES", 0, 25, "retries", "a job's max_retries", default=3)
@@ -131,6 +135,9 @@ FAILURE_SAMPLE_CHARS = Limit[int]("FAILURE_SAMPLE_CHARS", 0, 1000, "characters",
                                   "a failure group's sample error, as stored")
 STATS_BUCKETS = Limit[int]("STATS_BUCKETS", 1, 1500, "buckets",
                            "buckets of GET /stats in one answer (from, to and step)")
+WAIT_SECONDS = Limit[int]("WAIT_SECONDS", 1, _YEAR_SECONDS, "seconds",
+                          "a suspend's sleep (seconds, and how far ahead its until may be) and "
+                          "a wait's timeout_seconds")
 
 LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     JOB_ID, TYPE_CHARS, NAME_CHARS, KEY_CHARS, LEASE_TOKEN_CHARS, CURSOR_CHARS, TOKEN_CHARS,
@@ -141,4 +148,5 @@ LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     LEASE_SECONDS, DELAY_SECONDS, UNIQUE_PERIOD_SECONDS, RETRY_IN_SECONDS, CLAIM_WAIT_SECONDS,
     RESULT_WAIT_SECONDS, PUSH_TIMEOUT_SECONDS, TIMEOUT_SECONDS, EXPIRES_IN_SECONDS,
     CONFIRM_WITHIN_SECONDS, RETENTION_SECONDS, FAILURE_SAMPLE_CHARS, STATS_BUCKETS,
+    EVENT_NAME_CHARS, EVENT_KEY_CHARS, WAIT_SECONDS,
 )

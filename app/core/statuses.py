@@ -14,6 +14,9 @@ class JobStatus(enum.StrEnum):
     WAITING = "waiting"
     PENDING = "pending"
     RUNNING = "running"
+    # Between two attempts, waiting for a moment, an event or a waitpoint token
+    # (docs/WAITS.md): holds no lease and no slot, never claimed, never pushed.
+    SUSPENDED = "suspended"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -26,18 +29,21 @@ REMOVED = "removed"
 
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 UNFINISHED_STATUSES = frozenset({JobStatus.RESERVED, JobStatus.WAITING, JobStatus.PENDING,
-                                 JobStatus.RUNNING})
+                                 JobStatus.RUNNING, JobStatus.SUSPENDED})
 
 # Each status's bit in a job's `unique_while` mask (the statuses in which it holds its unique
 # key). Stored, and spelled into the unique index's predicate: never renumber. A waiting job
 # holds its key as a pending one does (the same bit, by design, not by accident): a while
 # set always holds pending, so a job waiting for its dependencies is one more queued copy of
 # the work, and its release to pending changes nothing the index sees. A reserved job holds
-# no unique key (a reserve may not name one): it has no bit, and the index none for it.
+# no unique key (a reserve may not name one): it has no bit, and the index none for it. A
+# suspended job is an attempt under way that waits (docs/WAITS.md): it holds its key as a
+# running one does (the same bit, again by design; migration 0026 spelled it in).
 STATUS_BITS: dict[JobStatus, int] = {
     JobStatus.WAITING: 1,
     JobStatus.PENDING: 1,
     JobStatus.RUNNING: 2,
+    JobStatus.SUSPENDED: 2,
     JobStatus.COMPLETED: 4,
     JobStatus.FAILED: 8,
     JobStatus.CANCELLED: 16,

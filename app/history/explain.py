@@ -16,7 +16,7 @@ back, and stands in for the worker reasons, which do not concern such a job.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,7 @@ class ReasonCode(enum.StrEnum):
     FAIR_SHARE = "fair_share"
     JOBS_AHEAD = "jobs_ahead"
     NO_WORKER_FOR_TYPE = "no_worker_for_type"
+    SUSPENDED = "suspended"
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,13 +213,14 @@ def _reason(code: ReasonCode, message: str, **evidence: Any) -> Reason:
 def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
             ahead_of_type: BoundedCount | None, workers: Sequence[WorkerFacts],
             flow: Sequence[Reason] = (), names_workers: bool = False,
-            waiting_on: Sequence[int] = (), keyed: Sequence[Reason] = ()) -> Explanation:
+            waiting_on: Sequence[int] = (), keyed: Sequence[Reason] = (),
+            waiting_for: Mapping[str, Any] | None = None) -> Explanation:
     """`ahead` and `ahead_of_type` count the due pending jobs before `job` in claim order
     (all types, and its own type), up to a cap; None when the job is not claimable.
     `names_workers` (admins) lists the worker keys' names in `no_worker_for_type`; without
     it the reason says what it says without naming other principals. `waiting_on`: the ids
     of a waiting job's unfinished dependencies; `keyed`, the reasons of its key (fair or
-    ordered, `key_reasons`)."""
+    ordered, `key_reasons`); `waiting_for`, a suspended job's wait (docs/WAITS.md)."""
     if job.status in TERMINAL_STATUSES:
         return Explanation(job.id, job.status, False, [_reason(
             ReasonCode.FINISHED, f"The job is {job.status}; it will not run again unless an admin "
@@ -236,6 +238,8 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
             claimed_at=to_rfc3339(job.claimed_at), lease_expires_at=to_rfc3339(expires),
             lease_expired=expires <= now_us)])
 
+    if job.status == JobStatus.SUSPENDED:
+        return Explanation(job.id, job.status, False, [_suspended(waiting_for or {})])
     if job.status == JobStatus.RESERVED:
         return Explanation(job.id, job.status, False, [_reason(
             ReasonCode.RESERVED,
@@ -274,6 +278,20 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
     if not pushed:
         reasons += _worker_reasons(job, now_us, workers, names_workers)
     return Explanation(job.id, job.status, due and not held, reasons)
+
+
+def _suspended(waiting_for: Mapping[str, Any]) -> Reason:
+    # The moment is the evidence's `until`: the message names what it waits for.
+    kind = waiting_for.get("kind")
+    if kind == "time":
+        what = "It is suspended until its moment (`until`); then it resumes, pending."
+    elif kind == "event":
+        what = (f"It is suspended until its producer posts the event {waiting_for['event']!r} "
+                f"with key {waiting_for['key']!r}, or until its timeout passes (`until`).")
+    else:
+        what = ("It is suspended until its waitpoint token is answered, or until its timeout "
+                "passes (`until`).")
+    return _reason(ReasonCode.SUSPENDED, what, **dict(waiting_for))
 
 
 def _at_least(count: BoundedCount) -> str:

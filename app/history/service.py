@@ -12,6 +12,7 @@ from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons,
 from app.jobs.domain.history import Attempt, JobEvent
 from app.jobs.sql.dependency_repository import DependencyRepository
 from app.jobs.sql.repository import JobRepository
+from app.jobs.sql.wait_repository import WaitRepository
 from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.timeline.row_story import attempts_told, current_attempt, events_told
 from app.jobs.usecases.service import JobService
@@ -116,7 +117,9 @@ class HistoryService:
                           if job.status == JobStatus.WAITING else [])
             keyed = key_reasons(conn, job, now, self.ahead_limit,
                                 sees_every_producer=caller.is_admin)
+            waiting_for = (WaitRepository(conn).waiting_for([job.id]).get(job.id)
+                           if job.status == JobStatus.SUSPENDED else None)
         # Other keys' names are an admin's to see; a producer is told its own job's facts.
         return explain(job, now, ahead=ahead, ahead_of_type=ahead_of_type, workers=workers,
                        flow=flow, names_workers=caller.is_admin, waiting_on=waiting_on,
-                       keyed=keyed)
+                       keyed=keyed, waiting_for=waiting_for)

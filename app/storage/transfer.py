@@ -33,8 +33,10 @@ from app.storage.schema import (
     job_tags,
     job_traces,
     job_types,
+    job_waits,
     jobs,
     key_turns,
+    posted_events,
     schedules,
     workflow_jobs,
     workflows,
@@ -42,15 +44,18 @@ from app.storage.schema import (
 
 # Copied in batches, in primary-key order. A job's history and its dependencies go with it,
 # the workflows with their jobs by ref, each ordered key's turn (key_turns) and each job's
-# checkpoint and reservation with its jobs.
+# checkpoint, reservation and wait (job_waits) with its jobs; the events kept for later waits
+# (posted_events) with the queue.
 # key_activity (when each key was last seen, to a minute) is left behind: the workers write
 # it again within a minute of their first claim.
 TABLES: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, job_dependencies,
                              workflows, workflow_jobs, key_turns, job_checkpoints,
-                             job_reservations, job_tags, job_traces, job_stats, job_depth)
+                             job_reservations, job_tags, job_traces, job_stats, job_depth,
+                             job_waits, posted_events)
 # The tables whose ids a sequence gives: the target's continues after the source's. (The
 # other two are keyed by the ids of the rows they belong to, and a position.)
-SEQUENCED: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, workflows)
+SEQUENCED: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, workflows,
+                                posted_events)
 # Keyed by name rather than id, and small (a row per job type ever changed, a row per
 # schedule, a row per failure group): copied whole. A type's settings (pause, limits, its
 # token bucket), the schedules (with their next slot and last job) and the failure groups

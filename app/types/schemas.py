@@ -124,6 +124,9 @@ class TypeCountsSchema(Schema):
     waiting = fields.Integer(required=True, metadata={
         "description": "Jobs waiting for their dependencies (never claimed until they end)."})
     pending = fields.Integer(required=True)
+    suspended = fields.Integer(required=True, metadata={
+        "description": "Jobs suspended, waiting for a moment, an event or a token "
+                       "(docs/WAITS.md): never claimed until they resume."})
     scheduled = fields.Integer(required=True, metadata={
         "description": "The part of pending whose run_at is in the future."})
     running = fields.Integer(required=True)
@@ -193,7 +196,7 @@ def represent_type(view: TypeView) -> dict[str, Any]:
                       "cancelled_seconds": view.retention.cancelled},
         "blocked_keys": view.blocked_keys,
         "counts": {"reserved": c.reserved, "waiting": c.waiting, "pending": c.pending,
-                   "scheduled": c.scheduled, "running": c.running,
+                   "suspended": c.suspended, "scheduled": c.scheduled, "running": c.running,
                    "completed": c.completed, "failed": c.failed, "cancelled": c.cancelled},
         "oldest_claimable_age_seconds": view.oldest_claimable_age_seconds,
         "last_claim_at": to_rfc3339(s.last_claim_at),

@@ -60,6 +60,7 @@ class TypeCounts:
     reserved: int
     waiting: int
     pending: int
+    suspended: int
     scheduled: int
     running: int
     completed: int
@@ -98,6 +99,7 @@ class TypeStats:
         return TypeCounts(
             reserved=self.backlog.reserved.get(job_type, 0),
             waiting=self.backlog.waiting.get(job_type, 0),
+            suspended=self.backlog.suspended.get(job_type, 0),
             pending=summary.pending, scheduled=summary.scheduled,
             running=self.running.get(job_type, 0),
             completed=finished.get((job_type, JobStatus.COMPLETED.value), 0),

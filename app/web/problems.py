@@ -40,6 +40,7 @@ from app.core.errors import (
     UniqueIndexRefused,
     UniqueScopeHeld,
     ValidationFailed,
+    WaitEnded,
 )
 from app.core.storage_refusal import storage_refusal
 
@@ -90,6 +91,7 @@ PROBLEM_TYPES: dict[type[Exception], ProblemType] = {
     Conflict: ProblemType(409, "Conflict", "conflict"),
     UniqueConflict: ProblemType(409, "Conflict", "unique-conflict",
                                 members=("existing_job_id",)),
+    WaitEnded: ProblemType(409, "Conflict", "wait-ended", members=("ended_at", "ended_by")),
     RequestEntityTooLarge: ProblemType(413, "Request body too large", "payload-too-large"),
     RequestURITooLarge: ProblemType(414, "Request line too long", "request-line-too-long"),
     UnsupportedMediaType: ProblemType(415, "Unsupported media type", "unsupported-media-type"),
@@ -159,6 +161,11 @@ class ProblemSchema(Schema):
     existing_job_id = fields.Integer(metadata={
         "description": "On a unique-conflict: the job holding the unique key, when there is "
                        "one the caller may see (a twin within the same batch has no id yet)."})
+    ended_at = fields.String(allow_none=True, metadata={
+        "format": "date-time", "description": "On a wait-ended: when the wait ended."})
+    ended_by = fields.String(allow_none=True, metadata={
+        "description": "On a wait-ended: what ended it (token, timeout). Neither member: "
+                       "its job was cancelled."})
 
 
 def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:

@@ -31,6 +31,7 @@ from tests.jobs.test_models import make_job
 W, P, R, C, F, X = (JobStatus.WAITING, JobStatus.PENDING, JobStatus.RUNNING,
                     JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
 V = JobStatus.RESERVED
+S = JobStatus.SUSPENDED
 
 # Each edge as the contract has it: its from-statuses and guard, and whether it opens an
 # attempt or the outcome it closes one with.
@@ -40,7 +41,7 @@ EDGES: dict[Transition, tuple[set[JobStatus], Guard, bool, Outcome | None]] = {
     Transition.COMPLETE: ({R}, Guard.LEASE_HOLDER, False, Outcome.COMPLETED),
     Transition.FAIL: ({R}, Guard.LEASE_HOLDER, False, Outcome.FAILED),
     Transition.RESCUE: ({R}, Guard.ANYONE, False, Outcome.LEASE_EXPIRED),
-    Transition.CANCEL: ({P, W}, Guard.ANYONE, False, None),
+    Transition.CANCEL: ({P, W, S}, Guard.ANYONE, False, None),
     Transition.RELEASE: ({W}, Guard.ANYONE, False, None),
     Transition.DEPENDENCY_CANCEL: ({W}, Guard.ANYONE, False, None),
     Transition.HOLD: ({P}, Guard.ANYONE, False, None),
@@ -53,6 +54,8 @@ EDGES: dict[Transition, tuple[set[JobStatus], Guard, bool, Outcome | None]] = {
     Transition.RELEASE_RESERVATION: ({V}, Guard.ANYONE, False, None),
     Transition.RETRY: ({F, X}, Guard.ANYONE, False, None),
     Transition.REPLACE: ({P}, Guard.ANYONE, False, None),
+    Transition.SUSPEND: ({R}, Guard.LEASE_HOLDER, False, Outcome.SUSPENDED),
+    Transition.RESUME: ({S}, Guard.ANYONE, False, None),
 }
 
 PENDING_JOB = make_job(status="pending", claimed_at=None, worker_id=None,
@@ -147,6 +150,15 @@ CASES = [
          P, EventName.RETRIED, ("requeued",), {}),
     Case("replace", Transition.REPLACE, PENDING_JOB, ({"payload": '{"a":1}'},), {},
          P, EventName.REPLACED, (), {}),
+    # Waits (docs/WAITS.md): what it waits for is the suspend's detail to give.
+    Case("suspend", Transition.SUSPEND, RUNNING_JOB, (), {"now_us": 10, "wake_at": 600},
+         S, EventName.SUSPENDED, ("suspended",), {}),
+    Case("resume", Transition.RESUME, dataclasses.replace(PENDING_JOB, status="suspended"),
+         (), {"now_us": 10, "resumed": '{"by":"event","data":null,"at":"x"}'},
+         P, EventName.RESUMED, ("resumed",), {"by": "event"}),
+    Case("cancel a suspended job", Transition.CANCEL,
+         dataclasses.replace(PENDING_JOB, status="suspended"), (), {"now_us": 10},
+         X, EventName.CANCELLED, ("cancelled",), {}),
 ]
 
 
@@ -289,14 +301,15 @@ def test_every_transition_is_a_member_of_its_own():
     assert [t.name for t in Transition] == [
         "CLAIM", "HEARTBEAT", "COMPLETE", "FAIL", "RESCUE", "CANCEL", "RELEASE",
         "DEPENDENCY_CANCEL", "HOLD", "CANCEL_BLOCKING", "STOP", "STOP_UNREPORTED", "TIME_OUT",
-        "EXPIRE", "CONFIRM", "RELEASE_RESERVATION", "RETRY", "REPLACE"]
+        "EXPIRE", "CONFIRM", "RELEASE_RESERVATION", "RETRY", "REPLACE", "SUSPEND", "RESUME"]
     assert len({t.value for t in Transition}) == len(list(Transition))
     assert Transition.FAIL is not Transition.HEARTBEAT
 
 
 def test_only_a_workers_reports_need_the_lease_holder():
     assert {t for t in Transition if t.by_lease_holder} == {
-        Transition.HEARTBEAT, Transition.COMPLETE, Transition.FAIL, Transition.STOP}
+        Transition.HEARTBEAT, Transition.COMPLETE, Transition.FAIL, Transition.STOP,
+        Transition.SUSPEND}
 
 
 def test_a_report_keeps_its_lease_token_so_that_a_repeat_is_recognised():

@@ -33,6 +33,12 @@ def job_in(api, producer, worker, admin):
         token = claimed["lease_token"]
         if status == "running":
             return job_id, token
+        if status == "suspended":  # on an event nobody posts (docs/WAITS.md)
+            suspended = api.client.post(f"/jobs/{job_id}/suspend", headers=worker.headers,
+                                        json={"lease_token": token, "wait_for": {
+                                            "event": "never", "timeout_seconds": 3600}})
+            assert suspended.json["status"] == "suspended"
+            return job_id, None
         if status == "completed":
             assert api.complete(worker, job_id, lease_token=token).status_code == 200
         elif status == "failed":
@@ -52,7 +58,7 @@ TRANSITIONS = [
     # A running job's cancel is a request: it stays running until its worker reports
     # (tests/jobs/test_running_jobs.py).
     # A reserved job's cancel is its release (tests/jobs/test_reserved_jobs.py).
-    ("cancel", {"pending", "waiting", "running", "reserved"}, "cancelled"),
+    ("cancel", {"pending", "waiting", "running", "reserved", "suspended"}, "cancelled"),
     ("retry", {"failed", "cancelled"}, "pending"),
 ]
 

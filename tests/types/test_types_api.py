@@ -48,7 +48,8 @@ def test_a_type_never_changed_shows_the_defaults_and_its_counts(client, api, pro
         # Retention: the QUEUELOG_RETENTION_… defaults (7, 30 and 7 days).
         "retention": {"completed_seconds": 604_800, "failed_seconds": 2_592_000,
                       "cancelled_seconds": 604_800},
-        "counts": {"reserved": 0, "waiting": 0, "pending": 2, "scheduled": 1, "running": 0,
+        "counts": {"reserved": 0, "waiting": 0, "pending": 2, "suspended": 0, "scheduled": 1,
+                   "running": 0,
                    "completed": 1, "failed": 0, "cancelled": 0},
         "oldest_claimable_age_seconds": 2.5,
         "last_claim_at": claimed["claimed_at"],

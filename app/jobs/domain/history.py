@@ -14,6 +14,7 @@ class Outcome(enum.StrEnum):
     LEASE_EXPIRED = "lease_expired"
     CANCELLED = "cancelled"  # its cancel was requested while it ran (docs/JOBS.md, Running jobs)
     TIMED_OUT = "timed_out"  # it ran past its job's timeout_seconds
+    SUSPENDED = "suspended"  # its holder suspended the job to wait (docs/WAITS.md): no failure
 
 
 # The outcomes of a stored attempt that is its job's current one: its claim written before
@@ -39,6 +40,8 @@ class EventName(enum.StrEnum):
     CANCEL_REQUESTED = "cancel_requested"  # of a running job; its holder is told (docs/JOBS.md)
     CONFIRMED = "confirmed"  # a reserved job made pending (docs/JOBS.md); the detail says by what
     RELEASED = "released"  # a reserved job cancelled (docs/JOBS.md); the detail says by what
+    SUSPENDED = "suspended"  # its holder made it wait (docs/WAITS.md); the detail says for what
+    RESUMED = "resumed"  # its wait ended (docs/WAITS.md): pending; the detail says by what
 
 
 # The actor of the service's own acts (a lease rescue).

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from app.core.clock import MICROS
 from app.core.statuses import JobStatus
@@ -69,6 +70,9 @@ class Job:
     # 1: a stored dependency edge waits on it, so its end has dependents to settle; None: no
     # job depends on it (app/jobs/tx/dependencies.py).
     has_dependents: int | None = None
+    # How its last wait ended (docs/WAITS.md), compact JSON {"by", "data", "at"}: set by a
+    # resume, shown to every claim until the job suspends again; None: never resumed.
+    resumed: str | None = None
 
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""
@@ -179,10 +183,13 @@ class Backoff:
 @dataclass(frozen=True, slots=True)
 class JobExtras:
     """What a job's representation shows beside its row, by job id, for a page of jobs: what
-    each waits for, its controls, its tags and its trace context (a job without one is left
+    each waits for (its dependencies, and a suspended job's wait), its controls, its tags and
+    its trace context (a job without one is left
     out of that mapping). Read together, in one read (app/jobs/usecases/reads.py)."""
 
     dependencies: Mapping[int, JobDependencies]
     controls: Mapping[int, JobControls]
     tags: Mapping[int, tuple[str, ...]]
     traces: Mapping[int, Trace]
+    # What each suspended job waits for, as shown (docs/WAITS.md).
+    waiting_for: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)

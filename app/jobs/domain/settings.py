@@ -20,3 +20,6 @@ class QueueSettings:
     # The url prefixes a reservation's check url must start with (docs/JOBS.md): none, none
     # allowed.
     check_url_prefixes: tuple[str, ...] = ()
+    # How long a posted event is kept (docs/WAITS.md): for its Idempotency-Key, and, when it
+    # woke nobody, for the first wait for it.
+    event_keep_seconds: int = 86_400

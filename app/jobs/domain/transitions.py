@@ -16,6 +16,9 @@ it, the columns it writes, and what it leaves on the job's timeline and in the m
     pending | waiting --past its expires_at, never claimed (expired)--> cancelled
     reserved --confirm (its producer, or its check's answer)--> pending
     reserved --release (its producer, its check's answer, or its deadline)--> cancelled
+    running --suspend (its holder: a sleep, an event, a waitpoint token)--> suspended
+    suspended --its moment, its event, its token, or its timeout--> pending (resumed)
+    suspended --cancel (its producer, an admin)--> cancelled
 
 The repository applies an edge (app/jobs/sql/repository.py), the recorder writes what it records
 (app/jobs/timeline/recorder.py), the job service counts its metrics, and app/ops/metrics.py
@@ -32,6 +35,7 @@ failed attempts sent back to pending. The published names stay; in code each has
 from __future__ import annotations
 
 import enum
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -63,6 +67,8 @@ class JobMetric(enum.StrEnum):
     CONFIRMED = "confirmed"
     RELEASED = "released"
     REMOVED = "removed"
+    SUSPENDED = "suspended"
+    RESUMED = "resumed"
 
 
 # The help text of each counter (/metrics).
@@ -92,6 +98,10 @@ JOB_METRICS: Mapping[JobMetric, str] = {
                         "their deadline): cancelled.",
     JobMetric.REMOVED: "Finished jobs deleted with their history, by retention (each type's "
                        "window, docs/OPERATIONS.md) or `queuelog purge`.",
+    JobMetric.SUSPENDED: "Running jobs their worker suspended to wait for a moment, an event "
+                         "or a waitpoint token (docs/WAITS.md).",
+    JobMetric.RESUMED: "Suspended jobs made pending again: by their moment, an event, a "
+                       "token or their timeout.",
 }
 
 
@@ -230,6 +240,23 @@ def replaced(changes: dict[str, Any]) -> dict[str, Any]:
     return changes
 
 
+def suspended(*, now_us: int, wake_at: int) -> dict[str, Any]:
+    """Its holder suspends it (docs/WAITS.md): the attempt ends (outcome suspended, not a
+    failure: retry_count stays), the lease and the worker go, and `wake_at` (a sleep's moment,
+    or a wait's timeout) is kept in run_at, where maintenance finds it. The lease token
+    stays, so that a repeat of the suspend is recognised; the last resume is forgotten."""
+    return {"status": JobStatus.SUSPENDED.value, "run_at": wake_at, "claimed_at": None,
+            "worker_id": None, "lease_expires_at": None, "resumed": None,
+            "updated_at": now_us}
+
+
+def resumed(*, now_us: Any, resumed: Any) -> dict[str, Any]:
+    """Its wait is over: pending and claimable at once; `resumed` (compact JSON: by what,
+    with what data, when) rides on the row to every claim until it suspends again."""
+    return {"status": JobStatus.PENDING.value, "run_at": now_us, "resumed": resumed,
+            "lease_token": None, "updated_at": now_us}
+
+
 # -- what an edge records: the event's detail ----------------------------------------------
 # Each takes the job as the edge left it and the worker whose lease a rescue took back; the
 # values that are None are left out of the stored detail.
@@ -256,6 +283,10 @@ def _retry_detail(job: Job, _held_by: str | None) -> Mapping[str, Any]:
 
 def _expired_detail(job: Job, _held_by: str | None) -> Mapping[str, Any]:
     return {"reason": "expired", "expires_at": to_rfc3339(job.expires_at)}
+
+
+def _resumed_detail(job: Job, _held_by: str | None) -> Mapping[str, Any]:
+    return {"by": json.loads(job.resumed)["by"] if job.resumed else None}
 
 
 def _rescue_detail(job: Job, held_by: str | None) -> Mapping[str, Any]:
@@ -324,8 +355,8 @@ class Transition(enum.Enum):
                                          (JobMetric.RESCUED, JobMetric.RETRY_SCHEDULED),
                                          _rescue_detail),
                   closes_attempt=Outcome.LEASE_EXPIRED)
-    CANCEL = Edge((JobStatus.PENDING, JobStatus.WAITING), Guard.ANYONE, cancelled,
-                  Marks(EventName.CANCELLED, (JobMetric.CANCELLED,)))
+    CANCEL = Edge((JobStatus.PENDING, JobStatus.WAITING, JobStatus.SUSPENDED), Guard.ANYONE,
+                  cancelled, Marks(EventName.CANCELLED, (JobMetric.CANCELLED,)))
     # Dependencies (app/jobs/tx/dependencies.py): the last one finished, or one failed or was
     # cancelled under on_dependency_failure cancel (the detail names it).
     RELEASE = Edge((JobStatus.WAITING,), Guard.ANYONE, released, Marks(EventName.READY))
@@ -368,6 +399,15 @@ class Transition(enum.Enum):
     # A unique job's debounce: a pending twin takes a new request's payload, priority,
     # max_retries and schedule (app/jobs/domain/uniqueness.py works out the columns).
     REPLACE = Edge((JobStatus.PENDING,), Guard.ANYONE, replaced, Marks(EventName.REPLACED))
+    # Waits (docs/WAITS.md; app/jobs/usecases/waits.py): the holder suspends its job, which
+    # then holds no lease and no slot; whichever of its moment, event, token or timeout comes
+    # first resumes it, once. The suspended event's detail (what it waits for) is the
+    # suspend's own.
+    SUSPEND = Edge((JobStatus.RUNNING,), Guard.LEASE_HOLDER, suspended,
+                   Marks(EventName.SUSPENDED, (JobMetric.SUSPENDED,)),
+                   closes_attempt=Outcome.SUSPENDED)
+    RESUME = Edge((JobStatus.SUSPENDED,), Guard.ANYONE, resumed,
+                  Marks(EventName.RESUMED, (JobMetric.RESUMED,), _resumed_detail))
 
     @property
     def from_statuses(self) -> tuple[JobStatus, ...]:

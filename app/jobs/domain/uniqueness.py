@@ -27,10 +27,12 @@ from app.core.statuses import STATUS_BITS, JobStatus
 
 DEFAULT_WHILE = (JobStatus.PENDING.value, JobStatus.RUNNING.value)
 # The statuses a while set may name: those with a bit in STATUS_BITS (app/core/statuses.py).
-# Waiting is not one of them: a waiting job holds its key whenever pending does. Nor is
-# reserved: a reserved job takes no unique key (intake refuses the two together).
+# Waiting is not one of them: a waiting job holds its key whenever pending does; nor
+# suspended, held whenever running is. Nor is reserved: a reserved job takes no unique key
+# (intake refuses the two together).
 WHILE_STATUSES = tuple(status.value for status in JobStatus
-                       if status in STATUS_BITS and status is not JobStatus.WAITING)
+                       if status in STATUS_BITS
+                       and status not in (JobStatus.WAITING, JobStatus.SUSPENDED))
 
 
 class OnConflict(enum.StrEnum):

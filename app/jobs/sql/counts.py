@@ -40,6 +40,8 @@ class BacklogSnapshot:
     waiting: Mapping[str, int] = field(default_factory=dict)
     # type -> count of its reserved jobs (docs/JOBS.md, Reserved jobs).
     reserved: Mapping[str, int] = field(default_factory=dict)
+    # type -> count of its suspended jobs (docs/WAITS.md).
+    suspended: Mapping[str, int] = field(default_factory=dict)
 
     def pending_of(self, job_type: str) -> PendingSummary:
         return self.pending.get(job_type, PendingSummary(0, 0, None))
@@ -53,6 +55,7 @@ class BacklogSnapshot:
     def types(self) -> set[str]:
         """Every type with a pending or finished job stored."""
         return (set(self.pending) | set(self.waiting) | set(self.reserved)
+                | set(self.suspended)
                 | {job_type for job_type, _status in self.finished})
 
 
@@ -109,7 +112,8 @@ class BacklogCounts:
                 now = self.clock.now_us()
                 repo = JobRepository(conn)
                 value = BacklogSnapshot(now, repo.pending_by_type(now), repo.count_finished(),
-                                        repo.count_waiting(), repo.count_reserved())
+                                        repo.count_waiting(), repo.count_reserved(),
+                                        repo.count_suspended())
             with self._lock:
                 self._value, self._counted_at = value, started
             return value

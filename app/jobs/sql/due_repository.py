@@ -2,9 +2,10 @@
 on its listening session: docs/SCALING.md, "The database tells every host").
 
 An idle database answers it from indexes alone: the earliest lease of a running job, the
-earliest expiry of an unclaimed one, the next delayed job, whether a cascade or an overdue
-reservation waits. When delayed jobs came due since the last ask, the same statement tells
-the listening hosts (NOTIFY 'claimable'), so that their waiting claims look then.
+earliest expiry of an unclaimed one, the next delayed job, the next suspended job's moment,
+whether a cascade or an overdue reservation waits. When delayed jobs came due since the last
+ask, the same statement tells the listening hosts (NOTIFY 'claimable'), so that their
+waiting claims look then.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from sqlalchemy import Connection, bindparam, exists, func, literal, select
 
 from app.jobs.domain.transitions import Transition
 from app.jobs.sql.job_rows import status_is_job
-from app.jobs.sql.statuses import PENDING, RESERVED, WAITING
+from app.jobs.sql.statuses import PENDING, RESERVED, SUSPENDED, WAITING
 from app.storage.listener import CHANNEL
 from app.storage.schema import dependency_cascades, job_reservations, jobs
 
@@ -31,6 +32,9 @@ _next_expiry = (select(func.min(jobs.c.expires_at))
 _next_delayed = (select(func.min(jobs.c.run_at))
                  .where(_DELAYED_ROW, jobs.c.run_at > bindparam("now"))
                  .scalar_subquery())
+# The predicate of ix_jobs_suspended_run_at: a sleep's end or a wait's timeout.
+_next_suspended = (select(func.min(jobs.c.run_at)).where(jobs.c.status == SUSPENDED)
+                   .scalar_subquery())
 _came_due = exists().where(_DELAYED_ROW, jobs.c.run_at > bindparam("since"),
                            jobs.c.run_at <= bindparam("now"))
 # A reservation past either of its deadlines (the chore tells which, and when one is given up).
@@ -47,6 +51,7 @@ _ask = select(
     _next_lease.label("next_lease"),
     _next_expiry.label("next_expiry"),
     _next_delayed.label("next_delayed"),
+    _next_suspended.label("next_suspended"),
     exists(select(literal(1)).select_from(dependency_cascades)).label("cascades"),
     _reservation_due.label("reservations"),
     _told.label("told"),
@@ -63,6 +68,12 @@ class DueWork:
     next_delayed: int | None
     cascades: bool
     reservations: bool
+    next_suspended: int | None = None
+
+    @property
+    def waits_due(self) -> bool:
+        """A suspended job's moment has come: the waits' chore has work."""
+        return self.next_suspended is not None and self.next_suspended <= self.now_us
 
     @property
     def sweeps_due(self) -> bool:
@@ -72,7 +83,8 @@ class DueWork:
 
     def next_at(self) -> int | None:
         """When the next lease, expiry or delayed job comes due, if any is known (µs)."""
-        later = [at for at in (self.next_lease, self.next_expiry, self.next_delayed)
+        later = [at for at in (self.next_lease, self.next_expiry, self.next_delayed,
+                               self.next_suspended)
                  if at is not None and at > self.now_us]
         return min(later, default=None)
 
@@ -82,4 +94,4 @@ def ask_due_work(conn: Connection, now_us: int, since_us: int) -> DueWork:
     delayed job came due after `since_us`."""
     row = conn.execute(_ask, {"now": now_us, "since": since_us}).one()
     return DueWork(now_us, row.next_lease, row.next_expiry, row.next_delayed,
-                   bool(row.cascades), bool(row.reservations))
+                   bool(row.cascades), bool(row.reservations), row.next_suspended)

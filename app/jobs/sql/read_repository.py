@@ -21,7 +21,7 @@ from app.jobs.sql.job_rows import (
     job_of,
     status_is_job,
 )
-from app.jobs.sql.statuses import FINISHED, PENDING, RESERVED, RUNNING, WAITING
+from app.jobs.sql.statuses import FINISHED, PENDING, RESERVED, RUNNING, SUSPENDED, WAITING
 from app.jobs.timeline.failure_repository import last_failed_with
 from app.keys.repository import LIVE_KEY, live_key_condition
 from app.storage.chunks import chunked
@@ -139,6 +139,12 @@ _pending_by_type = (
 _count_waiting = (
     select(jobs.c.type, func.count())
     .where(jobs.c.status == WAITING)
+    .group_by(jobs.c.type)
+)
+# Every type's suspended jobs, from their partial index alone.
+_count_suspended = (
+    select(jobs.c.type, func.count())
+    .where(jobs.c.status == SUSPENDED)
     .group_by(jobs.c.type)
 )
 # Every type's reserved jobs, from their partial index alone.
@@ -288,6 +294,10 @@ class JobReads(ClaimRepository):
     def count_waiting(self) -> dict[str, int]:
         """Waiting jobs by type, from their partial index."""
         return {job_type: count for job_type, count in self.conn.execute(_count_waiting)}
+
+    def count_suspended(self) -> dict[str, int]:
+        """Suspended jobs by type, from their partial index."""
+        return {job_type: count for job_type, count in self.conn.execute(_count_suspended)}
 
     def count_reserved(self) -> dict[str, int]:
         """Reserved jobs by type, from their partial index."""

@@ -42,6 +42,7 @@ PENDING = status_literal(JobStatus.PENDING)
 RUNNING = status_literal(JobStatus.RUNNING)
 WAITING = status_literal(JobStatus.WAITING)
 RESERVED = status_literal(JobStatus.RESERVED)
+SUSPENDED = status_literal(JobStatus.SUSPENDED)
 # In the order of the partial index's own IN list, which is what the planners match.
 FINISHED = [status_literal(status)
             for status in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)]

@@ -365,7 +365,7 @@ class HistoryRecorder:
 
     @staticmethod
     def _error(outcome: Outcome, job: Job) -> str | None:
-        if outcome is Outcome.COMPLETED:
+        if outcome in (Outcome.COMPLETED, Outcome.SUSPENDED):
             return None
         if outcome is Outcome.LEASE_EXPIRED:
             return LEASE_EXPIRED_ERROR

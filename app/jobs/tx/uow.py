@@ -29,6 +29,7 @@ from app.jobs.sql.fail_repository import FailRepository
 from app.jobs.sql.key_repository import KeyRepository
 from app.jobs.sql.repository import JobRepository
 from app.jobs.sql.reservation_repository import ReservationRepository
+from app.jobs.sql.wait_repository import WaitRepository
 from app.jobs.timeline.failure_repository import FailureRepository
 from app.jobs.timeline.recorder import FailHistory, HistoryRecorder
 from app.jobs.timeline.repository import HistoryRepository
@@ -112,6 +113,7 @@ class JobsTx(Transaction):
     `reservations` (ReservationRepository: reserved jobs),
     `failures` (FailureRepository: failure groups),
     `context` (JobContextRepository: jobs' tags and trace context),
+    `waits` (WaitRepository: suspended jobs' waits and posted events),
     `keys` (the rules of fair and ordered keys, app/jobs/tx/key_rules.py), `history`
     (HistoryRepository) and `timeline` (the history recorder), all on the transaction's one
     connection."""
@@ -163,6 +165,10 @@ class JobsTx(Transaction):
     @functools.cached_property
     def context(self) -> JobContextRepository:
         return JobContextRepository(self.conn)
+
+    @functools.cached_property
+    def waits(self) -> WaitRepository:
+        return WaitRepository(self.conn)
 
     @functools.cached_property
     def timeline(self) -> Timeline:

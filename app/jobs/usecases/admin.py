@@ -178,7 +178,7 @@ class Administration:
                 raise NotFound("No such job.")
             allowed = " or ".join(transition.from_statuses)
             if transition is Transition.CANCEL:
-                allowed = "pending, waiting or running"
+                allowed = "pending, waiting, suspended or running"
             raise Conflict(f"The job is {current.status}; this needs it {allowed}.")
         if made is Transition.RETRY:
             [job] = repo.wait_again([job])

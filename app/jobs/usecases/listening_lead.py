@@ -6,7 +6,8 @@ its pools; the lead's advisory lock lives on it, so that the lead costs no conne
 own and ends with the session. Between notifications the session's thread calls tick():
 - not leading, it asks for the lead every FOLLOW_SECONDS (one statement);
 - leading, it asks what is due (app/jobs/sql/due_repository.py, one statement) at least every
-  LEAD_SECONDS, and sooner when a lease, an expiry or a delayed job comes due before then;
+  LEAD_SECONDS, and sooner when a lease, an expiry, a delayed job or a suspended job's moment
+  comes due before then;
   it wakes the maintenance loop for the chores that have work, and retention and the horizon's
   look (app/jobs/usecases/horizon_watch.py), which keep their own pace (a pass every
   RETENTION_IDLE_SECONDS, or at once while one is under way; a look every 30 s).
@@ -67,6 +68,8 @@ class ListeningLead:
             chores.add("cascades")
         if due.reservations:
             chores.add("release_overdue_reservations")
+        if due.waits_due:
+            chores.add("waits")
         self.maintenance.wake(chores)
         wait = LEAD_SECONDS
         next_at = due.next_at()

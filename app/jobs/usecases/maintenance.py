@@ -1,12 +1,12 @@
 """How this process's maintenance fares: each chore's failures, and when it may run again.
 
-Maintenance (the sweeps of expired leases and jobs, the next steps of a cascade, the
-release of overdue reservations, retention) is never a request's own work: the leader's
-maintenance loop runs it (app/jobs/usecases/maintenance_loop.py), and a request that ends a job
-follows the cascade it left. A chore that fails is
-logged (its error's class, never a payload, a token or the SQL), counted in /metrics
-(queuelog_maintenance_failures), shown in /readyz's `maintenance` detail, and retried with
-a backoff, while requests and the other chores go on (docs/OPERATIONS.md).
+Maintenance (the sweeps of expired leases and jobs, the next steps of a cascade, the release
+of overdue reservations, suspended jobs' moments, retention) is never a request's own work:
+the leader's maintenance loop runs it (app/jobs/usecases/maintenance_loop.py), and a request
+that ends a job follows the cascade it left. A chore that fails is logged (its error's
+class, never a payload, a token or the SQL), counted in /metrics
+(queuelog_maintenance_failures), shown in /readyz's `maintenance` detail, and retried with a
+backoff, while requests and the other chores go on (docs/OPERATIONS.md).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ EXPIRY = "expiry"
 CASCADE = "dependency_cascade"
 RESERVATIONS = "reservation_release"
 RETENTION = "retention"
+WAITS = "wait_resume"  # suspended jobs' moments, and the events kept long enough
 
 FailureSink = Callable[[str], None]
 

@@ -81,10 +81,13 @@ class JobReads:
         ids = [job.id for job in jobs]
         ran = _ran(jobs)
 
+        suspended = [job.id for job in jobs if job.status == JobStatus.SUSPENDED]
+
         def read(tx: JobsTx) -> JobExtras:
             return JobExtras(_dependencies(tx, ids),
                              tx.controls.controls_of(ran) if ran else {},
-                             tx.context.tags_of(ids), tx.context.traces_of(ids))
+                             tx.context.tags_of(ids), tx.context.traces_of(ids),
+                             tx.waits.waiting_for(suspended) if suspended else {})
 
         return self.uow.read(read)
 

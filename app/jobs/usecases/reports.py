@@ -104,7 +104,7 @@ class WorkerReports:
                     # event (that would be a write per refused heartbeat).
                     raise HeartbeatTooSoon(next_heartbeat_at(
                         held.updated_at, held.lease_expires_at or now) - now)
-                self._refuse_report(held, caller, now, lease_token)
+                self.refuse_report(held, caller, now, lease_token)
             job, controls = beat
             if checkpoint is not None and not tx.controls.save_checkpoint_if_due(
                     job_id, checkpoint, now, CHECKPOINT_SPACING_US):
@@ -116,7 +116,7 @@ class WorkerReports:
 
         # Without a checkpoint, the heartbeat is its UPDATE alone: one round trip.
         run = self.uow.run if checkpoint is not None else self.uow.run_statement
-        return self._report("heartbeat", caller, job_id, heartbeat_in, run)
+        return self.report("heartbeat", caller, job_id, heartbeat_in, run)
 
     def _stored_checkpoint(self, checkpoint: dict[str, Any] | None) -> str | None:
         if checkpoint is None:
@@ -134,7 +134,7 @@ class WorkerReports:
         the complete of a job whose end touches no other row is its UPDATE alone: one round
         trip on PostgreSQL."""
         if delivered is None:
-            return self._report("complete", caller, job_id, self._lone_complete(
+            return self.report("complete", caller, job_id, self._lone_complete(
                 caller, job_id, lease_token, self._stored_result(result)),
                 self.uow.run_statement)
         [(_job_id, answer)] = self.complete_many(caller, [{
@@ -253,7 +253,7 @@ class WorkerReports:
                 current.shows_complete(caller.name, lease_token, stored_result)
                 or current.shows_stop(caller.name, lease_token, result=stored_result)):
             return current
-        return self._refuse_report(current, caller, now, lease_token)
+        return self.refuse_report(current, caller, now, lease_token)
 
     @staticmethod
     def _record_stop(tx: JobsTx, job: Job, caller: Caller, now: int) -> None:
@@ -297,7 +297,7 @@ class WorkerReports:
                                  delay_after, delivered, stored_checkpoint)
 
         # A plain job's fail is one statement: one round trip on PostgreSQL.
-        return self._report("fail", caller, job_id, fail_in, self.uow.run_statement)
+        return self.report("fail", caller, job_id, fail_in, self.uow.run_statement)
 
     def _lone_fail(self, tx: JobsTx, caller: Caller, job_id: int, lease_token: str | None,
                    error: str, delay_after: Callable[[int], int]) -> Job | None:
@@ -332,7 +332,7 @@ class WorkerReports:
                     current.shows_fail(caller.name, lease_token, error, retry_in_us)
                     or current.shows_stop(caller.name, lease_token, error=error)):
                 return current
-            return self._refuse_report(current, caller, now, lease_token)
+            return self.refuse_report(current, caller, now, lease_token)
         job = held.job
         if stored_checkpoint is not None:
             tx.controls.save_checkpoint(job_id, stored_checkpoint, now)
@@ -368,7 +368,7 @@ class WorkerReports:
         return failed
 
     @staticmethod
-    def _refuse_report(job: Job | None, caller: Caller, now: int,
+    def refuse_report(job: Job | None, caller: Caller, now: int,
                        lease_token: str | None) -> NoReturn:
         """Raise the problem that says why the caller does not hold the job."""
         if job is None:
@@ -376,7 +376,7 @@ class WorkerReports:
         raise ReportRefused(refusal(job, caller.name, now, lease_token), job_id=job.id,
                             worker=caller.name)
 
-    def _report(self, report: str, caller: Caller, job_id: int,
+    def report(self, report: str, caller: Caller, job_id: int,
                 work: Callable[[JobsTx], T],
                 run: Callable[[Callable[[JobsTx], T]], T] | None = None) -> T:
         """Run a worker's report (heartbeat, complete, fail) by `run` (the unit of work's run

@@ -222,8 +222,8 @@ class Retention:
             tx.keys.holding_turns(ids))
 
     def _delete_history(self, tx: JobsTx, deleted_ids: list[int]) -> None:
-        """A job's attempts, events, dependencies, checkpoint, reservation, tags and trace go
-        with it, in the same transaction, and what other resources keep of it (the
+        """A job's attempts, events, dependencies, checkpoint, reservation, tags, trace and
+        wait go with it, in the same transaction, and what other resources keep of it (the
         cleanups)."""
         if not deleted_ids:
             return
@@ -232,6 +232,7 @@ class Retention:
         tx.controls.delete_checkpoints_of(deleted_ids)
         tx.reservations.delete_reservations_of(deleted_ids)
         tx.context.delete_of(deleted_ids)
+        tx.waits.delete_waits_of(deleted_ids)
         for cleanup in self.cleanups:
             cleanup(tx, deleted_ids)
         tx.events[JobMetric.REMOVED.value] += len(deleted_ids)

@@ -18,13 +18,20 @@ from app.jobs.usecases.admin import Administration
 from app.jobs.usecases.cascades import Cascades
 from app.jobs.usecases.claim import ClaimService
 from app.jobs.usecases.enqueue import Enqueuing
-from app.jobs.usecases.maintenance import CASCADE, RESERVATIONS, RETENTION, MaintenanceHealth
+from app.jobs.usecases.maintenance import (
+    CASCADE,
+    RESERVATIONS,
+    RETENTION,
+    WAITS,
+    MaintenanceHealth,
+)
 from app.jobs.usecases.maintenance_loop import Chore
 from app.jobs.usecases.reads import JobReads
 from app.jobs.usecases.reports import WorkerReports
 from app.jobs.usecases.reservations import Reservations
 from app.jobs.usecases.retention import Retention, WindowsSource
 from app.jobs.usecases.sweeps import sweep_overdue
+from app.jobs.usecases.waits import Waits
 from app.jobs.wake.waiting import JobSignal, WaitingBudget
 
 
@@ -82,6 +89,9 @@ class JobService:
         self.complete = reports.complete
         self.complete_many = reports.complete_many
         self.fail = reports.fail
+        # Waits (docs/WAITS.md): suspend, events, waitpoint tokens, and maintenance's resumes.
+        self.waits = Waits(uow, clock, reports, event_keep_seconds=settings.event_keep_seconds,
+                           max_payload_bytes=settings.max_payload_bytes)
         self.cancel = admin.cancel
         self.retry = admin.retry
         self.cancel_many = admin.cancel_many
@@ -114,11 +124,16 @@ class JobService:
 
         def retention() -> None:
             self.maintenance.guarded(RETENTION, remove_expired)
+            # The events kept long enough go at retention's pace (docs/WAITS.md).
+            self.maintenance.guarded(WAITS, self.waits.forget_events)
 
         def cascades() -> None:
             self.maintenance.guarded(CASCADE, self.cascades.chore)
 
-        return [self.sweep, cascades, self.release_overdue_reservations, retention]
+        def waits() -> None:
+            self.maintenance.guarded(WAITS, self.waits.resume_due)
+
+        return [self.sweep, cascades, self.release_overdue_reservations, waits, retention]
 
     @property
     def max_payload_bytes(self) -> int:

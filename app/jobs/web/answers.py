@@ -46,6 +46,27 @@ class TraceSchema(Schema):
                                validate=validate.Length(max=TRACESTATE_CHARS))
 
 
+class ResumedSchema(Schema):
+    by = fields.String(required=True, validate=validate.OneOf(
+        ["time", "event", "token", "timeout"]))
+    data = fields.Dict(required=True, allow_none=True, metadata={
+        "description": "The event's or the token's data; null for a sleep or a timeout."})
+    at = fields.String(required=True, metadata={"format": "date-time"})
+
+
+class WaitingForSchema(Schema):
+    kind = fields.String(required=True, validate=validate.OneOf(["time", "event", "token"]))
+    until = fields.String(required=True, metadata={
+        "format": "date-time", "description": "A sleep's end, or the wait's timeout."})
+    event = fields.String(metadata={"description": "An event wait's name."})
+    key = fields.String(metadata={"description": "An event wait's key."})
+
+
+class WaitpointShownSchema(Schema):
+    token = fields.String(required=True)
+    url = fields.String(required=True)
+
+
 class JobSchema(Schema):
     """The job as the API shows it (docs/API.md, The job). Documents what `represent` builds."""
 
@@ -95,6 +116,15 @@ class JobSchema(Schema):
         "description": "Only in a claim's answer: what the previous attempt saved."})
     tags = fields.List(fields.String(), metadata={
         "description": "Its tags, sorted ([]: none). Shown on reads, listings and enqueues."})
+    resumed = fields.Nested(ResumedSchema, metadata={
+        "description": "How its last wait ended (docs/WAITS.md): shown once it has resumed, "
+                       "on every claim until it suspends again."})
+    waitpoint = fields.Nested(WaitpointShownSchema, metadata={
+        "description": "Only in the answer of a suspend that waits for a token: the token "
+                       "(shown this once) and the path to answer it at."})
+    waiting_for = fields.Nested(WaitingForSchema, metadata={
+        "description": "A suspended job's wait. Shown on reads, listings and the suspend's "
+                       "answer."})
     trace = fields.Nested(TraceSchema, allow_none=True, metadata={
         "description": "The traceparent and tracestate headers of the request that enqueued "
                        "it (null: none, or not valid W3C trace context). Shown on reads, "
@@ -162,13 +192,15 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None,
               controls: Mapping[int, JobControls] | None = None,
               checkpoint: str | bool | None = False,
               tags: Mapping[int, Sequence[str]] | None = None,
-              traces: Mapping[int, Trace] | None = None) -> dict[str, Any]:
+              traces: Mapping[int, Trace] | None = None,
+              waiting_for: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The job as JobSchema describes it. Built by hand: this runs on every response.
     `dependencies` (by job id; a job without any is not in it) adds depends_on, waiting_on
     and on_dependency_failure; without it, as on the worker's claim and reports, they are
     left out. `controls` likewise adds cancel_requested and progress, `tags` (sorted, by
     job id) tags, and `traces` (by job id) trace. `checkpoint` (compact JSON, or None) is a
-    claim's: False leaves it out."""
+    claim's: False leaves it out. `waiting_for` (by job id) adds a suspended job's wait;
+    `resumed` is the row's own, shown once set."""
     shown: dict[str, Any] = {
         "id": job.id,
         "type": job.type,
@@ -206,6 +238,10 @@ def represent(job: Job, *, show_error: bool, lease_token: str | None = None,
                 waiting_on=waits.unfinished if job.status == JobStatus.WAITING else 0,
                 on_dependency_failure=(OnDependencyFailure.CANCEL if waits.cancel_on_failure
                                        else OnDependencyFailure.RUN).value)
+    if job.resumed is not None:
+        shown["resumed"] = json.loads(job.resumed)
+    if waiting_for is not None and job.id in waiting_for:
+        shown["waiting_for"] = dict(waiting_for[job.id])
     if tags is not None:
         shown["tags"] = list(tags.get(job.id, ()))
     if traces is not None:
@@ -236,11 +272,13 @@ def render_job_page(page: list[Job], next_cursor: str | None, *, show_error: boo
                     controls: Mapping[int, JobControls],
                     tags: Mapping[int, Sequence[str]] | None = None,
                     traces: Mapping[int, Trace] | None = None,
+                    waiting_for: Mapping[int, Mapping[str, Any]] | None = None,
                     max_bytes: int = PAGE_BYTES.max) -> bytes:
     """GET /jobs's body (JobListSchema), cut to `max_bytes` as render_page says."""
     return render_page("jobs", page, lambda job: represent(job, show_error=show_error,
                                                            dependencies=dependencies,
                                                            controls=controls, tags=tags,
-                                                           traces=traces),
+                                                           traces=traces,
+                                                           waiting_for=waiting_for),
                        lambda job: encode_cursor(job.id), next_cursor,
                        longest_cursor=encode_cursor(JOB_ID.max), max_bytes=max_bytes)

@@ -370,7 +370,7 @@ class ProgressSchema(StrictSchema):
             raise ValidationError("done must not be greater than total.", "done")
 
 
-def _checkpoint_field() -> fields.Dict:
+def checkpoint_field() -> fields.Dict:
     return fields.Dict(load_default=None, allow_none=True, metadata={
         "description": "Any JSON object within the payload limit: the next attempt's claim "
                        "carries it, so that it resumes rather than starts over."})
@@ -388,7 +388,7 @@ class HeartbeatSchema(LeaseFencedSchema):
                             validate=[length_within(PROGRESS_MESSAGE_CHARS), NO_NUL],
                             metadata={"description": "Shown with the progress, its secrets "
                                                      "masked as an error's are."})
-    checkpoint = _checkpoint_field()
+    checkpoint = checkpoint_field()
 
 
 class CompleteSchema(LeaseFencedSchema):
@@ -412,4 +412,4 @@ class FailSchema(LeaseFencedSchema):
 
     error = fields.String(required=True, validate=length_within(ERROR_CHARS))
     retry_in_seconds = StrictInteger(validate=within(RETRY_IN_SECONDS))
-    checkpoint = _checkpoint_field()
+    checkpoint = checkpoint_field()

@@ -104,7 +104,8 @@ def _job_response(job: Any, status: int = 200, lease_token: str | None = None, *
                   controls: Mapping[int, JobControls] | None = None,
                   checkpoint: str | bool | None = False,
                   tags: Mapping[int, Sequence[str]] | None = None,
-                  traces: Mapping[int, Trace] | None = None) -> Response:
+                  traces: Mapping[int, Trace] | None = None,
+                  waiting_for: Mapping[int, Mapping[str, Any]] | None = None) -> Response:
     """The job as the caller may see it; `with_dependencies` reads and shows what it waits
     for, its controls, tags and trace (reads and enqueues; a worker's claim and reports
     leave those out), or `dependencies`, `controls`, `tags` and `traces` say them.
@@ -112,11 +113,11 @@ def _job_response(job: Any, status: int = 200, lease_token: str | None = None, *
     if with_dependencies:
         extras = _service().extras_of([job])
         dependencies, controls = extras.dependencies, extras.controls
-        tags, traces = extras.tags, extras.traces
+        tags, traces, waiting_for = extras.tags, extras.traces, extras.waiting_for
     response = jsonify(represent(job, show_error=current_caller().is_admin,
                                  lease_token=lease_token, dependencies=dependencies,
                                  controls=controls, checkpoint=checkpoint, tags=tags,
-                                 traces=traces))
+                                 traces=traces, waiting_for=waiting_for))
     response.status_code = status
     return response
 
@@ -320,7 +321,8 @@ def list_jobs() -> Response:
     extras = _service().extras_of(page)
     return Response(render_job_page(page, next_cursor, show_error=current_caller().is_admin,
                                     dependencies=extras.dependencies, controls=extras.controls,
-                                    tags=extras.tags, traces=extras.traces),
+                                    tags=extras.tags, traces=extras.traces,
+                                    waiting_for=extras.waiting_for),
                     mimetype="application/json")
 
 
@@ -406,7 +408,7 @@ def cancel_job(job_id: int) -> Response:
     extras = _service().extras_of([cancelled.job])
     return _job_response(cancelled.job, dependencies=extras.dependencies,
                          controls={job_id: cancelled.controls}, tags=extras.tags,
-                         traces=extras.traces)
+                         traces=extras.traces, waiting_for=extras.waiting_for)
 
 
 @bp.post("/jobs/<id:job_id>/confirm")

@@ -6,6 +6,7 @@ the reads are planned on, by what they hold:
 - beside_jobs.py: what only some jobs carry (checkpoints, reservations, key turns,
   dependencies and workflows, tags and trace context);
 - history.py: attempts, failure groups, events, stats and depth;
+- waits.py: what suspended jobs wait for, and the events producers post;
 - settings.py: what operators set (job types, API keys, schedules) and the dashboard's
   sessions.
 
@@ -45,6 +46,7 @@ from app.storage.schema.settings import (
     ui_sessions,
     ui_sign_in_failures,
 )
+from app.storage.schema.waits import job_waits, posted_events
 
 __all__ = [
     "NAMING_CONVENTION",
@@ -67,10 +69,12 @@ __all__ = [
     "job_traces",
     "job_types",
     "job_waiters",
+    "job_waits",
     "jobs",
     "key_activity",
     "key_turns",
     "metadata",
+    "posted_events",
     "schedules",
     "ui_sessions",
     "ui_sign_in_failures",

@@ -68,6 +68,10 @@ jobs = Table(
     # in the transaction that stores the edge; a job's end settles dependents only when set
     # (app/jobs/tx/dependencies.py), so the end of a job nobody depends on costs nothing more.
     Column("has_dependents", SmallInteger, nullable=True),
+    # Appended by migration 0026 (waits, docs/WAITS.md), part of the Job record: how the job's
+    # last wait ended, which its claims carry until it suspends again. NULL on every job that
+    # never waited.
+    Column("resumed", Text, nullable=True),
     # Also 0017, and never read by the claim (nor part of the Job record): a running job's
     # cancel request and its last progress. On the row, because a heartbeat writes the row
     # anyway: progress reported with it costs no page and no statement more (a table beside
@@ -298,6 +302,18 @@ Index(
     jobs.c.expires_at,
     sqlite_where=text("status IN ('pending', 'waiting') AND expires_at IS NOT NULL"),
     postgresql_where=text("status IN ('pending', 'waiting') AND expires_at IS NOT NULL"),
+)
+
+# Suspended jobs, counted per type by GET /types from this index alone.
+Index("ix_jobs_suspended_type", jobs.c.type, sqlite_where=text("status = 'suspended'"),
+      postgresql_where=text("status = 'suspended'"))
+# Suspended jobs by the moment maintenance resumes them (a sleep's end, a wait's timeout:
+# docs/WAITS.md). Only a suspend and a resume write it; a suspended job is in no claim index.
+Index(
+    "ix_jobs_suspended_run_at",
+    jobs.c.run_at,
+    sqlite_where=text("status = 'suspended'"),
+    postgresql_where=text("status = 'suspended'"),
 )
 
 # The reserved jobs of each type, which GET /types counts (docs/JOBS.md, Reserved jobs).

@@ -1,0 +1,186 @@
+"""The SQL of waits (docs/WAITS.md): each suspended job's wait (job_waits), the events producers
+post (posted_events), and the suspended jobs whose moment has come. Every method runs on the
+transaction it is given; the job's own transitions are the job repository's."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, and_, bindparam, delete, func, select, update
+
+from app.core.statuses import JobStatus
+from app.jobs.domain.waits import waiting_for
+from app.jobs.sql.statuses import status_literal
+from app.storage.dialects import conflict_insert, writers_serialised
+from app.storage.schema import job_waits, jobs, posted_events
+
+_SUSPENDED = status_literal(JobStatus.SUSPENDED)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredWait:
+    """One job's wait as stored: its kind (time, event or token), what it names, until when
+    (a sleep's moment, a wait's timeout), and how and when it ended (None: it has not)."""
+
+    job_id: int
+    kind: str
+    producer: str | None
+    event_name: str | None
+    event_key: str | None
+    until_at: int
+    suspended_at: int
+    resolved_by: str | None
+    resolved_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PostedEvent:
+    """An event as stored: its id, data (compact JSON or None), when it was posted, and how
+    many waits it ended."""
+
+    id: int
+    data: str | None
+    posted_at: int
+    woken: int
+
+
+_WAIT_COLUMNS = (job_waits.c.job_id, job_waits.c.kind, job_waits.c.producer,
+                 job_waits.c.event_name, job_waits.c.event_key, job_waits.c.until_at,
+                 job_waits.c.suspended_at, job_waits.c.resolved_by, job_waits.c.resolved_at)
+_EVENT_WAITING = and_(job_waits.c.kind == "event", job_waits.c.resolved_at.is_(None))
+_KEPT = and_(posted_events.c.woken == 0, posted_events.c.taken_by.is_(None))
+
+
+class WaitRepository:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    # -- a job's wait -------------------------------------------------------------------------
+
+    def save_wait(self, values: Mapping[str, Any]) -> None:
+        """Store the job's new wait (`values`: job_waits' columns), replacing its last one."""
+        stmt = conflict_insert(self.conn, job_waits).values(dict(values))
+        changes = {name: stmt.excluded[name] for name in values if name != "job_id"}
+        self.conn.execute(stmt.on_conflict_do_update(index_elements=[job_waits.c.job_id],
+                                                     set_=changes))
+
+    def waits_of(self, job_ids: Collection[int]) -> dict[int, StoredWait]:
+        """The stored waits of these jobs, by job id (a job that never waited: absent)."""
+        if not job_ids:
+            return {}
+        rows = self.conn.execute(select(*_WAIT_COLUMNS).where(
+            job_waits.c.job_id.in_(bindparam("ids", expanding=True))), {"ids": sorted(job_ids)})
+        return {row.job_id: StoredWait(*row) for row in rows}
+
+    def waiting_for(self, job_ids: Collection[int]) -> dict[int, dict[str, Any]]:
+        """What each of these jobs waits for now, as the API shows it (app/jobs/domain/
+        waits.py), by job id: only the jobs whose wait has not ended."""
+        return {job_id: waiting_for(wait.kind, wait.until_at, wait.event_name, wait.event_key)
+                for job_id, wait in self.waits_of(job_ids).items() if wait.resolved_at is None}
+
+    def resolve(self, job_ids: Collection[int], by: str, now_us: int) -> None:
+        """Record how these jobs' waits ended (the jobs' resume or cancel, in this
+        transaction); a wait already ended keeps its first end."""
+        if job_ids:
+            self.conn.execute(
+                update(job_waits)
+                .where(job_waits.c.job_id.in_(bindparam("ids", expanding=True)),
+                       job_waits.c.resolved_at.is_(None))
+                .values(resolved_by=by, resolved_at=now_us),
+                {"ids": sorted(job_ids)})
+
+    def event_waiters(self, producer: str, name: str, key: str) -> list[int]:
+        """The jobs of `producer` whose wait for the event `name` with `key` has not ended,
+        in id order."""
+        return list(self.conn.execute(
+            select(job_waits.c.job_id)
+            .where(job_waits.c.producer == producer, job_waits.c.event_name == name,
+                   job_waits.c.event_key == key, _EVENT_WAITING)
+            .order_by(job_waits.c.job_id)).scalars())
+
+    def wait_of_token(self, token_hash: str) -> StoredWait | None:
+        """The wait the token (by its hash) names; None: no such token."""
+        found = self.conn.execute(select(*_WAIT_COLUMNS).where(
+            job_waits.c.token_hash == token_hash)).first()
+        return None if found is None else StoredWait(*found)
+
+    def lock_event(self, producer: str, name: str, key: str) -> None:
+        """Take the lock of one producer's event name and key for the rest of the
+        transaction: a wait stored and an event posted at once then see each other, one
+        after the other, and neither misses the other. SQLite's writers run one at a time
+        already."""
+        if writers_serialised(self.conn):
+            return
+        channel = f"queuelog.event\x1f{producer}\x1f{name}\x1f{key}"
+        self.conn.execute(select(func.pg_advisory_xact_lock(
+            func.hashtextextended(bindparam("channel", channel), 0))))
+
+    # -- suspended jobs due -----------------------------------------------------------------
+
+    def due_suspended(self, now_us: int, limit: int) -> list[tuple[int, str]]:
+        """Up to `limit` suspended jobs whose moment (a sleep's end, a wait's timeout) has
+        come, soonest first: (job id, its wait's kind)."""
+        rows = self.conn.execute(
+            select(jobs.c.id, job_waits.c.kind)
+            .select_from(jobs.join(job_waits, job_waits.c.job_id == jobs.c.id))
+            .where(jobs.c.status == _SUSPENDED, jobs.c.run_at <= now_us)
+            .order_by(jobs.c.run_at, jobs.c.id).limit(limit))
+        return [(row.id, row.kind) for row in rows]
+
+    def next_suspended_moment(self) -> int | None:
+        """When the next suspended job's moment comes (None: no job is suspended)."""
+        moment: int | None = self.conn.execute(
+            select(func.min(jobs.c.run_at)).where(jobs.c.status == _SUSPENDED)).scalar()
+        return moment
+
+    # -- posted events ------------------------------------------------------------------------
+
+    def event_by_idempotency_key(self, producer: str, idempotency_key: str
+                                 ) -> PostedEvent | None:
+        row = self.conn.execute(
+            select(posted_events.c.id, posted_events.c.data, posted_events.c.posted_at,
+                   posted_events.c.woken)
+            .where(posted_events.c.producer == producer,
+                   posted_events.c.idempotency_key == idempotency_key)).first()
+        return None if row is None else PostedEvent(*row)
+
+    def add_event(self, values: Mapping[str, Any]) -> int:
+        """Store a posted event (`values`: its columns); its id."""
+        event_id: int = self.conn.execute(
+            posted_events.insert().values(dict(values)).returning(posted_events.c.id)
+        ).scalar_one()
+        return event_id
+
+    def take_kept_event(self, producer: str, name: str, key: str, job_id: int,
+                        now_us: int) -> PostedEvent | None:
+        """The oldest event of `producer`'s name and key that woke nobody and is still kept,
+        taken by the job (no later wait takes it); None: there is none."""
+        row = self.conn.execute(
+            select(posted_events.c.id, posted_events.c.data, posted_events.c.posted_at,
+                   posted_events.c.woken)
+            .where(posted_events.c.producer == producer, posted_events.c.name == name,
+                   posted_events.c.event_key == key, _KEPT,
+                   posted_events.c.keep_until > now_us)
+            .order_by(posted_events.c.id).limit(1)).first()
+        if row is None:
+            return None
+        self.conn.execute(update(posted_events).where(posted_events.c.id == row.id)
+                          .values(taken_by=job_id))
+        return PostedEvent(*row)
+
+    def delete_events_kept_until(self, now_us: int, limit: int) -> int:
+        """Delete up to `limit` events whose keeping has ended; how many."""
+        doomed = select(posted_events.c.id).where(
+            posted_events.c.keep_until <= now_us).order_by(
+            posted_events.c.keep_until).limit(limit).scalar_subquery()
+        return self.conn.execute(
+            delete(posted_events).where(posted_events.c.id.in_(doomed))).rowcount
+
+    def delete_waits_of(self, job_ids: Collection[int]) -> None:
+        """Retention removed these jobs: their waits go with them."""
+        if job_ids:
+            self.conn.execute(delete(job_waits).where(
+                job_waits.c.job_id.in_(bindparam("ids", expanding=True))),
+                {"ids": sorted(job_ids)})
