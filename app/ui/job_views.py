@@ -63,15 +63,17 @@ def event_shown(event: dict[str, Any], error: str | None) -> dict[str, Any]:
 def shown(job: Job, dependencies: Mapping[int, JobDependencies] | None = None,
            controls: Mapping[int, JobControls] | None = None,
            tags: Mapping[int, Sequence[str]] | None = None,
-           traces: Mapping[int, Trace] | None = None) -> dict[str, Any]:
+           traces: Mapping[int, Trace] | None = None,
+           waiting_for: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     # As the API shows it to an admin, with the producer too (the API's representation
     # leaves it out: a producer sees only its own jobs); with `dependencies` (a job's page),
     # its depends_on, waiting_on and on_dependency_failure too; with `controls`, its
-    # progress and cancel_requested; with `tags` and `traces`, those.
+    # progress and cancel_requested; with `tags` and `traces`, those; with `waiting_for`, a
+    # suspended job's wait.
     # Finished is when a job reached its end: nothing but a retry changes it after that.
     finished = to_rfc3339(job.updated_at) if job.status in TERMINAL_STATUSES else None
     return represent(job, show_error=True, dependencies=dependencies, controls=controls,
-                     tags=tags, traces=traces) | {
+                     tags=tags, traces=traces, waiting_for=waiting_for) | {
         "producer": job.producer, "finished_at": finished}
 
 

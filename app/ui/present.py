@@ -4,6 +4,7 @@ Every filter returns plain text; the templates' autoescaping makes it safe to sh
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -121,8 +122,21 @@ def hourly_chart(hourly: list[dict[str, Any]]) -> dict[str, Any]:
             "counts": ", ".join(str(bar["count"]) for bar in bars)}
 
 
+def waits_for(waiting_for: Mapping[str, Any]) -> str:
+    """What a suspended job waits for, in words (docs/WAITS.md): `the event order.paid, key
+    1001, until 2027-01-15 08:00:00 UTC` (until: its timeout); a sleep's `until …`."""
+    until = utc(waiting_for.get("until"))
+    if waiting_for.get("kind") == "event":
+        key = waiting_for.get("key")
+        return (f"the event {waiting_for.get('event')}{f', key {key}' if key else ''}, "
+                f"until {until} at most")
+    if waiting_for.get("kind") == "token":
+        return f"its waitpoint token's answer, until {until} at most"
+    return f"until {until}"
+
+
 def register_filters(app: Flask) -> None:
-    for name, fn in (("utc", utc), ("age", age), ("duration", duration),
+    for name, fn in (("utc", utc), ("age", age), ("duration", duration), ("waits_for", waits_for),
                      ("json_text", json_text), ("limits", limits), ("counts_text", counts_text),
                      ("last_line", last_line), ("in_zone", in_zone), ("percent", percent),
                      ("hourly_chart", hourly_chart)):

@@ -171,7 +171,8 @@ def jobs() -> tuple[str, int]:
     shown = {name: value for name, value in filters.items() if name not in ("cursor", "before")}
     # The page's progress, cancel requests and tags in one read each, not one per job.
     extras = services.jobs.extras_of(page)
-    return _page("jobs.html", jobs=[views.shown(job, controls=extras.controls, tags=extras.tags)
+    return _page("jobs.html", jobs=[views.shown(job, controls=extras.controls, tags=extras.tags,
+                                                   waiting_for=extras.waiting_for)
                                     for job in page],
                  filters=shown, next_cursor=next_cursor, previous_cursor=previous_cursor,
                  messages={}, auto_refresh=filters.get("refresh") == REFRESH_ON,
@@ -240,7 +241,8 @@ def job(job_id: int) -> tuple[str, int]:
     services, caller = _services(), _caller()
     found = services.jobs.get_job(caller, job_id)
     extras = services.jobs.extras_of([found])
-    shown = views.shown(found, extras.dependencies, extras.controls, extras.tags, extras.traces)
+    shown = views.shown(found, extras.dependencies, extras.controls, extras.tags, extras.traces,
+                        extras.waiting_for)
     explanation = represent_explanation(services.history.explain(caller, job_id))
     # A failed job that blocks its ordered key may be cancelled too: that passes the turn on.
     blocks_its_key = any(reason["code"] == ReasonCode.KEY_BLOCKED and reason.get("job_id") == job_id

@@ -663,3 +663,46 @@ def test_an_operator_reads_a_types_charts_and_turns_auto_refresh_on(
     assert browser.current_url == server.url_of("/ui/types/email?period=day&refresh=on")
     _follow(browser, browser.find_element(By.LINK_TEXT, "Auto-refresh: on"))
     assert browser.current_url == server.url_of("/ui/types/email?period=day")
+
+
+def test_an_operator_finds_a_suspended_job_and_what_it_waits_for(
+        browser: Any, server: LiveServer, database_url: str, screenshots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "mailer", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    job_id = requests.post(server.url_of("/jobs"), headers=bearer(producer), timeout=10,
+                           json={"type": "email", "payload": {"order": 1001}}).json()["id"]
+    claimed = requests.post(server.url_of("/jobs/claim"), headers=bearer(worker),
+                            timeout=10).json()
+    suspended = requests.post(
+        server.url_of(f"/jobs/{job_id}/suspend"), headers=bearer(worker), timeout=10,
+        json={"lease_token": claimed["lease_token"], "checkpoint": {"charged": True},
+              "wait_for": {"event": "order.shipped", "key": "1001", "timeout_seconds": 86400}})
+    assert suspended.json()["status"] == "suspended", suspended.text
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+
+    # The list filtered to suspended jobs says what each waits for.
+    browser.get(server.url_of("/ui/jobs?status=suspended"))
+    row = browser.find_element(By.XPATH, f"//th[normalize-space()='{job_id}']/..")
+    assert "suspended" in row.text
+    assert "waits for the event order.shipped, key 1001" in row.text
+    _follow(browser, row.find_element(By.LINK_TEXT, str(job_id)))
+    assert browser.find_element(By.CSS_SELECTOR, "h1 span").text == "suspended"
+    waits = browser.find_element(By.ID, "waiting-for").text
+    assert waits.startswith("the event order.shipped, key 1001, until ")
+    _shot(browser, "suspended-job", engine, screenshots)
+
+    # The event resumes it: pending, and its page says how its wait ended.
+    posted = requests.post(server.url_of("/events"), headers=bearer(producer), timeout=10,
+                           json={"name": "order.shipped", "key": "1001",
+                                 "data": {"carrier": "DHL"}})
+    assert posted.json() == {"woken": 1}
+    browser.refresh()
+    assert browser.find_element(By.CSS_SELECTOR, "h1 span").text == "pending"
+    assert "waiting-for" not in browser.page_source
+    resumed = browser.find_element(By.ID, "resumed").text
+    assert resumed.startswith("ended by event") and '"carrier": "DHL"' in resumed

@@ -221,7 +221,7 @@ def test_waiting_is_offered_wherever_job_statuses_are(
     assert sorted(int(n) for n in re.findall(r'<th scope="row"><a href="/ui/jobs/(\d+)"',
                                               waiting)) == sorted(
         ids[ref] for ref in ("mail", "ship", "done"))
-    assert "Cancel every waiting or pending job" in waiting
+    assert "Cancel every waiting, pending or suspended job" in waiting
     confirm = signed_in.get("/ui/jobs/cancel-many?status=waiting").text
     assert "<strong>waiting</strong>" in confirm
     overview = signed_in.get("/ui/").text

@@ -77,8 +77,8 @@ class Administration:
         return self._bulk_transition(caller, Transition.RETRY, filters)
 
     def cancel_many(self, caller: Caller, filters: dict[str, Any]) -> list[Job]:
-        """Every pending job the filters name (up to their limit) → cancelled, in batches (see
-        _bulk_transition); the others are skipped."""
+        """Every pending, waiting or suspended job the filters name (up to their limit) →
+        cancelled, in batches (see _bulk_transition); the others are skipped."""
         return self._bulk_transition(caller, Transition.CANCEL, filters)
 
     def _bulk_transition(self, caller: Caller, transition: Transition,
