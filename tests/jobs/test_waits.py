@@ -365,3 +365,30 @@ def test_an_event_kept_is_forgotten_after_its_keeping(api, producer, worker, app
     job_id, lease = running(api, producer, worker)
     assert suspend(api, worker, job_id, lease, wait_for={
         "event": "late", "key": "1", "timeout_seconds": 60}).json["status"] == "suspended"
+
+
+def test_a_suspended_jobs_dependents_wait_until_it_ends(api, producer, worker, admin, clock):
+    first, lease = running(api, producer, worker)
+    dependent = api.enqueue(producer, depends_on=[first]).json["id"]
+    suspend(api, worker, first, lease, seconds=60)
+    assert api.get(admin, dependent).json["status"] == "waiting"
+
+    clock.advance(60)  # resumed: pending, not finished
+    assert api.get(admin, dependent).json["status"] == "waiting"
+    claimed = api.claim(worker).json
+    assert claimed["id"] == first
+    api.complete(worker, first, lease_token=claimed["lease_token"])
+    assert api.get(admin, dependent).json["status"] == "pending"
+
+
+def test_a_tokens_data_over_the_payload_limit_is_a_422_and_spends_nothing(api, client,
+                                                                           producer, worker):
+    job_id, lease = running(api, producer, worker)
+    url = suspend(api, worker, job_id, lease,
+                  wait_for={"token": True, "timeout_seconds": 60}).json["waitpoint"]["url"]
+
+    refused = client.post(url, json={"data": {"blob": "x" * 70_000}})
+
+    assert refused.status_code == 422
+    assert "data" in refused.json["errors"]
+    assert client.post(url, json={"data": {"ok": True}}).status_code == 200

@@ -13,6 +13,7 @@ from sqlalchemy import Connection, and_, bindparam, delete, func, select, update
 from app.core.statuses import JobStatus
 from app.jobs.domain.waits import waiting_for
 from app.jobs.sql.statuses import status_literal
+from app.storage.chunks import chunked
 from app.storage.dialects import conflict_insert, writers_serialised
 from app.storage.schema import job_waits, jobs, posted_events
 
@@ -68,11 +69,12 @@ class WaitRepository:
 
     def waits_of(self, job_ids: Collection[int]) -> dict[int, StoredWait]:
         """The stored waits of these jobs, by job id (a job that never waited: absent)."""
-        if not job_ids:
-            return {}
-        rows = self.conn.execute(select(*_WAIT_COLUMNS).where(
-            job_waits.c.job_id.in_(bindparam("ids", expanding=True))), {"ids": sorted(job_ids)})
-        return {row.job_id: StoredWait(*row) for row in rows}
+        found: dict[int, StoredWait] = {}
+        for chunk in chunked(sorted(job_ids)):
+            rows = self.conn.execute(select(*_WAIT_COLUMNS).where(
+                job_waits.c.job_id.in_(bindparam("ids", expanding=True))), {"ids": chunk})
+            found |= {row.job_id: StoredWait(*row) for row in rows}
+        return found
 
     def waiting_for(self, job_ids: Collection[int]) -> dict[int, dict[str, Any]]:
         """What each of these jobs waits for now, as the API shows it (app/jobs/domain/
@@ -83,13 +85,13 @@ class WaitRepository:
     def resolve(self, job_ids: Collection[int], by: str, now_us: int) -> None:
         """Record how these jobs' waits ended (the jobs' resume or cancel, in this
         transaction); a wait already ended keeps its first end."""
-        if job_ids:
+        for chunk in chunked(sorted(job_ids)):
             self.conn.execute(
                 update(job_waits)
                 .where(job_waits.c.job_id.in_(bindparam("ids", expanding=True)),
                        job_waits.c.resolved_at.is_(None))
                 .values(resolved_by=by, resolved_at=now_us),
-                {"ids": sorted(job_ids)})
+                {"ids": chunk})
 
     def event_waiters(self, producer: str, name: str, key: str) -> list[int]:
         """The jobs of `producer` whose wait for the event `name` with `key` has not ended,
@@ -180,7 +182,6 @@ class WaitRepository:
 
     def delete_waits_of(self, job_ids: Collection[int]) -> None:
         """Retention removed these jobs: their waits go with them."""
-        if job_ids:
+        for chunk in chunked(sorted(job_ids)):
             self.conn.execute(delete(job_waits).where(
-                job_waits.c.job_id.in_(bindparam("ids", expanding=True))),
-                {"ids": sorted(job_ids)})
+                job_waits.c.job_id.in_(bindparam("ids", expanding=True))), {"ids": chunk})
