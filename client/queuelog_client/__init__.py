@@ -3,7 +3,10 @@
     from queuelog_client import Client, Worker
 
 `Client` enqueues, reads, claims and reports jobs over HTTP; `Worker` runs a handler on
-claimed jobs (also `queuelog worker …` or `python -m queuelog_client worker …`).
+claimed jobs (also `queuelog worker …` or `python -m queuelog_client worker …`), whose
+durable steps and waits (`job.step`, `job.sleep`, `job.wait_for_event`,
+`job.wait_for_token`) survive the job's suspends; a wait that timed out raises
+`WaitTimedOut`.
 `verify_signature` checks a push delivery's Queuelog-Signature header in a receiver;
 `verify_check` checks a reservation's check in the producer's check endpoint
 (`Client.reserve`).
@@ -33,6 +36,7 @@ from queuelog_client.signature import (
     verify_check,
     verify_signature,
 )
+from queuelog_client.steps import WaitTimedOut
 from queuelog_client.worker import (
     CancelRequested,
     ClaimedJob,
@@ -61,6 +65,7 @@ __all__ = [
     "TooManyRequests",
     "Unauthorized",
     "ValidationFailed",
+    "WaitTimedOut",
     "WaitTimeout",
     "Worker",
     "__version__",

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, NamedTuple, TypeVar
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from queuelog_client._version import __version__
 from queuelog_client.errors import (
@@ -43,6 +43,7 @@ from queuelog_client.errors import (
     WaitTimeout,
     problem_error,
 )
+from queuelog_client.steps import suspend_body
 from queuelog_client.tracing import trace_headers
 
 __all__ = ["Client", "check_url"]
@@ -166,17 +167,21 @@ class Client:
     """Talks to one queuelog server with one API key. Safe to share between threads.
 
     `token` defaults to the QUEUELOG_TOKEN environment variable. `timeout` bounds each
-    attempt (a long-polling claim adds its `wait_seconds`).
+    attempt (a long-polling claim adds its `wait_seconds`). `anonymous=True` makes a client
+    with no key at all, for complete_waitpoint (whose token is its authority) alone.
     """
 
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0,
                  max_attempts: int = 5, backoff_seconds: float = 0.25,
                  max_backoff_seconds: float = 10.0,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, anonymous: bool = False) -> None:
         parts = check_url(url)
-        token = token if token is not None else os.environ.get("QUEUELOG_TOKEN")
-        if not token:
-            raise ValueError("no token: pass token= or set QUEUELOG_TOKEN")
+        if anonymous and token is not None:
+            raise ValueError("an anonymous client takes no token")
+        if not anonymous:
+            token = token if token is not None else os.environ.get("QUEUELOG_TOKEN")
+            if not token:
+                raise ValueError("no token: pass token= or set QUEUELOG_TOKEN")
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self.url = url.rstrip("/")
@@ -540,6 +545,27 @@ class Client:
             "POST", "/jobs/complete-many", {"items": [dict(item) for item in items]})["results"]
         return results
 
+    def suspend(self, job_id: int, lease_token: str | None = None, *,
+                seconds: int | None = None, until: datetime | str | None = None,
+                event: str | None = None, key: str = "", token: bool = False,
+                timeout_seconds: int | None = None,
+                checkpoint: Mapping[str, Any] | None = None) -> Job:
+        """Suspend a running job: it gives up its lease and waits for exactly one of
+        `seconds`, `until` (a timezone-aware datetime or RFC 3339), the event `event` with
+        `key`, or a waitpoint (`token=True`), the last two within `timeout_seconds` (which
+        the server requires of them). The next claim of the job after its resume carries
+        `checkpoint`, as a fail's does, and `"resumed"`.
+
+        Returns the job ("suspended", with "waiting_for"; a token's wait with its
+        "waitpoint" `{"token", "url"}`, shown only here), or "pending" with "resumed" when a
+        kept event resumed it at once; sent again after its answer was lost, the job again,
+        without the waitpoint. Conflict when the caller does not hold the job; ValueError,
+        before sending, for no kind of wait or several."""
+        body = _fenced(lease_token) | suspend_body(
+            seconds=seconds, until=until, event=event, key=key, token=token,
+            timeout_seconds=timeout_seconds, checkpoint=checkpoint)
+        return self._object("POST", f"/jobs/{int(job_id)}/suspend", body)
+
     def fail(self, job_id: int, lease_token: str | None = None, *, error: str,
              retry_in_seconds: int | None = None,
              checkpoint: Mapping[str, Any] | None = None, traceparent: str | None = None,
@@ -571,25 +597,57 @@ class Client:
     def retry(self, job_id: int) -> Job:
         return self._object("POST", f"/jobs/{int(job_id)}/retry", {})
 
+    # -- suspended jobs: events and waitpoints (docs/CLIENT.md, Durable steps and waits) ------
+
+    def post_event(self, name: str, data: Mapping[str, Any] | None = None, *, key: str = "",
+                   producer: str | None = None,
+                   idempotency_key: str | None = None) -> dict[str, Any]:
+        """Post an event (producers; an admin names the `producer` it is posted as):
+        resumes every job of that producer suspended on `name` and `key`, handing them
+        `data`; an event nobody waits for yet is kept a while, and the next wait for it
+        resumes at once. Returns `{"woken": n}`. It carries an idempotency key (a fresh one
+        when none is given), so the client's own retries post it once."""
+        body: dict[str, Any] = {"name": name, "key": key}
+        if data is not None:
+            body["data"] = dict(data)
+        if producer is not None:
+            body["producer"] = producer
+        return self._object("POST", "/events", body, headers={
+            "Idempotency-Key": idempotency_key or _new_idempotency_key()})
+
+    def complete_waitpoint(self, token: str, data: Mapping[str, Any] | None = None
+                           ) -> dict[str, Any]:
+        """Complete a suspended job's waitpoint: the job resumes with `data`. No key is
+        sent (the token is the authority; `Client(url, anonymous=True)` will do). NotFound
+        for an unknown token; Conflict when it was completed already, which after a retry
+        of a lost answer may be this call's own first completion."""
+        body = {} if data is None else {"data": dict(data)}
+        return self._object("POST", f"/waitpoints/{quote(token, safe='')}", body,
+                            authorize=False)
+
     # -- the wire -----------------------------------------------------------------------------
 
     def _object(self, method: str, path: str, body: Any = None, *,
                 headers: Mapping[str, str] | None = None,
-                timeout: float | None = None) -> dict[str, Any]:
+                timeout: float | None = None, authorize: bool = True) -> dict[str, Any]:
         """The JSON object a route answers with (every route here but a claim's 204)."""
         answer: dict[str, Any] = self._request(method, path, body, headers=headers,
-                                               timeout=timeout)[2]
+                                               timeout=timeout, authorize=authorize)[2]
         return answer
 
     def _request(self, method: str, path: str, body: Any = None, *,
                  headers: Mapping[str, str] | None = None,
-                 timeout: float | None = None) -> tuple[int, dict[str, str], Any]:
-        """Send with retries; (status, lower-cased headers, parsed JSON or None)."""
+                 timeout: float | None = None,
+                 authorize: bool = True) -> tuple[int, dict[str, str], Any]:
+        """Send with retries; (status, lower-cased headers, parsed JSON or None). The key
+        goes along unless `authorize` is False (or the client has none)."""
         # Encoding first: a payload that is not JSON is the caller's error, raised at once.
         data = None if body is None else json.dumps(
             body, allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode()
-        all_headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json",
-                       "User-Agent": USER_AGENT, **(headers or {})}
+        all_headers = {"Accept": "application/json", "User-Agent": USER_AGENT,
+                       **(headers or {})}
+        if authorize and self._token is not None:
+            all_headers["Authorization"] = f"Bearer {self._token}"
         if data is not None:
             all_headers["Content-Type"] = "application/json"
         attempt_timeout = self.timeout if timeout is None else timeout

@@ -13,6 +13,11 @@ which comes sooner when the last progress sent is over a second old), saves chec
 (job.checkpoint: a heartbeat of its own, sent at once) and learns from the heartbeats' answers
 that its job's cancel was requested (job.cancel_requested, job.raise_if_cancel_requested()).
 
+Durable steps and waits (queuelog_client/steps.py): a handler's wait (job.sleep,
+job.wait_for_event, job.wait_for_token) ends its run with SuspendJob, which the runner
+reports as a suspend carrying the steps' memo; the job's next claim, once it resumes, runs
+the handler again and its steps and waits answer from the memo.
+
 Stopping (stop(), SIGTERM or SIGINT): no new claim is made; the jobs held finish within the
 grace period, after which those still running are failed with `retry_in_seconds=0` so
 another worker takes them at once. A second signal ends the grace period now.
@@ -47,6 +52,7 @@ from queuelog_client.errors import (
     ValidationFailed,
 )
 from queuelog_client.logs import stderr_unless_configured
+from queuelog_client.steps import DurableSteps, StepMemo, SuspendJob, waitpoint_of
 from queuelog_client.tracing import job_trace_headers, run_span
 
 __all__ = ["CancelRequested", "ClaimedJob", "Handler", "RetryLater", "Worker", "load_handler"]
@@ -98,19 +104,24 @@ class CancelRequested(Exception):
     runner reports it as a failure, which the server turns into the cancel."""
 
 
-class ClaimedJob(dict[str, Any]):
+class ClaimedJob(DurableSteps, dict[str, Any]):
     """The job a handler receives: the claimed job's fields as a dict (without its lease
-    token; `job["checkpoint"]` is what an earlier attempt saved, or None), `dependencies()`,
-    `trace`, `traceparent` and `tags`, and for long jobs `progress()`, `checkpoint()`,
-    `cancel_requested` and `raise_if_cancel_requested()`.
+    token; `job["checkpoint"]` is what an earlier attempt saved, or None, less the steps'
+    memo), `dependencies()`, `trace`, `traceparent` and `tags`, for long jobs `progress()`,
+    `checkpoint()`, `cancel_requested` and `raise_if_cancel_requested()`, and the durable
+    `step()`, `sleep()`, `wait_for_event()` and `wait_for_token()` (steps.py).
 
     The dict's own `"cancel_requested"` and `"progress"` are the claim's; the properties and
     methods are live."""
 
     def __init__(self, fields: Job, client: Client, *, lease_seconds: int | None = None,
                  beat_soon: Callable[[float], None] | None = None) -> None:
+        # The steps' memo rides in the checkpoint; the handler sees its own part only.
+        self._memo = StepMemo(fields.get("checkpoint"), fields.get("resumed"))
         super().__init__({name: value for name, value in fields.items()
                           if name != "lease_token"})
+        if "checkpoint" in self:
+            self["checkpoint"] = self._memo.own_checkpoint
         self._client = client
         self._lease_token: str | None = fields.get("lease_token")
         self._lease_seconds = lease_seconds
@@ -204,8 +215,15 @@ class ClaimedJob(dict[str, Any]):
         second or two. Raises
         Conflict when the lease was lost (another attempt owns the job: stop),
         ValidationFailed when the server refuses the state (larger than a payload may be),
-        and ServerUnreachable when the server did not answer for as long as the lease."""
-        body = dict(state)
+        and ServerUnreachable when the server did not answer for as long as the lease.
+        The key steps.MEMO_KEY is reserved (ValueError): the steps' memo is saved beside
+        `state` under it."""
+        self._send_checkpoint(self._memo.with_state(state))
+
+    def _save_memo(self) -> None:
+        self._send_checkpoint(self._memo.body())
+
+    def _send_checkpoint(self, body: dict[str, Any]) -> None:
         within = float(self._lease_seconds or CHECKPOINT_TRY_SECONDS)
         self._checkpointing.set()
         try:
@@ -328,6 +346,7 @@ class _Report(enum.Enum):
 
     COMPLETE = "complete"
     FAIL = "fail"
+    SUSPEND = "suspend"
 
 
 @dataclass
@@ -393,7 +412,7 @@ class Worker:
         # watching for a stop, for as long as the server stays away.
         self.client = Client(url, token, timeout=timeout, max_attempts=2)
         self.stats = {"claimed": 0, "completed": 0, "failed": 0, "cancelled": 0, "lost": 0,
-                      "abandoned": 0}
+                      "abandoned": 0, "suspended": 0}
 
         self._held: dict[int, _HeldJob] = {}
         self._changed = threading.Condition()  # a slot freed, a stop, a new heartbeat due
@@ -537,9 +556,13 @@ class Worker:
     def _run_job(self, held: _HeldJob) -> None:
         try:
             retry_in: int | None = None
+            suspend: SuspendJob | None = None
             try:
                 with run_span(held.job):
-                    result = self.handler(held.view)
+                    try:
+                        result = self.handler(held.view)
+                    except SuspendJob as pause:  # a wait: suspended, neither done nor failed
+                        result, suspend = None, pause  # (and no error on the run's span)
                 if result is not None and not isinstance(result, dict):
                     raise TypeError(f"the handler returned {type(result).__name__}; "
                                     "a result must be a dict or None")
@@ -560,7 +583,9 @@ class Worker:
                                 "failed back to the queue", held.id)
                     return
                 held.state = _JobState.REPORTING
-            if error is None:
+            if suspend is not None:
+                self._report_suspend(held, suspend)
+            elif error is None:
                 self._report_complete(held, result)
             else:
                 self._report_fail(held, error, retry_in)
@@ -589,6 +614,30 @@ class Worker:
             self._count("completed")
             log.info("job %s completed", held.id)
 
+    def _report_suspend(self, held: _HeldJob, pause: SuspendJob) -> None:
+        try:
+            outcome = self._report(held, _Report.SUSPEND, lambda: self.client.suspend(
+                held.id, held.lease_token, **pause.wait.suspend, checkpoint=pause.checkpoint))
+        except (TypeError, ValueError, ValidationFailed) as exc:
+            # A wait the server (or the client) refuses: it can never be stored.
+            detail = f"{exc.detail} {exc.errors or ''}".rstrip() if isinstance(
+                exc, ValidationFailed) else _describe(exc)
+            self._report_fail(held, f"suspend refused: {detail}", None)
+            return
+        if outcome is None or self._cancelled(held, outcome):
+            return
+        self._count("suspended")
+        log.info("job %s suspended: waits for %s%s", held.id, pause.wait.what,
+                 " (resumed at once)" if outcome.get("status") == "pending" else "")
+        if pause.wait.on_token is None:
+            return
+        try:  # the suspend is stored: the token may be handed on
+            pause.wait.on_token(*waitpoint_of(outcome, self.client.url))
+        except BaseException as exc:
+            log.error("job %s: on_token failed; the job stays suspended until its wait "
+                      "times out:\n%s", held.id,
+                      "".join(traceback.format_exception(exc)).rstrip())
+
     def _report_fail(self, held: _HeldJob, error: str, retry_in: int | None) -> None:
         outcome = self._report(held, _Report.FAIL,
                                lambda: self.client.fail(held.id, held.lease_token,
@@ -610,8 +659,8 @@ class Worker:
     def _report(self, held: _HeldJob, report: _Report, send: Callable[[], Job]) -> Job | None:
         """Send until the server answers. The job it answered with when it took the report
         (a repeat after a lost answer included); None when the lease was lost (409/404) or
-        the grace period ran out. ValidationFailed of a complete is raised: the caller fails
-        the job."""
+        the grace period ran out. ValidationFailed of a complete or a suspend is raised: the
+        caller fails the job."""
         what = report.value
         backoff = RECONNECT_BACKOFF_SECONDS
         while True:
@@ -623,8 +672,8 @@ class Worker:
                             "owns the job", held.id, what, exc.detail)
                 return None
             except ValidationFailed as exc:
-                if report is _Report.COMPLETE:
-                    raise  # the result was refused: the caller fails the job instead
+                if report is not _Report.FAIL:
+                    raise  # the result or wait was refused: the caller fails the job instead
                 log.error("job %s: %s refused: %s", held.id, what, exc)
                 return None
             except _UNREACHABLE as exc:

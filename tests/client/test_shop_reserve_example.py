@@ -1,4 +1,4 @@
-"""README.md's reserved-job example (a shop on its own SQLite database: `place_order` and its
+"""docs/CLIENT.md's reserved-job example (a shop on its own SQLite database: `place_order` and its
 check endpoint), run exactly as written: the order placed through a live server, the check
 served by gunicorn and asked by a real `queuelog dispatch`."""
 
@@ -23,6 +23,8 @@ from tests.servers import UNCONFIGURED, GunicornServer, free_port, gunicorn_argv
 
 pytestmark = pytest.mark.slow
 
+CLIENT_DOC = doc_examples.ROOT / "docs" / "CLIENT.md"
+
 
 class Shop:
     """The example as shop.py in a directory of its own, its check served by gunicorn."""
@@ -31,7 +33,7 @@ class Shop:
         self.directory = directory
         self.server = server
         self.check_url = f"http://127.0.0.1:{port}/queuelog/check"
-        (directory / "shop.py").write_text(doc_examples.named(doc_examples.README, "shop.py"))
+        (directory / "shop.py").write_text(doc_examples.named(CLIENT_DOC, "shop.py"))
         self.token = server.create_key("shop", "producer")
         self.secret = self.operator("keys", "check-secret", "shop")
         self.env = _child_env(QUEUELOG_URL=server.url, QUEUELOG_TOKEN=self.token,
@@ -39,7 +41,7 @@ class Shop:
         self.checks = GunicornServer(
             gunicorn_argv(*UNCONFIGURED, "--bind", f"127.0.0.1:{port}", "--workers", "1",
                           app="shop:check"),
-            # The check is served with its secret alone, as the README serves it: it must
+            # The check is served with its secret alone, as docs/CLIENT.md serves it: it must
             # boot without the producer's token.
             {name: value for name, value in self.env.items() if name != "QUEUELOG_TOKEN"},
             port=port, logs=directory, name="shop-check", cwd=directory)
