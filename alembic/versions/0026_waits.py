@@ -3,12 +3,12 @@ token, holding no lease and no slot meanwhile.
 
 - jobs.resumed: how the job's last wait ended, carried by its claims until it suspends again
   (NULL on every job that never waited, so nothing is written to the stored jobs).
-- ix_jobs_suspended_run_at: the suspended jobs by the moment maintenance resumes them;
-  ix_jobs_suspended_type: GET /types counts them per type from it alone.
+- ix_jobs_suspended_type: GET /types counts the suspended jobs per type from it alone.
 - uq_jobs_producer_unique_scope is made again with a predicate in which a suspended job holds
   its unique key as a running one does. No stored job is suspended before this revision, so
   the index holds exactly the rows it held.
-- job_waits: each suspended job's wait (what it waits for, until when, how it ended).
+- job_waits: each suspended job's wait (what it waits for, until when, how it ended), with
+  ix_job_waits_until_at, where maintenance finds the next moment (a sleep's end, a timeout).
 - posted_events: the events producers post, kept for a while (idempotency, early events).
 
 Revision ID: 0026
@@ -50,8 +50,6 @@ def _holder_index(predicate: sa.TextClause) -> None:
 
 def upgrade() -> None:
     op.add_column("jobs", sa.Column("resumed", sa.Text(), nullable=True))
-    op.create_index("ix_jobs_suspended_run_at", "jobs", ["run_at"],
-                    sqlite_where=_SUSPENDED, postgresql_where=_SUSPENDED)
     op.create_index("ix_jobs_suspended_type", "jobs", ["type"],
                     sqlite_where=_SUSPENDED, postgresql_where=_SUSPENDED)
     _holder_index(HOLDER_0026)
@@ -69,6 +67,9 @@ def upgrade() -> None:
         sa.Column("resolved_at", sa.BigInteger(), nullable=True),
         sa.PrimaryKeyConstraint("job_id", name=op.f("pk_job_waits")),
     )
+    unended = sa.text("resolved_at IS NULL")
+    op.create_index("ix_job_waits_until_at", "job_waits", ["until_at"],
+                    sqlite_where=unended, postgresql_where=unended)
     waiting = sa.text("kind = 'event' AND resolved_at IS NULL")
     op.create_index("ix_job_waits_event", "job_waits",
                     ["producer", "event_name", "event_key", "job_id"],
@@ -110,6 +111,5 @@ def downgrade() -> None:
     op.drop_table("job_waits")
     _holder_index(HOLDER_0015)
     op.drop_index("ix_jobs_suspended_type", table_name="jobs")
-    op.drop_index("ix_jobs_suspended_run_at", table_name="jobs")
     with op.batch_alter_table("jobs") as batch:
         batch.drop_column("resumed")

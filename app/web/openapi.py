@@ -87,6 +87,12 @@ _REQUEST_HEADERS: dict[str, tuple[type[Schema], str]] = {
         "May come in the body instead, under the same rule; both present and different is "
         "a 422.",
     ),
+    "EventIdempotencyKey": (
+        IdempotencyKeyHeaderSchema,
+        "Makes the event safe to send again: the same key of the same producer, while the "
+        "event is kept (QUEUELOG_EVENT_KEEP_SECONDS), is the same event, answered as the "
+        "first was with Idempotent-Replayed, resuming nothing more.",
+    ),
 }
 
 

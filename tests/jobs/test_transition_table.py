@@ -151,7 +151,7 @@ CASES = [
     Case("replace", Transition.REPLACE, PENDING_JOB, ({"payload": '{"a":1}'},), {},
          P, EventName.REPLACED, (), {}),
     # Waits (docs/WAITS.md): what it waits for is the suspend's detail to give.
-    Case("suspend", Transition.SUSPEND, RUNNING_JOB, (), {"now_us": 10, "wake_at": 600},
+    Case("suspend", Transition.SUSPEND, RUNNING_JOB, (), {"now_us": 10},
          S, EventName.SUSPENDED, ("suspended",), {}),
     Case("resume", Transition.RESUME, dataclasses.replace(PENDING_JOB, status="suspended"),
          (), {"now_us": 10, "resumed": '{"by":"event","data":null,"at":"x"}'},

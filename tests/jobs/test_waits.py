@@ -392,3 +392,39 @@ def test_a_tokens_data_over_the_payload_limit_is_a_422_and_spends_nothing(api, c
     assert refused.status_code == 422
     assert "data" in refused.json["errors"]
     assert client.post(url, json={"data": {"ok": True}}).status_code == 200
+
+
+def _wait_ends(app: Any) -> list[tuple[Any, ...]]:
+    with app.extensions["queuelog"].db.engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(text(
+            "SELECT job_id, resolved_by FROM job_waits ORDER BY job_id"))]
+
+
+def test_a_cancel_ends_the_wait_so_that_no_moment_of_it_stays_due(api, client, producer,
+                                                                   worker, admin, app, clock):
+    one, lease = running(api, producer, worker)
+    suspend(api, worker, one, lease, wait_for={"event": "x", "timeout_seconds": 30})
+    two, lease_two = running(api, producer, worker)
+    suspend(api, worker, two, lease_two, seconds=30)
+
+    api.cancel(producer, one)
+    bulk = client.post("/jobs/cancel-many", json={"status": "suspended"},
+                       headers=admin.headers)
+
+    assert bulk.status_code == 200, bulk.json
+    assert _wait_ends(app) == [(one, "cancel"), (two, "cancel")]
+    clock.advance(31)  # their moments pass: nothing resumes a cancelled job
+    assert {api.get(admin, job).json["status"] for job in (one, two)} == {"cancelled"}
+
+
+def test_a_wait_its_job_left_otherwise_is_ended_once_its_moment_passes(api, producer, worker,
+                                                                       app, clock):
+    job_id, lease = running(api, producer, worker)
+    suspend(api, worker, job_id, lease, seconds=30)
+    with app.extensions["queuelog"].db.engine.begin() as conn:  # as no code path leaves it
+        conn.execute(text("UPDATE jobs SET status = 'cancelled' WHERE id = :id"),
+                     {"id": job_id})
+
+    clock.advance(31)
+
+    assert _wait_ends(app) == [(job_id, "orphaned")]

@@ -240,14 +240,15 @@ def replaced(changes: dict[str, Any]) -> dict[str, Any]:
     return changes
 
 
-def suspended(*, now_us: int, wake_at: int) -> dict[str, Any]:
+def suspended(*, now_us: int) -> dict[str, Any]:
     """Its holder suspends it (docs/WAITS.md): the attempt ends (outcome suspended, not a
-    failure: retry_count stays), the lease and the worker go, and `wake_at` (a sleep's moment,
-    or a wait's timeout) is kept in run_at, where maintenance finds it. The lease token
-    stays, so that a repeat of the suspend is recognised; the last resume is forgotten."""
-    return {"status": JobStatus.SUSPENDED.value, "run_at": wake_at, "claimed_at": None,
-            "worker_id": None, "lease_expires_at": None, "resumed": None,
-            "updated_at": now_us}
+    failure: retry_count stays), the lease and the worker go. Its run_at stays as it was:
+    the moment it waits for is its wait's (job_waits.until_at), for a future run_at on a
+    million suspended rows would skew PostgreSQL's estimate of the claim's `run_at <= now`
+    and with it the claim's plan. The lease token stays, so that a repeat of the suspend is
+    recognised; the last resume is forgotten."""
+    return {"status": JobStatus.SUSPENDED.value, "claimed_at": None, "worker_id": None,
+            "lease_expires_at": None, "resumed": None, "updated_at": now_us}
 
 
 def resumed(*, now_us: Any, resumed: Any) -> dict[str, Any]:

@@ -16,9 +16,10 @@ from sqlalchemy import Connection, bindparam, exists, func, literal, select
 
 from app.jobs.domain.transitions import Transition
 from app.jobs.sql.job_rows import status_is_job
-from app.jobs.sql.statuses import PENDING, RESERVED, SUSPENDED, WAITING
+from app.jobs.sql.statuses import PENDING, RESERVED, WAITING
+from app.jobs.sql.wait_repository import WAITING as WAIT_NOT_ENDED
 from app.storage.listener import CHANNEL
-from app.storage.schema import dependency_cascades, job_reservations, jobs
+from app.storage.schema import dependency_cascades, job_reservations, job_waits, jobs
 
 _RESCUABLE_ROW = status_is_job(*Transition.RESCUE.from_statuses)
 _DELAYED_ROW = (jobs.c.status == PENDING) & (jobs.c.run_at > jobs.c.created_at)
@@ -32,8 +33,8 @@ _next_expiry = (select(func.min(jobs.c.expires_at))
 _next_delayed = (select(func.min(jobs.c.run_at))
                  .where(_DELAYED_ROW, jobs.c.run_at > bindparam("now"))
                  .scalar_subquery())
-# The predicate of ix_jobs_suspended_run_at: a sleep's end or a wait's timeout.
-_next_suspended = (select(func.min(jobs.c.run_at)).where(jobs.c.status == SUSPENDED)
+# The next wait's moment (a sleep's end or a timeout), from ix_job_waits_until_at.
+_next_suspended = (select(func.min(job_waits.c.until_at)).where(WAIT_NOT_ENDED)
                    .scalar_subquery())
 _came_due = exists().where(_DELAYED_ROW, jobs.c.run_at > bindparam("since"),
                            jobs.c.run_at <= bindparam("now"))

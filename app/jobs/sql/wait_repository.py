@@ -50,7 +50,9 @@ class PostedEvent:
 _WAIT_COLUMNS = (job_waits.c.job_id, job_waits.c.kind, job_waits.c.producer,
                  job_waits.c.event_name, job_waits.c.event_key, job_waits.c.until_at,
                  job_waits.c.suspended_at, job_waits.c.resolved_by, job_waits.c.resolved_at)
-_EVENT_WAITING = and_(job_waits.c.kind == "event", job_waits.c.resolved_at.is_(None))
+# A wait that has not ended (a job cancelled while it waited ends its wait too).
+WAITING = job_waits.c.resolved_at.is_(None)
+_EVENT_WAITING = and_(job_waits.c.kind == "event", WAITING)
 _KEPT = and_(posted_events.c.woken == 0, posted_events.c.taken_by.is_(None))
 
 
@@ -125,17 +127,24 @@ class WaitRepository:
         """Up to `limit` suspended jobs whose moment (a sleep's end, a wait's timeout) has
         come, soonest first: (job id, its wait's kind)."""
         rows = self.conn.execute(
-            select(jobs.c.id, job_waits.c.kind)
-            .select_from(jobs.join(job_waits, job_waits.c.job_id == jobs.c.id))
-            .where(jobs.c.status == _SUSPENDED, jobs.c.run_at <= now_us)
-            .order_by(jobs.c.run_at, jobs.c.id).limit(limit))
-        return [(row.id, row.kind) for row in rows]
+            select(job_waits.c.job_id, job_waits.c.kind)
+            .select_from(job_waits.join(jobs, jobs.c.id == job_waits.c.job_id))
+            .where(WAITING, job_waits.c.until_at <= now_us, jobs.c.status == _SUSPENDED)
+            .order_by(job_waits.c.until_at, job_waits.c.job_id).limit(limit))
+        return [(row.job_id, row.kind) for row in rows]
 
-    def next_suspended_moment(self) -> int | None:
-        """When the next suspended job's moment comes (None: no job is suspended)."""
-        moment: int | None = self.conn.execute(
-            select(func.min(jobs.c.run_at)).where(jobs.c.status == _SUSPENDED)).scalar()
-        return moment
+    def any_due(self, now_us: int) -> bool:
+        """Whether a wait's moment has come (its job's resume, or an orphan's end, is due)."""
+        return self.conn.execute(select(job_waits.c.job_id).where(
+            WAITING, job_waits.c.until_at <= now_us).limit(1)).first() is not None
+
+    def end_orphaned(self, now_us: int) -> None:
+        """End the waits past their moment whose job is no longer suspended."""
+        self.conn.execute(
+            update(job_waits)
+            .where(WAITING, job_waits.c.until_at <= now_us, ~select(jobs.c.id).where(
+                jobs.c.id == job_waits.c.job_id, jobs.c.status == _SUSPENDED).exists())
+            .values(resolved_by="orphaned", resolved_at=now_us))
 
     # -- posted events ------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from app.core.errors import Conflict, NotFound, UniqueConflict, UniqueScopeHeld
 from app.core.statuses import JobStatus
 from app.jobs.domain.models import Job, JobControls
 from app.jobs.domain.transitions import Transition
+from app.jobs.domain.waits import ResumedBy
 from app.jobs.sql.repository import JobRepository
 from app.jobs.tx.uow import JobsTx, JobsUnitOfWork
 from app.jobs.usecases.reads import visible_to
@@ -57,6 +58,9 @@ class Administration:
                                   actor=caller.name, now_us=self.clock.now_us(),
                                   detail={"by": "cancel"})
                 return Cancelled(released or job, released=released is not None)
+            if job.status == JobStatus.SUSPENDED:
+                # Its wait ends with it (docs/WAITS.md): its token is spent, its moment gone.
+                tx.waits.resolve([job_id], ResumedBy.CANCEL, self.clock.now_us())
             if job.status != JobStatus.RUNNING:
                 return Cancelled(self._transition_in(tx, caller, job_id, Transition.CANCEL))
             now = self.clock.now_us()
@@ -113,6 +117,9 @@ class Administration:
             if transition is Transition.RETRY:
                 moved = repo.wait_again(moved)
                 tx.controls.forget_cancel_requests([job.id for job in moved])
+            elif transition is Transition.CANCEL and JobStatus.SUSPENDED in statuses:
+                # Their waits end with them (docs/WAITS.md): no moment of theirs is due.
+                tx.waits.resolve([job.id for job in moved], ResumedBy.CANCEL, now)
             tx.after_transition(transition, moved, actor=caller.name, now_us=now)
             return chosen, moved
 

@@ -111,7 +111,7 @@ class Waits:
             made = Transition.SUSPEND
             wake_at = wait.wake_at(now)
             suspended = repo.apply_transition(
-                made, job_id, made.values(now_us=now, wake_at=wake_at), worker=caller.name,
+                made, job_id, made.values(now_us=now), worker=caller.name,
                 now_us=now, lease_token=lease_token)
             if suspended is None:  # another transaction changed it first (PostgreSQL only)
                 raise ReportRefused("The job changed while this request ran; its lease is "
@@ -203,7 +203,10 @@ class Waits:
 
     def resume_due(self) -> int:
         """Maintenance: resume the suspended jobs whose moment has come (a sleep's end: by
-        time; a wait's timeout: by timeout), a batch per transaction; how many."""
+        time; a wait's timeout: by timeout), a batch per transaction; how many. Asked first
+        in a read, so that a round with nothing due writes nothing."""
+        if not self.uow.read(lambda tx: tx.waits.any_due(self.clock.now_us())):
+            return 0
         total = 0
         while True:
             def resume_in(tx: JobsTx) -> int:
@@ -213,16 +216,16 @@ class Waits:
                 timed_out = [job_id for job_id, kind in due if kind != WaitKind.TIME]
                 self._resume(tx, slept, ResumedBy.TIME, None, now)
                 self._resume(tx, timed_out, ResumedBy.TIMEOUT, None, now)
+                if len(due) < RESUME_BATCH:
+                    # A wait whose job left it otherwise and kept it open (none should) is
+                    # ended, or its moment would stay due at every ask of maintenance.
+                    tx.waits.end_orphaned(now)
                 return len(due)
 
             batch = self.uow.write_alone(resume_in)
             total += batch
             if batch < RESUME_BATCH:
                 return total
-
-    def next_moment(self) -> int | None:
-        """When the next suspended job's moment comes (None: none is suspended)."""
-        return self.uow.read(lambda tx: tx.waits.next_suspended_moment())
 
     def forget_events(self) -> None:
         """Maintenance: remove the events whose keeping has ended, a batch per transaction,

@@ -84,8 +84,9 @@ def suspend_job(job_id: int) -> Response:
             "resumes with its data; when none waits, it is kept for the first wait for it. "
             "Producers (for their own jobs), and admins naming the producer. An "
             "Idempotency-Key makes a re-sent event the same one.",
-            body=PostEventSchema, body_required=True, request_headers=["Idempotency-Key"],
-            replies=[Reply(200, "How many jobs it resumed.", EventPostedSchema)])
+            body=PostEventSchema, body_required=True, request_headers=["EventIdempotencyKey"],
+            replies=[Reply(200, "How many jobs it resumed (on a repeat, as the first "
+                           "answered).", EventPostedSchema, ("Idempotent-Replayed",))])
 @require_roles(Role.PRODUCER, Role.ADMIN)
 def post_event() -> Response:
     body = load_body(_event_schema)

@@ -307,14 +307,6 @@ Index(
 # Suspended jobs, counted per type by GET /types from this index alone.
 Index("ix_jobs_suspended_type", jobs.c.type, sqlite_where=text("status = 'suspended'"),
       postgresql_where=text("status = 'suspended'"))
-# Suspended jobs by the moment maintenance resumes them (a sleep's end, a wait's timeout:
-# docs/WAITS.md). Only a suspend and a resume write it; a suspended job is in no claim index.
-Index(
-    "ix_jobs_suspended_run_at",
-    jobs.c.run_at,
-    sqlite_where=text("status = 'suspended'"),
-    postgresql_where=text("status = 'suspended'"),
-)
 
 # The reserved jobs of each type, which GET /types counts (docs/JOBS.md, Reserved jobs).
 Index("ix_jobs_reserved_type", jobs.c.type,

@@ -1,6 +1,7 @@
 """What suspended jobs wait for, and the events producers post (docs/WAITS.md). Beside the
-jobs table: only a job that suspends writes here, and a suspended job's moment (its sleep's
-end or its wait's timeout) is its row's run_at, where maintenance finds it."""
+jobs table: only a job that suspends writes here. A suspended job's moment (its sleep's end
+or its wait's timeout) is its wait's until_at, not its row's run_at: a million future run_at
+values would skew PostgreSQL's estimate of the claim's `run_at <= now`."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ Index("ix_job_waits_event", job_waits.c.producer, job_waits.c.event_name,
       job_waits.c.event_key, job_waits.c.job_id,
       sqlite_where=text("kind = 'event' AND resolved_at IS NULL"),
       postgresql_where=text("kind = 'event' AND resolved_at IS NULL"))
+# The waits by their moment (a sleep's end, a timeout), while they last: maintenance reads
+# the next one from here (docs/WAITS.md).
+Index("ix_job_waits_until_at", job_waits.c.until_at,
+      sqlite_where=text("resolved_at IS NULL"), postgresql_where=text("resolved_at IS NULL"))
 # A token is looked up by its hash alone, and names one wait.
 Index("uq_job_waits_token_hash", job_waits.c.token_hash, unique=True,
       sqlite_where=text("token_hash IS NOT NULL"),
