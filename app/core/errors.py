@@ -51,8 +51,7 @@ class UniqueConflict(Conflict):
 
 class WaitEnded(Conflict):
     """A waitpoint token answered after its wait ended (docs/WAITS.md): `ended_at` (RFC 3339)
-    and `ended_by` (token, timeout, time, event; None: the job left it otherwise, a cancel)
-    say when and how."""
+    and `ended_by` (token, timeout, cancel; None: not recorded) say when and how."""
 
     def __init__(self, detail: str, ended_at: str | None, ended_by: str | None) -> None:
         super().__init__(detail)

@@ -164,8 +164,8 @@ class ProblemSchema(Schema):
     ended_at = fields.String(allow_none=True, metadata={
         "format": "date-time", "description": "On a wait-ended: when the wait ended."})
     ended_by = fields.String(allow_none=True, metadata={
-        "description": "On a wait-ended: what ended it (token, timeout). Neither member: "
-                       "its job was cancelled."})
+        "description": "On a wait-ended: what ended it (token, timeout; cancel: its job was "
+                       "cancelled)."})
 
 
 def flatten_errors(messages: Any, prefix: str = "") -> dict[str, list[str]]:

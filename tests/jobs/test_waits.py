@@ -153,6 +153,20 @@ def test_an_event_posted_before_the_wait_is_kept_and_resumes_it_at_once(api, pro
         "suspended"
 
 
+def test_an_idempotency_key_names_one_event_whatever_else_is_sent_with_it(api, producer,
+                                                                          worker):
+    key = {"Idempotency-Key": "one"}
+    job_id, lease = running(api, producer, worker)
+    suspend(api, worker, job_id, lease, wait_for={"event": "b", "timeout_seconds": 60})
+
+    assert post_event(api, producer, key, name="a").json == {"woken": 0}
+    again = post_event(api, producer, key, name="b")  # another name, the same key
+
+    assert (again.status_code, again.json) == (200, {"woken": 0})
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert api.get(producer, job_id).json["status"] == "suspended"
+
+
 def test_an_event_sent_again_with_its_idempotency_key_is_one_event(api, producer, worker):
     key = {"Idempotency-Key": "paid-7"}
     first = post_event(api, producer, key, name="invoice.paid", key="7")
@@ -241,7 +255,9 @@ def test_a_suspended_job_is_cancelled_at_once_and_its_token_is_spent(api, client
 
     assert cancelled.status_code == 200
     assert cancelled.json["status"] == "cancelled"
-    assert client.post(answer.json["waitpoint"]["url"], json={}).status_code == 409
+    late = client.post(answer.json["waitpoint"]["url"], json={})
+    assert late.status_code == 409
+    assert late.json["ended_by"] == "cancel"
 
 
 # -- what a suspended job holds ---------------------------------------------------------------

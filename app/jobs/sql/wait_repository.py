@@ -164,6 +164,21 @@ class WaitRepository:
         ).scalar_one()
         return event_id
 
+    def add_event_once(self, values: Mapping[str, Any]) -> int | None:
+        """Store a posted event with an idempotency key; its id, or None when the producer's
+        key names a stored event already (this one is then not stored)."""
+        stmt = (conflict_insert(self.conn, posted_events).values(dict(values))
+                .on_conflict_do_nothing(
+                    index_elements=[posted_events.c.producer, posted_events.c.idempotency_key],
+                    index_where=posted_events.c.idempotency_key.is_not(None))
+                .returning(posted_events.c.id))
+        found: int | None = self.conn.execute(stmt).scalar()
+        return found
+
+    def set_woken(self, event_id: int, woken: int) -> None:
+        self.conn.execute(update(posted_events).where(posted_events.c.id == event_id)
+                          .values(woken=woken))
+
     def take_kept_event(self, producer: str, name: str, key: str, job_id: int,
                         now_us: int) -> PostedEvent | None:
         """The oldest event of `producer`'s name and key that woke nobody and is still kept,

@@ -168,17 +168,24 @@ class Waits:
         def post_in(tx: JobsTx) -> EventPosted:
             now = self.clock.now_us()
             tx.waits.lock_event(producer, name, key)
+            stored = {"producer": producer, "name": name, "event_key": key,
+                      "data": stored_data, "idempotency_key": idempotency_key,
+                      "posted_at": now, "keep_until": now + self.event_keep_us, "woken": 0,
+                      "taken_by": None}
+            event_id = None
             if idempotency_key is not None:
-                first = tx.waits.event_by_idempotency_key(producer, idempotency_key)
-                if first is not None:
-                    return EventPosted(first.woken, replayed=True)
+                # Stored first, so that a rival with the same key (another name's lock)
+                # waits for this one's commit at the unique index and then finds it.
+                event_id = tx.waits.add_event_once(stored)
+                if event_id is None:
+                    first = tx.waits.event_by_idempotency_key(producer, idempotency_key)
+                    return EventPosted(0 if first is None else first.woken, replayed=True)
             waiters = tx.waits.event_waiters(producer, name, key)
             woken = self._resume(tx, waiters, ResumedBy.EVENT, stored_data, now, actor=actor)
-            tx.waits.add_event({
-                "producer": producer, "name": name, "event_key": key, "data": stored_data,
-                "idempotency_key": idempotency_key, "posted_at": now,
-                "keep_until": now + self.event_keep_us, "woken": len(woken),
-                "taken_by": None})
+            if event_id is None:
+                tx.waits.add_event(stored | {"woken": len(woken)})
+            elif woken:
+                tx.waits.set_woken(event_id, len(woken))
             return EventPosted(len(woken))
 
         return self.uow.run(post_in)
