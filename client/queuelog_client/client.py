@@ -602,7 +602,7 @@ class Client:
     def post_event(self, name: str, data: Mapping[str, Any] | None = None, *, key: str = "",
                    producer: str | None = None,
                    idempotency_key: str | None = None) -> dict[str, Any]:
-        """Post an event (producers; an admin names the `producer` it is posted as):
+        """Post an event (for the caller's own jobs; an admin may name another `producer`):
         resumes every job of that producer suspended on `name` and `key`, handing them
         `data`; an event nobody waits for yet is kept a while, and the next wait for it
         resumes at once. Returns `{"woken": n}`. It carries an idempotency key (a fresh one

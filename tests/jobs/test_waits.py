@@ -341,7 +341,6 @@ def test_a_suspend_with_a_bad_wait_is_a_422_naming_the_field(api, producer, work
     ({"name": ""}, "name"),
     ({"name": "x", "key": "k" * 256}, "key"),
     ({"name": "x", "data": {"blob": "x" * 70_000}}, "data"),
-    ({"name": "x", "producer": "producer-1"}, "producer"),
 ])
 def test_a_bad_event_is_a_422_naming_the_field(api, producer, body, field):
     answer = post_event(api, producer, **body)
@@ -349,10 +348,14 @@ def test_a_bad_event_is_a_422_naming_the_field(api, producer, body, field):
     assert field in answer.json["errors"]
 
 
-def test_an_admins_event_names_its_producer(api, admin):
-    answer = post_event(api, admin, name="x")
-    assert answer.status_code == 422
-    assert "producer" in answer.json["errors"]
+def test_an_event_is_for_the_callers_jobs_or_an_admins_named_producers(api, producer,
+                                                                        make_key, admin):
+    other = make_key("producer-2", "producer")
+    assert post_event(api, producer, name="x", producer="producer-1").status_code == 200
+    refused = post_event(api, other, name="x", producer="producer-1")
+    assert refused.status_code == 403
+    assert post_event(api, admin, name="x").json == {"woken": 0}  # its own jobs'
+    assert post_event(api, admin, name="x", producer="producer-1").status_code == 200
 
 
 def test_a_suspended_job_is_never_purged_and_its_wait_goes_with_it_once_finished(

@@ -150,11 +150,17 @@ class DependencyRepository:
         flagged already are left unwritten (and unlocked)."""
         wanted = sorted(set(ids) - self._flagged)
         for chunk in chunked(wanted):
-            stmt = (update(jobs).where(jobs.c.id.in_(chunk), jobs.c.has_dependents.is_(None))
-                    .values(has_dependents=_FLAGGED))
+            # The rows to write are locked in id order by the sub-select first: an UPDATE
+            # alone locks them in the order its plan reads them, and two transactions
+            # taking the same rows in different orders deadlock (a workflow's enqueue against
+            # the completes of its dependencies, seen under load).
+            chosen = (select(jobs.c.id)
+                      .where(jobs.c.id.in_(chunk), jobs.c.has_dependents.is_(None))
+                      .order_by(jobs.c.id).with_for_update(key_share=True))
             if unfinished_only:
-                stmt = stmt.where(jobs.c.status.in_(_UNFINISHED))
-            self.conn.execute(stmt)
+                chosen = chosen.where(jobs.c.status.in_(_UNFINISHED))
+            self.conn.execute(update(jobs).where(jobs.c.id.in_(chosen.scalar_subquery()))
+                              .values(has_dependents=_FLAGGED))
         self._flagged.update(wanted)
 
     def resolve_edges(self, finished_ids: Collection[int], limit: int) -> list[Edge]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from marshmallow import ValidationError, fields, validates_schema
+from marshmallow import ValidationError, fields, validate, validates_schema
 
 from app.core.limits import EVENT_KEY_CHARS, EVENT_NAME_CHARS, NAME_CHARS, WAIT_SECONDS
 from app.jobs.web.requests import LeaseFencedSchema, checkpoint_field
@@ -30,7 +30,7 @@ def _event_key() -> fields.String:
     # Printable ASCII or empty: a key is an id of the producer's (an order's, a user's).
     return fields.String(load_default="", validate=[
         length_within(EVENT_KEY_CHARS),
-        lambda key: PRINTABLE_ASCII_TEXT(key) if key else key])
+        validate.Regexp(r"^[\x20-\x7e]*\Z", error="Must be printable ASCII.")])
 
 
 class WaitForSchema(StrictSchema):
@@ -83,8 +83,10 @@ class PostEventSchema(StrictSchema):
     key = _event_key()
     data = fields.Dict(load_default=None, allow_none=True)
     producer = fields.String(validate=[length_within(NAME_CHARS), PRINTABLE_ASCII_TEXT],
-                             metadata={"description": "Admins only: the producer key (by "
-                                                      "name) whose jobs the event is for."})
+                             metadata={"description": "The producer key (by name) whose jobs "
+                                                      "the event is for: the caller's own by "
+                                                      "default; another's, admins only "
+                                                      "(403)."})
 
 
 class EventPostedSchema(StrictSchema):

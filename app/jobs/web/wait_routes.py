@@ -9,7 +9,7 @@ from flask import Blueprint, Response, current_app, jsonify, url_for
 
 from app.core.callers import Role
 from app.core.clock import MICROS, to_rfc3339
-from app.core.errors import ValidationFailed
+from app.core.errors import Forbidden, ValidationFailed
 from app.core.limits import WAIT_SECONDS
 from app.jobs.domain.waits import Wait, WaitKind
 from app.jobs.usecases.service import JobService
@@ -82,24 +82,23 @@ def suspend_job(job_id: int) -> Response:
 @bp.post("/events")
 @documented("Post an event: every suspended job of the producer waiting for its name and key "
             "resumes with its data; when none waits, it is kept for the first wait for it. "
-            "Producers (for their own jobs), and admins naming the producer. An "
-            "Idempotency-Key makes a re-sent event the same one.",
+            "Producers for their own jobs; admins for theirs, or for the producer they name. "
+            "An Idempotency-Key makes a re-sent event the same one.",
             body=PostEventSchema, body_required=True, request_headers=["EventIdempotencyKey"],
             replies=[Reply(200, "How many jobs it resumed (on a repeat, as the first "
-                           "answered).", EventPostedSchema, ("Idempotent-Replayed",))])
+                           "answered).", EventPostedSchema, ("Idempotent-Replayed",))],
+            errors=[403])
 @require_roles(Role.PRODUCER, Role.ADMIN)
 def post_event() -> Response:
     body = load_body(_event_schema)
     caller = current_caller()
-    producer = body.get("producer")
-    if caller.is_admin and producer is None:
-        raise ValidationFailed("The request has invalid fields.", errors={
-            "producer": ["An admin names the producer whose jobs the event is for."]})
-    if not caller.is_admin and producer is not None:
-        raise ValidationFailed("The request has invalid fields.", errors={
-            "producer": ["Admins only: a producer's events are its own."]})
+    # An event is for the jobs of one key (docs/WAITS.md): the caller's own (an admin's
+    # enqueues are its own too), or, for an admin, the producer it names.
+    producer = body.get("producer", caller.name)
+    if producer != caller.name and not caller.is_admin:
+        raise Forbidden("A producer posts events for its own jobs only.")
     posted = _service().waits.post_event(
-        producer or caller.name, body["name"], body["key"], body["data"],
+        producer, body["name"], body["key"], body["data"],
         idempotency_key=idempotency_key_header(), actor=caller.name)
     response = jsonify({"woken": posted.woken})
     if posted.replayed:
