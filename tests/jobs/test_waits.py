@@ -447,3 +447,46 @@ def test_a_wait_its_job_left_otherwise_is_ended_once_its_moment_passes(api, prod
     clock.advance(31)
 
     assert _wait_ends(app) == [(job_id, "orphaned")]
+
+
+def test_a_fair_types_job_resumes_into_its_rounds_and_is_claimed_again(api, client, producer,
+                                                                         worker, admin):
+    assert client.patch("/types/email", json={"fairness": "key"},
+                        headers=admin.headers).status_code == 200
+    job_id, lease = running(api, producer, worker, concurrency_key="acct-1")
+    other = api.enqueue(producer, concurrency_key="acct-2").json["id"]
+    suspend(api, worker, job_id, lease, wait_for={"event": "go", "timeout_seconds": 60})
+    post_event(api, producer, name="go")
+
+    claimed = {api.claim(worker).json["id"] for _ in range(2)}
+
+    assert claimed == {job_id, other}
+
+
+def test_cancelling_a_suspended_job_passes_its_ordered_keys_turn_on(api, client, producer,
+                                                                     worker, admin):
+    assert client.patch("/types/email", json={"ordering": "key"},
+                        headers=admin.headers).status_code == 200
+    first, lease = running(api, producer, worker, concurrency_key="acct-1")
+    second = api.enqueue(producer, concurrency_key="acct-1").json["id"]
+    suspend(api, worker, first, lease, seconds=600)
+    assert api.get(admin, second).json["status"] == "waiting"
+
+    api.cancel(producer, first)
+
+    assert api.get(admin, second).json["status"] == "pending"
+    assert api.claim(worker).json["id"] == second
+
+
+def test_a_job_resuming_into_a_unique_key_a_twin_took_resumes_without_it(api, producer, worker,
+                                                                         admin):
+    unique = {"key": "sync-7", "while": ["pending"]}
+    job_id, lease = running(api, producer, worker, unique=unique)
+    twin = api.enqueue(producer, unique=unique).json["id"]  # the key is free while it runs
+    assert twin != job_id
+    suspend(api, worker, job_id, lease, wait_for={"event": "go", "timeout_seconds": 60})
+
+    assert post_event(api, producer, name="go").json == {"woken": 1}
+
+    assert api.get(admin, job_id).json["status"] == "pending"
+    assert api.get(admin, twin).json["status"] == "pending"  # still holding the key

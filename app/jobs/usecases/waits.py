@@ -260,12 +260,13 @@ class Waits:
         made = Transition.RESUME
         values = made.values(now_us=now, resumed=resumed_text(by, data, now))
         resumed = tx.jobs.apply_transition_to_many(made, job_ids, values)
-        left = set(job_ids) - {job.id for job in resumed}
-        if left:
-            # A unique job whose key a twin took while it waited (its while set holds pending
-            # but not running) resumes without the key, as a failed attempt's retry does.
-            resumed += tx.jobs.apply_transition_to_many(made, sorted(left),
-                                                        values | {"unique_while": None})
+        # A unique job whose key a twin took while it waited (its while set holds pending but
+        # not running) was left out: it resumes without the key, as a failed attempt's retry
+        # does (app/jobs/tx/attempts.py). A job no longer suspended changes nothing here.
+        for job_id in sorted(set(job_ids) - {job.id for job in resumed}):
+            keyless = tx.jobs.apply_transition(made, job_id, values | {"unique_while": None})
+            if keyless is not None:
+                resumed.append(keyless)
         tx.waits.resolve([job.id for job in resumed], by.value, now)
         tx.events[CLAIMABLE] += len(resumed)
         tx.after_transition(made, resumed, actor=actor, now_us=now)
