@@ -685,8 +685,13 @@ def test_an_operator_finds_a_suspended_job_and_what_it_waits_for(
     browser.delete_all_cookies()
     _sign_in(browser, server, admin)
 
-    # The list filtered to suspended jobs says what each waits for.
-    browser.get(server.url_of("/ui/jobs?status=suspended"))
+    # The overview counts it, a link to the list filtered to suspended jobs, which says what
+    # each waits for.
+    browser.get(server.url_of("/ui/"))
+    counted = browser.find_element(
+        By.CSS_SELECTOR, "a[href*='status=suspended'][href*='type=email']")
+    assert counted.text == "1"
+    _follow(browser, counted)
     row = browser.find_element(By.XPATH, f"//th[normalize-space()='{job_id}']/..")
     assert "suspended" in row.text
     assert "waits for the event order.shipped, key 1001" in row.text
