@@ -17,8 +17,10 @@ SQLite and PostgreSQL differ in exactly these places, all in app/storage:
 from __future__ import annotations
 
 import os
+import random
 import select
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -324,9 +326,17 @@ def _may_write(statement: str) -> bool:
 
 
 # deadlock_detected, serialization_failure: a transaction PostgreSQL undid whole, to be run
-# again; a write meeting one is run up to this many times.
+# again; a write meeting one is run up to this many times, each time after a short random
+# pause that grows with the attempts: run again at once, the two transactions of a deadlock
+# meet again the same way, and under load three such meetings in a row were seen (a 503 in
+# a workflows test).
 _RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
-_WRITE_ATTEMPTS = 3
+_WRITE_ATTEMPTS = 5
+_RETRY_PAUSE_SECONDS = 0.01
+
+
+def _pause_before_attempt(attempt: int) -> None:
+    time.sleep(random.uniform(0, _RETRY_PAUSE_SECONDS * attempt))
 
 
 def undone_to_run_again(error: DBAPIError) -> bool:
@@ -389,6 +399,7 @@ class Database:
                 if not undone_to_run_again(exc) or attempts == _WRITE_ATTEMPTS:
                     raise
                 attempts += 1
+                _pause_before_attempt(attempts)
 
     def run_statement(self, fn: Callable[[Connection], T]) -> T:
         """As run_write, for work that sends one statement that may write: on PostgreSQL in
@@ -421,6 +432,7 @@ class Database:
                 if not undone_to_run_again(exc) or attempts == _WRITE_ATTEMPTS:
                     raise
                 attempts += 1
+                _pause_before_attempt(attempts)
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
