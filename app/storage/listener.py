@@ -1,8 +1,8 @@
 """Listening to PostgreSQL's notifications: one session per host (docs/SCALING.md, "The
 database tells every host").
 
-The database's triggers send a notification on CHANNEL when a statement changes what a
-waiting process acts on (migration 0025): its payload names the kinds of change,
+The database's triggers send a notification on CHANNEL when a transaction changes what a
+waiting process acts on (migrations 0025 and 0027): its payload names the kinds of change,
 space-separated. Of the processes of one host that serve a database, the one holding an
 exclusive flock on a file beside the host's wake directory listens, on a connection of its own
 taken out of the pool (never lent to a request); the others wait on the flock, which the

@@ -275,13 +275,14 @@ def _dependents_on_b_wake_when_a_completes(a: Host, b: Host, ledger: Ledger,
     worker_on_a = a.client("worker")
     claimed = worker_on_a.claim(types=["pdf"], lease_seconds=60)
     assert claimed.json()["id"] == first, claimed.text
-    _complete(worker_on_a, claimed)
+    # From before the complete is sent: B may answer before A's own answer is read.
     completed_at = time.monotonic()
+    _complete(worker_on_a, claimed)
 
     answers = [future.result(timeout=30) for future in waiting]
     woken = [answer.done_at - completed_at for answer in answers]
     print(f"dependents claimed on B {', '.join(f'{s:.2f}' for s in woken)} s after A "
-          "completed their dependency")
+          "sent the complete of their dependency")
     responses = [answer.response for answer in answers if answer.response is not None]
     assert sorted(response.json()["id"] for response in responses) == dependents, answers
     for response, worker in zip(responses, workers_on_b, strict=True):

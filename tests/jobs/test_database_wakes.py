@@ -140,6 +140,52 @@ def test_each_change_a_waiter_acts_on_is_told_once_and_nothing_else(served_app, 
     engine.dispose()
 
 
+def test_a_transaction_tells_once_what_all_its_statements_changed(served_app, notices):
+    """PostgreSQL takes its server-wide notify lock per transaction and folds only equal
+    notices: an end that frees other jobs (its dependents, its ordered key's next job) in the
+    same transaction is told in one notice, and a schedule's firing in the job's notice."""
+    client = served_app.test_client()
+    producer, worker, admin = _keys(served_app)
+    assert client.patch("/types/sync", json={"ordering": "key"},
+                        headers=admin).status_code == 200
+
+    def claim_and(outcome: str, job_type: str, body: dict[str, Any]) -> None:
+        claimed = client.post("/jobs/claim", json={"types": [job_type]}, headers=worker).json
+        notices.told()  # a type's first claim makes its row: 'types', a transaction of its own
+        answer = client.post(f"/jobs/{claimed['id']}/{outcome}", json=body, headers=worker)
+        assert answer.status_code == 200, answer.json
+
+    first = client.post("/jobs", json={"type": "email"}, headers=producer).json
+    dependent = client.post("/jobs", json={"type": "pdf", "depends_on": [first["id"]]},
+                            headers=producer).json
+    notices.told()
+    claim_and("complete", "email", {"result": {}})
+    assert notices.told() == ["claimable finished"]  # the end and its dependent's release
+    assert client.get(f"/jobs/{dependent['id']}", headers=admin).json["status"] == "pending"
+
+    for _ in range(2):
+        client.post("/jobs", json={"type": "sync", "concurrency_key": "acct-1"},
+                    headers=producer)
+    notices.told()
+    claim_and("complete", "sync", {"result": {}})
+    assert notices.told() == ["claimable finished"]  # the end and the key's next turn
+
+    failing = client.post("/jobs", json={"type": "email", "max_retries": 0},
+                          headers=producer).json
+    client.post("/jobs", json={"type": "pdf", "depends_on": [failing["id"]]}, headers=producer)
+    notices.told()
+    claim_and("fail", "email", {"error": "gone"})
+    assert len(notices.told()) == 1  # the end, and its dependent cancelled
+
+    schedules = served_app.extensions["queuelog"].schedules
+    made = client.post("/schedules", json={"name": "minutely", "cron": "* * * * *",
+                                           "job": {"type": "email"}}, headers=admin)
+    assert made.status_code == 201, made.json
+    assert notices.told() == ["schedules"]  # a setting changed: every ticker looks again
+    assert schedules.fire_due(Clock().now_us() + 61 * MICROS) == 1
+    assert notices.told() == ["claimable"]  # its slot's job; the slot moved on tells nobody
+
+
 def test_with_nobody_waiting_the_jobs_changes_tell_nobody(served_app, pg_url):
     """The jobs' notices go out only while some process's requests wait (a notifying commit
     takes a lock for the whole server): a settings or schedule change is told still."""
@@ -273,6 +319,55 @@ def test_the_migration_adds_the_triggers_and_index_to_a_database_0024_filled(emp
         listening.close()
     command.downgrade(alembic_config(empty_db_url), "0024")
     assert "ix_jobs_delayed_run_at" not in indexes()
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM jobs")).scalar() == 2
+    engine.dispose()
+
+
+def test_one_notice_per_transaction_on_a_database_0026_filled(empty_db_url, engine_name):
+    upgrade(empty_db_url, "0026")
+    engine = make_engine(empty_db_url, pooled=False)
+    ends_and_frees = (  # a dependency's end and its dependent's release, one transaction
+        "UPDATE jobs SET status = 'completed' WHERE id = 1",
+        "UPDATE job_dependencies SET resolved = 1 WHERE depends_on_id = 1",
+        "UPDATE jobs SET status = 'pending' WHERE id = 2")
+
+    def told_by(statements: tuple[str, ...]) -> list[str]:
+        listening = Notices(empty_db_url)
+        with engine.begin() as conn:
+            for statement in statements:
+                conn.execute(text(statement))
+        told = listening.told()
+        listening.close()
+        return told
+
+    def fill() -> None:
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM job_dependencies"))
+            conn.execute(text("DELETE FROM jobs"))
+            conn.execute(text(
+                "INSERT INTO jobs (id, type, payload, priority, status, retry_count,"
+                " max_retries, producer, run_at, created_at, updated_at) VALUES"
+                " (1, 'email', '{}', 10, 'running', 0, 3, 'p', 1, 1, 1),"
+                " (2, 'pdf', '{}', 10, 'waiting', 0, 3, 'p', 1, 1, 1)"))
+            conn.execute(text(
+                "INSERT INTO job_dependencies (job_id, position, depends_on_id,"
+                " cancel_on_failure, resolved) VALUES (2, 0, 1, 1, 0)"))
+
+    fill()
+    if engine_name == "postgresql":
+        _someone_waits(empty_db_url)
+        assert told_by(ends_and_frees) == ["finished", "claimable"]  # 0026: one per statement
+        fill()
+    upgrade(empty_db_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM job_dependencies")).scalar() == 1
+    if engine_name == "postgresql":
+        assert told_by(ends_and_frees) == ["claimable finished"]
+        fill()
+    command.downgrade(alembic_config(empty_db_url), "0026")
+    if engine_name == "postgresql":
+        assert told_by(ends_and_frees) == ["finished", "claimable"]
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM jobs")).scalar() == 2
     engine.dispose()
