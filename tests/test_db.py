@@ -328,7 +328,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0027"
+        assert current_revision(conn) == head_revision() == "0028"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
@@ -344,7 +344,7 @@ def test_postgres_tables_carry_the_storage_parameters_of_0011(empty_db_url, engi
     database = Database(make_engine(empty_db_url))
     if engine_name == "sqlite":
         with database.read() as conn:
-            assert current_revision(conn) == "0027"
+            assert current_revision(conn) == "0028"
         database.engine.dispose()
         return
     with database.read() as conn:

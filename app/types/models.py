@@ -70,6 +70,15 @@ class TypeSettings:
     # Whose are its concurrency keys (migration 0021): None each producer's own, "shared" one
     # key for every producer of the type (docs/FLOW-CONTROL.md).
     key_scope: str | None = None
+    # Protection (migration 0028, docs/FLOW-CONTROL.md): the breaker's and the retry budget's
+    # settings as stored (compact JSON; None: off), where the circuit stands (None: closed),
+    # since when, opened by which failure group (JSON), and the budget's schedule.
+    circuit: str | None = None
+    circuit_state: str | None = None
+    circuit_since: int | None = None
+    circuit_opened_by: str | None = None
+    retry_budget: str | None = None
+    retry_budget_at: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> TypeSettings:

@@ -30,6 +30,7 @@ from app.storage.schema.history import (
     job_depth,
     job_events,
     job_stats,
+    type_tallies,
 )
 from app.storage.schema.jobs import (
     UNIQUE_HOLDER_PREDICATE,
@@ -42,6 +43,7 @@ from app.storage.schema.settings import (
     job_types,
     job_waiters,
     key_activity,
+    push_origins,
     schedules,
     ui_sessions,
     ui_sign_in_failures,
@@ -75,7 +77,9 @@ __all__ = [
     "key_turns",
     "metadata",
     "posted_events",
+    "push_origins",
     "schedules",
+    "type_tallies",
     "ui_sessions",
     "ui_sign_in_failures",
     "workflow_jobs",

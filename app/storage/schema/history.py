@@ -80,6 +80,22 @@ job_stats = Table(
 # Every type's minutes at once (the overview), and the ticker's removal of the old ones.
 Index("ix_job_stats_minute", job_stats.c.minute)
 
+# Per type, second and process slot, what the job transactions of the types with a circuit
+# breaker or a retry budget ended and started (migration 0028): each process adds its counts
+# about every quarter second (app/types/protection/tallies.py), so that no job's request writes
+# more, and the breaker's and the budget's windows (10 s to an hour) read them summed.
+type_tallies = Table(
+    "type_tallies",
+    metadata,
+    Column("type", String(100), primary_key=True),
+    Column("second", BigInteger, primary_key=True),
+    Column("slot", SmallInteger, primary_key=True),
+    Column("finished", BigInteger, nullable=False),  # attempts that ended (completed or failed)
+    Column("failed", BigInteger, nullable=False),
+    Column("started_first", BigInteger, nullable=False),  # claims of a job's first attempt
+)
+Index("ix_type_tallies_second", type_tallies.c.second)
+
 # Per type and minute, the pending jobs the ticker counted in that minute (the last count of
 # the minute wins).
 job_depth = Table(

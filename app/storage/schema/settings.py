@@ -53,6 +53,31 @@ job_types = Table(
     # Keys per producer (migration 0021): 'shared' makes one (type, key) the same key for
     # every producer; NULL: each producer's keys are its own.
     Column("key_scope", String(8), nullable=True),
+    # A type that protects itself (migration 0028, docs/FLOW-CONTROL.md): its circuit breaker
+    # and retry budget (compact JSON; NULL: off); where its circuit stands (NULL: closed, else
+    # 'open' or 'half_open'), since when and opened by which failure group (JSON); and the
+    # retry budget's schedule (when the next retry held back may run).
+    Column("circuit", Text, nullable=True),
+    Column("circuit_state", String(9), nullable=True),
+    Column("circuit_since", Micros, nullable=True),
+    Column("circuit_opened_by", Text, nullable=True),
+    Column("retry_budget", Text, nullable=True),
+    Column("retry_budget_at", Micros, nullable=True),
+)
+
+# Per push origin (scheme://host:port), the deliveries the dispatcher lets run at once now:
+# `cap` is its types' cap, `concurrency` what it has adapted to (halved on a 429, a 503 or a
+# timeout, grown back by one per window of successes), `held_until` the end of the origin's
+# last Retry-After (docs/PUSH.md, "Adaptive concurrency"). Written by the dispatcher when the
+# figure changes; GET /types shows it.
+push_origins = Table(
+    "push_origins",
+    metadata,
+    Column("origin", String(300), primary_key=True),
+    Column("concurrency", Integer, nullable=False),
+    Column("cap", Integer, nullable=False),
+    Column("held_until", Micros, nullable=True),
+    Column("updated_at", Micros, nullable=False),
 )
 
 # No AUTOINCREMENT here: a key's row is never deleted (revocation keeps it, so that its name
