@@ -37,6 +37,8 @@ from app.storage.engine import Database, database_identity, make_engine
 from app.storage.leadership import leadership_of
 from app.storage.uow import EventSink, UnitOfWork
 from app.types.flow import FlowControl, SkipSink
+from app.types.protection.retry_budget import RetryBudgets
+from app.types.protection.tallies import Protection
 from app.types.repository import key_modes_of
 from app.types.service import TypeService
 from app.types.settings_copy import TypeSettingsCopy
@@ -63,6 +65,8 @@ class Services:
     maintenance: MaintenanceLoop
     # Writes this process's stats counts once a second once started (start_stats_flusher).
     stats_flusher: StatsFlusher
+    # The protected types' tallies and circuit moves (app/types/protection/tallies.py).
+    protection: Protection
     type_settings: TypeSettingsCopy  # this process's copy of the job types' settings
     # This host's other processes of the database: their waiting requests' wakes.
     host: HostWake
@@ -75,6 +79,7 @@ class Services:
         are stopped by gunicorn's worker_exit hook instead)."""
         self.maintenance.stop()
         self.stats_flusher.stop()
+        self.protection.stop()
         self.db.engine.dispose()
 
 
@@ -192,12 +197,14 @@ def stop_scheduler(app: Flask) -> None:
 
 
 def start_stats_flusher(app: Flask) -> None:
-    """Start this process's stats flusher (app/jobs/timeline/stats_flusher.py) unless
-    QUEUELOG_STATS is off. Called where the app is served (wsgi.py, once per gunicorn
-    worker) and by the push dispatcher, not by the factory: tests and operator commands
-    write what they counted when the stats are read or their services close."""
+    """Start this process's stats flusher (app/jobs/timeline/stats_flusher.py) and the
+    protected types' thread (app/types/protection/tallies.py) unless QUEUELOG_STATS is off.
+    Called where the app is served (wsgi.py, once per gunicorn worker) and by the push
+    dispatcher, not by the factory: tests and operator commands write what they counted when
+    the stats are read or their services close."""
     if app.config["STATS"]:
         app.extensions["queuelog"].stats_flusher.start()
+        app.extensions["queuelog"].protection.start()
 
 
 def start_maintenance(app: Flask) -> None:
@@ -255,11 +262,17 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
     recorder = HistoryRecorder(events=config["JOB_EVENTS"], stats=config["STATS"])
     # Each committed job transaction's counts, written by the process once a second.
     stats_buffer = StatsBuffer(db)
+    # The protected types' tallies and circuits, fed by the same counts.
+    protection = Protection(db, clock, stats_buffer.slot, type_settings.snapshot,
+                            type_settings.refresh)
+    stats_buffer.watch(protection.observe)
     uow = UnitOfWork(db, bind_jobs(recorder, keys.confirm_live, clock, key_modes_of,
                                    type_settings.without_key_modes, stats=stats_buffer),
                      on_event=on_event, signals={FINISHED: finished.notify})
     jobs = JobService(uow, clock, settings, flow=flow, finished=finished,
-                      claimable=JobSignal(host, CLAIMABLE))
+                      claimable=JobSignal(host, CLAIMABLE),
+                      retry_policy=RetryBudgets(type_settings.snapshot,
+                                                protection.unflushed_firsts))
     # Jobs released by their last dependency's end wake the waiting claims, as an enqueue
     # does.
     uow.signals[CLAIMABLE] = jobs.signal.notify
@@ -295,6 +308,7 @@ def _build_services(config: Mapping[str, Any], on_event: EventSink,
         failures=FailureGroups(db, clock),
         stats=StatsService(db, clock, counts, settings.job_types, stats_buffer),
         stats_flusher=StatsFlusher(stats_buffer),
+        protection=protection,
         maintenance=MaintenanceLoop(leadership_of(engine),
                                     [*jobs.maintenance_chores(types.retention_windows),
                                      horizon.chore()], clock),

@@ -245,3 +245,37 @@ def test_a_claim_from_positions_is_the_plain_claims_cost(app: Flask, api: Any, p
         assert any("UNION ALL" in sql for sql in sent.statements), (case, sent.shown())
         if engine == "postgresql":
             assert sent.round_trips == PLAIN_ROUND_TRIPS["claim"], (case, sent.shown())
+
+
+def test_a_breaker_and_a_retry_budget_add_nothing_until_they_act(
+        app: Flask, api: Any, producer: Any, worker: Any, admin: Any) -> None:
+    """A type with a circuit breaker (closed) and a retry budget: its jobs' enqueue, claim,
+    complete and failure for good cost what a plain job's do (docs/FLOW-CONTROL.md, "A type
+    that protects itself"); only a retry, where the budget acts, pays for its slot."""
+    _warm(api, producer, worker)
+    engine = _engine(app)
+    protected = api.client.patch("/types/email", headers=admin.headers,
+                                 json={"circuit": {}, "retry_budget": {}})
+    assert protected.status_code == 200, protected.json
+    costs: dict[str, Sent] = {}
+    with counting(app) as costs["enqueue"]:
+        job = api.enqueue(producer, max_retries=0).json
+    with counting(app) as costs["claim"]:
+        claimed = api.claim(worker).json
+    with counting(app) as costs["fail for good"]:
+        failed = api.fail(worker, job["id"], lease_token=claimed["lease_token"])
+    assert failed.json["status"] == "failed"
+    job = api.enqueue(producer).json
+    claimed = api.claim(worker).json
+    with counting(app) as costs["complete"]:
+        done = api.complete(worker, job["id"], lease_token=claimed["lease_token"])
+    assert done.json["status"] == "completed"
+    for step, sent in costs.items():
+        assert len(sent.statements) == PLAIN_STATEMENTS[engine][step], (step, sent.shown())
+    retried = api.enqueue(producer, max_retries=3).json
+    claimed = api.claim(worker).json
+    with counting(app) as retry:
+        assert api.fail(worker, retried["id"],
+                        lease_token=claimed["lease_token"]).json["status"] == "pending"
+    # Its slot: the type's row locked and read, the window's first attempts, the schedule.
+    assert len(retry.statements) > PLAIN_STATEMENTS[engine]["fail"], retry.shown()

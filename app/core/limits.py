@@ -139,6 +139,26 @@ WAIT_SECONDS = Limit[int]("WAIT_SECONDS", 1, _YEAR_SECONDS, "seconds",
                           "a suspend's sleep (seconds, and how far ahead its until may be) and "
                           "a wait's timeout_seconds")
 
+# -- a type that protects itself (docs/FLOW-CONTROL.md) -----------------------------------------
+CIRCUIT_FAILURE_RATIO = Limit[float]("CIRCUIT_FAILURE_RATIO", 0.05, 1.0, "share",
+                                     "a circuit's failure_ratio: the failed share of the "
+                                     "window's finished attempts that opens it")
+CIRCUIT_MIN_ATTEMPTS = Limit[int]("CIRCUIT_MIN_ATTEMPTS", 1, 10_000, "attempts",
+                                  "a circuit's min_attempts: finished attempts in the window "
+                                  "before its ratio counts")
+CIRCUIT_WINDOW_SECONDS = Limit[int]("CIRCUIT_WINDOW_SECONDS", 10, 3600, "seconds",
+                                    "a circuit's window_seconds")
+CIRCUIT_COOLDOWN_SECONDS = Limit[int]("CIRCUIT_COOLDOWN_SECONDS", 1, 3600, "seconds",
+                                      "a circuit's cooldown_seconds: from its opening to its "
+                                      "probe, and between its waves")
+RETRY_BUDGET_RATIO = Limit[float]("RETRY_BUDGET_RATIO", 0.0, 10.0, "retries per first attempt",
+                                  "a retry budget's ratio")
+RETRY_BUDGET_WINDOW_SECONDS = Limit[int]("RETRY_BUDGET_WINDOW_SECONDS", 10, 3600, "seconds",
+                                         "a retry budget's window_seconds")
+RETRY_BUDGET_MINIMUM = Limit[int]("RETRY_BUDGET_MINIMUM", 0, 10_000, "retries",
+                                  "a retry budget's minimum: retries per window whatever the "
+                                  "first attempts")
+
 LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     JOB_ID, TYPE_CHARS, NAME_CHARS, KEY_CHARS, LEASE_TOKEN_CHARS, CURSOR_CHARS, TOKEN_CHARS,
     ERROR_CHARS, STORED_ERROR_CHARS, CRON_CHARS, TIMEZONE_CHARS, PUSH_URL_CHARS, REF_CHARS,
@@ -148,5 +168,7 @@ LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     LEASE_SECONDS, DELAY_SECONDS, UNIQUE_PERIOD_SECONDS, RETRY_IN_SECONDS, CLAIM_WAIT_SECONDS,
     RESULT_WAIT_SECONDS, PUSH_TIMEOUT_SECONDS, TIMEOUT_SECONDS, EXPIRES_IN_SECONDS,
     CONFIRM_WITHIN_SECONDS, RETENTION_SECONDS, FAILURE_SAMPLE_CHARS, STATS_BUCKETS,
-    EVENT_NAME_CHARS, EVENT_KEY_CHARS, WAIT_SECONDS,
+    EVENT_NAME_CHARS, EVENT_KEY_CHARS, WAIT_SECONDS, CIRCUIT_FAILURE_RATIO, CIRCUIT_MIN_ATTEMPTS,
+    CIRCUIT_WINDOW_SECONDS, CIRCUIT_COOLDOWN_SECONDS, RETRY_BUDGET_RATIO,
+    RETRY_BUDGET_WINDOW_SECONDS, RETRY_BUDGET_MINIMUM,
 )

@@ -1,10 +1,13 @@
 """`queuelog dispatch`: claims jobs of push types and POSTs each to its type's endpoint.
 
 The main thread claims, through JobService.claim like any worker (the same transaction, flow
-control and lease rescue), as many jobs as delivery threads are free; `concurrency` daemon
-threads deliver them and report each outcome through JobService.complete/fail, as a worker
-would, under the claim's lease token. A job's lease is its type's timeout plus
-PUSH_LEASE_MARGIN_SECONDS, so types are claimed in groups of one timeout.
+control and lease rescue), as many jobs as delivery threads are free and their origins let
+start (app/dispatch/adaptive.py: each push origin's adaptive limit and Retry-After hold);
+`concurrency` daemon threads deliver them and report each outcome through
+JobService.complete/fail, as a worker would, under the claim's lease token. A job's lease is
+its type's timeout plus PUSH_LEASE_MARGIN_SECONDS, so types are claimed in groups of one
+timeout. A thread of its own writes each origin's figure where GET /types reads it
+(app/dispatch/origin_figures.py).
 
 Stopping (SIGTERM, SIGINT): no further claim; deliveries in flight get `grace_seconds` to
 finish; any still unanswered then is released (a failed attempt, retried at once, as a
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import signal
 import threading
@@ -39,10 +43,20 @@ from app.core.clock import MICROS, Clock
 from app.core.errors import Conflict, NotFound, ServiceUnavailable, ValidationFailed
 from app.core.priorities import Priority
 from app.core.redaction import display_url, redact_error, scrub_url
+from app.dispatch.adaptive import (
+    NOTHING_SAID,
+    OriginLimits,
+    Said,
+    Ticket,
+    origin_caps,
+    origin_of,
+    said_by,
+)
 from app.dispatch.check_rounds import Checker
 from app.dispatch.checks import CheckSettings
 from app.dispatch.http import DeliveryFailed, Endpoint, PushClient
 from app.dispatch.metrics import DispatchMetrics
+from app.dispatch.origin_figures import FigureRecorder
 from app.dispatch.outcome import Kind, Outcome, outcome_of
 from app.jobs.usecases.claim import Claimed
 from app.jobs.usecases.service import JobService
@@ -64,6 +78,9 @@ IDLE_WAIT_SECONDS = (0.02, 0.5)
 TOLD_IDLE_SECONDS = 5.0
 # How soon an idle wait sees stop().
 _STOP_CHECK_SECONDS = 0.5
+# How long a stopping dispatcher waits for its last figures to be written (the database may
+# be away).
+RECORD_JOIN_SECONDS = 5.0
 # Push settings are read again at most this often (a change applies within it).
 TARGETS_MAX_AGE_SECONDS = 1.0
 # What a delivery leaves of its lease to record the outcome: the deadline of a job that
@@ -75,6 +92,8 @@ DISPATCHER_ERROR = ("dispatcher error: {} while delivering or recording the outc
                     "receiver may have received the delivery); see the dispatcher's log")
 RELEASED_ERROR = ("released: the dispatcher stopped before the receiver answered (it may "
                   "have received the delivery)")
+HELD_ERROR = ("not sent: the receiver's Retry-After, come after the claim, outlasts what the "
+              "job's lease leaves (retried when it ends)")
 
 
 def dispatcher_caller() -> Caller:
@@ -86,6 +105,7 @@ def dispatcher_caller() -> Caller:
 class Delivery:
     claimed: Claimed
     target: TypeSettings
+    ticket: Ticket  # its slot at its origin
 
 
 def delivery_body(claimed: Claimed) -> bytes:
@@ -101,7 +121,8 @@ class Dispatcher:
     def __init__(self, jobs: JobService, types: TypeService, *, concurrency: int,
                  grace_seconds: float, metrics: DispatchMetrics, clock: Clock,
                  checks: CheckSettings | None = None,
-                 client: PushClient | None = None) -> None:
+                 client: PushClient | None = None,
+                 limits: OriginLimits | None = None) -> None:
         self.jobs = jobs
         self.types = types
         self.concurrency = concurrency
@@ -122,6 +143,8 @@ class Dispatcher:
         self._targets_read_at = -TARGETS_MAX_AGE_SECONDS
         self._rotation = 0
         self._failing = False  # the last claim met a database that did not answer
+        self.origins = limits or OriginLimits(clock.now_us, concurrency)
+        self.figures = FigureRecorder(types.db, clock, self.origins, metrics)
         self.idle_max = IDLE_WAIT_SECONDS[1]
         self.check_interval: float | None = None  # None: the checker's own
 
@@ -161,6 +184,9 @@ class Dispatcher:
                              daemon=True).start()
         threading.Thread(target=self._check_forever, name="queuelog-checks",
                          daemon=True).start()
+        recording = threading.Thread(target=self.figures.run, args=(self._stopping,),
+                                     name="queuelog-origins", daemon=True)
+        recording.start()
         log.info("dispatch: started, %d delivery threads", self.concurrency)
         idle = IDLE_WAIT_SECONDS[0]
         try:
@@ -172,12 +198,17 @@ class Dispatcher:
                 if self._claim_some(free):
                     idle = IDLE_WAIT_SECONDS[0]
                 else:
-                    if self._idle(idle, seen):
+                    # No longer than the soonest Retry-After hold: its origin's jobs are
+                    # claimable again when it ends, and nothing tells of that.
+                    hold_ends = self.origins.next_hold_end_in()
+                    if self._idle(idle if hold_ends is None else min(idle, hold_ends), seen):
                         idle = IDLE_WAIT_SECONDS[0]
                     else:
                         idle = min(idle * 2, self.idle_max)
         finally:
             self._finish_in_flight()
+            # Its last figures written before the gauges are closed, not after.
+            recording.join(timeout=RECORD_JOIN_SECONDS)
             self.metrics.close()
         log.info("dispatch: stopped")
 
@@ -197,31 +228,36 @@ class Dispatcher:
             return self.concurrency - len(self._in_flight)
 
     def _claim_some(self, free: int) -> bool:
-        """Claim up to `free` jobs of the push types, a group of one timeout at a time (the
-        groups taken in turn, so one busy group cannot starve another); True if any."""
+        """Claim up to `free` jobs of the push types that their origins let start now, a
+        group of one timeout at a time (the groups taken in turn, so one busy group cannot
+        starve another); True if any."""
         try:
             targets = self._push_targets()
             # Where the database tells, it tells this process of the push types' jobs.
             self.jobs.signal.before_wait(targets)
-            groups: dict[int, list[str]] = defaultdict(list)
+            groups: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
             for target in targets.values():
-                groups[target.push_timeout_seconds or 0].append(target.type)
+                groups[target.push_timeout_seconds or 0][origin_of(target)].append(target.type)
             order = sorted(groups)
             if not order:
                 return False
             self._rotation = (self._rotation + 1) % len(order)
             claimed_any = False
             for timeout in order[self._rotation:] + order[:self._rotation]:
-                if free <= 0 or self._stopping.is_set():
-                    break
-                claimed = self.jobs.claim(self.caller, types=groups[timeout],
-                                          lease_seconds=timeout + PUSH_LEASE_MARGIN_SECONDS,
-                                          limit=free, push=True)
-                for one in claimed:
-                    # Claimed of these types alone: each has its target.
-                    self._hand_out(Delivery(one, targets[one.job.type]))
-                    free -= 1
-                    claimed_any = True
+                lease_seconds = timeout + PUSH_LEASE_MARGIN_SECONDS
+                for types, limit in self._claims_within_room(groups[timeout], free):
+                    if free <= 0 or self._stopping.is_set():
+                        break
+                    claimed = self.jobs.claim(self.caller, types=types,
+                                              lease_seconds=lease_seconds,
+                                              limit=min(limit, free), push=True)
+                    for one in claimed:
+                        # Claimed of these types alone: each has its target.
+                        target = targets[one.job.type]
+                        self._hand_out(Delivery(one, target,
+                                                self.origins.started(origin_of(target))))
+                        free -= 1
+                        claimed_any = True
         except (SQLAlchemyError, ServiceUnavailable) as exc:
             # The database may be away for a moment: the dispatcher outlives it, like a
             # worker whose claims answer 503, and claims again after the idle wait. Said
@@ -239,10 +275,27 @@ class Dispatcher:
             self._failing = False
         return claimed_any
 
+    def _claims_within_room(self, origins: dict[str, list[str]],
+                            free: int) -> list[tuple[list[str], int]]:
+        """The claims (types, at most how many) that take a group's jobs without starting
+        more at an origin than it has room for: each origin with less room than `free` claims
+        its own, first (its room is small), and the origins with room for `free` share one
+        (it takes no more than that). A held or full origin claims nothing."""
+        own: list[tuple[list[str], int]] = []
+        shared: list[str] = []
+        for origin, types in sorted(origins.items()):
+            room = self.origins.room(origin)
+            if room >= free:
+                shared += types
+            elif room > 0:
+                own.append((types, room))
+        return [*own, (shared, free)] if shared else own
+
     def _push_targets(self) -> dict[str, TypeSettings]:
         if time.monotonic() - self._targets_read_at >= TARGETS_MAX_AGE_SECONDS:
             self._targets = self.types.push_targets()
             self._targets_read_at = time.monotonic()
+            self.origins.set_caps(origin_caps(self._targets.values(), self.concurrency))
         return self._targets
 
     def _hand_out(self, delivery: Delivery) -> None:
@@ -266,6 +319,8 @@ class Dispatcher:
                           scrub_url(trace, delivery.target.push_url or ""))
                 self._end_attempt(delivery, exc)
             finally:
+                # Its slot at the origin, if nothing gave it back (not sent, or a fault).
+                self._origin_told(delivery, NOTHING_SAID)
                 with self._lock:
                     self._in_flight.pop(delivery.claimed.job.id, None)
                     self._lock.notify_all()
@@ -293,6 +348,8 @@ class Dispatcher:
                      f"refused: {refused}")
             self._report(delivery, Outcome(Kind.REFUSED, error=error), None)
             return
+        if not self._wait_out_hold(delivery):
+            return
         endpoint = Endpoint.parse(target.push_url or "")
         lease_left = ((job.lease_expires_at or 0) - self.clock.now_us()) / MICROS
         seconds = min(float(target.push_timeout_seconds or 1), lease_left - REPORT_SECONDS)
@@ -307,7 +364,35 @@ class Dispatcher:
         except DeliveryFailed as failed:
             kind = Kind.TIMEOUT if failed.timed_out else Kind.CONNECTION_ERROR
             outcome = Outcome(kind, error=f"{failed} ({display_url(target.push_url or '')})")
+        self._origin_told(delivery, said_by(outcome))
         self._report(delivery, outcome, time.monotonic() - started)
+
+    def _wait_out_hold(self, delivery: Delivery) -> bool:
+        """Wait for the end of a Retry-After hold of the delivery's origin that came after
+        its claim (the claim loop claims nothing for a held origin); True: send it now.
+        False: the job was released meanwhile, or the hold ends too late to leave the
+        delivery its whole timeout within its lease, and the attempt was ended, retried when
+        the hold is over."""
+        job = delivery.claimed.job
+        timeout = float(delivery.target.push_timeout_seconds or 1)
+        while (held := self.origins.held_for(delivery.ticket.origin)) > 0:
+            with self._lock:
+                if job.id in self._released:
+                    return False
+            lease_left = ((job.lease_expires_at or 0) - self.clock.now_us()) / MICROS
+            if held > lease_left - REPORT_SECONDS - timeout:
+                self._report(delivery, Outcome(Kind.RETRY_AFTER, error=HELD_ERROR,
+                                               retry_in_seconds=math.ceil(held)), None)
+                return False
+            time.sleep(min(held, _STOP_CHECK_SECONDS))
+        return True
+
+    def _origin_told(self, delivery: Delivery, said: Said) -> None:
+        """Give the delivery's slot back to its origin, with what its outcome says of it."""
+        if self.origins.finished(delivery.ticket, said):
+            # The claim loop passed the origin by, full or held, and may idle until told of
+            # new jobs: its jobs are claimable again.
+            self.jobs.signal.notify_here()
 
     def _report(self, delivery: Delivery, outcome: Outcome, seconds: float | None) -> None:
         """Record the outcome; `seconds` the delivery took, None when it was never sent."""

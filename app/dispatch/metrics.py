@@ -1,4 +1,5 @@
-"""The dispatcher's metrics: deliveries by outcome, their latency, and those in flight.
+"""The dispatcher's metrics: deliveries by outcome, their latency, those in flight, and the
+deliveries each push origin is let run at once.
 
 Under the container's gunicorn (QUEUELOG_DISPATCH=1) the dispatcher is the master's child
 and inherits PROMETHEUS_MULTIPROC_DIR: its series go to files in the same directory as the
@@ -38,6 +39,13 @@ class DispatchMetrics:
         self._in_flight = Gauge(
             "queuelog_push_deliveries_in_flight", "Deliveries sent and not yet answered.",
             registry=owner, multiprocess_mode="livesum")
+        # livesum: several dispatchers each adapt on their own, and an origin may receive
+        # what all of them let run.
+        self._concurrency = Gauge(
+            "queuelog_push_concurrency",
+            "Deliveries the dispatcher lets run at once to each push origin now (its limit: "
+            "halved on a 429, a 503 or a timeout, grown back to the cap by successes).",
+            ("origin",), registry=owner, multiprocess_mode="livesum")
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> DispatchMetrics:
@@ -56,6 +64,9 @@ class DispatchMetrics:
         self._in_flight.dec()
         self.count(job_type, kind)
         self._latency.labels(job_type).observe(seconds)
+
+    def concurrency(self, origin: str, limit: int) -> None:
+        self._concurrency.labels(origin).set(limit)
 
     def count(self, job_type: str, kind: Kind) -> None:
         self._deliveries.labels(job_type, kind.value).inc()

@@ -2,13 +2,14 @@
 most important first (docs/JOBS.md). Pure but for `flow_reasons`: the service
 gathers the facts.
 
-Reasons of flow control (type_paused, type_at_max_running, key_at_max_running,
-rate_limited) come from `flow_reasons`, the one seam for them. For a pending job that is
-otherwise due it reads the type's settings and the running counts through the repositories,
-in the service's read transaction, and applies the rules a claim applies (the token bucket's
-arithmetic is TypeSettings'): every limit that holds the job back now, paused first. They
-rank after `scheduled` (a job not yet due has none) and before `jobs_ahead`, and a job held
-back by any of them is not `claimable_now`. `flow_reasons` adds `push_type` last for a job
+Reasons of flow control (type_paused, circuit_open, circuit_half_open, type_at_max_running,
+key_at_max_running, rate_limited) come from `flow_reasons`, the one seam for them. For a
+pending job that is otherwise due it reads the type's settings and the running counts through
+the repositories, in the service's read transaction, and applies the rules a claim applies
+(the token bucket's arithmetic is TypeSettings', the circuit's cap app/types/protection/
+circuit.py's): every limit that holds the job back now, paused first. They rank after
+`scheduled` (a job not yet due has none) and before `jobs_ahead`, and a job held back by any
+of them is not `claimable_now`. `flow_reasons` adds `push_type` last for a job
 of a push type: it says who takes the job (the dispatcher, not a worker), holds nothing
 back, and stands in for the worker reasons, which do not concern such a job.
 """
@@ -16,6 +17,7 @@ back, and stands in for the worker reasons, which do not concern such a job.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,9 @@ from app.jobs.domain.flow import running_by_type
 from app.jobs.domain.models import BoundedCount, Job
 from app.jobs.sql.key_repository import KeyRepository
 from app.jobs.sql.repository import JobRepository
+from app.jobs.timeline.repository import HistoryRepository
+from app.types.models import TypeSettings
+from app.types.protection.circuit import OPEN
 from app.types.repository import TypeRepository
 
 # A type no live worker has claimed for this long is reported as without a worker.
@@ -55,6 +60,9 @@ class ReasonCode(enum.StrEnum):
     JOBS_AHEAD = "jobs_ahead"
     NO_WORKER_FOR_TYPE = "no_worker_for_type"
     SUSPENDED = "suspended"
+    CIRCUIT_OPEN = "circuit_open"
+    CIRCUIT_HALF_OPEN = "circuit_half_open"
+    RETRY_BUDGET = "retry_budget"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +98,10 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
         reasons.append(_reason(ReasonCode.TYPE_PAUSED, f"Type {job.type} is paused: no claim takes "
                                "its jobs until an admin resumes it.", type=job.type))
     jobs = JobRepository(conn)
-    capped = settings.max_running is not None or settings.max_running_per_key is not None
+    capped = (settings.max_running is not None or settings.max_running_per_key is not None
+              or settings.circuit_state is not None)
     running = jobs.count_running() if capped else {}
+    reasons += circuit_reasons(settings, running_by_type(running).get(job.type, 0), now_us)
     if settings.max_running is not None:
         of_type = running_by_type(running).get(job.type, 0)
         if of_type >= settings.max_running:
@@ -129,6 +139,54 @@ def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
             "jobs to the type's endpoint; workers never claim them.",
             type=job.type))
     return reasons
+
+
+def circuit_reasons(settings: TypeSettings, running: int, now_us: int) -> list[Reason]:
+    """The reason a tripped circuit holds the type's jobs back now (docs/FLOW-CONTROL.md,
+    "Circuit breaker"): open (until its probe, or while one runs), or half-open with its
+    wave full."""
+    config, state, since = settings.circuit_settings, settings.circuit_state, \
+        settings.circuit_since
+    cap = settings.circuit_cap(now_us)
+    if config is None or since is None or cap is None or running < cap:
+        return []
+    opened_by = (None if settings.circuit_opened_by is None
+                 else json.loads(settings.circuit_opened_by))
+    cause = "" if opened_by is None else f" (failure group {opened_by['fingerprint']})"
+    if state == OPEN:
+        probe_at = since + config.cooldown_us
+        when = (f"its probe may start at {to_rfc3339(probe_at)}" if now_us < probe_at
+                else "its probe runs now")
+        return [_reason(ReasonCode.CIRCUIT_OPEN,
+                        f"Type {settings.type}'s circuit is open{cause} since "
+                        f"{to_rfc3339(since)}: no job of it is claimed but one probe after "
+                        f"each cooldown; {when}.", type=settings.type, since=to_rfc3339(since),
+                        probe_at=to_rfc3339(probe_at), opened_by=opened_by)]
+    next_wave_at = since + (((now_us - since) // config.cooldown_us) + 1) * config.cooldown_us
+    return [_reason(ReasonCode.CIRCUIT_HALF_OPEN,
+                    f"Type {settings.type}'s circuit is half-open: {cap} of its jobs may run "
+                    f"at once and {running} run; the wave doubles at {to_rfc3339(next_wave_at)}.",
+                    type=settings.type, wave=cap, running=running,
+                    next_wave_at=to_rfc3339(next_wave_at))]
+
+
+def retry_budget_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:
+    """A retry its type's retry budget holds back past its backoff (docs/FLOW-CONTROL.md,
+    "Retry budget"), as the fail that scheduled it said in its retry_scheduled event; none
+    once it is due, or with the events off."""
+    if job.status != JobStatus.PENDING or job.run_at <= now_us or job.retry_count == 0:
+        return []
+    newest = HistoryRepository(conn).events_of(job.id, 1)
+    if not newest or newest[0].event != "retry_scheduled" or newest[0].detail is None:
+        return []
+    held = json.loads(newest[0].detail).get("retry_budget")
+    if held is None:
+        return []
+    return [_reason(ReasonCode.RETRY_BUDGET,
+                    f"Type {job.type}'s retry budget holds this retry back: its backoff ended "
+                    f"at {held['backoff_until']}; it runs at {to_rfc3339(job.run_at)}, when "
+                    "the budget has room.", type=job.type,
+                    backoff_until=held["backoff_until"], run_at=to_rfc3339(job.run_at))]
 
 
 def key_reasons(conn: Connection, job: Job, now_us: int, cap: int, *,
@@ -214,13 +272,15 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
             ahead_of_type: BoundedCount | None, workers: Sequence[WorkerFacts],
             flow: Sequence[Reason] = (), names_workers: bool = False,
             waiting_on: Sequence[int] = (), keyed: Sequence[Reason] = (),
-            waiting_for: Mapping[str, Any] | None = None) -> Explanation:
+            waiting_for: Mapping[str, Any] | None = None,
+            budget: Sequence[Reason] = ()) -> Explanation:
     """`ahead` and `ahead_of_type` count the due pending jobs before `job` in claim order
     (all types, and its own type), up to a cap; None when the job is not claimable.
     `names_workers` (admins) lists the worker keys' names in `no_worker_for_type`; without
     it the reason says what it says without naming other principals. `waiting_on`: the ids
     of a waiting job's unfinished dependencies; `keyed`, the reasons of its key (fair or
-    ordered, `key_reasons`); `waiting_for`, a suspended job's wait (docs/WAITS.md)."""
+    ordered, `key_reasons`); `waiting_for`, a suspended job's wait (docs/WAITS.md);
+    `budget`, a retry its type's retry budget holds back (`retry_budget_reasons`)."""
     if job.status in TERMINAL_STATUSES:
         return Explanation(job.id, job.status, False, [_reason(
             ReasonCode.FINISHED, f"The job is {job.status}; it will not run again unless an admin "
@@ -260,6 +320,7 @@ def explain(job: Job, now_us: int, *, ahead: BoundedCount | None,
         reasons.append(_reason(ReasonCode.SCHEDULED,
                                f"It is not claimable before {to_rfc3339(job.run_at)}.",
                                until=to_rfc3339(job.run_at)))
+        reasons += budget
     reasons += flow
     # push_type says who takes the job, not what holds it back.
     pushed = any(reason["code"] == ReasonCode.PUSH_TYPE for reason in flow)

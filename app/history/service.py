@@ -8,7 +8,14 @@ from app.core.callers import Caller, Role
 from app.core.clock import Clock
 from app.core.errors import NotFound
 from app.core.statuses import JobStatus
-from app.history.explain import Explanation, WorkerFacts, explain, flow_reasons, key_reasons
+from app.history.explain import (
+    Explanation,
+    WorkerFacts,
+    explain,
+    flow_reasons,
+    key_reasons,
+    retry_budget_reasons,
+)
 from app.jobs.domain.history import Attempt, JobEvent
 from app.jobs.sql.dependency_repository import DependencyRepository
 from app.jobs.sql.repository import JobRepository
@@ -119,7 +126,8 @@ class HistoryService:
                                 sees_every_producer=caller.is_admin)
             waiting_for = (WaitRepository(conn).waiting_for([job.id]).get(job.id)
                            if job.status == JobStatus.SUSPENDED else None)
+            budget = retry_budget_reasons(conn, job, now)
         # Other keys' names are an admin's to see; a producer is told its own job's facts.
         return explain(job, now, ahead=ahead, ahead_of_type=ahead_of_type, workers=workers,
                        flow=flow, names_workers=caller.is_admin, waiting_on=waiting_on,
-                       keyed=keyed, waiting_for=waiting_for)
+                       keyed=keyed, waiting_for=waiting_for, budget=budget)

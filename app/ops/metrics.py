@@ -179,6 +179,10 @@ class WorkerFilesCollector(Collector):
             return list(MultiProcessCollector.merge(files, accumulate=True))
 
 
+# queuelog_circuit_state's values.
+CIRCUIT_GAUGE = {"closed": 0, "half_open": 1, "open": 2}
+
+
 class QueueGauges(Collector):
     """Gauges read at scrape time: the per-type counts GET /types shows (TypeService.stats:
     the running jobs live, in one read of their partial index, which also says whether the
@@ -229,6 +233,10 @@ class QueueGauges(Collector):
             "block): nothing more of such a key runs until the job is retried or cancelled.",
             labels=("type",))
         yield GaugeMetricFamily(
+            "queuelog_circuit_state",
+            "Where each type's circuit breaker stands: 0 closed, 1 half-open, 2 open (the "
+            "types with a breaker alone; docs/FLOW-CONTROL.md).", labels=("type",))
+        yield GaugeMetricFamily(
             "queuelog_dependency_cascades",
             "Finished jobs whose end is still being applied to the jobs waiting on them, in "
             "bounded steps (docs/WORKFLOWS.md); 0 nearly always.")
@@ -243,7 +251,7 @@ class QueueGauges(Collector):
 
     def collect(self) -> Iterable[Metric]:
         (up, jobs, oldest_age, type_pending, type_running, type_oldest,
-         type_blocked, cascades, cascade_age, oldest_transaction) = self._families()
+         type_blocked, circuits, cascades, cascade_age, oldest_transaction) = self._families()
         try:
             stats = self.types.stats()
         except SQLAlchemyError as exc:
@@ -266,6 +274,12 @@ class QueueGauges(Collector):
                                    stats.oldest_claimable_age_seconds(job_type) or 0.0)
             type_blocked.add_metric([job_type], stats.blocked_keys.get(job_type, 0))
         families = [up, jobs, oldest_age, type_pending, type_running, type_oldest, type_blocked]
+        try:
+            for job_type, state in self.types.circuit_states().items():
+                circuits.add_metric([job_type], CIRCUIT_GAUGE[state])
+            families.append(circuits)
+        except SQLAlchemyError as exc:
+            log.warning("metrics: the database did not answer: %s", type(exc).__name__)
         if self.cascades is not None:
             try:
                 under_way, cascade_seconds = self.cascades()

@@ -76,6 +76,10 @@ def limits_for_claim(settings: Iterable[TypeSettings], running: RunningCounts, n
         if s.max_running is not None:
             budget = max(0, s.max_running - of_type.get(s.type, 0))
             reason = SkipReason.MAX_RUNNING
+        circuit_cap = s.circuit_cap(now_us)
+        if circuit_cap is not None and circuit_cap - of_type.get(s.type, 0) < budget:
+            budget = max(0, circuit_cap - of_type.get(s.type, 0))
+            reason = SkipReason.CIRCUIT
         if s.rate_per_second is not None:
             tokens_now[s.type] = s.tokens_available(now_us)
             bucket_at[s.type] = s.bucket_at(now_us)
@@ -108,7 +112,8 @@ def buckets_after(limits: ClaimLimits,
 
 
 def _capped(settings: Iterable[TypeSettings]) -> list[TypeSettings]:
-    return [s for s in settings if s.max_running is not None or s.max_running_per_key is not None]
+    return [s for s in settings if s.max_running is not None or s.max_running_per_key is not None
+            or s.circuit_state is not None]
 
 
 class FlowControl:

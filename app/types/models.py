@@ -3,6 +3,7 @@ it runs), free of HTTP and SQL. What a claim may take under them is app/types/fl
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,9 @@ from app.core.origins import HTTP_URL_PATTERN, push_origin
 from app.jobs.domain.flow import RunningCounts, running_by_type
 from app.jobs.tx.key_rules import KeyMode
 from app.jobs.usecases.retention import RetentionWindows
+from app.types.protection import circuit
+from app.types.protection.budget import RetryBudgetSettings
+from app.types.protection.circuit import CircuitSettings
 
 # The values of a type's key-mode settings (docs/FLOW-CONTROL.md); each may also be null.
 FAIRNESS_KEY = "key"
@@ -101,9 +105,28 @@ class TypeSettings:
 
     @property
     def counts_running(self) -> bool:
-        """Its claims must be serialised and count what runs: a cap or a rate is set."""
+        """Its claims must be serialised and count what runs: a cap or a rate is set, or its
+        circuit is open or half-open."""
         return (self.max_running is not None or self.max_running_per_key is not None
-                or self.rate_per_second is not None)
+                or self.rate_per_second is not None or self.circuit_state is not None)
+
+    @functools.cached_property
+    def circuit_settings(self) -> CircuitSettings | None:
+        return CircuitSettings.parse(self.circuit)
+
+    @functools.cached_property
+    def retry_budget_settings(self) -> RetryBudgetSettings | None:
+        return RetryBudgetSettings.parse(self.retry_budget)
+
+    @property
+    def is_protected(self) -> bool:
+        """A breaker or a retry budget is set: its attempts are tallied."""
+        return self.circuit is not None or self.retry_budget is not None
+
+    def circuit_cap(self, now_us: int) -> int | None:
+        """The most of its jobs its circuit lets run at `now_us` (None: no cap)."""
+        return circuit.cap(self.circuit_settings, self.circuit_state, self.circuit_since,
+                           now_us)
 
     @property
     def is_push(self) -> bool:
@@ -141,7 +164,10 @@ class TypeSettings:
             window(self.retention_cancelled_seconds, defaults.cancelled))
 
     def far_from_caps(self, running: RunningCounts, share: float) -> bool:
-        """What runs of this type, and of each of its keys, is at most `share` of its cap."""
+        """What runs of this type, and of each of its keys, is at most `share` of its cap. A
+        tripped circuit's cap (none, one, a wave) is never far."""
+        if self.circuit_state is not None:
+            return False
         if (self.max_running is not None
                 and running_by_type(running).get(self.type, 0) > share * self.max_running):
             return False
@@ -238,3 +264,4 @@ class SkipReason:
     MAX_RUNNING = "max_running"
     RATE = "rate"
     KEY_MAX_RUNNING = "max_running_per_key"
+    CIRCUIT = "circuit"

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
 from marshmallow import Schema, fields, validate
 
 from app.core.clock import to_rfc3339
 from app.core.limits import (
+    CIRCUIT_COOLDOWN_SECONDS,
+    CIRCUIT_FAILURE_RATIO,
+    CIRCUIT_MIN_ATTEMPTS,
+    CIRCUIT_WINDOW_SECONDS,
     PUSH_TIMEOUT_SECONDS,
     PUSH_URL_CHARS,
     RATE,
     RETENTION_SECONDS,
+    RETRY_BUDGET_MINIMUM,
+    RETRY_BUDGET_RATIO,
+    RETRY_BUDGET_WINDOW_SECONDS,
     TYPE_LIMIT,
 )
 from app.core.redaction import display_url
@@ -25,6 +33,8 @@ from app.types.models import (
     PUSH_URL_PATTERN,
     TypeSettings,
 )
+from app.types.origin_repository import OriginFigure
+from app.types.protection import circuit as circuits
 from app.types.service import TypeView
 from app.web.fields import StrictBoolean, StrictInteger, StrictNumber, StrictSchema, within
 
@@ -65,6 +75,38 @@ class RetentionShownSchema(Schema):
     completed_seconds = fields.Integer(required=True, allow_none=True)
     failed_seconds = fields.Integer(required=True, allow_none=True)
     cancelled_seconds = fields.Integer(required=True, allow_none=True)
+
+
+class CircuitSchema(StrictSchema):
+    """A type's circuit breaker (docs/FLOW-CONTROL.md, "Circuit breaker"); a field left out
+    takes its default."""
+
+    failure_ratio = StrictNumber(
+        load_default=0.5, validate=within(CIRCUIT_FAILURE_RATIO), metadata={
+            "description": "The failed share of the window's finished attempts that opens "
+                           "the circuit."})
+    min_attempts = StrictInteger(
+        load_default=20, validate=within(CIRCUIT_MIN_ATTEMPTS), metadata={
+            "description": "Finished attempts in the window before the ratio counts."})
+    window_seconds = StrictInteger(
+        load_default=60, validate=within(CIRCUIT_WINDOW_SECONDS), metadata={
+            "description": "The window the ratio is taken over."})
+    cooldown_seconds = StrictInteger(
+        load_default=30, validate=within(CIRCUIT_COOLDOWN_SECONDS), metadata={
+            "description": "From the opening to the first probe, and between the waves."})
+
+
+class RetryBudgetSchema(StrictSchema):
+    """A type's retry budget (docs/FLOW-CONTROL.md, "Retry budget"); a field left out takes
+    its default."""
+
+    ratio = StrictNumber(load_default=0.2, validate=within(RETRY_BUDGET_RATIO), metadata={
+        "description": "Retries per window, per first attempt started in the window."})
+    window_seconds = StrictInteger(
+        load_default=60, validate=within(RETRY_BUDGET_WINDOW_SECONDS),
+        metadata={"description": "The window the budget is counted over."})
+    minimum = StrictInteger(load_default=10, validate=within(RETRY_BUDGET_MINIMUM), metadata={
+        "description": "Retries per window whatever the first attempts."})
 
 
 def _limit(description: str) -> StrictInteger:
@@ -110,6 +152,20 @@ class TypePatchSchema(StrictSchema):
                                  "(another producer's jobs under the same key string never "
                                  "hold or delay yours); \"shared\" one key for every "
                                  "producer (see docs/FLOW-CONTROL.md for the risk)."})
+    circuit = fields.Nested(CircuitSchema, allow_none=True, metadata={
+        "description": "A circuit breaker: when the failed share of the type's finished "
+                       "attempts in the window reaches failure_ratio (with min_attempts), no "
+                       "job of the type is claimed or pushed but one probe after each "
+                       "cooldown; a probe that completes releases claims in doubling waves. "
+                       "null: no breaker."})
+    circuit_state = fields.String(
+        validate=validate.OneOf([circuits.CLOSED, circuits.OPEN]), metadata={
+            "description": "Close or open the type's circuit by hand (it needs a circuit)."})
+    retry_budget = fields.Nested(RetryBudgetSchema, allow_none=True, metadata={
+        "description": "Retries of the type (failed attempts sent back to pending) run at "
+                       "most ratio x the first attempts started in the window, plus minimum, "
+                       "per window; a retry beyond it runs later, never dropped. null: no "
+                       "budget."})
     retention = fields.Nested(RetentionSchema, allow_none=True, metadata={
         "description": "How long the type's finished jobs are kept, by status (each 60 s to "
                        "10 years, or null: for ever); null: every status back to the "
@@ -135,15 +191,68 @@ class TypeCountsSchema(Schema):
     cancelled = fields.Integer(required=True)
 
 
+class PushConcurrencySchema(Schema):
+    origin = fields.String(required=True, metadata={
+        "description": "The push url's origin: scheme://host:port."})
+    current = fields.Integer(required=True, metadata={
+        "description": "Deliveries to the origin the dispatcher lets run at once now: halved "
+                       "on a 429, a 503 or a timeout, grown back by one per window of "
+                       "successes."})
+    cap = fields.Integer(required=True, metadata={
+        "description": "What it grows back to: the dispatcher's concurrency, or the smallest "
+                       "max_running of the origin's push types when lower."})
+    held_until = fields.String(required=True, allow_none=True, metadata={
+        "format": "date-time",
+        "description": "No delivery to the origin starts before this (its Retry-After); "
+                       "null: none held."})
+
+
 class PushShownSchema(Schema):
     url = fields.String(required=True, metadata={
         "description": "Scheme, host, port and the path's shape only: credentials, query "
                        "values and path segments that are not plain words are masked (***). "
                        "The url as set is never shown again."})
     timeout_seconds = fields.Integer(required=True)
+    concurrency = fields.Nested(PushConcurrencySchema, required=True, allow_none=True, metadata={
+        "description": "The dispatcher's adaptive concurrency at the url's origin, as it last "
+                       "wrote it (at most a second behind); null until a dispatcher has "
+                       "delivered there."})
     secret = fields.String(metadata={
         "description": "Only in the answer of the PATCH that made it (push set for the "
                        "first time, or rotate_secret)."})
+
+
+class CircuitShownSchema(Schema):
+    failure_ratio = fields.Float(required=True)
+    min_attempts = fields.Integer(required=True)
+    window_seconds = fields.Integer(required=True)
+    cooldown_seconds = fields.Integer(required=True)
+
+
+class FailureGroupShownSchema(Schema):
+    fingerprint = fields.String(required=True)
+    sample = fields.String(required=True)
+
+
+class CircuitStateSchema(Schema):
+    state = fields.String(required=True, metadata={
+        "description": "\"closed\", \"open\" or \"half_open\"."})
+    since = fields.String(required=True, allow_none=True, metadata={
+        "format": "date-time", "description": "When it moved to this state (null: never "
+                                              "opened)."})
+    opened_by = fields.Nested(FailureGroupShownSchema, required=True, allow_none=True, metadata={
+        "description": "The failure group with the most failed attempts in the window that "
+                       "opened it (null: opened by hand, or closed)."})
+    next_probe_at = fields.String(required=True, allow_none=True, metadata={
+        "format": "date-time", "description": "Open: when its probe may start."})
+    wave = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "Half-open: how many of its jobs may run at once now."})
+
+
+class RetryBudgetShownSchema(Schema):
+    ratio = fields.Float(required=True)
+    window_seconds = fields.Integer(required=True)
+    minimum = fields.Integer(required=True)
 
 
 class TypeSchema(Schema):
@@ -161,6 +270,10 @@ class TypeSchema(Schema):
     on_failure = fields.String(required=True)
     key_scope = fields.String(required=True, metadata={
         "description": "\"producer\" (each producer's keys are its own) or \"shared\"."})
+    circuit = fields.Nested(CircuitShownSchema, required=True, allow_none=True)
+    circuit_state = fields.Nested(CircuitStateSchema, required=True, allow_none=True, metadata={
+        "description": "Where the circuit stands; null without a circuit."})
+    retry_budget = fields.Nested(RetryBudgetShownSchema, required=True, allow_none=True)
     retention = fields.Nested(RetentionShownSchema, required=True, metadata={
         "description": "Seconds each finished status is kept (null: for ever), the "
                        "defaults included."})
@@ -186,11 +299,15 @@ def represent_type(view: TypeView) -> dict[str, Any]:
         "max_running_per_key": s.max_running_per_key,
         "rate_per_second": s.rate_per_second,
         "burst": s.effective_burst,
-        "push": _push_shown(s, view.new_secret),
+        "push": _push_shown(s, view.new_secret, view.push_concurrency),
         "fairness": s.fairness,
         "ordering": s.ordering,
         "on_failure": s.on_failure or ON_FAILURE_SKIP,
         "key_scope": s.key_scope or KEYS_PER_PRODUCER,
+        "circuit": None if s.circuit_settings is None else s.circuit_settings.shown(),
+        "circuit_state": circuit_state_shown(s, view.now_us),
+        "retry_budget": (None if s.retry_budget_settings is None
+                         else s.retry_budget_settings.shown()),
         "retention": {"completed_seconds": view.retention.completed,
                       "failed_seconds": view.retention.failed,
                       "cancelled_seconds": view.retention.cancelled},
@@ -203,11 +320,34 @@ def represent_type(view: TypeView) -> dict[str, Any]:
     }
 
 
-def _push_shown(settings: TypeSettings, new_secret: str | None) -> dict[str, Any] | None:
+def circuit_state_shown(settings: TypeSettings, now_us: int) -> dict[str, Any] | None:
+    """Where the type's circuit stands (None: it has none)."""
+    config = settings.circuit_settings
+    if config is None:
+        return None
+    state, since = settings.circuit_state, settings.circuit_since
+    opened_by = None
+    if state is not None and settings.circuit_opened_by is not None:
+        opened_by = json.loads(settings.circuit_opened_by)
+    next_probe_at = wave = None
+    if state == circuits.OPEN and since is not None:
+        next_probe_at = to_rfc3339(since + config.cooldown_us)
+    elif state == circuits.HALF_OPEN and since is not None:
+        wave = settings.circuit_cap(now_us)
+    return {"state": circuits.shown_state(state), "since": to_rfc3339(since),
+            "opened_by": opened_by, "next_probe_at": next_probe_at, "wave": wave}
+
+
+def _push_shown(settings: TypeSettings, new_secret: str | None,
+                figure: OriginFigure | None) -> dict[str, Any] | None:
     if settings.push_url is None:
         return None
+    concurrency = None if figure is None else {
+        "origin": figure.origin, "current": figure.concurrency, "cap": figure.cap,
+        "held_until": to_rfc3339(figure.held_until)}
     shown: dict[str, Any] = {"url": display_url(settings.push_url),
-                             "timeout_seconds": settings.push_timeout_seconds}
+                             "timeout_seconds": settings.push_timeout_seconds,
+                             "concurrency": concurrency}
     if new_secret is not None:
         shown["secret"] = new_secret
     return shown

@@ -3,6 +3,7 @@ of /metrics). The flow control every claim asks is app/types/flow.py."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -11,6 +12,7 @@ from sqlalchemy import Connection
 
 from app.core.clock import MICROS, Clock
 from app.core.errors import NotFound, ValidationFailed
+from app.core.origins import push_origin
 from app.core.statuses import JobStatus
 from app.jobs.domain.flow import running_by_type
 from app.jobs.sql.counts import BacklogCounts, BacklogSnapshot
@@ -25,8 +27,17 @@ from app.types.models import (
     new_push_secret,
     push_origin_refusal,
 )
+from app.types.origin_repository import OriginFigure, OriginRepository
+from app.types.protection import circuit
+from app.types.protection.budget import RetryBudgetSettings
+from app.types.protection.circuit import CircuitSettings
 from app.types.repository import TypeRepository
 from app.types.settings_copy import TypeSettingsCopy
+
+log = logging.getLogger(__name__)
+
+# The PATCH fields of a type's protection (docs/FLOW-CONTROL.md): protection_columns' own.
+PROTECTION_FIELDS = ("circuit", "retry_budget", "circuit_state")
 
 # The statuses a type's "retention" names, as its fields' and columns' prefixes.
 RETENTION_STATUSES = ("completed", "failed", "cancelled")
@@ -53,6 +64,32 @@ def push_columns(current: TypeSettings, push: Mapping[str, Any] | None) -> dict[
         secret = new_push_secret()
     return {"push_url": push["url"], "push_timeout_seconds": push["timeout_seconds"],
             "push_secret": secret}
+
+
+def protection_columns(current: TypeSettings, patch: Mapping[str, Any],
+                       now_us: int) -> dict[str, Any]:
+    """The job_types columns a PATCH's "circuit", "retry_budget" and "circuit_state" set. A
+    circuit or budget set null forgets its state too; a circuit opened by hand waits its
+    cooldown before its probe, one closed by hand counts its window from then."""
+    values: dict[str, Any] = {}
+    if "circuit" in patch:
+        given = patch["circuit"]
+        values["circuit"] = None if given is None else CircuitSettings(**given).stored()
+        if given is None:
+            values |= {"circuit_state": None, "circuit_since": None, "circuit_opened_by": None}
+    if "retry_budget" in patch:
+        given = patch["retry_budget"]
+        values["retry_budget"] = None if given is None else RetryBudgetSettings(**given).stored()
+        if given is None:
+            values["retry_budget_at"] = None
+    if "circuit_state" in patch:
+        if values.get("circuit", current.circuit) is None:
+            raise ValidationFailed(
+                "The type has no circuit to open or close: set \"circuit\" first.",
+                errors={"circuit_state": ["The type has no circuit."]})
+        state = None if patch["circuit_state"] == circuit.CLOSED else circuit.OPEN
+        values |= {"circuit_state": state, "circuit_since": now_us, "circuit_opened_by": None}
+    return values
 
 
 @dataclass(frozen=True)
@@ -124,8 +161,11 @@ class TypeView:
     # The push signing secret this very change made (push set for the first time, or
     # rotated): shown once, in the PATCH's answer; None otherwise.
     new_secret: str | None = None
+    # A push type's origin's concurrency, as the dispatcher last wrote it (None: never).
+    push_concurrency: OriginFigure | None = None
     blocked_keys: int = 0  # ordered keys a failure blocks now
     retention: RetentionWindows = NO_RETENTION  # its windows, the defaults included
+    now_us: int = 0  # when it was read (a half-open circuit's wave is of that moment)
 
 
 class TypeService:
@@ -166,7 +206,7 @@ class TypeService:
             raise ValidationFailed(f"The push url is refused: {refused}.",
                                    errors={"push.url": [f"Refused: {refused}."]})
         settings_patch = {name: value for name, value in patch.items()
-                          if name not in ("push", "retention")}
+                          if name not in ("push", "retention", *PROTECTION_FIELDS)}
         if "retention" in patch:
             settings_patch |= retention_columns(patch["retention"])
 
@@ -181,19 +221,34 @@ class TypeService:
                 values, secret = values | push_columns(current, patch["push"]), None
                 if values["push_secret"] != current.push_secret:
                     secret = values["push_secret"]
+            values |= protection_columns(current, patch, now)
             changed = current.changed(now, values)
             repo.save(changed)
+            if changed.circuit_state != current.circuit_state or "circuit_state" in patch:
+                moved.append((circuit.shown_state(current.circuit_state),
+                              circuit.shown_state(changed.circuit_state)))
             if changed.key_mode != current.key_mode:
                 change_modes(JobRepository(conn), KeyRepository(conn), job_type,
                              current.key_mode, changed.key_mode, now)
             return secret
 
+        moved: list[tuple[str, str]] = []
         secret = self.db.run_write(change)
+        for before, after in moved[-1:]:
+            log.info("circuit of type %s: %s -> %s (%s)", job_type, before, after,
+                     "by hand" if "circuit_state" in patch else "its circuit was removed")
         if self.settings_copy is not None:
             # At once in this process; the others read it within a second
             # (docs/FLOW-CONTROL.md, Type settings across processes).
             self.settings_copy.refresh()
         return replace(self.get_type(job_type), new_secret=secret)
+
+    def circuit_states(self) -> dict[str, str]:
+        """Where each configured type's circuit stands, of the types with a breaker."""
+        with self.db.read() as conn:
+            stored = TypeRepository(conn).settings_of(sorted(self.job_types))
+        return {name: circuit.shown_state(s.circuit_state)
+                for name, s in sorted(stored.items()) if s.circuit is not None}
 
     def push_targets(self) -> dict[str, TypeSettings]:
         """The push types' settings, by type (what the dispatcher delivers to)."""
@@ -221,14 +276,20 @@ class TypeService:
         with self.db.read() as conn:
             stats = self._stats_in(conn, backlog)
             stored = TypeRepository(conn).settings_of(names)
+            pushed = {s.type: push_origin(s.push_url) or "" for s in stored.values()
+                      if s.push_url}
+            figures = OriginRepository(conn).figures_of(set(pushed.values()) - {""})
         views = []
         for name in names:
             settings = stored.get(name, defaults(name))
             views.append(TypeView(settings, stats.counts_of(name),
                                   stats.oldest_claimable_age_seconds(name),
                                   blocked_keys=stats.blocked_keys.get(name, 0),
-                                  retention=settings.retention(self.retention_defaults)))
-        return views
+                                  retention=settings.retention(self.retention_defaults),
+                                  now_us=stats.now_us))
+        # A push type's origin's figure (GET /types' push.concurrency).
+        return [replace(view, push_concurrency=figures.get(pushed.get(view.settings.type, "")))
+                for view in views]
 
     def blocked_keys(self, limit: int = 50) -> list[KeyTurn]:
         """Ordered keys a failed job blocks, longest blocked first (the dashboard's)."""

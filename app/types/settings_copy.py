@@ -102,6 +102,10 @@ class TypeSettingsCopy:
 
     # -- keeping it fresh -------------------------------------------------------------------
 
+    def snapshot(self) -> dict[str, TypeSettings] | None:
+        """Every stored type's settings as the copy holds them (None: no fresh copy)."""
+        return self._current()
+
     def tick(self) -> None:
         """What the background thread does each second: read the copy again, then number
         the stragglers of the types it saw become fair."""

@@ -85,6 +85,27 @@ def limits(shown_type: dict[str, Any]) -> str:
     return " · ".join(parts) or "none"
 
 
+def circuit_text(shown_type: dict[str, Any]) -> str:
+    """A type's circuit breaker in words (docs/FLOW-CONTROL.md), as GET /types shows it:
+    `off`, or e.g. `closed · opens at 50% failed of at least 20 attempts in 60 s, probes
+    after 30 s`; where it stands and since when is the template's."""
+    circuit = shown_type["circuit"]
+    if circuit is None:
+        return "off"
+    return (f"opens at {circuit['failure_ratio']:.0%} failed of at least "
+            f"{circuit['min_attempts']} attempts in {circuit['window_seconds']} s, probes after "
+            f"{circuit['cooldown_seconds']} s")
+
+
+def retry_budget_text(shown_type: dict[str, Any]) -> str:
+    """`off`, or e.g. `0.2 per first attempt + 10 retries per 60 s`."""
+    budget = shown_type["retry_budget"]
+    if budget is None:
+        return "off"
+    return (f"{budget['ratio']:g} per first attempt + {budget['minimum']} retries per "
+            f"{budget['window_seconds']} s")
+
+
 def counts_text(counts: dict[str, int]) -> str:
     """Jobs by status in words, the statuses with none left out: `3 waiting · 1 running`."""
     return " · ".join(f"{n} {status}" for status, n in counts.items() if n) or "no jobs"
@@ -138,6 +159,7 @@ def waits_for(waiting_for: Mapping[str, Any]) -> str:
 def register_filters(app: Flask) -> None:
     for name, fn in (("utc", utc), ("age", age), ("duration", duration), ("waits_for", waits_for),
                      ("json_text", json_text), ("limits", limits), ("counts_text", counts_text),
+                     ("circuit_text", circuit_text), ("retry_budget_text", retry_budget_text),
                      ("last_line", last_line), ("in_zone", in_zone), ("percent", percent),
                      ("hourly_chart", hourly_chart)):
         app.add_template_filter(fn, name)

@@ -51,13 +51,15 @@ SCRIPTS = {
               "QUEUELOG_NOTIFY=0 (peeking)"),
     "waits": ("== Waits: one event resuming many, claims beside suspended jobs, the suspend "
               "cycle", "jobs woken"),
+    "protection": ("== A type that protects itself: a closed circuit's and a retry budget's "
+                   "cost", "circuit breaker (closed) and retry budget configured"),
 }
 # The scripts that measure PostgreSQL beside SQLite do so here too when the tests have a
 # PostgreSQL server (smoke sizes: a few seconds more each).
 ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "peer_servers", "flow", "workflows",
                             "keys", "heartbeat", "reserve", "enqueue_options", "retention",
                             "failures", "tags", "over_time", "bloat", "long_transaction",
-                            "wakes", "waits"})
+                            "wakes", "waits", "protection"})
 # They take a minute or two each: they are shared out over three files, so that the two test
 # processes (which take a file at a time) can each take some, and none is left alone at the end.
 ENGINE_SHARES = 3

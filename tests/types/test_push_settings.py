@@ -25,13 +25,15 @@ def test_the_first_push_setting_shows_the_secret_once_and_get_never(client, admi
     assert push["secret"].startswith("qlsec_")
 
     shown = client.get("/types/email", headers=admin.headers).json["push"]
-    assert shown == {"url": "https://svc.internal/jobs", "timeout_seconds": 5}
+    # No dispatcher has delivered there yet: no concurrency figure.
+    assert shown == {"url": "https://svc.internal/jobs", "timeout_seconds": 5,
+                     "concurrency": None}
     listed = client.get("/types", headers=admin.headers).json["types"]
-    assert {"url": "https://svc.internal/jobs", "timeout_seconds": 5} in [
-        t["push"] for t in listed]
+    assert shown in [t["push"] for t in listed]
 
     again = patch(client, admin, "email", push={"url": "https://svc.internal/v2"}).json["push"]
-    assert again == {"url": "https://svc.internal/v2", "timeout_seconds": 30}
+    assert again == {"url": "https://svc.internal/v2", "timeout_seconds": 30,
+                     "concurrency": None}
 
     rotated = patch(client, admin, "email", push={"url": "https://svc.internal/v2",
                                                   "rotate_secret": True}).json["push"]

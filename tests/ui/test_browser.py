@@ -711,3 +711,48 @@ def test_an_operator_finds_a_suspended_job_and_what_it_waits_for(
     assert "waiting-for" not in browser.page_source
     resumed = browser.find_element(By.ID, "resumed").text
     assert resumed.startswith("ended by event") and '"carrier": "DHL"' in resumed
+
+
+def test_an_operator_sees_a_types_circuit_open_and_what_opened_it(
+        browser: Any, server: LiveServer, database_url: str, screenshots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "mailer", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    # The type's circuit opens after 2 failed attempts, its probe a minute later.
+    assert requests.patch(server.url_of("/types/sync"), headers=bearer(admin), timeout=10,
+                          json={"circuit": {"min_attempts": 2, "cooldown_seconds": 60},
+                                "retry_budget": {"minimum": 5}}).status_code == 200
+    for _ in range(3):
+        requests.post(server.url_of("/jobs"), headers=bearer(producer), timeout=10,
+                      json={"type": "sync", "max_retries": 0})
+    for _ in range(2):
+        claimed = requests.post(server.url_of("/jobs/claim"), headers=bearer(worker),
+                                timeout=10, json={"types": ["sync"]}).json()
+        requests.post(server.url_of(f"/jobs/{claimed['id']}/fail"), headers=bearer(worker),
+                      timeout=10, json={"lease_token": claimed["lease_token"],
+                                        "error": "SMTP 421 try again later"})
+    deadline = time.monotonic() + 30
+    while requests.get(server.url_of("/types/sync"), headers=bearer(admin),
+                       timeout=10).json()["circuit_state"]["state"] != "open":
+        assert time.monotonic() < deadline, "the circuit never opened"
+        time.sleep(0.1)
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+
+    browser.get(server.url_of("/ui/types/sync"))
+    circuit = browser.find_element(By.ID, "circuit")
+    assert circuit.find_element(By.CSS_SELECTOR, "span.circuit-open").text == "open"
+    assert "probe from" in circuit.text
+    assert "opens at 50% failed of at least 2 attempts in 60 s, probes after 60 s" in circuit.text
+    assert "0.2 per first attempt + 5 retries per 60 s" in browser.find_element(
+        By.ID, "type-settings").text
+    _shot(browser, "circuit-open", engine, screenshots)
+    # What opened it: its failure group, on the failures page.
+    _follow(browser, circuit.find_element(By.LINK_TEXT, "SMTP 421 try again later"))
+    assert "/ui/failures" in browser.current_url
+    assert "SMTP 421 try again later" in browser.page_source
+    requests.patch(server.url_of("/types/sync"), headers=bearer(admin), timeout=10,
+                   json={"circuit": None, "retry_budget": None})

@@ -154,3 +154,28 @@ class FlowPolicy(Protocol):
         """After a claim that read no type's row found nothing (outside its transaction):
         read the types' settings again; True when one of `wanted` (None: any) turns out to be
         under flow control now, which that claim's own statement passed over."""
+
+
+class RetryPolicy(Protocol):
+    """When a failed attempt's retry runs: its backoff, or later under its type's retry budget
+    (app/types/protection/retry_budget.py implements it; the factory wires it in)."""
+
+    def may_hold_back(self, job_type: str) -> bool:
+        """Whether the type may have a retry budget (no statement: this process's copy of
+        the settings, or True when it has none fresh)."""
+        ...
+
+    def retry_at(self, conn: Connection, job_type: str, backoff_at: int, now_us: int) -> int:
+        """When the retry runs, in the failing transaction: `backoff_at`, or the slot the
+        type's budget gives it."""
+        ...
+
+
+class NoRetryBudget:
+    """Every retry runs at its backoff."""
+
+    def may_hold_back(self, job_type: str) -> bool:
+        return False
+
+    def retry_at(self, conn: Connection, job_type: str, backoff_at: int, now_us: int) -> int:
+        return backoff_at

@@ -116,6 +116,11 @@ def _from_the_row(held: Any) -> dict[str, Any]:
             "run_at": bindparam("now") + _DELAYS[held.c.retry_count]}
 
 
+_NO_RETRY_BUDGET = ~(select(job_types.c.type)
+                     .where(job_types.c.type == jobs.c.type,
+                            job_types.c.retry_budget.is_not(None)).exists())
+
+
 @functools.cache
 def _fail_alone(fenced: bool, key_to_confirm: bool, events: bool) -> Any:
     """The statement of a plain job's fail (see the module's docstring), built once per
@@ -133,7 +138,9 @@ def _fail_alone(fenced: bool, key_to_confirm: bool, events: bool) -> Any:
                # Its unique key is neither let go nor entered (app/jobs/tx/attempts.py).
                jobs.c.unique_scope.is_(None), _ROUND_KEPT,
                or_(jobs.c.retry_count >= jobs.c.max_retries,
-                   jobs.c.retry_count < func.cardinality(_DELAYS)))
+                   jobs.c.retry_count < func.cardinality(_DELAYS)),
+               # A retry of a type with a retry budget takes its slot in a transaction.
+               or_(jobs.c.retry_count >= jobs.c.max_retries, _NO_RETRY_BUDGET))
         .with_for_update(of=jobs)
         .cte("held"))
     retrying = held.c.retrying.is_(True)

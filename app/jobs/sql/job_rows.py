@@ -38,11 +38,12 @@ CLAIMABLE_ROW = status_is_job(*Transition.CLAIM.from_statuses)
 CLAIMABLE_BY_ID = status_is_job_by_id(*Transition.CLAIM.from_statuses)
 # A job_types row that puts its type under flow control (TypeSettings.is_limited): a claim of
 # the type must look at it. The one spelling of it in SQL (app/types/repository.py reads these
-# rows with it): a cap or a rate, whose claims count what runs; or paused, pushed (only the
-# dispatcher's claims take it) or fair (its claims read round order).
+# rows with it): a cap, a rate or a tripped circuit, whose claims count what runs; or paused,
+# pushed (only the dispatcher's claims take it) or fair (its claims read round order).
 COUNTS_RUNNING_TYPE = or_(job_types.c.max_running.is_not(None),
                           job_types.c.max_running_per_key.is_not(None),
-                          job_types.c.rate_per_second.is_not(None))
+                          job_types.c.rate_per_second.is_not(None),
+                          job_types.c.circuit_state.is_not(None))
 PAUSED_PUSHED_OR_FAIR_TYPE = or_(job_types.c.paused.is_(True),
                                  job_types.c.push_url.is_not(None),
                                  job_types.c.fairness.is_not(None))

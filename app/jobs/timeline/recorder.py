@@ -361,7 +361,12 @@ class HistoryRecorder:
         elif transition is Transition.CONFIRM:
             kind = "enqueued"
         if kind is not None:
-            cls._add(conn, Counter((job.type, kind) for job in jobs), now_us, counts)
+            made = Counter((job.type, kind) for job in jobs)
+            if kind == "claimed":
+                # First attempts apart: a retry budget's window counts them (they are no
+                # column of the stats, which leave them out).
+                made.update((job.type, "claimed_first") for job in jobs if job.retry_count == 0)
+            cls._add(conn, made, now_us, counts)
 
     @staticmethod
     def _error(outcome: Outcome, job: Job) -> str | None:

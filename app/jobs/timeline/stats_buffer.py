@@ -18,7 +18,7 @@ import logging
 import random
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sqlalchemy import Connection
 
@@ -45,11 +45,21 @@ class StatsBuffer:
         # One flush at a time: a flush asked for while another writes waits for it, so that
         # once it returns every count handed over before it was called is in the database.
         self._flushing = threading.Lock()
+        self._watchers: list[Callable[[Mapping[CountKey, int]], None]] = []
 
     def add(self, minute: int, counts: Mapping[CountKey, int]) -> None:
-        """Keep `counts` for the minute starting at `minute` (a committed transaction's)."""
+        """Keep `counts` for the minute starting at `minute` (a committed transaction's), and
+        show them to the watchers."""
         with self._lock:
             self._counts[minute].update(counts)
+        for watcher in self._watchers:
+            watcher(counts)
+
+    def watch(self, watcher: Callable[[Mapping[CountKey, int]], None]) -> None:
+        """Show `watcher` each committed transaction's counts, on the committing thread (it
+        must be quick and never raise): the protected types' tallies
+        (app/types/protection/tallies.py)."""
+        self._watchers.append(watcher)
 
     def flush(self) -> int:
         """Write every count kept so far (one statement; on SQLite it may share a group

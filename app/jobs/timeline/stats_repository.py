@@ -50,7 +50,7 @@ def _rows(by_minute: Mapping[int, Counter[CountKey]], slot: int) -> list[dict[st
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     for minute, counts in by_minute.items():
         for (job_type, name), count in counts.items():
-            if count:
+            if count and name in COUNTS:
                 row = rows.setdefault((job_type, minute), {
                     "type": job_type, "minute": minute, "slot": slot,
                     **dict.fromkeys(COUNTS, 0)})

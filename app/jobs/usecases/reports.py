@@ -14,10 +14,12 @@ from typing import Any, NoReturn, TypeVar
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.callers import Caller
-from app.core.clock import MICROS, Clock
+from app.core.clock import MICROS, Clock, to_rfc3339
 from app.core.errors import Conflict, NotFound, QueueError
 from app.core.limits import RETRIES
 from app.core.redaction import redact_error
+from app.core.statuses import JobStatus
+from app.jobs.domain.flow import NoRetryBudget, RetryPolicy
 from app.jobs.domain.intake import sized_json
 from app.jobs.domain.models import Job, JobControls
 from app.jobs.domain.report_pace import (
@@ -71,11 +73,12 @@ class WorkerReports:
     of a failed attempt; `rng` draws the backoff's jitter."""
 
     def __init__(self, uow: JobsUnitOfWork, clock: Clock, settings: QueueSettings,
-                 rng: random.Random) -> None:
+                 rng: random.Random, retry_policy: RetryPolicy | None = None) -> None:
         self.uow = uow
         self.clock = clock
         self.settings = settings
         self.rng = rng
+        self.retry_policy = retry_policy or NoRetryBudget()
 
     def heartbeat(self, caller: Caller, job_id: int, *, lease_token: str | None,
                   lease_seconds: int | None, progress: Progress | None = None) -> Beat:
@@ -351,10 +354,9 @@ class WorkerReports:
             self._record_stop(tx, stopped, caller, now)
             tx.timeline.seen(caller.name, now, claimed=False)
             return stopped
-        failed = end_attempt(repo, Transition.FAIL, job,
-                             Transition.FAIL.values(job, now, error,
-                                                    delay_after(job.retry_count)),
-                             worker=caller.name, now_us=now)
+        values = Transition.FAIL.values(job, now, error, delay_after(job.retry_count))
+        budget = self._retry_budget(tx, job, values, now)
+        failed = end_attempt(repo, Transition.FAIL, job, values, worker=caller.name, now_us=now)
         if failed is None:  # another transaction changed it first (PostgreSQL only)
             raise ReportRefused("The job changed while this request ran; its lease is "
                                 "gone.", job_id=job_id, worker=caller.name)
@@ -363,9 +365,22 @@ class WorkerReports:
         # Its stored attempt as read with its row, unless the delivery just stored it.
         stored = None if delivered is not None else {job.id: held.stored_attempt}
         tx.after_transition(Transition.FAIL, [failed], actor=caller.name, now_us=now,
-                before={job.id: job}, current_attempts=stored)
+                before={job.id: job}, current_attempts=stored, details=budget)
         tx.timeline.seen(caller.name, now, claimed=False)
         return failed
+
+    def _retry_budget(self, tx: JobsTx, job: Job, values: dict[str, Any],
+                      now: int) -> dict[int, dict[str, Any]] | None:
+        """Move a retry's run_at (`values`) to where its type's retry budget puts it; the
+        retry_scheduled event's detail when the budget held it back past its backoff."""
+        if (values.get("status") != JobStatus.PENDING.value
+                or not self.retry_policy.may_hold_back(job.type)):
+            return None
+        backoff_at = values["run_at"]
+        values["run_at"] = self.retry_policy.retry_at(tx.conn, job.type, backoff_at, now)
+        if values["run_at"] <= backoff_at:
+            return None
+        return {job.id: {"retry_budget": {"backoff_until": to_rfc3339(backoff_at)}}}
 
     @staticmethod
     def refuse_report(job: Job | None, caller: Caller, now: int,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from app.core.clock import Clock
-from app.jobs.domain.flow import FlowPolicy
+from app.jobs.domain.flow import FlowPolicy, RetryPolicy
 from app.jobs.domain.intake import IntakeRules
 from app.jobs.domain.settings import QueueSettings
 from app.jobs.tx.uow import CASCADE_LEFT, JobsUnitOfWork
@@ -43,7 +43,8 @@ class JobService:
     def __init__(self, uow: JobsUnitOfWork, clock: Clock, settings: QueueSettings,
                  rng: random.Random | None = None, flow: FlowPolicy | None = None,
                  finished: JobSignal | None = None,
-                 claimable: JobSignal | None = None) -> None:
+                 claimable: JobSignal | None = None,
+                 retry_policy: RetryPolicy | None = None) -> None:
         self.uow = uow
         self.clock = clock
         self.settings = settings
@@ -62,7 +63,8 @@ class JobService:
         # How many claims, and reads of a job, wait at once in this process.
         self.waiting_reads = WaitingBudget(settings.max_waiting_requests)
         reads = JobReads(uow, clock, self.finished, self.waiting_reads)
-        reports = WorkerReports(uow, clock, settings, rng or random.SystemRandom())
+        reports = WorkerReports(uow, clock, settings, rng or random.SystemRandom(),
+                                retry_policy)
         admin = Administration(uow, clock, settings.bulk_batch_size)
         # The use cases, each from the module that holds it.
         self.enqueue = enqueuing.enqueue
