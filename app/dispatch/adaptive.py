@@ -9,6 +9,11 @@ increase and multiplicative decrease as TCP does:
   holds the origin: no delivery starts there before that moment;
 - a window of successes grows it by one, never above the cap: `limit` 2xx answers in a row,
   each to a delivery sent since the last halving;
+- the limit a halving came from, less one, is remembered as what the origin takes: the limit
+  climbs back to it at a window a step, and above it only after PROBE_WINDOWS windows there,
+  so that deliveries settle at what the origin takes, probing above it now and then; a
+  window of successes above it forgets it (the origin takes more now), and the climb to
+  the cap goes on at a window a step;
 - any other answer (500, 400, …) changes nothing, and does not break a window either: it
   says nothing of the origin's load.
 
@@ -34,6 +39,8 @@ from app.types.origin_repository import OriginFigure
 log = logging.getLogger(__name__)
 
 _OVERLOAD_STATUSES = frozenset({429, 503})
+# Windows of successes at what the origin was found to take before the limit probes above it.
+PROBE_WINDOWS = 8
 
 
 class Verdict(enum.Enum):
@@ -103,6 +110,16 @@ class _Origin:
     held_until: int = 0  # µs; no delivery starts before
     epoch: int = 0  # halvings so far
     successes: int = 0  # toward the window at `limit`
+    # What the origin was found to take: the limit its last halving came from, less one
+    # (None: nothing found, or a window above it succeeded since).
+    takes: int | None = None
+
+    def successes_to_grow(self) -> int:
+        """The 2xx answers in a row at `limit` that grow it: a window, or PROBE_WINDOWS of
+        them at what the origin was found to take."""
+        if self.takes is not None and self.limit == self.takes:
+            return self.limit * PROBE_WINDOWS
+        return self.limit
 
 
 class OriginLimits:
@@ -173,14 +190,18 @@ class OriginLimits:
             if said.verdict is Verdict.OVERLOAD and current:
                 state.epoch += 1
                 state.successes = 0
+                state.takes = max(1, state.limit - 1)
                 self._change(ticket.origin, state, max(1, state.limit // 2), said.why)
             elif said.verdict is Verdict.SUCCESS and current:
                 state.successes += 1
-                if state.successes >= state.limit:
+                needed = state.successes_to_grow()
+                if state.successes >= needed:
                     state.successes = 0
-                    plural = "es" if state.limit > 1 else ""
+                    if state.takes is not None and state.limit > state.takes:
+                        state.takes = None  # a window above it: the origin takes more now
+                    plural = "es" if needed > 1 else ""
                     self._change(ticket.origin, state, min(state.cap, state.limit + 1),
-                                 f"{state.limit} success{plural} in a row")
+                                 f"{needed} success{plural} in a row")
             return not had_room and self._room(state, now) > 0
 
     def figures(self) -> list[OriginFigure]:

@@ -10,6 +10,7 @@ import pytest
 from app.core.clock import MICROS, ManualClock
 from app.dispatch.adaptive import (
     NOTHING_SAID,
+    PROBE_WINDOWS,
     OriginLimits,
     Said,
     Verdict,
@@ -115,15 +116,34 @@ def test_a_stale_retry_after_still_holds_and_a_shorter_one_never_shortens_a_hold
 
 def test_a_window_of_successes_grows_the_limit_by_one_up_to_the_cap(clock):
     limits = limits_of(clock, cap=4)
-    limits.finished(limits.started(ORIGIN), BUSY)
-    limits.finished(limits.started(ORIGIN), BUSY)
-    assert limit_of(limits) == 1
+    limits.finished(limits.started(ORIGIN), BUSY)  # 4 -> 2: the origin takes 3
     grown = []
-    for _ in range(12):
+    for _ in range(2 + 3 * PROBE_WINDOWS + 4):
         limits.finished(limits.started(ORIGIN), OK)
         grown.append(limit_of(limits))
-    # 1 success at 1, 2 at 2, 3 at 3: then the cap.
-    assert grown == [2, 2, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4]
+    # 2 successes at 2, then PROBE_WINDOWS windows at 3, what it takes, then the cap.
+    assert grown == [2, 3] + [3] * (3 * PROBE_WINDOWS - 1) + [4] * 5
+
+
+def test_deliveries_settle_at_what_the_origin_takes_probing_above_it_now_and_then(clock):
+    limits = limits_of(clock, cap=8)
+    takes = 3
+    seen = []
+    for _ in range(400):  # an origin that answers 429 beyond 3 at once
+        ticket = limits.started(ORIGIN)
+        limits.finished(ticket, BUSY if limit_of(limits) > takes else OK)
+        seen.append(limit_of(limits))
+    settled = seen[20:]
+    above = sum(1 for limit in settled if limit > takes)
+    assert above <= len(settled) / (takes * PROBE_WINDOWS) + 1
+    assert max(settled) == takes + 1  # its probes, one step above
+    # It recovers: the limit climbs back to the cap, a window a step once a probe succeeds.
+    climbed = []
+    while limit_of(limits) < 8:
+        limits.finished(limits.started(ORIGIN), OK)
+        climbed.append(limit_of(limits))
+        assert len(climbed) <= takes * PROBE_WINDOWS + 4 + 5 + 6 + 7
+    assert limit_of(limits) == 8
 
 
 def test_successes_of_deliveries_sent_before_a_halving_do_not_count(clock):
@@ -157,6 +177,9 @@ def test_an_overload_starts_the_window_again(clock):
     limits.finished(limits.started(ORIGIN), OK)
     limits.finished(limits.started(ORIGIN), BUSY)  # 1: the success before it is forgotten
     limits.finished(limits.started(ORIGIN), OK)
+    assert limit_of(limits) == 1  # 1 is what it takes: PROBE_WINDOWS windows first
+    for _ in range(PROBE_WINDOWS - 1):
+        limits.finished(limits.started(ORIGIN), OK)
     assert limit_of(limits) == 2
 
 
@@ -197,11 +220,11 @@ def test_each_change_of_a_limit_is_one_info_line(clock, caplog):
     limits = limits_of(clock, cap=2)
     limits.finished(limits.started(ORIGIN), busy_for(1))
     clock.advance(1)
-    limits.finished(limits.started(ORIGIN), OK)
-    limits.finished(limits.started(ORIGIN), OK)  # at the cap: no change
+    for _ in range(PROBE_WINDOWS + 2):  # 1 is what it took: PROBE_WINDOWS windows there
+        limits.finished(limits.started(ORIGIN), OK)
     assert [r.getMessage() for r in caplog.records] == [
         f"dispatch: {ORIGIN}: concurrency 2 -> 1 (HTTP 429)",
-        f"dispatch: {ORIGIN}: concurrency 1 -> 2 (1 success in a row)"]
+        f"dispatch: {ORIGIN}: concurrency 1 -> 2 ({PROBE_WINDOWS} successes in a row)"]
 
 
 @pytest.mark.parametrize(("outcome", "said"), [
