@@ -26,6 +26,7 @@ from sqlalchemy import Connection
 
 from app.core.clock import MICROS, to_rfc3339
 from app.core.statuses import TERMINAL_STATUSES, JobStatus
+from app.history.line import Place
 from app.jobs.domain.flow import running_by_type
 from app.jobs.domain.models import BoundedCount, Job
 from app.jobs.sql.key_repository import KeyRepository
@@ -83,6 +84,8 @@ class Explanation:
     status: str
     claimable_now: bool
     reasons: list[Reason]
+    # A claimable job's place in line (app/history/line.py); None for any other.
+    place: Place | None = None
 
 
 def flow_reasons(conn: Connection, job: Job, now_us: int) -> list[Reason]:

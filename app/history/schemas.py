@@ -73,11 +73,28 @@ class ExplanationSchema(Schema):
     claimable_now = fields.Boolean(required=True)
     reasons = fields.List(fields.Nested(ReasonSchema), required=True, metadata={
         "description": "The most important first."})
+    position = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "A claimable job (pending, its run_at reached): how many claimable "
+                       "jobs of its type a claim takes before it, in the order its claims "
+                       "take them (fair types: round order), counted exactly up to 10,000 "
+                       "(position_capped: at least that many); null for any other job, or a "
+                       "fair type's job not yet given its round."})
+    position_capped = fields.Boolean(required=True, metadata={
+        "description": "The count stopped at 10,000: position is a lower bound."})
+    estimated_start_seconds = fields.Float(required=True, allow_none=True, metadata={
+        "description": "About how long until a claim takes it: position at the type's claim "
+                       "rate over the last 5 minutes, no faster than its rate limit; null "
+                       "when nothing of the type was claimed lately, the type is paused or "
+                       "its circuit is open, or the job is not claimable."})
 
 
 def represent_explanation(explanation: Explanation) -> dict[str, Any]:
+    place = explanation.place
     return {"job_id": explanation.job_id, "status": explanation.status,
-            "claimable_now": explanation.claimable_now, "reasons": explanation.reasons}
+            "claimable_now": explanation.claimable_now, "reasons": explanation.reasons,
+            "position": None if place is None else place.position,
+            "position_capped": place is not None and place.capped,
+            "estimated_start_seconds": None if place is None else place.estimated_start_seconds}
 
 
 def represent_worker(worker: Worker) -> dict[str, Any]:

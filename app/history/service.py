@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.core.callers import Caller, Role
 from app.core.clock import Clock
@@ -16,6 +16,7 @@ from app.history.explain import (
     key_reasons,
     retry_budget_reasons,
 )
+from app.history.line import place_in_line
 from app.jobs.domain.history import Attempt, JobEvent
 from app.jobs.sql.dependency_repository import DependencyRepository
 from app.jobs.sql.repository import JobRepository
@@ -25,6 +26,7 @@ from app.jobs.timeline.row_story import attempts_told, current_attempt, events_t
 from app.jobs.usecases.service import JobService
 from app.keys.service import KeyService
 from app.storage.engine import Database
+from app.types.repository import TypeRepository
 
 # A timeline holds one event per change of the job and at most MAX_REFUSALS_KEPT refusals;
 # an answer shows the newest this many all the same, so that none grows without bound (a job
@@ -127,7 +129,11 @@ class HistoryService:
             waiting_for = (WaitRepository(conn).waiting_for([job.id]).get(job.id)
                            if job.status == JobStatus.SUSPENDED else None)
             budget = retry_budget_reasons(conn, job, now)
+            place = place_in_line(conn, job, now,
+                                  TypeRepository(conn).settings_of([job.type]).get(job.type))
         # Other keys' names are an admin's to see; a producer is told its own job's facts.
-        return explain(job, now, ahead=ahead, ahead_of_type=ahead_of_type, workers=workers,
-                       flow=flow, names_workers=caller.is_admin, waiting_on=waiting_on,
-                       keyed=keyed, waiting_for=waiting_for, budget=budget)
+        explanation = explain(job, now, ahead=ahead, ahead_of_type=ahead_of_type,
+                              workers=workers, flow=flow, names_workers=caller.is_admin,
+                              waiting_on=waiting_on, keyed=keyed, waiting_for=waiting_for,
+                              budget=budget)
+        return replace(explanation, place=place)
