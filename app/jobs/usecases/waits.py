@@ -158,14 +158,17 @@ class Waits:
 
     # -- what ends a wait -----------------------------------------------------------------
 
-    def post_event(self, producer: str, name: str, key: str, data: dict[str, Any] | None, *,
-                   idempotency_key: str | None, actor: str) -> EventPosted:
+    def post_event(self, caller: Caller, producer: str, name: str, key: str,
+                   data: dict[str, Any] | None, *, idempotency_key: str | None) -> EventPosted:
         """Resume every job of `producer` suspended on the event `name` with `key`, with the
         event's data; none: the event is kept for the first wait for it. The same
-        Idempotency-Key again (while the event is kept) answers as the first did."""
+        Idempotency-Key again (while the event is kept) answers as the first did. `caller`
+        posts it: a key revoked meanwhile resumes nothing and keeps nothing."""
         stored_data = None if data is None else sized_json(data, "data", self.max_payload_bytes)
+        actor = caller.name
 
         def post_in(tx: JobsTx) -> EventPosted:
+            tx.confirm(caller)
             now = self.clock.now_us()
             tx.waits.lock_event(producer, name, key)
             stored = {"producer": producer, "name": name, "event_key": key,

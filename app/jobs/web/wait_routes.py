@@ -98,8 +98,8 @@ def post_event() -> Response:
     if producer != caller.name and not caller.is_admin:
         raise Forbidden("A producer posts events for its own jobs only.")
     posted = _service().waits.post_event(
-        producer, body["name"], body["key"], body["data"],
-        idempotency_key=idempotency_key_header(), actor=caller.name)
+        caller, producer, body["name"], body["key"], body["data"],
+        idempotency_key=idempotency_key_header())
     response = jsonify({"woken": posted.woken})
     if posted.replayed:
         response.headers["Idempotent-Replayed"] = "true"
