@@ -9,7 +9,7 @@ docs/PUSH.md, "Adaptive concurrency").
 - job_types.retry_budget_at: the retry budget's schedule (when the next retry beyond the
   budget may run); NULL until one is held back.
 - type_tallies: per type, process slot and second, the attempts that ended and failed and
-  the first attempts started, written about every quarter second by each process for the
+  the first attempts started, written about once a second by each process for the
   types with a breaker or a retry budget alone, so that no job's request writes more; the
   breaker and the budget read their windows here.
 - push_origins: per push origin, the deliveries the dispatcher lets run at once now (below

@@ -82,8 +82,9 @@ Index("ix_job_stats_minute", job_stats.c.minute)
 
 # Per type, second and process slot, what the job transactions of the types with a circuit
 # breaker or a retry budget ended and started (migration 0028): each process adds its counts
-# about every quarter second (app/types/protection/tallies.py), so that no job's request writes
-# more, and the breaker's and the budget's windows (10 s to an hour) read them summed.
+# about once a second, sooner after failures (app/types/protection/tallies.py), so that no
+# job's request writes more, and the breaker's and the budget's windows (10 s to an hour)
+# read them summed.
 type_tallies = Table(
     "type_tallies",
     metadata,

@@ -46,7 +46,9 @@ from app.types.protection.repository import ProtectionRepository, Window
 
 log = logging.getLogger(__name__)
 
-TICK_SECONDS = 0.25
+# A second, as the stats flusher: failures wake the thread sooner (WOKEN_SECONDS), so a
+# circuit opens as soon after them, and completions alone wait for the tick.
+TICK_SECONDS = 1.0
 # Tallies older than the longest window (an hour) are removed this often by each process.
 FORGET_EVERY_SECONDS = 60.0
 KEPT_SECONDS = 3600 + 60
