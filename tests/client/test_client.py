@@ -172,6 +172,10 @@ def test_attempts_and_explain_of_a_producers_own_job(server):
     assert (attempt["number"], attempt["outcome"]) == (1, "running")
     explained = queue.explain(job["id"])
     assert explained["reasons"][0]["code"] == "running"
+    assert explained["position"] is None  # running: not in line
+    waiting = queue.enqueue("sync", {"n": 2})
+    place = queue.explain(waiting["id"])  # claimable: its place in the line of sync jobs
+    assert place["position"] >= 0 and place["position_capped"] is False
     with pytest.raises(NotFound):
         _producer(server).explain(job["id"])
 
