@@ -603,6 +603,19 @@ def _traffic(server: LiveServer, producer: str, worker: str) -> None:
         assert answer.status_code == 200, answer.text
 
 
+def _counted(server: LiveServer, admin: str, enqueued: int) -> None:
+    """Wait until every worker process has written its stats (each about once a second):
+    the charts read what is written."""
+    deadline = time.monotonic() + 30
+    while True:
+        buckets = requests.get(server.url_of("/stats"), headers=bearer(admin), timeout=10,
+                               params={"type": "email"}).json()["buckets"]
+        if sum(bucket["enqueued"] for bucket in buckets) >= enqueued:
+            return
+        assert time.monotonic() < deadline, "the stats never counted the traffic"
+        time.sleep(0.2)
+
+
 _BUCKET = re.compile(r"^\d\d:\d\d — (\d+) enqueued, (\d+) completed, (\d+) failed$")
 
 
@@ -617,6 +630,7 @@ def test_an_operator_reads_a_types_charts_and_turns_auto_refresh_on(
     worker = create_api_key(database_url, "mailer", "worker")
     admin = create_api_key(database_url, "ops", "admin")
     _traffic(server, producer, worker)
+    _counted(server, admin, 3)
     browser.delete_all_cookies()
     _sign_in(browser, server, admin)
 
