@@ -251,3 +251,26 @@ def test_a_closed_circuit_counts_its_window_from_its_closing(app, api, producer,
     api.fail(worker, _claim(api, worker).json["id"])
     _tick(app)
     assert _state(api, admin)["state"] == "open"  # 2 of 3 since it closed
+
+
+def test_failures_seen_before_the_process_knew_of_the_circuit_still_open_it(
+        app, api, producer, worker, admin, clock):
+    """A circuit set on another process reaches this one's copy of the settings within a
+    second; the failures this process saw meanwhile are counted all the same."""
+    from app.types.protection.tallies import Protection
+
+    services = app.extensions["queuelog"]
+    copy: dict[str, Any] = {"now": {}}  # this process's copy: the type not protected yet
+    protection = Protection(services.db, services.clock, 0, lambda: copy["now"], lambda: None)
+    services.stats_flusher.buffer.watch(protection.observe)
+    _patch(api, admin, circuit={"min_attempts": 3})
+    for _ in range(3):
+        api.enqueue(producer, max_retries=0)
+    for _ in range(3):
+        api.fail(worker, _claim(api, worker).json["id"])
+    protection.tick()  # the copy still does not show it: kept, not written, not dropped
+    assert _state(api, admin)["state"] == "closed"
+    services.type_settings.refresh()
+    copy["now"] = services.type_settings.snapshot()
+    protection.tick()
+    assert _state(api, admin)["state"] == "open"

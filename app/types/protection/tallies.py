@@ -52,6 +52,9 @@ TICK_SECONDS = 1.0
 # Tallies older than the longest window (an hour) are removed this often by each process.
 FORGET_EVERY_SECONDS = 60.0
 KEPT_SECONDS = 3600 + 60
+# Counts of a type this process does not see protected are kept this long (in seconds), for
+# a protection set on another process that its copy of the settings has not read yet.
+GRACE_SECONDS = 3
 # Woken by the outcomes it watches, a round comes at most this soon after the last one: an
 # outage's failures make a write every WOKEN_SECONDS per process, not one per failure.
 WOKEN_SECONDS = 0.05
@@ -109,8 +112,9 @@ class Protection:
     # -- from the job transactions ---------------------------------------------------------
 
     def observe(self, counts: Mapping[tuple[str, str], int]) -> None:
-        """A committed transaction's counts (type, kind) -> n; kept for the types the copy
-        shows protected (all of them while there is no fresh copy: the write filters)."""
+        """A committed transaction's counts (type, kind) -> n, kept until the next round,
+        which writes those of the protected types (see tick: a type protected on another
+        process a moment ago is not in this process's copy yet)."""
         current = self._copy()
         second = self.clock.now_us() // MICROS
         wake = False
@@ -119,8 +123,6 @@ class Protection:
                 if kind not in COUNTED or not n:
                     continue
                 settings = None if current is None else current.get(job_type)
-                if current is not None and (settings is None or not settings.is_protected):
-                    continue
                 tally = self._pending.by_second[job_type, second]
                 if kind == "claimed_first":
                     tally["started_first"] += n
@@ -130,9 +132,11 @@ class Protection:
                 if kind == "failed":
                     tally["failed"] += n
                 # A probe's end moves its circuit at once, and failures open a closed one
-                # without waiting for the tick; a completion of a closed circuit's type waits.
-                wake = wake or settings is None or settings.circuit_state is not None or (
-                    kind == "failed" and settings.circuit is not None)
+                # without waiting for the tick; a completion of a closed circuit's type, and
+                # any type without a circuit, waits.
+                wake = wake or (current is None) or (settings is not None and (
+                    settings.circuit_state is not None
+                    or (kind == "failed" and settings.circuit is not None)))
         if wake and self._thread.running and time.monotonic() - self._round_at >= WOKEN_SECONDS:
             self._thread.wake()
 
@@ -151,6 +155,7 @@ class Protection:
         self._round_at = time.monotonic()
         with self._lock:
             taken, self._pending = self._pending, _Pending()
+        taken = self._protected_only(taken)
         if not taken.by_second and not self._tripped_seen:
             return None  # nothing to write, no circuit to watch: no statement
         try:
@@ -171,6 +176,30 @@ class Protection:
                     sink(job_type, before, after, why)
         self._forget_old()
         return None
+
+    def _protected_only(self, taken: _Pending) -> _Pending:
+        """What of `taken` to write: the counts of the types the copy shows protected (all
+        of them without a fresh copy: the write filters). The others' recent counts are kept
+        for the next rounds, in case the copy has not seen their protection yet (set on
+        another process within the last REFRESH_SECONDS); older ones go."""
+        current = self._copy()
+        if current is None:
+            return taken
+        kept, recent = _Pending(), _Pending()
+        oldest = self.clock.now_us() // MICROS - GRACE_SECONDS
+        for (job_type, second), tally in taken.by_second.items():
+            settings = current.get(job_type)
+            if settings is not None and settings.is_protected:
+                kept.by_second[job_type, second] = tally
+            elif second >= oldest:
+                recent.by_second[job_type, second] = tally
+        for job_type, ended in taken.ended.items():
+            settings = current.get(job_type)
+            if settings is not None and settings.is_protected:
+                kept.ended[job_type] = ended
+        if recent.by_second:
+            self._put_back(recent)
+        return kept
 
     def _put_back(self, taken: _Pending) -> None:
         with self._lock:
