@@ -91,13 +91,18 @@ def set_limits(port: int, token: str, settings: Mapping[str, Any]) -> None:
         client.close()
 
 
-def measure_claims(options: Any, report: Report, engine: str) -> None:
+def compare_claims(options: Any, report: Report, engine: str,
+                   settings: Mapping[str, Mapping[str, Any]], target: str,
+                   goal: float) -> None:
+    """HTTP claim + complete, CLIENTS clients, on one server and database, once per label of
+    `settings` (each with its PATCH /types body set on every type first), taking turns in
+    each repeat; the target: the second label's rate / the first's, in the same run."""
     count = SMOKE_OPERATIONS if options.smoke else FULL_OPERATIONS
-    rates: dict[str, Spread] = {"without limits": Spread(), "limits configured, not reached":
-                                Spread()}
-    p50: dict[str, Spread] = {name: Spread() for name in rates}
+    labels = list(settings)
+    rates: dict[str, Spread] = {label: Spread() for label in labels}
+    p50: dict[str, Spread] = {label: Spread() for label in labels}
     ratio = Spread()
-    with scratch_directory("queuelog-bench-flow-") as directory, \
+    with scratch_directory("queuelog-bench-claims-") as directory, \
             contextlib.ExitStack() as stack:
         if engine == "PostgreSQL":
             url = stack.enter_context(postgres_database(os.environ[POSTGRES_VARIABLE]))
@@ -108,13 +113,12 @@ def measure_claims(options: Any, report: Report, engine: str) -> None:
         workers = [tokens["worker-0"], tokens["worker-1"]]
         with queuelog_server(directory, url) as server:
             for repeat in range(options.repeats):
-                order = list(rates)
+                order = list(labels)
                 if repeat % 2:
                     order.reverse()
                 run = {}
                 for label in order:
-                    set_limits(server.port, tokens["admin-0"],
-                               LIMITS if label.startswith("limits") else NO_LIMITS)
+                    set_limits(server.port, tokens["admin-0"], settings[label])
                     fill_with_keys(server.port, tokens["producer-0"], count)
                     result = run_load(claim_complete_one.__name__, server.port, workers,
                                              clients=CLIENTS, operations=count,
@@ -122,18 +126,23 @@ def measure_claims(options: Any, report: Report, engine: str) -> None:
                     run[label] = result.jobs_per_second
                     rates[label].add(result.jobs_per_second)
                     p50[label].add(result.p50_ms)
-                ratio.add(run["limits configured, not reached"] / run["without limits"])
+                ratio.add(run[labels[1]] / run[labels[0]])
                 print(f"{engine} repeat {repeat + 1}: " + ", ".join(
                     f"{label} {value:,.0f} jobs/s" for label, value in run.items()),
                     file=sys.stderr, flush=True)
     table = Table(f"HTTP claim + complete, {CLIENTS} clients, {engine} (median [min-max] "
                   "over repeats)", ["types", "jobs/s", "p50 ms per claim + complete"])
-    for label in rates:
+    for label in labels:
         table.add(label, rates[label].show(), p50[label].show(2))
     report.tables.append(table)
-    report.targets.append(Target(
-        f"claim rate, limits configured but not reached / without limits (same run), {engine}",
-        f"≥ {TARGET_RATIO}", ratio.show(2), ratio.median >= TARGET_RATIO))
+    report.targets.append(Target(target, f"≥ {goal}", ratio.show(2), ratio.median >= goal))
+
+
+def measure_claims(options: Any, report: Report, engine: str) -> None:
+    compare_claims(options, report, engine,
+                   {"without limits": NO_LIMITS, "limits configured, not reached": LIMITS},
+                   f"claim rate, limits configured but not reached / without limits (same "
+                   f"run), {engine}", TARGET_RATIO)
 
 
 def measure_service_claims(options: Any, report: Report, engine: str) -> None:

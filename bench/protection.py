@@ -24,25 +24,13 @@ if __package__ in (None, ""):  # run as `python bench/protection.py`
 from app.core.callers import Role
 from bench.data import (
     POSTGRES_VARIABLE,
-    create_keys,
     job_body,
     migrated_database,
     postgres_database,
     scratch_directory,
 )
-from bench.flow import (
-    CLIENTS,
-    FULL_OPERATIONS,
-    MAX_SECONDS,
-    SMOKE_OPERATIONS,
-    fill_with_keys,
-    set_limits,
-)
-from bench.http_single import claim_complete_one
-from bench.load import run_load
+from bench.flow import compare_claims
 from bench.report import Report, Table, Target, load_note, run_script
-from bench.servers import queuelog_server
-from bench.stats import Spread
 
 TARGET_RATIO = 0.9
 SERVICE_CYCLES, SERVICE_SMOKE_CYCLES, TURN = 4000, 200, 20
@@ -55,48 +43,10 @@ LABELS = {"without": "without a breaker or budget",
 
 
 def measure_claims(options: Any, report: Report, engine: str) -> None:
-    count = SMOKE_OPERATIONS if options.smoke else FULL_OPERATIONS
-    rates = {label: Spread() for label in LABELS.values()}
-    p50 = {label: Spread() for label in LABELS.values()}
-    ratio = Spread()
-    with scratch_directory("queuelog-bench-protection-") as directory, \
-            contextlib.ExitStack() as stack:
-        if engine == "PostgreSQL":
-            url = stack.enter_context(postgres_database(os.environ[POSTGRES_VARIABLE]))
-        else:
-            url = migrated_database(directory)
-        tokens = create_keys(url, {"producer-0": "producer", "worker-0": "worker",
-                                   "worker-1": "worker", "admin-0": "admin"})
-        workers = [tokens["worker-0"], tokens["worker-1"]]
-        with queuelog_server(directory, url) as server:
-            for repeat in range(options.repeats):
-                order = list(LABELS.values())
-                if repeat % 2:
-                    order.reverse()
-                run = {}
-                for label in order:
-                    set_limits(server.port, tokens["admin-0"],
-                               PROTECTED if label == LABELS["with"] else UNPROTECTED)
-                    fill_with_keys(server.port, tokens["producer-0"], count)
-                    result = run_load(claim_complete_one.__name__, server.port, workers,
-                                      clients=CLIENTS, operations=count,
-                                      max_seconds=MAX_SECONDS)
-                    run[label] = result.jobs_per_second
-                    rates[label].add(result.jobs_per_second)
-                    p50[label].add(result.p50_ms)
-                ratio.add(run[LABELS["with"]] / run[LABELS["without"]])
-                print(f"{engine} repeat {repeat + 1}: " + ", ".join(
-                    f"{label} {value:,.0f} jobs/s" for label, value in run.items()),
-                    file=sys.stderr, flush=True)
-    table = Table(f"HTTP claim + complete, {CLIENTS} clients, {engine} (median [min-max] "
-                  "over repeats)", ["types", "jobs/s", "p50 ms per claim + complete"])
-    for label in LABELS.values():
-        table.add(label, rates[label].show(), p50[label].show(2))
-    report.tables.append(table)
-    report.targets.append(Target(
-        f"claim rate, circuit breaker configured but closed (and a retry budget) / without "
-        f"(same run), {engine}", f"≥ {TARGET_RATIO}", ratio.show(2),
-        ratio.median >= TARGET_RATIO))
+    compare_claims(options, report, engine,
+                   {LABELS["without"]: UNPROTECTED, LABELS["with"]: PROTECTED},
+                   f"claim rate, circuit breaker configured but closed (and a retry budget) / "
+                   f"without (same run), {engine}", TARGET_RATIO)
 
 
 def measure_service(options: Any, report: Report, engine: str) -> None:
