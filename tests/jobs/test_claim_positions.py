@@ -21,6 +21,7 @@ from app.core.clock import MICROS, ManualClock
 from app.core.priorities import Priority
 from app.database_wakes import look_at_the_horizon, start_database_wakes
 from app.jobs.domain.claim_positions import (
+    FRONT_COST_TIMES,
     FRONT_SECONDS,
     HELD_FOR_SECONDS,
     LEVELS,
@@ -69,6 +70,26 @@ def test_after_a_notice_a_level_starts_at_its_last_claim_and_the_front_comes_bac
     clock.advance(FRONT_SECONDS)
     assert positions.where_to_start() is None
     assert positions.where_to_start() is not None
+
+
+def test_a_read_from_the_front_that_took_long_puts_off_the_next_by_as_many_times() -> None:
+    clock = ManualClock(start_us=1_000 * SECOND)
+    positions = ClaimPositions(clock)
+    positions.horizon_held()
+    assert positions.where_to_start() is None  # from the front: it steps over what is held
+    took = 0.5
+    clock.advance(took)
+    positions.claimed([_job(7, 10 * SECOND)], from_the_front_us=round(took * MICROS))
+    clock.advance(FRONT_SECONDS)
+    assert positions.where_to_start() is not None  # a second on: still from the positions
+    clock.advance(FRONT_COST_TIMES * took - FRONT_SECONDS - took - 1e-3)
+    assert positions.where_to_start() is not None
+    clock.advance(2e-3)
+    assert positions.where_to_start() is None  # FRONT_COST_TIMES its time after it began
+    # A quick one brings the pace back to each FRONT_SECONDS.
+    positions.claimed([], from_the_front_us=1_000)
+    clock.advance(FRONT_SECONDS)
+    assert positions.where_to_start() is None
 
 
 def test_a_position_stays_behind_now_by_the_margin() -> None:

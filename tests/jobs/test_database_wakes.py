@@ -26,10 +26,16 @@ from sqlalchemy import make_url, text
 
 from app import create_app
 from app.core.callers import Role
-from app.core.clock import MICROS, Clock
+from app.core.clock import MICROS, Clock, ManualClock
 from app.jobs.sql.due_repository import ask_due_work
 from app.jobs.sql.waiter_repository import CLAIMS, hold_waiting
-from app.jobs.usecases.listening_lead import FOLLOW_SECONDS, LEAD_SECONDS, ListeningLead
+from app.jobs.usecases.listening_lead import (
+    FOLLOW_SECONDS,
+    FULL_ASK_SECONDS,
+    LEAD_SECONDS,
+    LEASE_FLOOR_MARGIN_SECONDS,
+    ListeningLead,
+)
 from app.jobs.usecases.waiters import WaiterEntry
 from app.storage.engine import make_engine
 from app.storage.listener import CHANNEL, DatabaseListener
@@ -622,4 +628,50 @@ def test_one_lead_per_database_woken_for_the_chores_with_work(served_app, pg_url
                 break
             time.sleep(0.1)
         assert second.leading
+    engine.dispose()
+
+
+def test_the_lead_finds_each_lease_from_its_floor_and_a_lagging_hosts_at_its_full_ask(
+        served_app, pg_url):
+    """The lead asks for the next lease from a floor (the earlier of its last ask and the
+    lease it found, less a margin): a lease written since is found at the next ask; one a
+    host with a clock far behind wrote below the floor is found at the next full ask, and
+    its job is swept then."""
+    client = served_app.test_client()
+    producer, worker, _admin = _keys(served_app)
+    engine = make_engine(pg_url, pooled=False)
+    clock = ManualClock(start_us=Clock().now_us())
+    loop = WokenChores()
+    lead = ListeningLead(clock, loop)  # type: ignore[arg-type]
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        lead.tick(conn)  # leads; its first ask is a full one
+        clock.advance(1.0)
+        lead.tick(conn)  # from here, asks from the floor
+        assert "sweep" not in loop.woken[-1]
+
+        def claimed() -> dict[str, Any]:
+            client.post("/jobs", json={"type": "email"}, headers=producer)
+            answer = client.post("/jobs/claim", json={"lease_seconds": 2}, headers=worker)
+            assert answer.status_code == 200
+            return answer.json  # type: ignore[no-any-return]
+
+        on_time = claimed()
+        clock.advance(3.0)  # past the lease it wrote after the last ask
+        lead.tick(conn)
+        assert "sweep" in loop.woken[-1]
+        assert client.post(f"/jobs/{on_time['id']}/complete",
+                           json={"lease_token": on_time["lease_token"]},
+                           headers=worker).status_code == 200
+
+        # A lease as a host whose clock runs a minute behind would write it: below the floor.
+        lagging = claimed()
+        conn.execute(text("UPDATE jobs SET lease_expires_at = :at WHERE id = :id"),
+                     {"at": clock.now_us() - round((LEASE_FLOOR_MARGIN_SECONDS + 60) * MICROS),
+                      "id": lagging["id"]})
+        clock.advance(0.5)
+        lead.tick(conn)
+        assert "sweep" not in loop.woken[-1]
+        clock.advance(FULL_ASK_SECONDS)
+        lead.tick(conn)
+        assert "sweep" in loop.woken[-1]  # the full ask finds it
     engine.dispose()

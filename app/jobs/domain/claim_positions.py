@@ -14,12 +14,17 @@ claim of any type reads each priority level from a position instead of from its 
   one's;
 - behind the positions, the claim still reads from the front when they find nothing (the same
   statement: app/jobs/sql/claim_repository.py), and a claim reads from the front at least every
-  FRONT_SECONDS in any case.
+  FRONT_SECONDS in any case;
+- a read from the front steps over everything the holder keeps, so it costs more the longer
+  the hold lasts: the next one waits FRONT_COST_TIMES as long as the last one took, when that
+  is longer than FRONT_SECONDS, so that reads from the front never take more than a small,
+  fixed share of the claims' time, however long the hold.
 
 A job that becomes claimable behind its level's position (a retry or a delayed job that comes
 due, a dependent released, a lease rescued) is therefore claimed at most FRONT_SECONDS later
-than it would have been, and never missed. Outside a held horizon, nothing changes: every claim
-reads from the front, in exact claim order.
+than it would have been (FRONT_COST_TIMES the last front read's time, once that is longer), and
+never missed. Outside a held horizon, nothing changes: every claim reads from the front, in
+exact claim order.
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ HELD_SECONDS = 30.0
 HELD_FOR_SECONDS = 90.0
 # How often a claim reads from the front even though positions are in use.
 FRONT_SECONDS = 1.0
+# ... or, once a read from the front takes longer than FRONT_SECONDS / FRONT_COST_TIMES, how
+# many times its time passes before the next: front reads then cost one claim thread at most
+# 1 / FRONT_COST_TIMES of its time, where at a fixed second they would cost ever more of it.
+FRONT_COST_TIMES = 20.0
 # How far behind now a position always stays (see the module's docstring).
 MARGIN_SECONDS = 5.0
 
@@ -85,11 +94,17 @@ class ClaimPositions:
             latest = (now - round(MARGIN_SECONDS * MICROS), 0)
             return {level: min(self._after.get(level, _FRONT), latest) for level in LEVELS}
 
-    def claimed(self, jobs: Iterable[Job]) -> None:
-        """A claim of any type took `jobs`: each level's position moves up to the last one."""
+    def claimed(self, jobs: Iterable[Job], *, from_the_front_us: int | None = None) -> None:
+        """A claim of any type took `jobs`: each level's position moves up to the last one.
+        `from_the_front_us`: how long the claim took, when it read from the front (its
+        where_to_start was None), which sets when the next read from the front comes."""
         if not self.in_use:
             return
         with self._lock:
+            if from_the_front_us is not None:
+                later = self.clock.now_us() - from_the_front_us + round(
+                    FRONT_COST_TIMES * from_the_front_us)
+                self._next_front_us = max(self._next_front_us, later)
             for job in jobs:
                 place = (job.created_at, job.id)
                 if place > self._after.get(job.priority, _FRONT):

@@ -24,7 +24,12 @@ from app.storage.schema import dependency_cascades, job_reservations, job_waits,
 _RESCUABLE_ROW = status_is_job(*Transition.RESCUE.from_statuses)
 _DELAYED_ROW = (jobs.c.status == PENDING) & (jobs.c.run_at > jobs.c.created_at)
 
-_next_lease = (select(func.min(jobs.c.lease_expires_at)).where(_RESCUABLE_ROW)
+# From the floor the caller knows no lease lies below (app/jobs/usecases/listening_lead.py):
+# while a snapshot holds PostgreSQL's horizon, the index keeps an entry for every job that
+# ran and finished since it began, each with its lease, and a min() from the index's start
+# would step over all of them each second.
+_next_lease = (select(func.min(jobs.c.lease_expires_at))
+               .where(_RESCUABLE_ROW, jobs.c.lease_expires_at >= bindparam("lease_floor"))
                .scalar_subquery())
 # The predicate of ix_jobs_expires_at, as written there.
 _next_expiry = (select(func.min(jobs.c.expires_at))
@@ -90,9 +95,11 @@ class DueWork:
         return min(later, default=None)
 
 
-def ask_due_work(conn: Connection, now_us: int, since_us: int) -> DueWork:
+def ask_due_work(conn: Connection, now_us: int, since_us: int, lease_floor_us: int = 0
+                 ) -> DueWork:
     """One statement: what is due at `now_us`; wakes the waiting claims everywhere if a
-    delayed job came due after `since_us`."""
-    row = conn.execute(_ask, {"now": now_us, "since": since_us}).one()
+    delayed job came due after `since_us`. Leases below `lease_floor_us` are not looked at."""
+    row = conn.execute(_ask, {"now": now_us, "since": since_us,
+                              "lease_floor": lease_floor_us}).one()
     return DueWork(now_us, row.next_lease, row.next_expiry, row.next_delayed,
                    bool(row.cascades), bool(row.reservations), row.next_suspended)

@@ -191,6 +191,8 @@ class ClaimService:
             tx.keys.number_due(limits.fair & limits.allowed(self._types_of(ask.wanted)), now)
         restricted = limits is not None and limits.restricts(ask.limit)
         types = self._types_of(ask.wanted) if restricted else ask.wanted
+        positions = self.positions.where_to_start() if types is None else None
+        started_us = self.clock.now_us()
         jobs, checkpoints, traces = repo.claim_next_jobs(
             now_us=now, worker=ask.caller.name, lease_expires_at=now + ask.lease_us,
             nonce=nonce, limit=ask.limit, types=types,
@@ -198,9 +200,10 @@ class ClaimService:
             # No type's row read: the statement itself passes over the types under flow
             # control now (a pause made on another host a moment ago included).
             free_types_only=self.flow is not None and limits is None,
-            positions=self.positions.where_to_start() if types is None else None)
+            positions=positions)
         if types is None:
-            self.positions.claimed(jobs)
+            self.positions.claimed(jobs, from_the_front_us=(
+                self.clock.now_us() - started_us if positions is None else None))
 
         if (self.flow is not None and limits is not None
                 and self.flow.settle(tx.conn, limits, jobs, now, check=optimistic)):

@@ -13,6 +13,16 @@ own and ends with the session. Between notifications the session's thread calls 
   RETENTION_IDLE_SECONDS, or at once while one is under way; a look every 30 s).
 A lease that runs out is so rescued within a second, as before, and an idle database is asked
 one statement a second.
+
+The ask looks for the next lease from a floor rather than from the lowest lease ever stored:
+a claim sets a lease after its own moment, and a heartbeat never below the earlier of its moment
+and the lease it replaces (a deadline caps both), so no lease written after an ask lies below
+that ask's moment or the earliest lease it found. The floor is
+the earlier of the two, less LEASE_FLOOR_MARGIN_SECONDS for the hosts' clocks and the claims
+still committing; every FULL_ASK_SECONDS the ask looks at every lease, so that a host whose
+clock runs further behind still has its expired leases rescued. Without the floor, a held
+snapshot (docs/SCALING.md, "A held snapshot") would have each ask step over the leases of every
+job that ran since the snapshot began.
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ RETENTION_IDLE_SECONDS = 60.0
 _HANDOVER_US = 2 * int(LEAD_SECONDS * MICROS)
 # Shorter waits than this are not worth a statement of their own.
 _MIN_WAIT_SECONDS = 0.01
+LEASE_FLOOR_MARGIN_SECONDS = 10.0
+FULL_ASK_SECONDS = 60.0
 
 
 class ListeningLead:
@@ -46,6 +58,8 @@ class ListeningLead:
         self.maintenance = maintenance
         self.leading = False
         self._since_us = 0
+        self._lease_floor_us = 0  # 0: every lease (a new lead knows nothing yet)
+        self._full_ask_at_us = 0
 
     # -- the listener's duty -----------------------------------------------------------------
 
@@ -55,10 +69,16 @@ class ListeningLead:
             if not self.leading:
                 return FOLLOW_SECONDS
             self._since_us = self.clock.now_us() - _HANDOVER_US
+            self._lease_floor_us = 0
             self.maintenance.wake(())  # the loop's round notes the lead
         now = self.clock.now_us()
-        due = ask_due_work(conn, now, self._since_us)
+        if now >= self._full_ask_at_us:
+            self._lease_floor_us = 0
+            self._full_ask_at_us = now + round(FULL_ASK_SECONDS * MICROS)
+        due = ask_due_work(conn, now, self._since_us, self._lease_floor_us)
         self._since_us = now
+        lowest = now if due.next_lease is None else min(due.next_lease, now)
+        self._lease_floor_us = max(0, lowest - round(LEASE_FLOOR_MARGIN_SECONDS * MICROS))
         # No statement until their own pace says so: retention's next pass, the horizon's
         # next look (at most every 30 s, never a part of the question above).
         chores = {"retention", HORIZON_CHORE}
