@@ -22,7 +22,7 @@ import psycopg
 import pytest
 import requests
 from alembic import command
-from sqlalchemy import make_url, text
+from sqlalchemy import event, make_url, text
 
 from app import create_app
 from app.core.callers import Role
@@ -30,6 +30,7 @@ from app.core.clock import MICROS, Clock, ManualClock
 from app.jobs.sql.due_repository import ask_due_work
 from app.jobs.sql.waiter_repository import CLAIMS, hold_waiting
 from app.jobs.usecases.listening_lead import (
+    ASK_COST_TIMES,
     FOLLOW_SECONDS,
     FULL_ASK_SECONDS,
     LEAD_SECONDS,
@@ -674,4 +675,36 @@ def test_the_lead_finds_each_lease_from_its_floor_and_a_lagging_hosts_at_its_ful
         clock.advance(FULL_ASK_SECONDS)
         lead.tick(conn)
         assert "sweep" in loop.woken[-1]  # the full ask finds it
+    engine.dispose()
+
+
+def test_a_slow_question_about_leases_puts_the_next_one_off_by_as_many_times(
+        served_app, pg_url):
+    """An ask that took 0.1 s (as one stepping over a held snapshot's leases would) is asked
+    about leases again only ASK_COST_TIMES x 0.1 s later; the asks between still come each
+    second, and a lease that ran out meanwhile is swept at the next ask about leases."""
+    client = served_app.test_client()
+    producer, worker, _admin = _keys(served_app)
+    engine = make_engine(pg_url, pooled=False)
+    clock = ManualClock(start_us=Clock().now_us())
+    loop = WokenChores()
+    lead = ListeningLead(clock, loop)  # type: ignore[arg-type]
+
+    def slow(*_args: Any) -> None:
+        clock.advance(0.1)
+
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        lead.tick(conn)  # leads
+        client.post("/jobs", json={"type": "email"}, headers=producer)
+        assert client.post("/jobs/claim", json={"lease_seconds": 1},
+                           headers=worker).status_code == 200
+        event.listen(conn, "before_cursor_execute", slow)
+        lead.tick(conn)  # asks about leases, and took 0.1 s
+        event.remove(conn, "before_cursor_execute", slow)
+        clock.advance(1.5)  # the lease has run out
+        lead.tick(conn)
+        assert "sweep" not in loop.woken[-1]  # not asked about leases yet
+        clock.advance(ASK_COST_TIMES * 0.1 - 1.5)
+        lead.tick(conn)
+        assert "sweep" in loop.woken[-1]
     engine.dispose()

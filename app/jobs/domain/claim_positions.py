@@ -47,7 +47,7 @@ FRONT_SECONDS = 1.0
 # ... or, once a read from the front takes longer than FRONT_SECONDS / FRONT_COST_TIMES, how
 # many times its time passes before the next: front reads then cost one claim thread at most
 # 1 / FRONT_COST_TIMES of its time, where at a fixed second they would cost ever more of it.
-FRONT_COST_TIMES = 20.0
+FRONT_COST_TIMES = 50.0
 # How far behind now a position always stays (see the module's docstring).
 MARGIN_SECONDS = 5.0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, bindparam, exists, func, literal, select
+from sqlalchemy import Connection, bindparam, exists, func, literal, null, select
 
 from app.jobs.domain.transitions import Transition
 from app.jobs.sql.job_rows import status_is_job
@@ -53,8 +53,7 @@ _told = (select(func.count()).select_from(
     select(func.pg_notify(CHANNEL, "claimable").label("sent")).where(_came_due).subquery())
     .scalar_subquery())
 
-_ask = select(
-    _next_lease.label("next_lease"),
+_ASKED = (
     _next_expiry.label("next_expiry"),
     _next_delayed.label("next_delayed"),
     _next_suspended.label("next_suspended"),
@@ -62,6 +61,9 @@ _ask = select(
     _reservation_due.label("reservations"),
     _told.label("told"),
 )
+_ask = select(_next_lease.label("next_lease"), *_ASKED)
+# The same without the next lease (the lead asks for it at its own pace: listening_lead.py).
+_ask_but_the_lease = select(null().label("next_lease"), *_ASKED)
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,12 @@ class DueWork:
         return min(later, default=None)
 
 
-def ask_due_work(conn: Connection, now_us: int, since_us: int, lease_floor_us: int = 0
-                 ) -> DueWork:
+def ask_due_work(conn: Connection, now_us: int, since_us: int, lease_floor_us: int = 0, *,
+                 lease: bool = True) -> DueWork:
     """One statement: what is due at `now_us`; wakes the waiting claims everywhere if a
-    delayed job came due after `since_us`. Leases below `lease_floor_us` are not looked at."""
-    row = conn.execute(_ask, {"now": now_us, "since": since_us,
-                              "lease_floor": lease_floor_us}).one()
+    delayed job came due after `since_us`. Leases below `lease_floor_us` are not looked at;
+    without `lease`, none is (next_lease None: not asked)."""
+    row = conn.execute(_ask if lease else _ask_but_the_lease,
+                       {"now": now_us, "since": since_us, "lease_floor": lease_floor_us}).one()
     return DueWork(now_us, row.next_lease, row.next_expiry, row.next_delayed,
                    bool(row.cascades), bool(row.reservations), row.next_suspended)
