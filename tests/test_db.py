@@ -19,9 +19,9 @@ from app.core.clock import ManualClock
 from app.core.statuses import JobStatus
 from app.jobs.domain.claim_positions import LEVELS
 from app.jobs.sql.claim_repository import (
-    _CLAIMS_ANY_TYPE,
     _candidates_one_type,
     _candidates_one_type_by_key,
+    _claim_any_type,
     _driver_candidates_one_free_type,
     _due_probe_any_free_type,
     _due_probe_one_free_type,
@@ -162,14 +162,15 @@ CLAIM_PARAMS = {"now": 0, "worker": "w", "lease_expires_at": 0, "nonce": "n", "l
                 **{f"{part}_{level}": 0 for level in LEVELS for part in ("created", "id")}}
 # The claims of any type: from the front, with or without the types under flow control, and
 # (while a snapshot holds PostgreSQL's horizon) from positions.
-_claim_any_type = _CLAIMS_ANY_TYPE[False, False, False]
-_claim_any_free_type = _CLAIMS_ANY_TYPE[False, True, False]
-_claim_from_positions = _CLAIMS_ANY_TYPE[False, True, True]
+_claim_of_any_type = _claim_any_type(False, False, False, 0)
+_claim_any_free_type = _claim_any_type(False, True, False, 0)
+_claim_from_positions = _claim_any_type(False, True, True, 0)
+_claim_aged = _claim_any_type(False, True, False, 1)
 
 
 # A claim that read no type's row passes over the types under flow control in its own
 # statement (app/jobs/sql/job_rows.py, TYPE_FREE): it reads the same index, in the same order.
-@pytest.mark.parametrize("stmt", [_claim_any_type.statement, _claim_any_free_type.statement,
+@pytest.mark.parametrize("stmt", [_claim_of_any_type.statement, _claim_any_free_type.statement,
                                   _claim_from_positions.statement, _due_probe_any_free_type])
 def test_sqlite_claim_reads_the_partial_claim_order_index(sqlite_template, stmt):
     plan = _sqlite_plan(sqlite_template, stmt, CLAIM_PARAMS)
@@ -191,6 +192,16 @@ def test_sqlite_claims_of_one_type_read_that_types_part_of_the_index(sqlite_temp
     assert not any("TEMP B-TREE" in step for step in plan)
 
 
+def _pending_jobs(conn: Any, job_type: str, priority: str) -> None:
+    """20,000 pending jobs on PostgreSQL, of the type and priority the SQL expressions in n
+    give (the test's own literals)."""
+    columns = ("type, payload, priority, status, retry_count, max_retries, producer, run_at, "
+               "created_at, updated_at")
+    values = f"{job_type}, '{{}}', {priority}, 'pending', 0, 3, 'p', n, n, n"
+    conn.exec_driver_sql(f"INSERT INTO jobs ({columns}) SELECT {values} "  # noqa: S608
+                         "FROM generate_series(1, 20000) AS n")
+
+
 def _postgres_plan(conn: Any, stmt: Any, params: dict[str, Any]) -> dict[str, Any]:
     compiled = stmt.compile(dialect=conn.dialect)
     values = {**compiled.params,
@@ -203,7 +214,7 @@ def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
     return [node, *(child for sub in node.get("Plans", []) for child in _plan_nodes(sub))]
 
 
-@pytest.mark.parametrize("stmt", [_claim_any_type.statement, _claim_any_free_type.statement,
+@pytest.mark.parametrize("stmt", [_claim_of_any_type.statement, _claim_any_free_type.statement,
                                   _claim_from_positions.statement, _due_probe_any_free_type,
                                   _driver_candidates_one_free_type.statement,
                                   _due_probe_one_free_type])
@@ -215,11 +226,7 @@ def test_postgresql_claims_walk_the_claim_order_and_stop_at_their_limit(postgres
     engine = make_engine(postgres_server.create_database())
     try:
         with engine.begin() as conn:
-            conn.exec_driver_sql(
-                "INSERT INTO jobs (type, payload, priority, status, retry_count, max_retries,"
-                " producer, run_at, created_at, updated_at)"
-                " SELECT CASE WHEN mod(n, 2) = 0 THEN 'email' ELSE 'pdf' END, '{}', 10,"
-                " 'pending', 0, 3, 'p', n, n, n FROM generate_series(1, 20000) AS n")
+            _pending_jobs(conn, "CASE WHEN mod(n, 2) = 0 THEN 'email' ELSE 'pdf' END", "10")
             conn.exec_driver_sql(
                 "INSERT INTO job_types (type, paused, updated_at)"
                 " VALUES ('sync', true, 0)")
@@ -235,6 +242,47 @@ def test_postgresql_claims_walk_the_claim_order_and_stop_at_their_limit(postgres
                and node.get("Relation Name") == "jobs" for node in nodes), kinds
     assert not any(node["Node Type"] == "Seq Scan" and node.get("Relation Name") == "jobs"
                    for node in nodes), kinds
+
+
+AGED_PARAMS = {**CLAIM_PARAMS, "aging_type_0": "email", "aging_us_0": 60_000_000}
+
+
+def test_sqlite_aged_claim_reads_each_level_of_the_aging_type_from_its_index(sqlite_template):
+    """A claim while a type ages reads the claim order as before, and each of the aging
+    type's levels as a range of that type's claim-order index: never the table whole."""
+    plan = _sqlite_plan(sqlite_template, _claim_aged.statement, AGED_PARAMS)
+    assert any(step.endswith("USING INDEX ix_jobs_claim_order")
+               or step.endswith("USING COVERING INDEX ix_jobs_claim_order")
+               for step in plan), plan
+    ranges = [step for step in plan if "ix_jobs_claim_order_by_type (type=? AND priority=?)"
+              in step]
+    assert len(ranges) == 3, plan  # low, medium, high
+    assert "SCAN jobs" not in plan, plan  # a scan of the table itself
+
+
+def test_postgresql_aged_claim_reads_indexes_only_and_sorts_only_its_candidates(
+        postgres_server):
+    """With 20,000 pending jobs of an aging type, the claim reads the claim order and each of
+    the type's levels through the claim-order indexes, each range under its LIMIT: the only
+    sort is of the candidates those ranges returned, never of the pending jobs."""
+    engine = make_engine(postgres_server.create_database())
+    try:
+        with engine.begin() as conn:
+            _pending_jobs(conn, "'email'", "10 * mod(n, 3)")  # low, medium and high
+            conn.exec_driver_sql("ANALYZE jobs")
+            plan = _postgres_plan(conn, _claim_aged.statement, {**AGED_PARAMS, "now": 10**15})
+    finally:
+        engine.dispose()
+    nodes = _plan_nodes(plan)
+    scans = [node for node in nodes if node.get("Relation Name") == "jobs"
+             and "Scan" in node["Node Type"]]
+    assert not any(node["Node Type"] == "Seq Scan" for node in scans), scans
+    ranges = [node for node in scans
+              if node.get("Index Name") == "ix_jobs_claim_order_by_type"]
+    assert len(ranges) == 3, [node.get("Index Name") for node in scans]
+    # Each range (and the usual candidates) stops at its LIMIT: no row estimate beyond it.
+    limits = [node for node in nodes if node["Node Type"] == "Limit"]
+    assert limits and all(node["Plan Rows"] <= CLAIM_PARAMS["limit"] for node in limits), limits
 
 
 @pytest.mark.parametrize("after", [None, (5, 7)])
@@ -328,7 +376,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0028"
+        assert current_revision(conn) == head_revision() == "0029"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
@@ -344,7 +392,7 @@ def test_postgres_tables_carry_the_storage_parameters_of_0011(empty_db_url, engi
     database = Database(make_engine(empty_db_url))
     if engine_name == "sqlite":
         with database.read() as conn:
-            assert current_revision(conn) == "0028"
+            assert current_revision(conn) == "0029"
         database.engine.dispose()
         return
     with database.read() as conn:

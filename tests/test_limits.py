@@ -146,6 +146,8 @@ PROBES: dict[str, Probe] = {
                                          body=lambda n: {"retry_budget": {"window_seconds": n}}),
     "RETRY_BUDGET_MINIMUM": Probe("admin", "PATCH", "/types/email", "retry_budget.minimum",
                                   body=lambda n: {"retry_budget": {"minimum": n}}),
+    "AGING_SECONDS": Probe("admin", "PATCH", "/types/email", "aging_seconds",
+                           body=lambda n: {"aging_seconds": n}),
     "PUSH_TIMEOUT_SECONDS": Probe("admin", "PATCH", "/types/email", "push.timeout_seconds",
                                   body=lambda n: {"push": {"url": "http://push.example/",
                                                            "timeout_seconds": n}}),

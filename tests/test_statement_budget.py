@@ -279,3 +279,35 @@ def test_a_breaker_and_a_retry_budget_add_nothing_until_they_act(
                         lease_token=claimed["lease_token"]).json["status"] == "pending"
     # Its slot: the type's row locked and read, the window's first attempts, the schedule.
     assert len(retry.statements) > PLAIN_STATEMENTS[engine]["fail"], retry.shown()
+
+
+def test_aging_costs_no_statement_and_leaves_a_type_without_it_as_it_was(
+        app: Flask, api: Any, producer: Any, worker: Any, admin: Any) -> None:
+    """A type with priority aging: its jobs' enqueue, claim and complete cost what a plain
+    job's do (the aged order is read by the claim's own statement: docs/FLOW-CONTROL.md,
+    "Priority aging"); and where no type ages, the claim's statement is the plain one."""
+    _warm(api, producer, worker)
+    job = api.enqueue(producer, type="pdf").json  # the other type's first claim noted too
+    claimed = api.claim(worker).json
+    api.complete(worker, job["id"], lease_token=claimed["lease_token"])
+    engine = _engine(app)
+    with counting(app) as plain:
+        api.claim(worker)
+    aged = api.client.patch("/types/email", headers=admin.headers, json={"aging_seconds": 60})
+    assert aged.status_code == 200, aged.json
+    costs: dict[str, Sent] = {}
+    for job_type in ("email", "pdf"):
+        with counting(app) as costs[f"enqueue {job_type}"]:
+            job = api.enqueue(producer, type=job_type).json
+        with counting(app) as costs[f"claim {job_type}"]:
+            claimed = api.claim(worker).json
+        assert claimed["id"] == job["id"]
+        with counting(app) as costs[f"complete {job_type}"]:
+            done = api.complete(worker, job["id"], lease_token=claimed["lease_token"])
+        assert done.json["status"] == "completed"
+    for step, sent in costs.items():
+        assert len(sent.statements) == PLAIN_STATEMENTS[engine][step.split()[0]], (
+            step, sent.shown())
+    # Without an aging type the claim reads no level range; with one, it does.
+    assert "priority = 0" not in " ".join(plain.statements)
+    assert "priority = 0" in " ".join(costs["claim pdf"].statements)

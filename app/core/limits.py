@@ -158,6 +158,9 @@ RETRY_BUDGET_WINDOW_SECONDS = Limit[int]("RETRY_BUDGET_WINDOW_SECONDS", 10, 3600
 RETRY_BUDGET_MINIMUM = Limit[int]("RETRY_BUDGET_MINIMUM", 0, 10_000, "retries",
                                   "a retry budget's minimum: retries per window whatever the "
                                   "first attempts")
+AGING_SECONDS = Limit[int]("AGING_SECONDS", 60, 86_400, "seconds",
+                           "a type's aging_seconds: how long a pending job waits before it is "
+                           "claimed as if its priority rose one level")
 
 LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     JOB_ID, TYPE_CHARS, NAME_CHARS, KEY_CHARS, LEASE_TOKEN_CHARS, CURSOR_CHARS, TOKEN_CHARS,
@@ -170,5 +173,5 @@ LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     CONFIRM_WITHIN_SECONDS, RETENTION_SECONDS, FAILURE_SAMPLE_CHARS, STATS_BUCKETS,
     EVENT_NAME_CHARS, EVENT_KEY_CHARS, WAIT_SECONDS, CIRCUIT_FAILURE_RATIO, CIRCUIT_MIN_ATTEMPTS,
     CIRCUIT_WINDOW_SECONDS, CIRCUIT_COOLDOWN_SECONDS, RETRY_BUDGET_RATIO,
-    RETRY_BUDGET_WINDOW_SECONDS, RETRY_BUDGET_MINIMUM,
+    RETRY_BUDGET_WINDOW_SECONDS, RETRY_BUDGET_MINIMUM, AGING_SECONDS,
 )

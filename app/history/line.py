@@ -2,8 +2,9 @@
 claimable jobs of its type a claim takes before it, and about when it starts.
 
 The position counts the type's due pending jobs ahead in the order its claims take them:
-claim order (priority, then age, then id) through the type's claim-order index, or, for a
-fair type, round order through its fair-order index; exactly up to POSITION_LIMIT, a lower
+claim order (priority, then age, then id) through the type's claim-order index (for a type
+that ages, the aged order: app/jobs/domain/aging.py, one range of that index per level), or,
+for a fair type, round order through its fair-order index; exactly up to POSITION_LIMIT, a lower
 bound beyond (`capped`). Jobs waiting for their dependencies or for an ordered key's turn
 are not claimable and not counted. Limits do not reorder a type's jobs, so they change the
 estimate, not the position.
@@ -21,6 +22,7 @@ from sqlalchemy import Connection
 
 from app.core.clock import MICROS
 from app.core.statuses import JobStatus
+from app.jobs.domain import aging
 from app.jobs.domain.models import Job
 from app.jobs.sql.key_repository import KeyRepository
 from app.jobs.sql.repository import JobRepository
@@ -33,10 +35,19 @@ ESTIMATE_WINDOW_US = 5 * MINUTE_US
 
 
 @dataclass(frozen=True)
+class Aged:
+    """Where a job of a type that ages stands (app/jobs/domain/aging.py)."""
+
+    priority_now: int  # the priority claims take it at now
+    next_rise_at: int | None  # when it next rises a level (None: at the top, or critical)
+
+
+@dataclass(frozen=True)
 class Place:
     position: int | None  # None: not known (a fair type's job not yet given its round)
     capped: bool  # the count stopped at POSITION_LIMIT: at least `position`
     estimated_start_seconds: float | None
+    aged: Aged | None = None  # None: its type does not age
 
 
 def estimate_seconds(position: int, claimed: int, window_seconds: float,
@@ -53,12 +64,20 @@ def estimate_seconds(position: int, claimed: int, window_seconds: float,
     return round(position / rate, 3)
 
 
+def aging_interval_us(settings: TypeSettings | None) -> int | None:
+    """The type's aging interval in µs (None: its jobs do not age; a fair type's never do)."""
+    if settings is None or settings.aging_seconds is None or settings.is_fair:
+        return None
+    return settings.aging_seconds * MICROS
+
+
 def place_in_line(conn: Connection, job: Job, now_us: int,
                   settings: TypeSettings | None) -> Place | None:
     """The job's place (None for a job that is not pending and due)."""
     if job.status != JobStatus.PENDING or job.run_at > now_us:
         return None
     position: int | None
+    aging_us = aging_interval_us(settings)
     if settings is not None and settings.is_fair:
         if job.fair_round is None:
             position, capped = None, False
@@ -69,11 +88,17 @@ def place_in_line(conn: Connection, job: Job, now_us: int,
             position = len(ahead)
     else:
         counted = JobRepository(conn).count_claimable_ahead(job, now_us, same_type=True,
-                                                            cap=POSITION_LIMIT)
+                                                            cap=POSITION_LIMIT,
+                                                            aging_us=aging_us)
         position, capped = counted.value, counted.capped
     since = minute_of(now_us) - ESTIMATE_WINDOW_US + MINUTE_US
     claimed = sum(counts[1] for counts in StatsRepository(conn).counts_by_minute(
         job.type, since, now_us + 1).values())
     estimate = (None if position is None else
                 estimate_seconds(position, claimed, (now_us - since) / MICROS, settings))
-    return Place(position, capped, estimate)
+    aged = None
+    if aging_us is not None:
+        priority_now, _at = aging.reached(job.priority, job.created_at, aging_us, now_us)
+        aged = Aged(priority_now,
+                    aging.next_rise_at(job.priority, job.created_at, aging_us, now_us))
+    return Place(position, capped, estimate, aged)

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from marshmallow import Schema, fields, validate
 
 from app.core.clock import to_rfc3339
+from app.core.priorities import PRIORITY_LABELS, Priority
 from app.history.explain import Explanation, ReasonCode
 from app.history.service import Worker
 from app.jobs.domain.history import Attempt, EventName, JobEvent, Outcome
@@ -67,6 +68,15 @@ class ReasonSchema(Schema):
     message = fields.String(required=True)
 
 
+class AgingSchema(Schema):
+    priority_now = fields.String(required=True, validate=validate.OneOf(PRIORITY_LABELS),
+                                 metadata={"description": "Its priority, risen by its wait."})
+    next_rise_at = fields.String(required=True, allow_none=True, metadata={
+        "format": "date-time",
+        "description": "When it rises one level more; null at high (it never rises to "
+                       "critical) or when it is critical."})
+
+
 class ExplanationSchema(Schema):
     job_id = fields.Integer(required=True)
     status = fields.String(required=True)
@@ -86,6 +96,9 @@ class ExplanationSchema(Schema):
                        "rate over the last 5 minutes, no faster than its rate limit; null "
                        "when nothing of the type was claimed lately, the type is paused or "
                        "its circuit is open, or the job is not claimable."})
+    aging = fields.Nested(AgingSchema, required=True, allow_none=True, metadata={
+        "description": "A claimable job of a type that ages (aging_seconds): the priority "
+                       "claims take it at now, and when it next rises; null otherwise."})
 
 
 def represent_explanation(explanation: Explanation) -> dict[str, Any]:
@@ -94,7 +107,10 @@ def represent_explanation(explanation: Explanation) -> dict[str, Any]:
             "claimable_now": explanation.claimable_now, "reasons": explanation.reasons,
             "position": None if place is None else place.position,
             "position_capped": place is not None and place.capped,
-            "estimated_start_seconds": None if place is None else place.estimated_start_seconds}
+            "estimated_start_seconds": None if place is None else place.estimated_start_seconds,
+            "aging": None if place is None or place.aged is None else {
+                "priority_now": Priority(place.aged.priority_now).label,
+                "next_rise_at": to_rfc3339(place.aged.next_rise_at)}}
 
 
 def represent_worker(worker: Worker) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from app.history.explain import (
     key_reasons,
     retry_budget_reasons,
 )
-from app.history.line import place_in_line
+from app.history.line import aging_interval_us, place_in_line
 from app.jobs.domain.history import Attempt, JobEvent
 from app.jobs.sql.dependency_repository import DependencyRepository
 from app.jobs.sql.repository import JobRepository
@@ -113,13 +113,15 @@ class HistoryService:
             if job is None:  # purged in between
                 raise NotFound("No such job.")
             now = self.clock.now_us()
+            settings = TypeRepository(conn).settings_of([job.type]).get(job.type)
             ahead = ahead_of_type = None
             if job.status == JobStatus.PENDING and job.run_at <= now:
                 repo = JobRepository(conn)
                 ahead = repo.count_claimable_ahead(job, now, same_type=False,
                                                    cap=self.ahead_limit)
-                ahead_of_type = repo.count_claimable_ahead(job, now, same_type=True,
-                                                           cap=self.ahead_limit)
+                ahead_of_type = repo.count_claimable_ahead(
+                    job, now, same_type=True, cap=self.ahead_limit,
+                    aging_us=aging_interval_us(settings))
             flow = flow_reasons(conn, job, now) if job.status == JobStatus.PENDING else []
             waiting_on = ([dep_id for dep_id, _cancel, resolved in DependencyRepository(conn)
                            .dependencies_of([job.id]).get(job.id, []) if not resolved]
@@ -129,8 +131,7 @@ class HistoryService:
             waiting_for = (WaitRepository(conn).waiting_for([job.id]).get(job.id)
                            if job.status == JobStatus.SUSPENDED else None)
             budget = retry_budget_reasons(conn, job, now)
-            place = place_in_line(conn, job, now,
-                                  TypeRepository(conn).settings_of([job.type]).get(job.type))
+            place = place_in_line(conn, job, now, settings)
         # Other keys' names are an admin's to see; a producer is told its own job's facts.
         explanation = explain(job, now, ahead=ahead, ahead_of_type=ahead_of_type,
                               workers=workers, flow=flow, names_workers=caller.is_admin,

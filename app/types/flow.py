@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from sqlalchemy import Connection
 
@@ -172,6 +172,9 @@ class FlowControl:
         copy = self.settings_copy
         return (copy is None or copy.under_flow_control(wanted)
                 or copy.orders_keys(wanted))
+
+    def aging(self) -> Mapping[str, int]:
+        return {} if self.settings_copy is None else self.settings_copy.aging()
 
     def put_under_control_since(self, wanted: frozenset[str] | None) -> bool:
         if self.settings_copy is None:

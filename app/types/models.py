@@ -83,6 +83,8 @@ class TypeSettings:
     circuit_opened_by: str | None = None
     retry_budget: str | None = None
     retry_budget_at: int | None = None
+    # Priority aging (migration 0029): seconds per level a pending job rises (None: off).
+    aging_seconds: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> TypeSettings:

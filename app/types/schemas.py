@@ -9,6 +9,7 @@ from marshmallow import Schema, fields, validate
 
 from app.core.clock import to_rfc3339
 from app.core.limits import (
+    AGING_SECONDS,
     CIRCUIT_COOLDOWN_SECONDS,
     CIRCUIT_FAILURE_RATIO,
     CIRCUIT_MIN_ATTEMPTS,
@@ -166,6 +167,12 @@ class TypePatchSchema(StrictSchema):
                        "most ratio x the first attempts started in the window, plus minimum, "
                        "per window; a retry beyond it runs later, never dropped. null: no "
                        "budget."})
+    aging_seconds = StrictInteger(allow_none=True, validate=within(AGING_SECONDS), metadata={
+        "description": "Priority aging: a pending job of the type is claimed as if its "
+                       "priority rose one level (low, medium, high; never to critical) per "
+                       "this many seconds since it was enqueued, so that a stream of higher "
+                       "priorities cannot starve it. Not with fairness (a fair type's claims "
+                       "take rounds). null: off."})
     retention = fields.Nested(RetentionSchema, allow_none=True, metadata={
         "description": "How long the type's finished jobs are kept, by status (each 60 s to "
                        "10 years, or null: for ever); null: every status back to the "
@@ -274,6 +281,8 @@ class TypeSchema(Schema):
     circuit_state = fields.Nested(CircuitStateSchema, required=True, allow_none=True, metadata={
         "description": "Where the circuit stands; null without a circuit."})
     retry_budget = fields.Nested(RetryBudgetShownSchema, required=True, allow_none=True)
+    aging_seconds = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "Seconds per level a pending job's priority rises (null: no aging)."})
     retention = fields.Nested(RetentionShownSchema, required=True, metadata={
         "description": "Seconds each finished status is kept (null: for ever), the "
                        "defaults included."})
@@ -308,6 +317,7 @@ def represent_type(view: TypeView) -> dict[str, Any]:
         "circuit_state": circuit_state_shown(s, view.now_us),
         "retry_budget": (None if s.retry_budget_settings is None
                          else s.retry_budget_settings.shown()),
+        "aging_seconds": s.aging_seconds,
         "retention": {"completed_seconds": view.retention.completed,
                       "failed_seconds": view.retention.failed,
                       "cancelled_seconds": view.retention.cancelled},

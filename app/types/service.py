@@ -223,6 +223,12 @@ class TypeService:
                     secret = values["push_secret"]
             values |= protection_columns(current, patch, now)
             changed = current.changed(now, values)
+            if changed.aging_seconds is not None and changed.fairness is not None:
+                # A fair type's claims take rounds, not claim order: nothing there to age.
+                raise ValidationFailed(
+                    "A fair type's jobs are claimed in rounds: aging does not apply to them. "
+                    "Set fairness or aging_seconds to null first.",
+                    errors={"aging_seconds": ["Not with fairness."]})
             repo.save(changed)
             if changed.circuit_state != current.circuit_state or "circuit_state" in patch:
                 moved.append((circuit.shown_state(current.circuit_state),

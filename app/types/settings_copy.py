@@ -24,12 +24,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.core.clock import Clock
+from app.core.clock import MICROS, Clock
 from app.core.periodic import PeriodicThread
 from app.jobs.sql.key_repository import KeyRepository
 from app.jobs.sql.repository import JobRepository
@@ -67,6 +67,8 @@ class TypeSettingsCopy:
         self._failing = False
         self._start_lock = threading.Lock()
         self._reading = False  # a one-off read is under way (_refresh_soon)
+        self._aging: Mapping[str, int] = {}  # aging(), as of the copy _aging_of
+        self._aging_of: dict[str, TypeSettings] | None = None
 
     # -- what the hot path asks -----------------------------------------------------------
 
@@ -101,6 +103,20 @@ class TypeSettingsCopy:
                    if wanted is None or name in wanted)
 
     # -- keeping it fresh -------------------------------------------------------------------
+
+    def aging(self) -> Mapping[str, int]:
+        """The types that age (not fair ones: their claims take rounds), with their interval
+        in µs. From the last copy read, however old: an aged order a second late is the
+        same kind of order, and a claim must not wait for a read."""
+        self._current()  # read again soon when it is old
+        settings = self._settings
+        if settings is None:
+            return {}
+        if self._aging_of is not settings:
+            self._aging = {name: s.aging_seconds * MICROS for name, s in settings.items()
+                           if s.aging_seconds is not None and s.fairness is None}
+            self._aging_of = settings
+        return self._aging
 
     def snapshot(self) -> dict[str, TypeSettings] | None:
         """Every stored type's settings as the copy holds them (None: no fresh copy)."""

@@ -435,9 +435,10 @@ class Client:
     def explain(self, job_id: int) -> dict[str, Any]:
         """Why the job is or is not running (admins, or the producer that owns it):
         `{"job_id", "status", "claimable_now", "reasons": [{"code", "message", …}],
-        "position", "position_capped", "estimated_start_seconds"}`, the most important
-        reason first; a claimable job's place in its type's line and about when it starts
-        (null when not claimable, or not known)."""
+        "position", "position_capped", "estimated_start_seconds", "aging"}`, the most
+        important reason first; a claimable job's place in its type's line and about when it
+        starts (null when not claimable, or not known), and where its type ages priorities,
+        `{"priority_now", "next_rise_at"}`."""
         return self._object("GET", f"/jobs/{int(job_id)}/explain")
 
     def attempts(self, job_id: int) -> list[dict[str, Any]]:

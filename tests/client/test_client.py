@@ -176,6 +176,7 @@ def test_attempts_and_explain_of_a_producers_own_job(server):
     waiting = queue.enqueue("sync", {"n": 2})
     place = queue.explain(waiting["id"])  # claimable: its place in the line of sync jobs
     assert place["position"] >= 0 and place["position_capped"] is False
+    assert place["aging"] is None  # sync jobs do not age here
     with pytest.raises(NotFound):
         _producer(server).explain(job["id"])
 

@@ -10,10 +10,11 @@ from tests.conftest import Api
 
 def _without_place(shown: dict[str, Any]) -> dict[str, Any]:
     """The explanation without its place in line (tests/history/test_position.py's), which
-    a claimable job always has: next in its type's line here."""
+    a claimable job always has: next in its type's line here, its type not aging."""
     assert shown["position"] == 0 and shown["position_capped"] is False
+    assert shown["aging"] is None
     return {key: value for key, value in shown.items()
-            if key not in ("position", "position_capped", "estimated_start_seconds")}
+            if key not in ("position", "position_capped", "estimated_start_seconds", "aging")}
 
 
 def explain(client, key, job_id):

@@ -44,7 +44,7 @@ def test_a_type_never_changed_shows_the_defaults_and_its_counts(client, api, pro
         "type": "email", "paused": False, "max_running": None, "max_running_per_key": None,
         "rate_per_second": None, "burst": 1, "push": None,
         "fairness": None, "ordering": None, "on_failure": "skip", "key_scope": "producer",
-        "circuit": None, "circuit_state": None, "retry_budget": None,
+        "circuit": None, "circuit_state": None, "retry_budget": None, "aging_seconds": None,
         "blocked_keys": 0,
         # Retention: the QUEUELOG_RETENTION_… defaults (7, 30 and 7 days).
         "retention": {"completed_seconds": 604_800, "failed_seconds": 2_592_000,

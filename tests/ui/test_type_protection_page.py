@@ -3,6 +3,8 @@ what opened it, its retry budget, and a push type's deliveries at once to its or
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Flask
 from flask.testing import FlaskClient
 
@@ -31,3 +33,17 @@ def test_a_types_page_shows_its_circuit_budget_and_push_concurrency(
     assert 'class="circuit-open paused">open</span>' in page
     assert "probe from" in page
     assert "3 of 8 deliveries at once to https://svc.internal:443" in page
+
+
+def test_a_types_page_shows_its_aging_and_a_jobs_page_what_its_wait_has_earned(
+        signed_in: FlaskClient, client: FlaskClient, admin: Key, producer: Key,
+        clock: Any) -> None:
+    assert '<td id="aging">off</td>' in signed_in.get("/ui/types/email").text
+    client.patch("/types/email", headers=admin.headers, json={"aging_seconds": 3600})
+    page = signed_in.get("/ui/types/email").text
+    assert '<td id="aging">one level per 1 h of waiting, up to high</td>' in page
+    job = client.post("/jobs", json={"type": "email", "priority": "low"},
+                      headers=producer.headers).json
+    clock.advance(3600 + 60)
+    page = signed_in.get(f"/ui/jobs/{job['id']}").text
+    assert "claimed as <strong>medium</strong> now, one level higher" in page

@@ -150,6 +150,11 @@ class FlowPolicy(Protocol):
         as this process knows without a statement (a cap, a rate, a pause, an ordered key:
         what frees a job for it is no job becoming claimable): True when it cannot tell."""
 
+    def aging(self) -> Mapping[str, int]:
+        """The types whose jobs age (app/jobs/domain/aging.py), with their interval in µs,
+        as far as this process knows without a statement (a setting changed on another host
+        shows within a second)."""
+
     def put_under_control_since(self, wanted: frozenset[str] | None) -> bool:
         """After a claim that read no type's row found nothing (outside its transaction):
         read the types' settings again; True when one of `wanted` (None: any) turns out to be

@@ -5,6 +5,7 @@ connection."""
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections.abc import Collection, Mapping, Sequence
@@ -23,12 +24,14 @@ from sqlalchemy import (
     update,
 )
 
-from app.core.statuses import JobStatus, claim_order_key
+from app.core.statuses import JobStatus
 from app.core.tracecontext import Trace
+from app.jobs.domain import aging
 from app.jobs.domain.claim_positions import LEVELS, Position
 from app.jobs.domain.flow import ClaimLimits
 from app.jobs.domain.models import Job
 from app.jobs.domain.transitions import Transition
+from app.jobs.sql.aging_claims import CANDIDATE_COLUMNS, aged_any_type_candidates, aging_params
 from app.jobs.sql.context_repository import TRACE, trace_of
 from app.jobs.sql.control_repository import CHECKPOINT
 from app.jobs.sql.job_rows import (
@@ -98,6 +101,27 @@ _fair_candidates = (
 _fair_candidates_by_key = _fair_candidates.where(_not_a_full_key)
 
 
+# An aging type's candidates (app/jobs/domain/aging.py): each priority level a range of its
+# claim-order index, whose (created_at, id) order is the aged order within a level; the claim
+# ranks them all (aging.claim_key).
+def _level_ranges_one_type(free_types_only: bool) -> DriverStatement:
+    due = (jobs.c.status == PENDING, jobs.c.run_at <= bindparam("now"),
+           jobs.c.type == bindparam("type"), NOT_EXPIRED,
+           *([TYPE_FREE] if free_types_only else []))
+    ranges = [select(jobs.c.id, jobs.c.priority, jobs.c.created_at)
+              .where(*due, jobs.c.priority == literal_column(str(level)))
+              .order_by(jobs.c.created_at, jobs.c.id)
+              .limit(bindparam("limit"))
+              .with_for_update(skip_locked=True)
+              .subquery()
+              for level in LEVELS]
+    return DriverStatement(union_all(*(select(part) for part in ranges)))
+
+
+_driver_aging_candidates_one_type = _level_ranges_one_type(free_types_only=False)
+_driver_aging_candidates_one_free_type = _level_ranges_one_type(free_types_only=True)
+
+
 class Candidate(NamedTuple):
     """A pending job a claim may take, with what choosing among candidates reads."""
 
@@ -113,6 +137,25 @@ class Candidate(NamedTuple):
 _driver_candidates_one_type = DriverStatement(_candidates_one_type)
 _driver_candidates_one_free_type = DriverStatement(_candidates_one_type.where(TYPE_FREE))
 _driver_fair_candidates = DriverStatement(_fair_candidates)
+
+
+class _Placed(NamedTuple):
+    """A candidate with its type, as aging.claim_key reads it."""
+
+    row: Any
+    type: str
+
+    @property
+    def id(self) -> int:
+        return int(self.row.id)
+
+    @property
+    def priority(self) -> int:
+        return int(self.row.priority)
+
+    @property
+    def created_at(self) -> int:
+        return int(self.row.created_at)
 
 
 def _candidates(conn: Connection, stmt: DriverStatement,
@@ -139,44 +182,63 @@ _CLAIMED_VALUES = Transition.CLAIM.values(
 )
 
 
-def _candidates_any_type(free_types_only: bool, positioned: bool) -> Any:
-    """The candidates of a claim of any type, as a CTE: read from the front of the pending
-    jobs in claim order, or (`positioned`) each priority level from its position first
-    (app/jobs/domain/claim_positions.py), then from the front should those give too few."""
+@functools.cache
+def _due_any_type(free_types_only: bool) -> tuple[Any, ...]:
+    """What makes a job a candidate of a claim of any type."""
+    return (CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), NOT_EXPIRED,
+            *([TYPE_FREE] if free_types_only else []))
+
+
+@functools.cache
+def _usual_any_type(free_types_only: bool, positioned: bool, columns: tuple[Any, ...]) -> Any:
+    """The candidates of a claim of any type, as a Select of `columns` with its LIMIT: read
+    from the front of the pending jobs in claim order, or (`positioned`) each priority level
+    from its position first (app/jobs/domain/claim_positions.py), then from the front should
+    those give too few."""
     # PostgreSQL renders FOR UPDATE SKIP LOCKED, so concurrent claims pass over each other's
     # rows instead of queueing on them; SQLite renders nothing and relies on BEGIN IMMEDIATE.
-    due = (CLAIMABLE_ROW, jobs.c.run_at <= bindparam("now"), NOT_EXPIRED,
-           *([TYPE_FREE] if free_types_only else []))
-    front = (select(jobs.c.id).where(*due).order_by(*CLAIM_ORDER).limit(bindparam("limit"))
+    due = _due_any_type(free_types_only)
+    front = (select(*columns).where(*due).order_by(*CLAIM_ORDER).limit(bindparam("limit"))
              .with_for_update(skip_locked=True))
-    candidates: Any = front
-    if positioned:
-        # One part per level, highest first, each a range of the claim index that starts at
-        # its position; the front last. PostgreSQL runs the parts of a UNION ALL in order and
-        # stops once the LIMIT has its rows, locking only the rows it returns: a claim whose
-        # positions find a job reads nothing else.
-        parts = [
-            select(jobs.c.id)
-            .where(*due, jobs.c.priority == literal_column(str(level)),
-                   tuple_(jobs.c.created_at, jobs.c.id)
-                   >= tuple_(bindparam(f"created_{level}"), bindparam(f"id_{level}")))
-            .order_by(jobs.c.created_at, jobs.c.id)
-            .limit(bindparam("limit"))
-            .with_for_update(skip_locked=True)
-            .subquery()
-            for level in LEVELS
-        ]
-        every = union_all(*(select(part.c.id) for part in [*parts, front.subquery()]))
-        candidates = select(every.subquery().c.id).limit(bindparam("limit"))
+    if not positioned:
+        return front
+    # One part per level, highest first, each a range of the claim index that starts at
+    # its position; the front last. PostgreSQL runs the parts of a UNION ALL in order and
+    # stops once the LIMIT has its rows, locking only the rows it returns: a claim whose
+    # positions find a job reads nothing else.
+    parts = [
+        select(*columns)
+        .where(*due, jobs.c.priority == literal_column(str(level)),
+               tuple_(jobs.c.created_at, jobs.c.id)
+               >= tuple_(bindparam(f"created_{level}"), bindparam(f"id_{level}")))
+        .order_by(jobs.c.created_at, jobs.c.id)
+        .limit(bindparam("limit"))
+        .with_for_update(skip_locked=True)
+        .subquery()
+        for level in LEVELS
+    ]
+    every = union_all(*(select(part) for part in [*parts, front.subquery()])).subquery()
+    return select(every).limit(bindparam("limit"))
+
+
+def _candidates_any_type(free_types_only: bool, positioned: bool, aging_types: int) -> Any:
+    """The candidates of a claim of any type, as a CTE: the usual ones, or with `aging_types`
+    types that age, the best of them and of those types' levels in the aged order
+    (app/jobs/sql/aging_claims.py)."""
+    if aging_types:
+        usual = _usual_any_type(free_types_only, positioned, CANDIDATE_COLUMNS)
+        return aged_any_type_candidates(usual, _due_any_type(free_types_only), aging_types)
     # MATERIALIZED makes the candidates a fixed set: as a plain subquery PostgreSQL may
     # re-run it for each row it updates, and with SKIP LOCKED each re-run finds new rows,
     # so one claim would take more jobs than its LIMIT.
-    return candidates.cte("candidates").prefix_with("MATERIALIZED")
+    return (_usual_any_type(free_types_only, positioned, (jobs.c.id,))
+            .cte("candidates").prefix_with("MATERIALIZED"))
 
 
-def _claim_next_any_type(key_to_confirm: bool, *, free_types_only: bool = False,
-                         positioned: bool = False) -> DriverStatement:
-    candidates = _candidates_any_type(free_types_only, positioned)
+@functools.cache
+def _claim_any_type(key_to_confirm: bool, free_types_only: bool, positioned: bool,
+                    aging_types: int) -> DriverStatement:
+    candidates = _candidates_any_type(free_types_only, positioned, aging_types)
     claim = update(jobs).where(jobs.c.id.in_(select(candidates.c.id)), CLAIMABLE_BY_ID)
     if key_to_confirm:
         claim = claim.where(live_key_condition())
@@ -186,13 +248,6 @@ def _claim_next_any_type(key_to_confirm: bool, *, free_types_only: bool = False,
 # A claimed job comes back with the checkpoint its previous attempt saved (docs/JOBS.md) and
 # the trace context it was enqueued with (docs/TRACING.md), in this order after its columns.
 _CLAIMED_COLUMNS = (*JOB_COLUMNS, CHECKPOINT, *TRACE)
-# By whether the caller's key is to be confirmed (KeyToConfirm), whether only the types under
-# no flow control are taken, and whether the levels are read from positions.
-_CLAIMS_ANY_TYPE = {
-    (live, free, positioned): _claim_next_any_type(live, free_types_only=free,
-                                                   positioned=positioned)
-    for live in (False, True) for free in (False, True) for positioned in (False, True)
-}
 # Jobs already chosen (and, on PostgreSQL, locked) by id.
 # One job chosen (a claim of one): on SQLite's driver cursor, as the claim of any type is.
 _claim_chosen_one = DriverStatement(
@@ -297,7 +352,8 @@ class ClaimRepository:
                         limit: int, types: Collection[str] | None,
                         limits: ClaimLimits | None = None,
                         free_types_only: bool = False,
-                        positions: Mapping[int, Position] | None = None) -> ClaimedRows:
+                        positions: Mapping[int, Position] | None = None,
+                        aging_us: Mapping[str, int] | None = None) -> ClaimedRows:
         """Mark up to `limit` claimable jobs running for `worker`, returned in claim order
         with their checkpoints.
 
@@ -309,7 +365,10 @@ class ClaimRepository:
         type's row): only jobs of types under no flow control now are taken. `positions` (a
         claim of any type, while the horizon is held): the (created_at, id) each priority
         level is read from before the front (app/jobs/domain/claim_positions.py).
+        `aging_us`: the types that age, with their interval (app/jobs/domain/aging.py), whose
+        jobs are taken in the aged order.
         """
+        aging_us = aging_us or {}
         params: dict[str, Any] = {
             "now": now_us, "worker": worker, "lease_expires_at": lease_expires_at,
             "nonce": nonce, "limit": limit,
@@ -321,7 +380,9 @@ class ClaimRepository:
                 params[LIVE_KEY] = key.digest
             for level, (created_at, job_id) in (positions or {}).items():
                 params.update({f"created_{level}": created_at, f"id_{level}": job_id})
-            claim = _CLAIMS_ANY_TYPE[key is not None, free_types_only, positions is not None]
+            params.update(aging_params(aging_us))
+            claim = _claim_any_type(key is not None, free_types_only, positions is not None,
+                                    len(aging_us))
             rows = claim.rows(self.conn, params)
             if key is not None:
                 key.answered(bool(rows))
@@ -333,10 +394,11 @@ class ClaimRepository:
             # those types to sort them. Merged, not sorted: a fair type's candidates keep
             # their round order among themselves.
             candidates = heapq.merge(*(
-                self._candidates_of(job_type, params, limits, free_types_only)
-                for job_type in sorted(types)),
-                key=claim_order_key)
-            chosen = [row.id for row in itertools.islice(candidates, limit)]
+                [(aging.claim_key(_Placed(row, job_type), aging_us, now_us), row.id)
+                 for row in self._candidates_of(job_type, params, limits, free_types_only,
+                                                aging_us.get(job_type))]
+                for job_type in sorted(types)))
+            chosen = [job_id for _key, job_id in itertools.islice(candidates, limit)]
             if not chosen:
                 return ClaimedRows([], {}, {})
             key = self.take_key_to_confirm()
@@ -351,8 +413,8 @@ class ClaimRepository:
             if key is not None:
                 key.answered(bool(rows))
         claimed = [job_of(row) for row in rows]
-        # RETURNING gives no order; hand the jobs out in claim order.
-        claimed.sort(key=claim_order_key)
+        # RETURNING gives no order; hand the jobs out in claim order (aged, where types age).
+        claimed.sort(key=lambda job: aging.claim_key(job, aging_us, now_us))
         checkpoint = JOB_COLUMN_COUNT
         traceparent, tracestate = checkpoint + 1, checkpoint + 2
         return ClaimedRows(
@@ -374,10 +436,17 @@ class ClaimRepository:
         return [by_id[job.id] for job in claimed]
 
     def _candidates_of(self, job_type: str, params: dict[str, Any],
-                       limits: ClaimLimits | None, free_types_only: bool = False) -> list[Any]:
-        """One type's candidates in claim order: within its budget, as LIMIT; without its
-        full keys, as a condition; a key met more often than its cap allows passed over."""
+                       limits: ClaimLimits | None, free_types_only: bool = False,
+                       aging_us: int | None = None) -> list[Any]:
+        """One type's candidates in claim order (aged, with `aging_us`): within its budget,
+        as LIMIT; without its full keys, as a condition; a key met more often than its cap
+        allows passed over."""
         if limits is None:
+            if aging_us is not None:
+                return self._aged_candidates(
+                    _driver_aging_candidates_one_free_type if free_types_only
+                    else _driver_aging_candidates_one_type, {**params, "type": job_type},
+                    aging_us)
             return _candidates(self.conn, _driver_candidates_one_free_type if free_types_only
                                else _driver_candidates_one_type, {**params, "type": job_type})
         budget = limits.budget(job_type, params["limit"])
@@ -386,6 +455,10 @@ class ClaimRepository:
         full_keys = limits.full_keys(job_type)
         fair = job_type in limits.fair
         if job_type not in limits.key_caps:
+            if aging_us is not None and not fair:
+                return self._aged_candidates(_driver_aging_candidates_one_type,
+                                             {**params, "type": job_type, "limit": budget},
+                                             aging_us)
             return _candidates(
                 self.conn, _driver_fair_candidates if fair else _driver_candidates_one_type,
                 {**params, "type": job_type, "limit": budget})
@@ -398,3 +471,12 @@ class ClaimRepository:
             if len(chosen) >= budget or len(rows) < fetch or fetch >= MAX_GATED_CANDIDATES:
                 return chosen
             fetch = min(fetch * 4, MAX_GATED_CANDIDATES)
+
+    def _aged_candidates(self, stmt: DriverStatement, params: dict[str, Any],
+                         aging_us: int) -> list[Candidate]:
+        """An aging type's first :limit candidates in the aged order, from its levels."""
+        rows = _candidates(self.conn, stmt, params)
+        placed = {params["type"]: aging_us}
+        rows.sort(key=lambda row: aging.claim_key(_Placed(row, params["type"]), placed,
+                                                  params["now"]))
+        return rows[:params["limit"]]

@@ -11,8 +11,10 @@ from typing import Any
 from sqlalchemy import bindparam, case, func, or_, select, tuple_, union_all
 
 from app.core.statuses import JobStatus
+from app.jobs.domain.aging import level_index
 from app.jobs.domain.models import BoundedCount, Job, PendingSummary
 from app.jobs.domain.transitions import Transition
+from app.jobs.sql.aging_claims import AHEAD_OF_TYPE_AGED, ahead_aged_params
 from app.jobs.sql.claim_repository import ClaimRepository
 from app.jobs.sql.job_rows import (
     CLAIMABLE_ROW,
@@ -314,16 +316,20 @@ class JobReads(ClaimRepository):
         return [job_of(row) for row in rows]
 
     def count_claimable_ahead(self, job: Job, now_us: int, *, same_type: bool,
-                              cap: int) -> BoundedCount:
+                              cap: int, aging_us: int | None = None) -> BoundedCount:
         """How many jobs a claim would take before `job`: due pending jobs earlier in claim
         order (of its type alone when `same_type`), read through the claim-order index (of
         the type, when `same_type`), at most `cap` + 1 of its pending rows: exact when not
         `capped`; when capped, the due jobs among the first `cap` pending ones ahead (a lower
-        bound, at most `cap`)."""
+        bound, at most `cap`). With `aging_us` (`same_type` only: the type ages), in the aged
+        order (app/jobs/domain/aging.py)."""
         stmt = _ahead_of_type if same_type else _ahead_any_type
-        examined, due = self.conn.execute(stmt, {
-            "now": now_us, "priority": job.priority, "created_at": job.created_at,
-            "job_id": job.id, "type": job.type, "cap_plus_one": cap + 1}).one()
+        params = {"now": now_us, "priority": job.priority, "created_at": job.created_at,
+                  "job_id": job.id, "type": job.type, "cap_plus_one": cap + 1}
+        if same_type and aging_us is not None and level_index(job.priority) is not None:
+            stmt = AHEAD_OF_TYPE_AGED
+            params |= ahead_aged_params(job.priority, job.created_at, aging_us)
+        examined, due = self.conn.execute(stmt, params).one()
         capped = int(examined) > cap
         return BoundedCount(min(int(due), cap) if capped else int(due), capped)
 

@@ -200,7 +200,8 @@ class ClaimService:
             # No type's row read: the statement itself passes over the types under flow
             # control now (a pause made on another host a moment ago included).
             free_types_only=self.flow is not None and limits is None,
-            positions=positions)
+            positions=positions,
+            aging_us=self.flow.aging() if self.flow is not None else None)
         if types is None:
             self.positions.claimed(jobs, from_the_front_us=(
                 self.clock.now_us() - started_us if positions is None else None))

@@ -63,6 +63,9 @@ job_types = Table(
     Column("circuit_opened_by", Text, nullable=True),
     Column("retry_budget", Text, nullable=True),
     Column("retry_budget_at", Micros, nullable=True),
+    # Priority aging (migration 0029, docs/FLOW-CONTROL.md): a pending job of the type is
+    # claimed as if its priority rose one level per this many seconds (NULL: off).
+    Column("aging_seconds", Integer, nullable=True),
 )
 
 # Per push origin (scheme://host:port), the deliveries the dispatcher lets run at once now:
