@@ -149,6 +149,77 @@ def test_different_messages_get_different_fingerprints(first: str, second: str
     assert error_fingerprint(first) != error_fingerprint(second)
 
 
+# -- names say which thing failed: real errors of four languages -------------------------------
+
+PYTHON_KEY_ERROR = """Traceback (most recent call last):
+  File "/srv/app/venv/lib/python3.11/site-packages/queuelog_client/worker.py", line {line}, in _run
+    result = handler(job)
+  File "/srv/app/jobs/welcome.py", line 41, in send_welcome
+    to = payload[{key!r}]
+KeyError: {key!r}"""
+PYTHON_ATTRIBUTE = """Traceback (most recent call last):
+  File "/srv/app/jobs/invoice.py", line {line}, in render
+    total = order.{attr}
+AttributeError: 'NoneType' object has no attribute '{attr}'"""
+NODE_TYPE_ERROR = """TypeError: Cannot read properties of undefined (reading '{prop}')
+    at sendWelcome (/srv/app/jobs/welcome.js:{line}:27)
+    at Worker.run (/srv/app/node_modules/queuelog/worker.js:88:19)
+    at process.processTicksAndRejections (node:internal/process/task_queues:95:5)"""
+GO_PANIC = """panic: json: unknown field "{field}"
+
+goroutine {goroutine} [running]:
+main.handle({pointer})
+\t/srv/app/main.go:{line} +0x1d
+main.main()
+\t/srv/app/main.go:17 +0x65"""
+JAVA_NPE = ("java.lang.NullPointerException: Cannot invoke \"String.length()\" because "
+            '"{path}" is null\n'
+            "\tat com.example.jobs.Welcome.send(Welcome.java:{line})\n"
+            "\tat com.example.queue.Runner.run(Runner.java:88)\n"
+            "\tat java.base/java.lang.Thread.run(Thread.java:1583)")
+PYTHON_VALUE = """Traceback (most recent call last):
+  File "/srv/app/jobs/import.py", line {line}, in parse
+    count = int(row["count"])
+ValueError: invalid literal for int() with base 10: {value!r}"""
+NODE_CUSTOMER = """Error: unknown customer '{customer}'
+    at lookup (/srv/app/jobs/bill.js:{line}:11)"""
+
+
+@pytest.mark.parametrize("template,names", [
+    (PYTHON_KEY_ERROR, [{"key": "address"}, {"key": "n"}]),
+    (PYTHON_ATTRIBUTE, [{"attr": "total"}, {"attr": "currency"}]),
+    (NODE_TYPE_ERROR, [{"prop": "email"}, {"prop": "name"}]),
+    (GO_PANIC, [{"field": "amount_cents"}, {"field": "currency"}]),
+    (JAVA_NPE, [{"path": "customer.email"}, {"path": "customer.phone"}]),
+], ids=["python KeyError", "python AttributeError", "node TypeError", "go panic",
+        "java NullPointerException"])
+def test_a_failure_naming_another_key_or_attribute_is_another_group(
+        template: str, names: list[dict[str, str]]) -> None:
+    """The same code failing on another key, attribute, field or property is another
+    problem; the same one at another line of a new release, another goroutine or address,
+    is the same."""
+    line_varies = [{"line": 31, "goroutine": 1, "pointer": "0xc000012345"},
+                   {"line": 207, "goroutine": 18, "pointer": "0xc0000a8f10"}]
+    first, second = ({**varies, **name} for varies, name in zip(line_varies, names, strict=True))
+    assert (error_fingerprint(template.format(**first))
+            != error_fingerprint(template.format(**second)))
+    same_name = {**line_varies[1], **names[0]}
+    assert (error_fingerprint(template.format(**first))
+            == error_fingerprint(template.format(**same_name)))
+
+
+@pytest.mark.parametrize("template,data", [
+    (PYTHON_VALUE, [{"value": "abc"}, {"value": "12x"}]),
+    (NODE_CUSTOMER, [{"customer": "acme-corp"}, {"customer": "globex"}]),
+    (PYTHON_KEY_ERROR, [{"key": "user_42"}, {"key": "user_1337"}]),
+], ids=["python ValueError", "node unknown customer", "a key's digits"])
+def test_the_data_a_failure_quotes_does_not_split_its_group(
+        template: str, data: list[dict[str, str]]) -> None:
+    first, second = ({"line": 31, **values} for values in data)
+    assert (error_fingerprint(template.format(**first))
+            == error_fingerprint(template.format(**second)))
+
+
 # -- what is hashed ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("error,expected", [
@@ -161,17 +232,17 @@ def test_different_messages_get_different_fingerprints(first: str, second: str
      "object at <hex>>: Failed to establish a new connection: [Errno <num>] Connection "
      "refused'))"),
     (DUPLICATE_KEY.format(constraint="orders_pkey", id=1001),
-     "duplicate key value violates unique constraint <str> DETAIL: Key (id)=(<num>) already "
-     "exists."),
+     "duplicate key value violates unique constraint \"orders_pkey\" DETAIL: Key (id)=(<num>) "
+     "already exists."),
     (SMTP_REPLY.format(code=421, text=GMAIL_421.format(mid="x12sm345678abc.90")),
      "(<num>, b'<num> Try again later, closing connection. <id>.<num> - gsmtp')"),
     ("404 Client Error: Not Found for url: https://api.example.com/v1/orders/1001",
      "<num> Client Error: Not Found for url: https://<addr>/v1/orders/<num>"),
     ("job 123e4567-e89b-12d3-a456-426614174000 on db-3.internal:5432, [::1]:5432, fe80::1, "
-     "commit 9fceb02d0ae5, took 30012ms, retry -1, ref \u201cx\u201d, key \u2018y\u2019 "
+     "commit 9fceb02d0ae5, took 30012ms, retry -1, ref \u201cx\u201d, got \u2018y\u2019 "
      "(utf8, http2, s3, base64)",
      "job <uuid> on <addr>, <addr>, <addr>, commit <hex>, took <num>, retry <num>, ref <str>, "
-     "key <str> (utf8, http2, s3, base64)"),
+     "got <str> (utf8, http2, s3, base64)"),
 ], ids=["contract example", "urllib3", "psycopg", "smtplib", "requests", "each placeholder"])
 def test_the_normalized_error_shows_the_placeholders(error: str, expected: str) -> None:
     assert normalized_error(error) == expected

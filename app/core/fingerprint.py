@@ -20,7 +20,14 @@ sees the inside of an earlier placeholder: none holds a digit, a quote or a colo
 5. quoted values ('...', "...", b'...' and the typographic \u2018...\u2019, \u201c...\u201d)
    -> <str>, unless the quoted text holds whitespace: that is a message quoted inside the
    message (a wrapped exception's repr, an SMTP reply) and where the meaning is, so it is
-   kept and its own variable parts are replaced by the other passes
+   kept and its own variable parts are replaced by the other passes. A quoted **name** is
+   kept too, since it says which thing failed, not with which data: one word of a name's
+   characters (a dotted path, a call's "()") after a word that says a name follows (key,
+   attribute, field, column, module, reading, invoke, ...: _NAMING_WORDS), as a whole
+   Python KeyError's message, or before " object", " is null", " is not defined" or
+   " is undefined". So KeyError: 'address' and KeyError: 'n' are two problems, where
+   invalid literal for int() with base 10: 'abc' and '12x' are one; the name's own digits
+   are still taken by the passes below ('user_42' and 'user_1337' are one key shape)
 6. ids glued into a word (x12sm345678abc, job1001, a1b2c3): a letter-led word with two or
    more digit runs or a run of 4+ digits -> <id>; shorter ones are names and stay (utf8,
    http2, psycopg2, ipv4, s3, base64, sha256)
@@ -102,8 +109,39 @@ _NUMBER = re.compile(r"(?<![A-Za-z0-9])(?<![A-Za-z][0-9]\.)-?[0-9]+(?:\.[0-9]+)*
                      r"(?:[eE][+-]?[0-9]+)?[A-Za-z0-9]*")
 
 
+# The words after which a quoted word is the name of what failed (compared in lower case):
+# Python's AttributeError, NameError, ImportError; Node's "(reading 'x')" and "Cannot find
+# module"; Go's encoding/json and text/template; Java's helpful NullPointerException;
+# PostgreSQL's relation, column, constraint, ... does not exist or was violated.
+_NAMING_WORDS = frozenset({
+    "argument", "attribute", "class", "column", "constraint", "database", "extension",
+    "field", "function", "header", "index", "invoke", "key", "member", "method", "module",
+    "name", "named", "option", "parameter", "property", "reading", "relation", "role",
+    "schema", "sequence", "setting", "table", "trigger", "type", "variable", "view",
+})
+# One word of a name's characters, quoted: a dotted path, a call's trailing "()".
+_NAME = re.compile(r"b?.[A-Za-z_$][A-Za-z0-9_$.\-]{0,99}(?:\(\))?.\Z")
+# The word before a quote, in the 40 characters before it, past spaces and an opening paren.
+_WORD_BEFORE = re.compile(r"([A-Za-z]+)[ (]{1,3}\Z")
+_NAMED_BEFORE = re.compile(r"(?:\A|[\s.:])KeyError: \Z")
+_NAMED_AFTER = re.compile(r" (?:object\b|is null\b|is not defined\b|is undefined\b)")
+
+
+def _names_the_failure(match: re.Match[str]) -> bool:
+    """Whether the quoted word `match` is a name that says which thing failed (pass 5)."""
+    if not _NAME.match(match[0]):
+        return False
+    before = match.string[max(0, match.start() - 40):match.start()]
+    word = _WORD_BEFORE.search(before)
+    return bool((word is not None and word[1].lower() in _NAMING_WORDS)
+                or _NAMED_BEFORE.search(before)
+                or _NAMED_AFTER.match(match.string, match.end()))
+
+
 def _quoted(match: re.Match[str]) -> str:
-    return match[0] if _HAS_SPACE.search(match[0]) else "<str>"
+    if _HAS_SPACE.search(match[0]) or _names_the_failure(match):
+        return match[0]
+    return "<str>"
 
 
 def _glued(match: re.Match[str]) -> str:
