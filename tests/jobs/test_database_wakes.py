@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -632,18 +633,31 @@ def test_one_lead_per_database_woken_for_the_chores_with_work(served_app, pg_url
     engine.dispose()
 
 
+@dataclass
+class ManualLead:
+    """A lead on a clock the test moves, and the chores it woke."""
+
+    clock: ManualClock
+    loop: WokenChores
+    lead: ListeningLead
+
+
+@pytest.fixture
+def lead_on_a_manual_clock() -> ManualLead:
+    clock, loop = ManualClock(start_us=Clock().now_us()), WokenChores()
+    return ManualLead(clock, loop, ListeningLead(clock, loop))  # type: ignore[arg-type]
+
+
 def test_the_lead_finds_each_lease_from_its_floor_and_a_lagging_hosts_at_its_full_ask(
-        served_app, pg_url):
+        served_app, pg_url, lead_on_a_manual_clock):
     """The lead asks for the next lease from a floor (the earlier of its last ask and the
     lease it found, less a margin): a lease written since is found at the next ask; one a
     host with a clock far behind wrote below the floor is found at the next full ask, and
     its job is swept then."""
-    client = served_app.test_client()
-    producer, worker, _admin = _keys(served_app)
+    client, producer, worker = served_app.test_client(), *_keys(served_app)[:2]
+    clock, loop, lead = lead_on_a_manual_clock.clock, lead_on_a_manual_clock.loop, \
+        lead_on_a_manual_clock.lead
     engine = make_engine(pg_url, pooled=False)
-    clock = ManualClock(start_us=Clock().now_us())
-    loop = WokenChores()
-    lead = ListeningLead(clock, loop)  # type: ignore[arg-type]
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         lead.tick(conn)  # leads; its first ask is a full one
         clock.advance(1.0)
@@ -679,16 +693,14 @@ def test_the_lead_finds_each_lease_from_its_floor_and_a_lagging_hosts_at_its_ful
 
 
 def test_a_slow_question_about_leases_puts_the_next_one_off_by_as_many_times(
-        served_app, pg_url):
+        served_app, pg_url, lead_on_a_manual_clock):
     """An ask that took 0.1 s (as one stepping over a held snapshot's leases would) is asked
     about leases again only ASK_COST_TIMES x 0.1 s later; the asks between still come each
     second, and a lease that ran out meanwhile is swept at the next ask about leases."""
-    client = served_app.test_client()
-    producer, worker, _admin = _keys(served_app)
+    client, producer, worker = served_app.test_client(), *_keys(served_app)[:2]
+    clock, loop, lead = lead_on_a_manual_clock.clock, lead_on_a_manual_clock.loop, \
+        lead_on_a_manual_clock.lead
     engine = make_engine(pg_url, pooled=False)
-    clock = ManualClock(start_us=Clock().now_us())
-    loop = WokenChores()
-    lead = ListeningLead(clock, loop)  # type: ignore[arg-type]
 
     def slow(*_args: Any) -> None:
         clock.advance(0.1)

@@ -149,7 +149,8 @@ def test_aging_is_set_shown_and_refused_where_it_cannot_apply(api, admin, produc
     shown = _age(api, admin)
     assert shown["aging_seconds"] == AGING
     assert api.client.get("/types/pdf", headers=admin.headers).json["aging_seconds"] is None
-    for wrong in (59, 86_401, 0, -1, 1.5, "60", True, 10**30, [60], {"seconds": 60}):
+    for wrong in (59, 86_401, 0, -1, 1.5, "60", "\uff16\uff10", True, 10**30, [60],
+                  {"seconds": 60}, "NaN"):
         answer = api.client.patch("/types/email", json={"aging_seconds": wrong},
                                   headers=admin.headers)
         assert answer.status_code == 422, wrong

@@ -60,8 +60,15 @@ def next_rise_at(priority: int, created_at: int, aging_us: int | None,
     return at + aging_us
 
 
-def claim_key(row: Any, aging_us: Mapping[str, int], now_us: int) -> tuple[int, int, int]:
-    """The sort key of a job (or candidate row with type, priority, created_at and id) in the
-    aged claim order at `now_us`; the claim order itself for a type that does not age."""
-    priority, at = reached(row.priority, row.created_at, aging_us.get(row.type), now_us)
-    return -priority, at, row.id
+def order_key(priority: int, created_at: int, job_id: int, aging_us: int | None,
+              now_us: int) -> tuple[int, int, int]:
+    """The sort key of a job of a type aging by `aging_us` (None: it does not) in the aged
+    claim order at `now_us`; the claim order itself for a type that does not age."""
+    reached_priority, at = reached(priority, created_at, aging_us, now_us)
+    return -reached_priority, at, job_id
+
+
+def claim_key(job: Any, aging_us: Mapping[str, int], now_us: int) -> tuple[int, int, int]:
+    """order_key of a job (anything with type, priority, created_at and id), the aging
+    types given by name."""
+    return order_key(job.priority, job.created_at, job.id, aging_us.get(job.type), now_us)

@@ -139,25 +139,6 @@ _driver_candidates_one_free_type = DriverStatement(_candidates_one_type.where(TY
 _driver_fair_candidates = DriverStatement(_fair_candidates)
 
 
-class _Placed(NamedTuple):
-    """A candidate with its type, as aging.claim_key reads it."""
-
-    row: Any
-    type: str
-
-    @property
-    def id(self) -> int:
-        return int(self.row.id)
-
-    @property
-    def priority(self) -> int:
-        return int(self.row.priority)
-
-    @property
-    def created_at(self) -> int:
-        return int(self.row.created_at)
-
-
 def _candidates(conn: Connection, stmt: DriverStatement,
                 params: Mapping[str, Any]) -> list[Candidate]:
     return [Candidate(*row) for row in stmt.rows(conn, params)]
@@ -394,7 +375,8 @@ class ClaimRepository:
             # those types to sort them. Merged, not sorted: a fair type's candidates keep
             # their round order among themselves.
             candidates = heapq.merge(*(
-                [(aging.claim_key(_Placed(row, job_type), aging_us, now_us), row.id)
+                [(aging.order_key(row.priority, row.created_at, row.id,
+                                  aging_us.get(job_type), now_us), row.id)
                  for row in self._candidates_of(job_type, params, limits, free_types_only,
                                                 aging_us.get(job_type))]
                 for job_type in sorted(types)))
@@ -476,7 +458,6 @@ class ClaimRepository:
                          aging_us: int) -> list[Candidate]:
         """An aging type's first :limit candidates in the aged order, from its levels."""
         rows = _candidates(self.conn, stmt, params)
-        placed = {params["type"]: aging_us}
-        rows.sort(key=lambda row: aging.claim_key(_Placed(row, params["type"]), placed,
-                                                  params["now"]))
+        rows.sort(key=lambda row: aging.order_key(row.priority, row.created_at, row.id,
+                                                  aging_us, params["now"]))
         return rows[:params["limit"]]
