@@ -42,7 +42,9 @@ class StatsService:
         self.counts = counts
         self.job_types = frozenset(job_types)
         self.unwritten = unwritten
-        self._sampled_minute = 0
+        # The last minute's chore run, with whether it sampled: a process that takes the lead
+        # within a minute it has already written its counts in still samples that minute.
+        self._done: tuple[int, bool] = (0, False)
         self._lock = threading.Lock()
         # Whether this process samples the depth and forgets old minutes for the whole
         # database: every process, unless one is chosen (the maintenance leader, where the
@@ -110,12 +112,12 @@ class StatsService:
         Returns the rows written."""
 
         def stats() -> int:
-            minute = minute_of(self.clock.now_us())
+            done = (minute_of(self.clock.now_us()), self.samples_database())
             with self._lock:
-                if minute == self._sampled_minute:
+                if done == self._done:
                     return 0
-                self._sampled_minute = minute
-            if not self.samples_database():
+                self._done = done
+            if not done[1]:
                 return self._write_own_counts()
             return self.sample_depth() + self._write_own_counts() + self.forget_old()
 

@@ -98,6 +98,25 @@ def test_the_depth_is_the_pending_count_of_each_minute_carried_until_the_next(
     assert pdf["buckets"][0]["pending"] == 0  # a configured type without jobs: 0, not null
 
 
+def test_a_process_that_takes_the_lead_within_a_minute_still_counts_its_depth(
+        app: Flask, client, api: Api, producer, admin) -> None:
+    """Where one process samples for the database (the maintenance leader), a process's
+    first tick may come before it leads: the minute's depth is counted once it does."""
+    stats_service = app.extensions["queuelog"].stats
+    leading = False
+    stats_service.samples_database = lambda: leading
+    for _ in range(2):
+        api.enqueue(producer)
+    run_chore(app)  # not leading yet: only its own counts
+    assert stats(client, admin, type="email", **{"from": at(0), "to": at(1)}
+                 ).json["buckets"][0]["pending"] is None
+    leading = True
+    assert run_chore(app) > 0
+    assert run_chore(app) == 0  # still once a minute
+    assert stats(client, admin, type="email", **{"from": at(0), "to": at(1)}
+                 ).json["buckets"][0]["pending"] == 2
+
+
 def test_a_reserved_job_counts_as_enqueued_once_confirmed(client, api: Api, producer,
                                                           admin, clock: ManualClock) -> None:
     reserved = api.enqueue(producer, reserve={"confirm_within_seconds": 600}).json
