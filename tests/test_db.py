@@ -3,6 +3,7 @@ schema Alembic builds equal to the code's tables on both engines."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ from app.jobs.sql.claim_repository import (
     _candidates_one_type,
     _candidates_one_type_by_key,
     _claim_any_type,
-    _driver_candidates_one_free_type,
+    _driver_candidates_one_type,
     _due_probe_any_free_type,
     _due_probe_one_free_type,
     _due_probe_one_type,
@@ -162,16 +163,20 @@ CLAIM_PARAMS = {"now": 0, "worker": "w", "lease_expires_at": 0, "nonce": "n", "l
                 **{f"{part}_{level}": 0 for level in LEVELS for part in ("created", "id")}}
 # The claims of any type: from the front, with or without the types under flow control, and
 # (while a snapshot holds PostgreSQL's horizon) from positions.
-_claim_of_any_type = _claim_any_type(False, False, False, 0)
-_claim_any_free_type = _claim_any_type(False, True, False, 0)
-_claim_from_positions = _claim_any_type(False, True, True, 0)
-_claim_aged = _claim_any_type(False, True, False, 1)
+# Each in its two forms: the claim of one job (LIMIT 1) and the claim of :limit.
+_claim_of_any_type = _claim_any_type(False, False, False, 0, False)
+_claim_any_free_type = _claim_any_type(False, True, False, 0, False)
+_claim_from_positions = _claim_any_type(False, True, True, 0, False)
+_claim_aged = _claim_any_type(False, True, False, 1, False)
+_ONE_JOB_CLAIMS = [_claim_any_type(False, free, positioned, 0, True).statement
+                   for free, positioned in [(False, False), (True, False), (True, True)]]
 
 
 # A claim that read no type's row passes over the types under flow control in its own
 # statement (app/jobs/sql/job_rows.py, TYPE_FREE): it reads the same index, in the same order.
 @pytest.mark.parametrize("stmt", [_claim_of_any_type.statement, _claim_any_free_type.statement,
-                                  _claim_from_positions.statement, _due_probe_any_free_type])
+                                  _claim_from_positions.statement, _due_probe_any_free_type,
+                                  *_ONE_JOB_CLAIMS])
 def test_sqlite_claim_reads_the_partial_claim_order_index(sqlite_template, stmt):
     plan = _sqlite_plan(sqlite_template, stmt, CLAIM_PARAMS)
     assert any(step.endswith("USING INDEX ix_jobs_claim_order")
@@ -180,9 +185,11 @@ def test_sqlite_claim_reads_the_partial_claim_order_index(sqlite_template, stmt)
     assert not any("TEMP B-TREE" in step for step in plan)  # no sort: already in claim order
 
 
-@pytest.mark.parametrize("stmt", [_candidates_one_type, _due_probe_one_type,
+@pytest.mark.parametrize("stmt", [_candidates_one_type(False), _candidates_one_type(True),
+                                  _due_probe_one_type,
                                   _candidates_one_type_by_key, _due_probe_one_type_by_key,
-                                  _driver_candidates_one_free_type.statement,
+                                  _driver_candidates_one_type(True, False).statement,
+                                  _driver_candidates_one_type(True, True).statement,
                                   _due_probe_one_free_type])
 def test_sqlite_claims_of_one_type_read_that_types_part_of_the_index(sqlite_template, stmt):
     plan = _sqlite_plan(sqlite_template, stmt, CLAIM_PARAMS)
@@ -202,11 +209,35 @@ def _pending_jobs(conn: Any, job_type: str, priority: str) -> None:
                          "FROM generate_series(1, 20000) AS n")
 
 
-def _postgres_plan(conn: Any, stmt: Any, params: dict[str, Any]) -> dict[str, Any]:
+def _postgres_plan(conn: Any, stmt: Any, params: dict[str, Any], *,
+                   generic: bool = False) -> dict[str, Any]:
+    """The plan PostgreSQL makes for `stmt` with these values or (`generic`) the one it
+    makes without them, which a prepared statement keeps once it finds it no costlier."""
     compiled = stmt.compile(dialect=conn.dialect)
     values = {**compiled.params,
               **{name: value for name, value in params.items() if name in compiled.binds}}
-    [(plan,)] = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + compiled.string, values).all()
+    if not generic:
+        [(plan,)] = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + compiled.string,
+                                         values).all()
+        return dict(plan[0]["Plan"])
+    names: list[str] = []
+
+    def numbered(match: Any) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    sql = re.sub(r"%\((\w+)\)s", numbered, compiled.string)
+    conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+    conn.exec_driver_sql(f"PREPARE planned AS {sql}")
+    # EXECUTE's arguments as literals: as parameters of their own, the server could not tell
+    # the text ones' types.
+    arguments = ", ".join(str(value) if isinstance(value, int)
+                          else "'" + str(value).replace("'", "''") + "'"
+                          for value in (values[name] for name in names))
+    [(plan,)] = conn.exec_driver_sql(
+        f"EXPLAIN (FORMAT JSON) EXECUTE planned({arguments})").all()
+    conn.exec_driver_sql("DEALLOCATE planned")
     return dict(plan[0]["Plan"])
 
 
@@ -214,15 +245,22 @@ def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
     return [node, *(child for sub in node.get("Plans", []) for child in _plan_nodes(sub))]
 
 
-@pytest.mark.parametrize("stmt", [_claim_of_any_type.statement, _claim_any_free_type.statement,
-                                  _claim_from_positions.statement, _due_probe_any_free_type,
-                                  _driver_candidates_one_free_type.statement,
-                                  _due_probe_one_free_type])
-def test_postgresql_claims_walk_the_claim_order_and_stop_at_their_limit(postgres_server, stmt):
+@pytest.mark.parametrize(("stmt", "generic"), [
+    *((stmt, False) for stmt in [
+        _claim_of_any_type.statement, _claim_any_free_type.statement,
+        _claim_from_positions.statement, _due_probe_any_free_type,
+        _driver_candidates_one_type(True, False).statement, _due_probe_one_free_type,
+        *_ONE_JOB_CLAIMS, _driver_candidates_one_type(True, True).statement]),
+    # The plan a prepared claim of one job keeps (app/jobs/sql/job_rows.py, claim_limit).
+    *((stmt, True) for stmt in [*_ONE_JOB_CLAIMS,
+                                _driver_candidates_one_type(True, True).statement])])
+def test_postgresql_claims_walk_the_claim_order_and_stop_at_their_limit(postgres_server, stmt,
+                                                                        generic):
     """With 20,000 pending jobs and their statistics, each claim (and each peek of a waiting
     claim) reads the pending jobs through a claim-order index, already in order: no sort,
     no join over every pending row (the condition on the types' rows a filter of the scan),
-    so its cost does not grow with the backlog."""
+    so its cost does not grow with the backlog; so does the plan a claim of one job keeps
+    once prepared, made without the values."""
     engine = make_engine(postgres_server.create_database())
     try:
         with engine.begin() as conn:
@@ -232,7 +270,8 @@ def test_postgresql_claims_walk_the_claim_order_and_stop_at_their_limit(postgres
                 " VALUES ('sync', true, 0)")
             conn.exec_driver_sql("ANALYZE jobs")
             conn.exec_driver_sql("ANALYZE job_types")
-            plan = _postgres_plan(conn, stmt, {**CLAIM_PARAMS, "now": 10**15})
+            plan = _postgres_plan(conn, stmt, {**CLAIM_PARAMS, "now": 10**15},
+                                  generic=generic)
     finally:
         engine.dispose()
     nodes = _plan_nodes(plan)
@@ -242,6 +281,46 @@ def test_postgresql_claims_walk_the_claim_order_and_stop_at_their_limit(postgres
                and node.get("Relation Name") == "jobs" for node in nodes), kinds
     assert not any(node["Node Type"] == "Seq Scan" and node.get("Relation Name") == "jobs"
                    for node in nodes), kinds
+
+
+@pytest.mark.parametrize("positioned", [False, True])
+def test_postgresql_keeps_one_plan_for_the_claim_of_one_job(postgres_server, positioned):
+    """Over 20,000 pending jobs with their statistics, a server process's claims of one job
+    (from the front, or from positions while a snapshot holds the horizon) are planned for
+    their first runs on a connection, then run the plan the server keeps: a claim's cost is
+    its reads, not a new plan each time (app/jobs/sql/job_rows.py, claim_limit)."""
+    url = postgres_server.create_database()
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            _pending_jobs(conn, "'email'", "10")
+            conn.exec_driver_sql("ANALYZE jobs")
+    finally:
+        engine.dispose()
+    application = create_app({"TESTING": True, "DATABASE_URL": url, "DB_POOL_SIZE": 1,
+                              "JOB_TYPES": frozenset({"email"}),
+                              "CLOCK": ManualClock(start_us=10**15)})
+    services = application.extensions["queuelog"]
+    try:
+        if positioned:
+            services.jobs.claim_positions.horizon_held()
+        token = services.keys.create_key("w", Role.WORKER)
+        client = application.test_client()
+        for _ in range(20):
+            answer = client.post("/jobs/claim", json={},
+                                 headers={"Authorization": f"Bearer {token}"})
+            assert answer.status_code == 200, answer.json
+        with services.db.engine.connect() as conn:
+            plans = conn.execute(text(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE 'WITH candidates%'")).all()
+    finally:
+        services.close()
+    assert len(plans) == 1, plans  # one claim statement, on the pool's one connection
+    # psycopg prepares a statement at its sixth run; the server plans its first five runs
+    # for their values, then keeps the plan made without them.
+    [(generic, custom)] = plans
+    assert custom <= 5 and generic >= 5, plans
 
 
 AGED_PARAMS = {**CLAIM_PARAMS, "aging_type_0": "email", "aging_us_0": 60_000_000}

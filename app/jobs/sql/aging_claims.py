@@ -32,7 +32,7 @@ from sqlalchemy import (
 
 from app.core.priorities import Priority
 from app.jobs.domain.aging import AGING_LEVELS, level_index
-from app.jobs.sql.job_rows import CLAIMABLE_ROW
+from app.jobs.sql.job_rows import CLAIMABLE_ROW, claim_limit
 from app.storage.schema import jobs
 
 # What a candidate of the aged order carries: enough to place it.
@@ -49,14 +49,14 @@ def aging_params(aging_us: Mapping[str, int]) -> dict[str, Any]:
     return params
 
 
-def level_ranges(due: tuple[Any, ...], job_type: Any) -> list[Any]:
+def level_ranges(due: tuple[Any, ...], job_type: Any, one: bool) -> list[Any]:
     """One type's candidates, a range of the claim-order index per aging level, each at most
-    :limit long and locked (SKIP LOCKED on PostgreSQL), as subqueries."""
+    claim_limit(one) long and locked (SKIP LOCKED on PostgreSQL), as subqueries."""
     return [
         select(*CANDIDATE_COLUMNS)
         .where(*due, jobs.c.type == job_type, jobs.c.priority == literal_column(str(level)))
         .order_by(jobs.c.created_at, jobs.c.id)
-        .limit(bindparam("limit"))
+        .limit(claim_limit(one))
         .with_for_update(skip_locked=True)
         .subquery()
         for level in AGING_LEVELS
@@ -85,18 +85,19 @@ def aged_order(candidates: Any, aging_types: int) -> tuple[Any, ...]:
 
 
 @functools.cache
-def aged_any_type_candidates(usual: Any, due: tuple[Any, ...], aging_types: int) -> Any:
+def aged_any_type_candidates(usual: Any, due: tuple[Any, ...], aging_types: int,
+                             one: bool) -> Any:
     """The candidates of a claim of any type with `aging_types` aging types: `usual` (the
     claim's own candidates, a Select of CANDIDATE_COLUMNS with its LIMIT) beside each aging
     type's level ranges, the first :limit of them in the aged order, as a CTE."""
     parts = [usual.subquery()]
     for i in range(aging_types):
-        parts += level_ranges(due, bindparam(f"aging_type_{i}"))
+        parts += level_ranges(due, bindparam(f"aging_type_{i}"), one)
     # UNION, not UNION ALL: an aging type's job may be both among the usual candidates and
     # in its level's range, and must take one place of the limit only.
     every = union(*(select(part) for part in parts)).subquery()
     chosen = (select(every.c.id).order_by(*aged_order(every, aging_types))
-              .limit(bindparam("limit")))
+              .limit(claim_limit(one)))
     # MATERIALIZED as the usual candidates are (claim_repository.py says why).
     return chosen.cte("candidates").prefix_with("MATERIALIZED")
 

@@ -43,6 +43,7 @@ from app.jobs.sql.job_rows import (
     NOT_EXPIRED,
     TYPE_FREE,
     capped_lease,
+    claim_limit,
     job_of,
     status_is_job_by_id,
 )
@@ -67,11 +68,13 @@ _due_probe_any_free_type = _due_probe_any_type.where(TYPE_FREE)
 _due_probe_one_free_type = _due_probe_one_type.where(TYPE_FREE)
 
 # Candidates of one type for a claim; PostgreSQL locks them, skipping rows other claims hold.
-_candidates_one_type = (
-    _pending_due(restricted_to_one_type=True)
-    .limit(bindparam("limit"))
-    .with_for_update(skip_locked=True)
-)
+# Each statement below whose LIMIT is claim_limit(one) comes in two: for a claim of one job
+# and for a claim of :limit (app/jobs/sql/job_rows.py says why).
+def _candidates_one_type(one: bool) -> Any:
+    return (_pending_due(restricted_to_one_type=True)
+            .limit(claim_limit(one))
+            .with_for_update(skip_locked=True))
+
 
 # Candidates of one type under a per-key cap: keys already at their cap are left out here, so
 # a claim of one job always finds the first allowed one; a claim of several may still meet a
@@ -90,36 +93,37 @@ _candidates_one_type_by_key = (
 # per producer) the round among its producer's keys, then claim order, read through its own
 # partial index (app/jobs/tx/key_rules.py gives the rounds).
 _FAIR_ORDER = fair_order_columns(jobs)
-_fair_candidates = (
-    select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
-    .where(jobs.c.status == PENDING, jobs.c.fair_round >= literal_column("0"),
-           jobs.c.run_at <= bindparam("now"), jobs.c.type == bindparam("type"), NOT_EXPIRED)
-    .order_by(*_FAIR_ORDER)
-    .limit(bindparam("limit"))
-    .with_for_update(skip_locked=True)
-)
-_fair_candidates_by_key = _fair_candidates.where(_not_a_full_key)
+
+
+def _fair_candidates(one: bool) -> Any:
+    return (select(jobs.c.id, jobs.c.priority, jobs.c.created_at, jobs.c.concurrency_key)
+            .where(jobs.c.status == PENDING, jobs.c.fair_round >= literal_column("0"),
+                   jobs.c.run_at <= bindparam("now"), jobs.c.type == bindparam("type"),
+                   NOT_EXPIRED)
+            .order_by(*_FAIR_ORDER)
+            .limit(claim_limit(one))
+            .with_for_update(skip_locked=True))
+
+
+_fair_candidates_by_key = _fair_candidates(one=False).where(_not_a_full_key)
 
 
 # An aging type's candidates (app/jobs/domain/aging.py): each priority level a range of its
 # claim-order index, whose (created_at, id) order is the aged order within a level; the claim
 # ranks them all (aging.claim_key).
-def _level_ranges_one_type(free_types_only: bool) -> DriverStatement:
+@functools.cache
+def _driver_aging_candidates(free_types_only: bool, one: bool) -> DriverStatement:
     due = (jobs.c.status == PENDING, jobs.c.run_at <= bindparam("now"),
            jobs.c.type == bindparam("type"), NOT_EXPIRED,
            *([TYPE_FREE] if free_types_only else []))
     ranges = [select(jobs.c.id, jobs.c.priority, jobs.c.created_at)
               .where(*due, jobs.c.priority == literal_column(str(level)))
               .order_by(jobs.c.created_at, jobs.c.id)
-              .limit(bindparam("limit"))
+              .limit(claim_limit(one))
               .with_for_update(skip_locked=True)
               .subquery()
               for level in LEVELS]
     return DriverStatement(union_all(*(select(part) for part in ranges)))
-
-
-_driver_aging_candidates_one_type = _level_ranges_one_type(free_types_only=False)
-_driver_aging_candidates_one_free_type = _level_ranges_one_type(free_types_only=True)
 
 
 class Candidate(NamedTuple):
@@ -134,9 +138,15 @@ class Candidate(NamedTuple):
 # The same candidates read on SQLite's driver cursor (app/storage/statements.py): a claim of
 # a type under flow control reads one per type, where the claim of any type runs one
 # statement in all.
-_driver_candidates_one_type = DriverStatement(_candidates_one_type)
-_driver_candidates_one_free_type = DriverStatement(_candidates_one_type.where(TYPE_FREE))
-_driver_fair_candidates = DriverStatement(_fair_candidates)
+@functools.cache
+def _driver_candidates_one_type(free_types_only: bool, one: bool) -> DriverStatement:
+    stmt = _candidates_one_type(one)
+    return DriverStatement(stmt.where(TYPE_FREE) if free_types_only else stmt)
+
+
+@functools.cache
+def _driver_fair_candidates(one: bool) -> DriverStatement:
+    return DriverStatement(_fair_candidates(one))
 
 
 def _candidates(conn: Connection, stmt: DriverStatement,
@@ -171,7 +181,8 @@ def _due_any_type(free_types_only: bool) -> tuple[Any, ...]:
 
 
 @functools.cache
-def _usual_any_type(free_types_only: bool, positioned: bool, columns: tuple[Any, ...]) -> Any:
+def _usual_any_type(free_types_only: bool, positioned: bool, columns: tuple[Any, ...],
+                    one: bool) -> Any:
     """The candidates of a claim of any type, as a Select of `columns` with its LIMIT: read
     from the front of the pending jobs in claim order, or (`positioned`) each priority level
     from its position first (app/jobs/domain/claim_positions.py), then from the front should
@@ -179,7 +190,7 @@ def _usual_any_type(free_types_only: bool, positioned: bool, columns: tuple[Any,
     # PostgreSQL renders FOR UPDATE SKIP LOCKED, so concurrent claims pass over each other's
     # rows instead of queueing on them; SQLite renders nothing and relies on BEGIN IMMEDIATE.
     due = _due_any_type(free_types_only)
-    front = (select(*columns).where(*due).order_by(*CLAIM_ORDER).limit(bindparam("limit"))
+    front = (select(*columns).where(*due).order_by(*CLAIM_ORDER).limit(claim_limit(one))
              .with_for_update(skip_locked=True))
     if not positioned:
         return front
@@ -193,33 +204,35 @@ def _usual_any_type(free_types_only: bool, positioned: bool, columns: tuple[Any,
                tuple_(jobs.c.created_at, jobs.c.id)
                >= tuple_(bindparam(f"created_{level}"), bindparam(f"id_{level}")))
         .order_by(jobs.c.created_at, jobs.c.id)
-        .limit(bindparam("limit"))
+        .limit(claim_limit(one))
         .with_for_update(skip_locked=True)
         .subquery()
         for level in LEVELS
     ]
     every = union_all(*(select(part) for part in [*parts, front.subquery()])).subquery()
-    return select(every).limit(bindparam("limit"))
+    return select(every).limit(claim_limit(one))
 
 
-def _candidates_any_type(free_types_only: bool, positioned: bool, aging_types: int) -> Any:
+def _candidates_any_type(free_types_only: bool, positioned: bool, aging_types: int,
+                         one: bool) -> Any:
     """The candidates of a claim of any type, as a CTE: the usual ones, or with `aging_types`
     types that age, the best of them and of those types' levels in the aged order
     (app/jobs/sql/aging_claims.py)."""
     if aging_types:
-        usual = _usual_any_type(free_types_only, positioned, CANDIDATE_COLUMNS)
-        return aged_any_type_candidates(usual, _due_any_type(free_types_only), aging_types)
+        usual = _usual_any_type(free_types_only, positioned, CANDIDATE_COLUMNS, one)
+        return aged_any_type_candidates(usual, _due_any_type(free_types_only), aging_types,
+                                        one)
     # MATERIALIZED makes the candidates a fixed set: as a plain subquery PostgreSQL may
     # re-run it for each row it updates, and with SKIP LOCKED each re-run finds new rows,
     # so one claim would take more jobs than its LIMIT.
-    return (_usual_any_type(free_types_only, positioned, (jobs.c.id,))
+    return (_usual_any_type(free_types_only, positioned, (jobs.c.id,), one)
             .cte("candidates").prefix_with("MATERIALIZED"))
 
 
 @functools.cache
 def _claim_any_type(key_to_confirm: bool, free_types_only: bool, positioned: bool,
-                    aging_types: int) -> DriverStatement:
-    candidates = _candidates_any_type(free_types_only, positioned, aging_types)
+                    aging_types: int, one: bool) -> DriverStatement:
+    candidates = _candidates_any_type(free_types_only, positioned, aging_types, one)
     claim = update(jobs).where(jobs.c.id.in_(select(candidates.c.id)), CLAIMABLE_BY_ID)
     if key_to_confirm:
         claim = claim.where(live_key_condition())
@@ -363,7 +376,7 @@ class ClaimRepository:
                 params.update({f"created_{level}": created_at, f"id_{level}": job_id})
             params.update(aging_params(aging_us))
             claim = _claim_any_type(key is not None, free_types_only, positions is not None,
-                                    len(aging_us))
+                                    len(aging_us), limit == 1)
             rows = claim.rows(self.conn, params)
             if key is not None:
                 key.answered(bool(rows))
@@ -424,25 +437,26 @@ class ClaimRepository:
         as LIMIT; without its full keys, as a condition; a key met more often than its cap
         allows passed over."""
         if limits is None:
+            one = params["limit"] == 1
             if aging_us is not None:
-                return self._aged_candidates(
-                    _driver_aging_candidates_one_free_type if free_types_only
-                    else _driver_aging_candidates_one_type, {**params, "type": job_type},
-                    aging_us)
-            return _candidates(self.conn, _driver_candidates_one_free_type if free_types_only
-                               else _driver_candidates_one_type, {**params, "type": job_type})
+                return self._aged_candidates(_driver_aging_candidates(free_types_only, one),
+                                             {**params, "type": job_type}, aging_us)
+            return _candidates(self.conn, _driver_candidates_one_type(free_types_only, one),
+                               {**params, "type": job_type})
         budget = limits.budget(job_type, params["limit"])
         if budget <= 0:
             return []
         full_keys = limits.full_keys(job_type)
         fair = job_type in limits.fair
         if job_type not in limits.key_caps:
+            one = budget == 1
             if aging_us is not None and not fair:
-                return self._aged_candidates(_driver_aging_candidates_one_type,
+                return self._aged_candidates(_driver_aging_candidates(False, one),
                                              {**params, "type": job_type, "limit": budget},
                                              aging_us)
             return _candidates(
-                self.conn, _driver_fair_candidates if fair else _driver_candidates_one_type,
+                self.conn, _driver_fair_candidates(one) if fair
+                else _driver_candidates_one_type(False, one),
                 {**params, "type": job_type, "limit": budget})
         by_key = _fair_candidates_by_key if fair else _candidates_one_type_by_key
         fetch = budget

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sqlalchemy import BigInteger, and_, bindparam, case, cast, or_, select, text
+from sqlalchemy import BigInteger, and_, bindparam, case, cast, literal_column, or_, select, text
 
 from app.core.clock import MICROS
 from app.core.statuses import JobStatus
@@ -71,6 +71,18 @@ NO_KEY_TO_SETTLE = or_(jobs.c.concurrency_key.is_(None),
 # its UPDATE say so, at the claim's own moment; the maintenance loop cancels such jobs.
 NOT_EXPIRED = or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > bindparam("now"))
 CLAIM_ORDER = claim_order_columns(jobs)
+
+
+def claim_limit(one: bool) -> Any:
+    """The LIMIT of a claim's candidates: the literal 1 for a claim of one job, else :limit.
+    On PostgreSQL a prepared statement is planned afresh at each run while its generic plan
+    looks costlier than the plans made for its values, and with LIMIT a parameter the
+    generic plan is costed as if it returned a tenth of the pending jobs: so the claim of
+    one job, bound, was planned at every run, and the claim that reads one index range per
+    priority level (under a held snapshot, docs/SCALING.md) took more of the server's time
+    planning than running. With the literal, the server keeps one plan per connection after
+    the statement's fifth run."""
+    return literal_column("1") if one else bindparam("limit")
 
 
 def capped_lease(claimed_at: Any, wanted: Any) -> Any:
