@@ -13,6 +13,7 @@ from flask.testing import FlaskClient
 from markupsafe import escape
 
 from app.core.clock import ManualClock
+from app.ui.present import utc
 from tests.conftest import Api, Key
 from tests.ui.conftest import post_form
 
@@ -56,6 +57,27 @@ def test_the_jobs_list_shows_the_last_line_of_an_error(
     assert "Traceback" not in page
 
 
+def _row(page: str, job_id: int) -> str:
+    row = page[page.index(f'/ui/jobs/{job_id}"'):]
+    return row[:row.index("</tr>")]
+
+
+def test_the_jobs_list_gives_the_last_error_its_whole_line_and_drops_an_empty_progress(
+        signed_in: FlaskClient, api: Api, producer: Key, worker: Key) -> None:
+    # A last line longer than any cell: shown whole (the stylesheet clips it to one line
+    # with an ellipsis, tests/ui/test_browser.py), and whole in its tooltip.
+    line = ("SMTP 550: mailbox unavailable for recipient ada@example.com "
+            + "(policy rejection by upstream relay) " * 6).strip()
+    job_id = _failed(api, producer, worker, error=f"Traceback (most recent call last):\n{line}")
+    page = signed_in.get("/ui/jobs").text
+    cell = re.search(r'<td class="error-line" title="([^"]*)">([^<]*)</td>', _row(page, job_id))
+    assert cell is not None
+    assert html.unescape(cell.group(1)) == line and html.unescape(cell.group(2)) == line
+    # No job of the page reported progress: no column for it.
+    assert '<th scope="col">Progress</th>' not in page and 'class="progress"' not in page
+    assert len(re.findall(r"<th scope=\"col\">", page)) == 10
+
+
 def test_the_jobs_list_is_newest_first_with_pages_both_ways(
         signed_in: FlaskClient, client: FlaskClient, producer: Key) -> None:
     answer = client.post("/jobs/batch", headers=producer.headers,
@@ -90,11 +112,13 @@ def test_the_jobs_list_shows_when_each_job_runs_and_finished(
     clock.advance(90)
     api.complete(worker, job_id, result={}, lease_token=claimed["lease_token"])
     finished = api.get(producer, job_id).get_json()["updated_at"]
+    clock.advance(120)
     page = signed_in.get("/ui/jobs").text
     assert '<th scope="col">Runs at</th>' in page and '<th scope="col">Finished</th>' in page
-    row = page[page.index(f'/ui/jobs/{job_id}"'):]
-    row = row[:row.index("</tr>")]
-    assert f'<time datetime="{finished}">' in row
+    # Each time as its age, the time in UTC its tooltip: the row stays one line.
+    row = _row(page, job_id)
+    assert (f'<time datetime="{finished}" title="{utc(finished)}">2 min ago</time>'
+            in row), row
 
 
 def test_the_scheduled_filter_lists_the_pending_jobs_not_yet_due(
