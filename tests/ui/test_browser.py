@@ -345,7 +345,10 @@ def test_bulk_retry_of_the_filtered_jobs_asks_first_and_a_wrong_path_is_the_dash
     assert "Retry jobs?" in browser.find_element(By.TAG_NAME, "h1").text
     assert all(requests.get(server.url_of(f"/jobs/{job_id}"), headers=bearer(admin),
                             timeout=10).json()["status"] == "failed" for job_id in failed)
-    _click_button(browser, "Retry them")
+    # It says how many it takes, not a limit.
+    assert browser.find_element(By.ID, "bulk-count").text.startswith(
+        "2 jobs are failed of type email now.")
+    _click_button(browser, "Retry 2 jobs")
     assert "2 jobs sent back to pending." in browser.find_element(
         By.CSS_SELECTOR, ".messages").text
     assert all(requests.get(server.url_of(f"/jobs/{job_id}"), headers=bearer(admin),
@@ -462,7 +465,7 @@ def test_an_operator_reads_the_failures_page_and_retries_one_groups_failed_jobs(
     assert [row.get_attribute("data-type") for row in rows] == ["pdf", "email"]
     pdf_row, email_row = rows
     assert [email_row.find_element(By.CSS_SELECTOR, f"td.{name}").text
-            for name in ("count", "jobs-failed")] == ["2", "2"]
+            for name in ("failing-now", "jobs-failed", "count")] == ["2", "2", "2"]
     assert "SMTP 550: mailbox unavailable (queue id 4712)" in email_row.text
     # The worker's error is shown as the text it is, never run as markup.
     assert pdf_row.find_element(By.CSS_SELECTOR, "td.sample").text == rendering
@@ -481,8 +484,15 @@ def test_an_operator_reads_the_failures_page_and_retries_one_groups_failed_jobs(
     assert [int(link.text) for link in newest] == mails[::-1]
     _shot(browser, "failures", engine, screenshots)
 
-    _follow(browser, email_row.find_element(
-        By.XPATH, ".//button[normalize-space()='Retry failed jobs']"))
+    # The retry asks first, saying how many of the group's jobs it takes.
+    _follow(browser, email_row.find_element(By.LINK_TEXT, "Retry 2…"))
+    assert "Retry the failed jobs of this group?" in browser.find_element(By.TAG_NAME, "h1").text
+    assert "2 jobs of type email that are failed now" in browser.find_element(
+        By.ID, "retry-count").text
+    _shot(browser, "failure-retry", engine, screenshots)
+    assert requests.get(server.url_of(f"/jobs/{mails[0]}"), headers=bearer(admin),
+                        timeout=10).json()["status"] == "failed"
+    _click_button(browser, "Retry 2 jobs")
     assert browser.current_url == server.url_of("/ui/failures")
     assert "2 jobs sent back to pending." in browser.find_element(
         By.CSS_SELECTOR, ".messages").text

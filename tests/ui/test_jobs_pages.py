@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
 
 from flask import Flask
 from flask.testing import FlaskClient
@@ -139,7 +140,14 @@ def test_bulk_retry_of_the_filtered_jobs_asks_first_and_needs_its_csrf_token(
     confirm = html.unescape(re.search(r'href="(/ui/jobs/retry-many[^"]*)"', listing).group(1))
     assert "cancel-many" not in listing  # a failed job cannot be cancelled
     page = signed_in.get(confirm).text
-    assert "Retry jobs?" in page and "up to <strong>1000</strong>" in page
+    # The count it takes, not the limit: the pdf job and the pending one are not counted.
+    api.enqueue(producer, type="email", payload={})
+    page = signed_in.get(confirm).text
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page))
+    assert "Retry jobs?" in page and "1000" not in said and "1,000" not in said
+    assert ("3 jobs are failed of type email now. This sends back to pending, "
+            "each with a fresh retry budget, all 3;") in said, said
+    assert ">Retry 3 jobs</button>" in page
     assert all(api.get(admin, job_id).get_json()["status"] == "failed" for job_id in failed)
     refused = signed_in.post("/ui/jobs/retry-many", data={"type": "email", "status": "failed"})
     assert refused.status_code == 400
@@ -149,6 +157,30 @@ def test_bulk_retry_of_the_filtered_jobs_asks_first_and_needs_its_csrf_token(
     assert "3 jobs sent back to pending." in signed_in.get(answer.headers["Location"]).text
     assert [api.get(admin, job_id).get_json()["status"] for job_id in failed] == ["pending"] * 3
     assert api.get(admin, other).get_json()["status"] == "failed"
+
+
+def test_a_bulk_confirmation_counts_up_to_its_cap_and_says_what_its_limit_takes(
+        signed_in: FlaskClient, client: FlaskClient, producer: Key, app: Flask,
+        monkeypatch: Any) -> None:
+    from app.ui import routes
+
+    answer = client.post("/jobs/batch", headers=producer.headers,
+                         json={"jobs": [{"type": "email", "payload": {}} for _ in range(12)]})
+    assert answer.status_code == 201
+    monkeypatch.setattr(routes, "BULK_COUNT_CAP", 20)
+    monkeypatch.setattr(routes._bulk_schema.fields["limit"], "load_default", 5)
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", signed_in.get(
+        "/ui/jobs/cancel-many?type=email").text))
+    assert "12 jobs are pending, suspended or waiting of type email now." in said, said
+    assert "This cancels the oldest 5 of them (run it again for the rest);" in said
+    monkeypatch.setattr(routes, "BULK_COUNT_CAP", 10)
+    page = signed_in.get("/ui/jobs/cancel-many?type=email").text
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page))
+    assert "More than 10 jobs are pending, suspended or waiting of type email now." in said
+    assert ">Cancel 5 jobs</button>" in page
+    # None found: nothing to do, and no button.
+    page = signed_in.get("/ui/jobs/cancel-many?type=pdf").text
+    assert "There is nothing to cancel." in page and "<button" not in page.split("<main>")[1]
 
 
 def test_bulk_cancel_takes_the_pending_jobs_of_the_type(
