@@ -674,8 +674,16 @@ def test_an_operator_reads_a_types_charts_and_turns_auto_refresh_on(
     # The day's charts, by hour; then auto-refresh, which keeps the period.
     _follow(browser, browser.find_element(By.LINK_TEXT, "last day"))
     assert browser.current_url == server.url_of("/ui/types/email?period=day")
-    assert browser.find_element(By.CSS_SELECTOR, "#throughput svg.chart").accessible_name == (
-        "email: 3 enqueued, 1 completed, 1 failed in the last 24 hours")
+    day = browser.find_element(By.CSS_SELECTOR, "#throughput svg.chart")
+    assert day.accessible_name == "email: 3 enqueued, 1 completed, 1 failed in the last 24 hours"
+    # Its totals in words under it; its axis at round ticks, 0 once; this hour's jobs a bar
+    # as wide as the hour's share of the chart, not a hairline.
+    assert browser.find_element(By.CSS_SELECTOR, "#throughput p.chart-totals").text == (
+        "3 enqueued, 1 completed, 1 failed in the last 24 hours")
+    assert [label.get_attribute("textContent") for label in day.find_elements(
+        By.CSS_SELECTOR, "g.axes text.tick, g.axes text.max")] == ["0", "1", "2", "3"]
+    assert day.find_elements(By.CSS_SELECTOR, "rect.completed")[-1].size["width"] >= 10
+    _shot(browser, "type-day", engine, screenshots)
     _follow(browser, browser.find_element(By.LINK_TEXT, "Auto-refresh: off"))
     assert browser.current_url == server.url_of("/ui/types/email?period=day&refresh=on")
     # The page reloads itself (a <meta> refresh, no script): the mark set on it goes.
