@@ -103,6 +103,7 @@ def overview() -> tuple[str, int]:
     blocked_total = max(len(blocked), sum(shown["blocked_keys"] for shown in types))
     series = _series_of([None, *(shown["type"] for shown in types)], charts["period"])
     return _page("overview.html", types=types, blocked_keys=blocked,
+                 oldest_claimable=views.oldest_claimable(types),
                  blocked_total=blocked_total, **_schedules_shown(),
                  workers=[represent_worker(worker) for worker in services.history.workers()],
                  totals=series[0], per_type=series[1:], **charts,
@@ -147,7 +148,8 @@ def jobs() -> tuple[str, int]:
     except FormInvalid as invalid:
         return _page("jobs.html", 400, jobs=[], filters={}, next_cursor=None,
                      previous_cursor=None, job_types=sorted(services.types.job_types),
-                     messages=invalid.messages, statuses=JOB_FILTER_STATUSES, bulk=None)
+                     messages=invalid.messages, statuses=JOB_FILTER_STATUSES, bulk=None,
+                     paused_types=frozenset())
     status = filters.get("status")
     backward = "before" in filters
     page, following = services.jobs.list_jobs(
@@ -172,7 +174,7 @@ def jobs() -> tuple[str, int]:
                  filters=shown, next_cursor=next_cursor, previous_cursor=previous_cursor,
                  messages={}, auto_refresh=filters.get("refresh") == REFRESH_ON,
                  job_types=sorted(services.types.job_types), statuses=JOB_FILTER_STATUSES,
-                 bulk=_bulk_actions(shown))
+                 bulk=_bulk_actions(shown), paused_types=services.types.paused_types())
 
 
 def _bulk_actions(filters: dict[str, str]) -> list[str]:
@@ -247,6 +249,7 @@ def job(job_id: int) -> tuple[str, int]:
     blocks_its_key = any(reason["code"] == ReasonCode.KEY_BLOCKED and reason.get("job_id") == job_id
                          for reason in explanation["reasons"])
     return _page("job.html", job=shown, blocks_its_key=blocks_its_key,
+                 type_paused=found.type in services.types.paused_types(),
                  workflow_id=services.workflows.workflow_of_job(caller, job_id),
                  attempts=[represent_attempt(a, show_error=True)
                            for a in services.history.attempts(caller, job_id)],

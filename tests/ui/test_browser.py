@@ -257,6 +257,20 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     assert "paused" in browser.find_element(By.XPATH, email_row).text
     assert requests.get(server.url_of("/types/email"), headers=bearer(admin),
                         timeout=10).json()["paused"] is True
+    # Its jobs say so where they are listed and shown; the overview's oldest claimable job
+    # is the pdf, not the older mail waiting for the type's resume.
+    browser.get(server.url_of("/ui/jobs?type=email"))
+    assert "Type email is paused" in browser.find_element(By.ID, "type-paused").text
+    row = browser.find_element(By.XPATH, f"//th[normalize-space()='{job_id}']/..")
+    assert "paused" in row.find_element(By.XPATH, "td[1]").text
+    _shot(browser, "jobs-paused", engine, screenshots)
+    browser.get(server.url_of(f"/ui/jobs/{job_id}"))
+    assert "paused" in browser.find_element(By.ID, "job-type").text
+    browser.get(server.url_of("/ui/"))
+    assert browser.find_element(By.ID, "oldest-claimable").text.startswith(
+        "Oldest claimable job:")
+    assert "(pdf)" in browser.find_element(By.ID, "oldest-claimable").text
+    browser.get(server.url_of("/ui/types"))
     pdf_row = "//th[normalize-space()='pdf']/.."
     for field, value in (("max_running", "3"), ("rate_per_second", "2.5")):
         browser.find_element(By.XPATH, f"{pdf_row}//input[@name='{field}']").send_keys(value)
@@ -315,6 +329,43 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     assert "Signed out." in browser.find_element(By.CSS_SELECTOR, ".messages").text
     browser.get(server.url_of("/ui/"))
     assert browser.current_url == server.url_of("/ui/sign-in")
+
+
+def test_a_page_of_50_failed_jobs_gives_each_error_one_line_of_the_rows_room(
+        browser: Any, server: LiveServer, database_url: str, screenshots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "mailer", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    errors = ("SMTP 550: mailbox unavailable for recipient ada{n}@example.com (policy "
+              "rejection by the upstream relay, see https://mail.example.com/help)",
+              "ConnectionError: HTTPSConnectionPool(host='api.example.com', port=443): Max "
+              "retries exceeded with url: /v1/charge/{n} (Caused by NewConnectionError)")
+    for n in range(50):
+        _failed_with(server, producer, worker, "email", errors[n % 2].format(n=n))
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+    browser.get(server.url_of("/ui/jobs?type=email&status=failed"))
+
+    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
+    assert len(rows) == 50
+    # No job reported progress: no column for it.
+    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#jobs thead th")]
+    assert "Progress" not in headers and headers[-1] == "Last error"
+    # Each error has most of the row, on one line, cut with an ellipsis, whole in its
+    # tooltip; every row is one line of text.
+    for row in rows:
+        cell = row.find_element(By.CSS_SELECTOR, "td.error-line")
+        assert cell.size["width"] >= 500, cell.size
+        assert row.size["height"] < 40, row.size
+        assert cell.get_attribute("title").startswith(("SMTP 550", "ConnectionError"))
+    assert browser.execute_script(
+        "return getComputedStyle(arguments[0]).textOverflow",
+        rows[0].find_element(By.CSS_SELECTOR, "td.error-line")) == "ellipsis"
+    assert browser.execute_script("return document.documentElement.scrollHeight") < 2600
+    _shot(browser, "jobs-50-failed", engine, screenshots)
 
 
 def test_a_revoked_admin_keys_session_ends_at_its_next_page(
