@@ -31,12 +31,14 @@ from app.jobs.sql.claim_repository import (
 )
 from app.jobs.sql.read_repository import (
     _count_finished,
+    _count_for_bulk,
     _count_running,
     _count_running_by_worker,
     _pending_by_type,
     _select_by_idempotency_key,
 )
 from app.jobs.sql.repository import JobRepository
+from app.jobs.timeline.failure_repository import _count_failing_now
 from app.storage.engine import Database, make_engine
 from app.storage.migrations import alembic_config, current_revision, head_revision, upgrade
 
@@ -443,6 +445,117 @@ def test_sqlite_listing_running_jobs_reads_the_running_rows_alone(sqlite_templat
     assert any("ix_jobs_lease_expires_at" in step or "ix_jobs_running_type_key" in step
                for step in plan), plan
     assert not any(step.startswith("SCAN jobs") and "INDEX" not in step for step in plan), plan
+
+
+# The bulk actions' counts (the dashboard's confirmations): each status of each action, of
+# one type or of any, with the partial index each branch reads.
+_RETRIED = (JobStatus.CANCELLED, JobStatus.FAILED)
+_CANCELLED = (JobStatus.PENDING, JobStatus.SUSPENDED, JobStatus.WAITING)
+_BULK_COUNT_INDEXES = {
+    (_RETRIED, False): ["ix_jobs_cancelled_id", "ix_jobs_failed_id"],
+    (_RETRIED, True): ["ix_jobs_finished_type_status_updated"] * 2,
+    (_CANCELLED, False): ["ix_jobs_claim_order", "ix_jobs_suspended_type",
+                          "ix_jobs_waiting_type"],
+    (_CANCELLED, True): ["ix_jobs_claim_order_by_type", "ix_jobs_suspended_type",
+                         "ix_jobs_waiting_type"],
+}
+BULK_COUNT_PARAMS = {"type": "email", "cap_plus_one": 10_001}
+
+
+@pytest.mark.parametrize("statuses,of_one_type", list(_BULK_COUNT_INDEXES))
+def test_sqlite_bulk_counts_read_each_status_from_its_partial_index(sqlite_template, statuses,
+                                                                   of_one_type):
+    plan = _sqlite_plan(sqlite_template, _count_for_bulk(statuses, of_one_type),
+                        BULK_COUNT_PARAMS)
+    read = sorted(re.search(r"INDEX (\w+)", step).group(1)
+                  for step in plan if step.startswith(("SCAN jobs", "SEARCH jobs")))
+    assert read == sorted(_BULK_COUNT_INDEXES[(statuses, of_one_type)]), plan
+
+
+def _jobs_of_every_status(conn: Any) -> None:
+    """20,000 completed jobs and 300 of each status a bulk action takes, of two types; and
+    10,000 failed and 10,000 cancelled jobs of a third type, which a count of another type
+    must not walk."""
+    columns = ("type, payload, priority, status, retry_count, max_retries, producer, run_at, "
+               "created_at, updated_at")
+    statuses = "(ARRAY['failed','cancelled','pending','waiting','suspended'])[mod(n, 5) + 1]"
+    for count, job_type, status in (
+            (20_000, "CASE WHEN mod(n, 2) = 0 THEN 'email' ELSE 'pdf' END", "'completed'"),
+            (1500, "CASE WHEN mod(n, 2) = 0 THEN 'email' ELSE 'pdf' END", statuses),
+            (20_000, "'sync'", "CASE WHEN mod(n, 2) = 0 THEN 'failed' ELSE 'cancelled' END")):
+        conn.exec_driver_sql(
+            f"INSERT INTO jobs ({columns}) SELECT {job_type}, '{{}}', 10, {status}, 0, 3, "  # noqa: S608
+            f"'p', n, n, n FROM generate_series(1, {count}) AS n")
+    conn.exec_driver_sql("ANALYZE jobs")
+
+
+def test_postgresql_bulk_counts_read_partial_indexes_never_the_table(postgres_server):
+    """Beside 20,000 completed jobs, and 20,000 failed or cancelled jobs of another type,
+    each count reads its statuses' partial indexes (never a scan of the jobs), each branch
+    under the cap's LIMIT."""
+    engine = make_engine(postgres_server.create_database())
+    try:
+        with engine.begin() as conn:
+            _jobs_of_every_status(conn)
+            plans = {key: _plan_nodes(_postgres_plan(conn, _count_for_bulk(*key),
+                                                     BULK_COUNT_PARAMS))
+                     for key in _BULK_COUNT_INDEXES}
+    finally:
+        engine.dispose()
+    for key, nodes in plans.items():
+        kinds = [node["Node Type"] for node in nodes if node.get("Relation Name") == "jobs"]
+        assert kinds and "Seq Scan" not in kinds, (key, kinds)
+        # An index scan or a bitmap of the index (its heap scan names no index).
+        read = sorted(node["Index Name"] for node in nodes if "Index Name" in node)
+        assert read == sorted(_BULK_COUNT_INDEXES[key]), (key, read)
+        assert any(node["Node Type"] == "Limit" for node in nodes), key
+
+
+FAILING_NOW_PARAMS = {"fingerprint": "0000000000000003", "type": "email",
+                      "examined_cap": 10_001}
+
+
+def test_sqlite_failing_now_reads_the_groups_attempts_and_looks_each_job_up(sqlite_template):
+    plan = _sqlite_plan(sqlite_template, _count_failing_now, FAILING_NOW_PARAMS)
+    assert ("SEARCH job_attempts USING INDEX ix_job_attempts_fingerprint_ended_at "
+            "(fingerprint=?)") in plan, plan
+    assert "SEARCH jobs USING INTEGER PRIMARY KEY (rowid=?)" in plan, plan
+    assert ("SEARCH later USING COVERING INDEX uq_job_attempts_job_id_number "
+            "(job_id=? AND number>?)") in plan, plan
+    assert not any(step.startswith("SCAN") and "INDEX" not in step
+                   and not step.startswith(("SCAN newest", "SCAN anon")) for step in plan), plan
+
+
+def test_postgresql_failing_now_looks_each_attempts_job_up_by_id_never_scans_jobs(
+        postgres_server):
+    """A group of 30,000 attempts among 100,000 jobs: its newest attempts come from the
+    fingerprint index under the cap's LIMIT, each one's job by its primary key (a join
+    there, PostgreSQL would hash a scan of every job) and its later attempts by theirs."""
+    engine = make_engine(postgres_server.create_database())
+    try:
+        with engine.begin() as conn:
+            _pending_jobs(conn, "CASE WHEN mod(n, 2) = 0 THEN 'email' ELSE 'pdf' END", "10")
+            conn.exec_driver_sql(
+                "INSERT INTO jobs (type, payload, priority, status, retry_count, max_retries, "
+                "producer, run_at, created_at, updated_at) SELECT 'email', '{}', 10, "
+                "CASE WHEN mod(n, 10) < 4 THEN 'failed' ELSE 'completed' END, 0, 3, 'p', n, n, "
+                "n FROM generate_series(1, 80000) AS n")
+            conn.exec_driver_sql(
+                "INSERT INTO job_attempts (job_id, number, worker_id, claimed_at, ended_at, "
+                "outcome, fingerprint) SELECT id, 1, 'w', id, id, status, CASE WHEN "
+                "status = 'failed' THEN '0000000000000003' END FROM jobs")
+            conn.exec_driver_sql("ANALYZE jobs")
+            conn.exec_driver_sql("ANALYZE job_attempts")
+            nodes = _plan_nodes(_postgres_plan(conn, _count_failing_now, FAILING_NOW_PARAMS))
+    finally:
+        engine.dispose()
+    read = {(node.get("Relation Name"), node.get("Index Name")) for node in nodes
+            if "Scan" in node["Node Type"]}
+    assert read == {("job_attempts", "ix_job_attempts_fingerprint_ended_at"),
+                    ("jobs", "pk_jobs"),
+                    ("job_attempts", "uq_job_attempts_job_id_number")}, read
+    assert not any(node["Node Type"] in ("Seq Scan", "Hash Join", "Bitmap Heap Scan")
+                   for node in nodes), [node["Node Type"] for node in nodes]
 
 
 def test_migrated_schema_equals_the_code_tables(empty_db_url):

@@ -8,7 +8,7 @@ from marshmallow import Schema, fields
 
 from app.core.clock import to_rfc3339
 from app.core.limits import PAGE_ITEMS, TYPE_CHARS
-from app.history.failures import GroupDetail
+from app.history.failures import FAILING_NOW_EXAMINED, GroupDetail
 from app.jobs.timeline.failure_repository import FailureGroup
 from app.web.fields import QueryInteger, StrictSchema, Timestamp, non_empty_text, within
 
@@ -51,6 +51,13 @@ class FailureGroupDetailSchema(FailureGroupSchema):
         "description": "Failed attempts per hour over the last 24 hours, oldest first."})
     newest_job_ids = fields.List(fields.Integer(), required=True, metadata={
         "description": "The jobs of its newest failed attempts (up to 10), newest first."})
+    failing_now = fields.Integer(required=True, metadata={
+        "description": "Its jobs that are failed now with it as their last error (what "
+                       "POST /jobs/retry-many with its fingerprint takes), among the jobs of "
+                       f"its newest {FAILING_NOW_EXAMINED:,} attempts."})
+    failing_now_capped = fields.Boolean(required=True, metadata={
+        "description": f"True when the group keeps more than {FAILING_NOW_EXAMINED:,} "
+                       "attempts: failing_now is then a lower bound."})
 
 
 def represent_group(group: FailureGroup) -> dict[str, Any]:
@@ -64,4 +71,6 @@ def represent_detail(detail: GroupDetail) -> dict[str, Any]:
     return {**represent_group(detail.group),
             "hourly": [{"hour": to_rfc3339(hour), "count": count}
                        for hour, count in detail.hourly],
-            "newest_job_ids": detail.newest_job_ids}
+            "newest_job_ids": detail.newest_job_ids,
+            "failing_now": detail.failing_now.value,
+            "failing_now_capped": detail.failing_now.capped}

@@ -9,22 +9,28 @@ from dataclasses import dataclass
 
 from app.core.clock import Clock
 from app.core.errors import NotFound
+from app.jobs.domain.models import BoundedCount
 from app.jobs.timeline.failure_repository import HOUR_US, FailureGroup, FailureRepository
 from app.storage.engine import Database
 
 # The dashboard's chart of a group: its failed attempts per hour over the last day.
 CHART_HOURS = 24
 NEWEST_JOBS_SHOWN = 10
+# A group's jobs failing now are counted among the jobs of its newest attempts, this many at
+# most (FailureRepository.failing_now): exact for a group that keeps no more.
+FAILING_NOW_EXAMINED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
 class GroupDetail:
     """A group with its failed attempts per hour (oldest first, CHART_HOURS of them, the
-    current hour last) and its newest jobs' ids."""
+    current hour last), its newest jobs' ids and its jobs failed now (those whose last
+    attempt failed with it: what a retry of the group takes)."""
 
     group: FailureGroup
     hourly: list[tuple[int, int]]
     newest_job_ids: list[int]
+    failing_now: BoundedCount
 
 
 class FailureGroups:
@@ -43,13 +49,17 @@ class FailureGroups:
         """The groups most recently seen first, each with its day and newest jobs, read in
         one transaction (the dashboard's failures page)."""
         first_hour, hours = self._hours()
-        with self.db.read() as conn:
+        # A counting read: each group's failing_now reads up to FAILING_NOW_EXAMINED attempts.
+        with self.db.counting_read() as conn:
             repo = FailureRepository(conn)
             groups = repo.groups(job_type=job_type, since_us=None, limit=limit)
             counts = repo.hourly_counts_of(groups, first_hour)
-            return [GroupDetail(group, [(hour, counts[(group.type, group.fingerprint)].get(
-                hour, 0)) for hour in hours], repo.newest_job_ids(
-                    group.type, group.fingerprint, NEWEST_JOBS_SHOWN)) for group in groups]
+            return [GroupDetail(
+                group, [(hour, counts[(group.type, group.fingerprint)].get(hour, 0))
+                        for hour in hours],
+                repo.newest_job_ids(group.type, group.fingerprint, NEWEST_JOBS_SHOWN),
+                repo.failing_now(group.type, group.fingerprint, FAILING_NOW_EXAMINED))
+                for group in groups]
 
     def _hours(self) -> tuple[int, list[int]]:
         """The start of the first hour a chart shows, and of each of its hours."""
@@ -61,12 +71,15 @@ class FailureGroups:
         """One group, its last day hour by hour and its newest jobs; NotFound when no such
         group is kept."""
         first_hour, hours = self._hours()
-        with self.db.read() as conn:
+        # A counting read: each group's failing_now reads up to FAILING_NOW_EXAMINED attempts.
+        with self.db.counting_read() as conn:
             repo = FailureRepository(conn)
             group = repo.group(job_type, fingerprint)
             if group is None:
                 raise NotFound("No such failure group.")
             counts = repo.hourly_counts_of([group], first_hour)[(job_type, fingerprint)]
             newest = repo.newest_job_ids(job_type, fingerprint, NEWEST_JOBS_SHOWN)
-        return GroupDetail(group, [(hour, counts.get(hour, 0)) for hour in hours], newest)
+            failing = repo.failing_now(job_type, fingerprint, FAILING_NOW_EXAMINED)
+        return GroupDetail(group, [(hour, counts.get(hour, 0)) for hour in hours], newest,
+                           failing)
 

@@ -249,6 +249,12 @@ class TypeService:
             self.settings_copy.refresh()
         return replace(self.get_type(job_type), new_secret=secret)
 
+    def paused_types(self) -> frozenset[str]:
+        """The configured types paused now (the dashboard marks their jobs)."""
+        with self.db.read() as conn:
+            stored = TypeRepository(conn).settings_of(sorted(self.job_types))
+        return frozenset(name for name, settings in stored.items() if settings.paused)
+
     def circuit_states(self) -> dict[str, str]:
         """Where each configured type's circuit stands, of the types with a breaker."""
         with self.db.read() as conn:

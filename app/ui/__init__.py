@@ -13,7 +13,7 @@ def init_ui(app: Flask) -> None:
     app.session_interface = DashboardSessionInterface()
     init_security(app)
     register_filters(app)
-    from app.ui import routes  # noqa: F401  (its pages register on the blueprint)
+    from app.ui import failure_pages, routes  # noqa: F401  (their pages register on the blueprint)
     from app.ui.pages import bp
 
     app.register_blueprint(bp)

@@ -2,9 +2,16 @@
 drawn here on the server so that the pages need no script and the CSP stays as strict as it is.
 
 Each chart says what it shows in words as well as in shapes: the whole chart's <title> and
-aria-label sum it up ("email: 120 enqueued, 118 completed, 2 failed in the last hour"), and
-each bucket is a group whose <title> says its values ("14:03 — 12 enqueued, 11 completed,
-1 failed"): the browser's tooltip, a screen reader's name, what the tests read.
+aria-label sum it up ("email: 120 enqueued, 118 completed, 2 failed in the last hour"), the
+page shows its totals as text beside it (`chart_totals`), and each bucket is a group whose
+<title> says its values ("14:03 — 12 enqueued, 11 completed, 1 failed"): the browser's
+tooltip, a screen reader's name, what the tests read.
+
+Every value is drawn across its own bucket's width, where it happened: counts as bars, and
+the enqueued jobs and the pending depth as steps (a level held over the bucket's span), not
+as lines between the buckets' centres, which drew a burst in one bucket as a hairline spike
+leaning into the bucket before it. The value axis is scaled to a round number above the
+busiest bucket, with a label at each of a few round ticks (0, 50, 100, 150).
 Colours are presentation attributes (fill=, stroke=): the CSP allows no style attribute, and
 presentation attributes are no style. Every text is escaped (Markup.format), type names included.
 Output depends on the series alone: the same series draws the same bytes.
@@ -59,6 +66,10 @@ LEFT, RIGHT, TOP, BOTTOM = 44, 10, 24, 20
 # A bar takes this share of its bucket's width; the rest is the gap between bars.
 BAR_SHARE = 0.7
 MIN_BAR = 1.0
+# About how many steps the value axis is cut into (ticks()): a large chart's, a small one's.
+TICKS, SMALL_TICKS = 4, 2
+# A large chart's time axis is labelled at its start, its end and between them, in quarters.
+TIME_TICKS = 4
 
 # The stylesheet's colours (ui.css :root): enqueued in the accent, completed ok, failed bad.
 ENQUEUED, COMPLETED, FAILED, PENDING = "#2457c5", "#1e7b34", "#b3261e", "#8a5a00"
@@ -67,13 +78,9 @@ FONT = "system-ui, -apple-system, Segoe UI, sans-serif"
 
 
 def throughput_chart(series: Series, *, small: bool = False) -> Markup:
-    """Jobs enqueued (a line), completed and failed (bars, the failed stacked on top in red)
-    per bucket."""
-    enqueued = sum(b.enqueued for b in series.buckets)
-    completed = sum(b.completed for b in series.buckets)
-    failed = sum(b.failed for b in series.buckets)
-    summary = (f"{_who(series)}: {enqueued} enqueued, {completed} completed, {failed} failed "
-               f"{_span(series)}")
+    """Jobs enqueued (steps over a light area), completed and failed (bars, the failed
+    stacked on top in red) per bucket."""
+    summary = f"{_who(series)}: {chart_totals(series, 'throughput')}"
     top = max((max(b.enqueued, b.completed + b.failed) for b in series.buckets), default=0)
     plot = _Plot(_size(small), len(series.buckets), top)
 
@@ -81,19 +88,19 @@ def throughput_chart(series: Series, *, small: bool = False) -> Markup:
         return plot.stack(position, ((bucket.completed, COMPLETED, "completed"),
                                      (bucket.failed, FAILED, "failed")))
 
-    line = plot.line([(i, b.enqueued) for i, b in enumerate(series.buckets)], ENQUEUED,
-                     "enqueued")
+    enqueued = [(i, b.enqueued) for i, b in enumerate(series.buckets)]
     return _chart("throughput", series, plot, summary,
                   legend=(("enqueued", ENQUEUED), ("completed", COMPLETED), ("failed", FAILED)),
                   said=lambda b: (f"{b.enqueued} enqueued, {b.completed} completed, "
                                   f"{b.failed} failed"),
-                  bars=bars, over=line)
+                  bars=bars, under=plot.steps(enqueued, ENQUEUED, "enqueued", area=True,
+                                              line=False),
+                  over=plot.steps(enqueued, ENQUEUED, "enqueued"))
 
 
 def failures_chart(series: Series, *, small: bool = False) -> Markup:
     """Attempts that failed per bucket (retried or not)."""
-    total = sum(b.failed for b in series.buckets)
-    summary = f"{_who(series)}: {total} failed attempt{_s(total)} {_span(series)}"
+    summary = f"{_who(series)}: {chart_totals(series, 'failures')}"
     plot = _Plot(_size(small), len(series.buckets),
                  max((b.failed for b in series.buckets), default=0))
     return _chart("failures", series, plot, summary, legend=(("failed attempts", FAILED),),
@@ -104,19 +111,32 @@ def failures_chart(series: Series, *, small: bool = False) -> Markup:
 def depth_chart(series: Series, *, small: bool = False) -> Markup:
     """The pending jobs at each bucket's end, as a line; a bucket without a count is a gap in
     it (the line is not drawn through a value nobody took)."""
-    counted = [(i, b.pending) for i, b in enumerate(series.buckets) if b.pending is not None]
-    if counted:
-        last_position, last = counted[-1]
-        at = _time(series.buckets[last_position].at_us)
-        summary = (f"{_who(series)}: {last} pending at the last count ({at}), at most "
-                   f"{max(p for _, p in counted)} {_span(series)}")
-    else:
-        summary = f"{_who(series)}: no count of pending jobs {_span(series)}"
-    plot = _Plot(_size(small), len(series.buckets), max((p for _, p in counted), default=0))
+    counted = [b.pending for b in series.buckets if b.pending is not None]
+    summary = f"{_who(series)}: {chart_totals(series, 'depth')}"
+    plot = _Plot(_size(small), len(series.buckets), max(counted, default=0))
     return _chart("depth", series, plot, summary, legend=(("pending", PENDING),),
                   said=lambda b: "no count" if b.pending is None else f"{b.pending} pending",
-                  over=Markup("").join(plot.line(run, PENDING, "pending", area=True)
+                  over=Markup("").join(plot.steps(run, PENDING, "pending", area=True)
                                        for run in _runs(series.buckets)))
+
+
+def chart_totals(series: Series, kind: str) -> str:
+    """What a chart of `kind` (throughput, failures, depth) sums up, in words, as the page
+    shows it beside the chart: `120 enqueued, 118 completed, 2 failed in the last hour`."""
+    buckets = series.buckets
+    if kind == "throughput":
+        return (f"{sum(b.enqueued for b in buckets):,} enqueued, "
+                f"{sum(b.completed for b in buckets):,} completed, "
+                f"{sum(b.failed for b in buckets):,} failed {_span(series)}")
+    if kind == "failures":
+        total = sum(b.failed for b in buckets)
+        return f"{total:,} failed attempt{_s(total)} {_span(series)}"
+    counted = [(b.at_us, b.pending) for b in buckets if b.pending is not None]
+    if not counted:
+        return f"no count of pending jobs {_span(series)}"
+    at, last = counted[-1]
+    return (f"{last:,} pending at the last count ({_time(at)}), at most "
+            f"{max(p for _, p in counted):,} {_span(series)}")
 
 
 def _size(small: bool) -> Size:
@@ -137,11 +157,35 @@ def _runs(buckets: Sequence[Bucket]) -> list[list[tuple[int, int]]]:
     return runs
 
 
-class _Plot:
-    """Where values go: `count` buckets side by side, 0 at the bottom, `top` at the top."""
+def ticks(busiest: int, steps: int = TICKS) -> list[int]:
+    """The value axis' labelled values for a chart whose busiest bucket is `busiest`: 0 and
+    a few round steps (1, 2 or 5 times a power of ten) up to the first at or above it, the
+    last of which is the top of the scale. `[0]` alone when every value is 0."""
+    if busiest <= 0:
+        return [0]
+    rough = busiest / steps
+    power = 10 ** max(0, len(str(int(rough))) - 1)
+    step = next(factor * power for factor in (1, 2, 5, 10) if factor * power >= rough)
+    top = -(-busiest // step) * step
+    return list(range(0, top + 1, step))
 
-    def __init__(self, size: Size, count: int, top: int) -> None:
-        self.size, self.count, self.top = size, count, top
+
+def tick_label(value: int) -> str:
+    """A tick's value, short enough for the axis' margin: `950`, `2,500`, `15k`, `1.5M`."""
+    if value >= 1_000_000:
+        return f"{value / 1_000_000:g}M"
+    if value >= 10_000:
+        return f"{value / 1000:g}k"
+    return f"{value:,}"
+
+
+class _Plot:
+    """Where values go: `count` buckets side by side, 0 at the bottom, the top of the scale
+    (`ticks(busiest)`'s last, a round number at or above the busiest value) at the top."""
+
+    def __init__(self, size: Size, count: int, busiest: int) -> None:
+        self.ticks = ticks(busiest, SMALL_TICKS if size.height < LARGE.height else TICKS)
+        self.size, self.count, self.top = size, count, self.ticks[-1]
         self.x0, self.y0 = LEFT, TOP
         self.width = size.width - LEFT - RIGHT
         self.height = size.height - TOP - BOTTOM
@@ -155,9 +199,6 @@ class _Plot:
         """A value's bar: at least a pixel, so that one failure beside a thousand completions
         is still there to see."""
         return max(MIN_BAR, self.height_of(value))
-
-    def centre(self, position: int) -> float:
-        return self.x0 + (position + 0.5) * self.slot
 
     def stack(self, position: int, parts: Sequence[tuple[int, str, str]]) -> list[Markup]:
         """A bucket's bar: each nonzero part on the one before, from the bottom up."""
@@ -174,28 +215,34 @@ class _Plot:
                 name, _n(x), _n(bottom), _n(width), _n(height), colour, value))
         return drawn
 
-    def line(self, points: Sequence[tuple[int, int]], colour: str, name: str,
-             area: bool = False) -> Markup:
-        """A line through the buckets' centres (a lone point, a dot); with `area`, the space
-        under it lightly filled."""
+    def steps(self, points: Sequence[tuple[int, int]], colour: str, name: str,
+              area: bool = False, line: bool = True) -> Markup:
+        """Consecutive buckets' values as steps: each value a level held across its own
+        bucket's width, joined at the buckets' edges (a lone bucket, a level as wide as the
+        bucket); with `area`, the space under them filled, lightly, so that a burst in one
+        bucket is a bar as wide as the bucket (`line=False`: the area alone, to draw under
+        the bars while the line goes over them). A nonzero level is at least MIN_BAR high."""
         if not points:
             return Markup("")
-        xy = [(self.centre(position), self.base - self.height_of(value))
-              for position, value in points]
-        if len(xy) == 1:
-            return Markup('<circle class="{}" cx="{}" cy="{}" r="3" fill="{}" '
-                          'pointer-events="none"/>').format(name, _n(xy[0][0]), _n(xy[0][1]),
-                                                            colour)
-        path = "M" + " L".join(f"{_n(x)},{_n(y)}" for x, y in xy)
-        under = Markup("")
+        left = self.x0 + points[0][0] * self.slot
+        path = [f"M{_n(left)},{_n(self.level(points[0][1]))}"]
+        for position, value in points:
+            path.append(f"V{_n(self.level(value))} H{_n(self.x0 + (position + 1) * self.slot)}")
+        drawn = " ".join(path)
+        parts = []
         if area:
-            under = Markup('<path class="{}-area" d="{} L{},{} L{},{} Z" fill="{}" '
-                           'fill-opacity="0.15" stroke="none" pointer-events="none"/>').format(
-                name, path, _n(xy[-1][0]), _n(self.base), _n(xy[0][0]), _n(self.base), colour)
-        return under + Markup(
-            '<path class="{}" d="{}" fill="none" stroke="{}" stroke-width="2" '
-            'stroke-linecap="round" stroke-linejoin="round" pointer-events="none"/>').format(
-            name, path, colour)
+            parts.append(Markup('<path class="{}-area" d="{} V{} H{} Z" fill="{}" '
+                                'fill-opacity="0.2" stroke="none" pointer-events="none"/>'
+                                ).format(name, drawn, _n(self.base), _n(left), colour))
+        if line:
+            parts.append(Markup('<path class="{}" d="{}" fill="none" stroke="{}" '
+                                'stroke-width="2" stroke-linejoin="round" '
+                                'pointer-events="none"/>').format(name, drawn, colour))
+        return Markup("").join(parts)
+
+    def level(self, value: int) -> float:
+        """Where a step of `value` is drawn: its height, a nonzero one at least MIN_BAR."""
+        return self.base - (self.bar_height(value) if value else 0.0)
 
     def hit(self, position: int) -> Markup:
         """The bucket's whole column, invisible, so that pointing anywhere in it shows its
@@ -211,10 +258,10 @@ _NOTHING = Markup("")
 def _chart(kind: str, series: Series, plot: _Plot, summary: str,
            legend: Sequence[tuple[str, str]], said: Callable[[Bucket], str],
            bars: Callable[[int, Bucket], list[Markup]] | None = None,
-           over: Markup = _NOTHING) -> Markup:
+           under: Markup = _NOTHING, over: Markup = _NOTHING) -> Markup:
     size = plot.size
     parts = [Markup("<title>{}</title>").format(summary), _legend(legend),
-             _axes(series, plot)]
+             _axes(series, plot), under]
     if not series.buckets:
         parts.append(Markup('<text x="{}" y="{}" text-anchor="middle" fill="{}">No data</text>')
                      .format(_n(plot.x0 + plot.width / 2), _n(plot.y0 + plot.height / 2), AXIS))
@@ -244,17 +291,22 @@ def _legend(entries: Sequence[tuple[str, str]]) -> Markup:
 
 
 def _axes(series: Series, plot: _Plot) -> Markup:
-    """The baseline and the top line, the values they stand for, the span's first and last
+    """The baseline, a grid line at each tick above it and each tick's value (the top one,
+    the scale's, of class `max`; 0 alone when every value is 0), the span's first and last
     moments."""
     right = plot.x0 + plot.width
     parts = [Markup('<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}"/>').format(
-                 plot.x0, _n(plot.base), right, _n(plot.base), AXIS),
-             Markup('<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}" stroke-dasharray="3 3"/>'
-                    ).format(plot.x0, plot.y0, right, plot.y0, GRID),
-             Markup('<text class="max" x="{}" y="{}" text-anchor="end" fill="{}">{}</text>')
-             .format(plot.x0 - 4, plot.y0 + 4, AXIS, plot.top),
-             Markup('<text x="{}" y="{}" text-anchor="end" fill="{}">0</text>')
-             .format(plot.x0 - 4, _n(plot.base + 4), AXIS)]
+                 plot.x0, _n(plot.base), right, _n(plot.base), AXIS)]
+    for value in plot.ticks:
+        y = plot.base - plot.height_of(value)
+        if value:
+            parts.append(Markup('<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}" '
+                                'stroke-dasharray="3 3"/>').format(plot.x0, _n(y), right,
+                                                                  _n(y), GRID))
+        parts.append(Markup('<text class="{}" x="{}" y="{}" text-anchor="end" fill="{}">{}'
+                            '</text>').format(
+            "max" if value and value == plot.top else "tick", plot.x0 - 4, _n(y + 4), AXIS,
+            tick_label(value)))
     if series.buckets:
         first = series.buckets[0].at_us
         end = series.buckets[-1].at_us + series.step.micros
@@ -265,6 +317,19 @@ def _axes(series: Series, plot: _Plot) -> Markup:
         parts.append(Markup('<text class="end" x="{}" y="{}" text-anchor="end" fill="{}">{} UTC'
                             '</text>').format(
             right, below, AXIS, _time(end, with_date=wide)))
+        if plot.size.width >= LARGE.width and len(series.buckets) >= TIME_TICKS:
+            # A large chart's quarters too (`08:15`; the middle alone beside the day's wider
+            # start and end), each over a mark on the baseline, so that a bar's time reads
+            # off the axis and not only from its tooltip.
+            count = len(series.buckets)
+            for quarter in ((TIME_TICKS // 2,) if wide else range(1, TIME_TICKS)):
+                position = quarter * count // TIME_TICKS
+                x = _n(plot.x0 + position * plot.slot)
+                parts.append(Markup('<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}"/>'
+                                    '<text class="time" x="{}" y="{}" text-anchor="middle" '
+                                    'fill="{}">{}</text>').format(
+                    x, _n(plot.base), x, _n(plot.base + 4), AXIS, x, below, AXIS,
+                    _time(series.buckets[position].at_us)))
     return Markup('<g class="axes" aria-hidden="true">{}</g>').format(Markup("").join(parts))
 
 

@@ -29,6 +29,15 @@ def horizon_shown(report: HorizonReport) -> dict[str, Any]:
             "horizon_threshold": report.threshold_seconds}
 
 
+def oldest_claimable(types: Sequence[Mapping[str, Any]]) -> tuple[float, str] | None:
+    """The oldest claimable job's age across the types (as GET /types shows them) and its
+    type; None when none is. A paused type's jobs are not claimable, whatever their age:
+    left out."""
+    ages = [(shown["oldest_claimable_age_seconds"], shown["type"]) for shown in types
+            if not shown["paused"] and shown["oldest_claimable_age_seconds"] is not None]
+    return max(ages, key=lambda age: age[0], default=None)
+
+
 def blocked_shown(turn: KeyTurn) -> dict[str, Any]:
     return {"type": turn.type, "concurrency_key": turn.concurrency_key, "job_id": turn.job_id,
             "since": to_rfc3339(turn.since)}

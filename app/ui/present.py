@@ -13,7 +13,7 @@ from flask import Flask, current_app
 
 from app.core.clock import MICROS, parse_rfc3339
 from app.core.limits import LIMITS
-from app.ui.charts import depth_chart, failures_chart, throughput_chart
+from app.ui.charts import chart_totals, depth_chart, failures_chart, throughput_chart
 
 _UNITS = ((86_400, "d"), (3600, "h"), (60, "min"), (1, "s"))
 
@@ -161,7 +161,7 @@ def register_filters(app: Flask) -> None:
                      ("json_text", json_text), ("limits", limits), ("counts_text", counts_text),
                      ("circuit_text", circuit_text), ("retry_budget_text", retry_budget_text),
                      ("last_line", last_line), ("in_zone", in_zone), ("percent", percent),
-                     ("hourly_chart", hourly_chart)):
+                     ("hourly_chart", hourly_chart), ("chart_totals", chart_totals)):
         app.add_template_filter(fn, name)
     # The queue over time as SVG (app/ui/charts.py): `{{ series|throughput_chart(small=true) }}`.
     for name, draw in (("throughput_chart", throughput_chart),

@@ -13,10 +13,7 @@ from werkzeug.wrappers import Response
 
 from app.core.callers import Role
 from app.core.errors import QueueError
-from app.core.limits import BULK_JOBS
-from app.core.statuses import JobStatus
 from app.history.explain import ReasonCode
-from app.history.failure_schemas import represent_detail
 from app.history.schemas import (
     represent_attempt,
     represent_event,
@@ -42,7 +39,6 @@ from app.ui.forms import (
     WORKFLOW_FILTER_STATUSES,
     FormInvalid,
     chart_filters,
-    failure_filters,
     job_filters,
     key_modes_patch,
     limits_patch,
@@ -62,9 +58,8 @@ _bulk_schema = BulkSchema()
 SCHEDULES_PER_PAGE = JOBS_PER_PAGE
 WORKFLOWS_PER_PAGE = JOBS_PER_PAGE
 BLOCKED_KEYS_SHOWN = 50
-# The failures page's groups, most recently seen first, each with its chart and newest jobs
-# (one read transaction): the API's default page of groups.
-FAILURE_GROUPS_SHOWN = 50
+# A bulk action's confirmation counts the jobs it would find up to this many.
+BULK_COUNT_CAP = 10_000
 
 
 @bp.route("/sign-in", methods=["GET", "POST"])
@@ -108,6 +103,7 @@ def overview() -> tuple[str, int]:
     blocked_total = max(len(blocked), sum(shown["blocked_keys"] for shown in types))
     series = _series_of([None, *(shown["type"] for shown in types)], charts["period"])
     return _page("overview.html", types=types, blocked_keys=blocked,
+                 oldest_claimable=views.oldest_claimable(types),
                  blocked_total=blocked_total, **_schedules_shown(),
                  workers=[represent_worker(worker) for worker in services.history.workers()],
                  totals=series[0], per_type=series[1:], **charts,
@@ -152,7 +148,8 @@ def jobs() -> tuple[str, int]:
     except FormInvalid as invalid:
         return _page("jobs.html", 400, jobs=[], filters={}, next_cursor=None,
                      previous_cursor=None, job_types=sorted(services.types.job_types),
-                     messages=invalid.messages, statuses=JOB_FILTER_STATUSES, bulk=None)
+                     messages=invalid.messages, statuses=JOB_FILTER_STATUSES, bulk=None,
+                     paused_types=frozenset())
     status = filters.get("status")
     backward = "before" in filters
     page, following = services.jobs.list_jobs(
@@ -177,7 +174,7 @@ def jobs() -> tuple[str, int]:
                  filters=shown, next_cursor=next_cursor, previous_cursor=previous_cursor,
                  messages={}, auto_refresh=filters.get("refresh") == REFRESH_ON,
                  job_types=sorted(services.types.job_types), statuses=JOB_FILTER_STATUSES,
-                 bulk=_bulk_actions(shown))
+                 bulk=_bulk_actions(shown), paused_types=services.types.paused_types())
 
 
 def _bulk_actions(filters: dict[str, str]) -> list[str]:
@@ -199,7 +196,11 @@ _BULK = {"retry": Transition.RETRY, "cancel": Transition.CANCEL}
 def confirm_bulk(action: str) -> tuple[str, int]:
     """Ask before a bulk action: what it takes, in words, and the form that does it."""
     filters = _bulk_filters(action, request.args)
-    return _page("bulk.html", action=action, filters=filters,
+    # How many jobs it would find now, counted up to a cap (each status's partial index).
+    found = _services().jobs.count_for_bulk(
+        _caller(), _BULK[action], job_type=filters.get("type"), status=filters.get("status"),
+        cap=BULK_COUNT_CAP)
+    return _page("bulk.html", action=action, filters=filters, found=found,
                  statuses=sorted(s.value for s in _BULK[action].from_statuses
                                  if filters.get("status") in (None, s.value)))
 
@@ -248,6 +249,7 @@ def job(job_id: int) -> tuple[str, int]:
     blocks_its_key = any(reason["code"] == ReasonCode.KEY_BLOCKED and reason.get("job_id") == job_id
                          for reason in explanation["reasons"])
     return _page("job.html", job=shown, blocks_its_key=blocks_its_key,
+                 type_paused=found.type in services.types.paused_types(),
                  workflow_id=services.workflows.workflow_of_job(caller, job_id),
                  attempts=[represent_attempt(a, show_error=True)
                            for a in services.history.attempts(caller, job_id)],
@@ -384,36 +386,3 @@ def cancel_workflow(workflow_id: int) -> Response:
     return _act(lambda: _services().workflows.cancel(_caller(), workflow_id),
                 "Cancelled its waiting and pending jobs.",
                 url_for("ui.workflow", workflow_id=workflow_id))
-
-
-@bp.get("/failures")
-def failures() -> tuple[str, int]:
-    """Failure groups (docs/OPERATIONS.md), most recently seen first: each with its failed attempts
-    per hour over the last day, its newest jobs and a button that retries its failed jobs."""
-    services = _services()
-    job_types = sorted(services.types.job_types)
-    try:
-        filters = failure_filters(request.args)
-    except FormInvalid as invalid:
-        return _page("failures.html", 400, groups=[], filters={}, job_types=job_types,
-                     messages=invalid.messages)
-    job_type = filters.get("type")
-    shown = [represent_detail(detail) for detail in services.failures.overview(
-        job_type=job_type, limit=FAILURE_GROUPS_SHOWN)]
-    return _page("failures.html", groups=shown, job_types=job_types, messages={},
-                 filters=filters)
-
-
-@bp.post("/failures/<job_type>/<fingerprint>/retry")
-def retry_failure_group(job_type: str, fingerprint: str) -> Response:
-    """Send the group's failed jobs (those whose last attempt failed with its fingerprint)
-    back to pending, as POST /jobs/retry-many with the fingerprint does."""
-    try:
-        filters: dict[str, Any] = _bulk_schema.load(
-            {"fingerprint": fingerprint, "type": job_type, "status": JobStatus.FAILED.value,
-             "limit": BULK_JOBS.max})
-    except ValidationError:
-        raise NotFound("No such failure group.") from None
-    # The page came filtered by type only when it showed this group's type.
-    back = url_for("ui.failures", type=job_type if request.form.get("filtered") else None)
-    return _act(lambda: _services().jobs.retry_many(_caller(), filters), views.retried_said, back)

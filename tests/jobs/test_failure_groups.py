@@ -133,6 +133,37 @@ def test_a_group_shows_its_hours_and_newest_jobs(api, client, clock, producer, w
     assert detail.json["newest_job_ids"] == [second, first]
 
 
+def test_a_group_says_its_jobs_failing_now_beside_those_that_ever_failed(
+        api, client, producer, worker, admin, monkeypatch):
+    jobs = [fail_once(api, producer, worker, TIMEOUT.format(ms=n, host=n)) for n in range(3)]
+    # One retried by hand and failed again alike; one retried and failed with another error.
+    for job_id, error in ((jobs[0], TIMEOUT.format(ms=7, host=7)), (jobs[1], REFUSED)):
+        assert client.post(f"/jobs/{job_id}/retry", headers=admin.headers).status_code == 200
+        fail_once(api, producer, worker, error, job_id=job_id)
+    fingerprint = next(g["fingerprint"] for g in groups(client, admin)
+                       if g["sample"].startswith("timeout"))
+
+    detail = client.get(f"/failures/email/{fingerprint}", headers=admin.headers).json
+
+    assert (detail["jobs_failed"], detail["failing_now"], detail["failing_now_capped"]) == (
+        4, 2, False)
+    # What a retry of the group takes.
+    retried = client.post("/jobs/retry-many", headers=admin.headers,
+                          json={"fingerprint": fingerprint, "status": "failed"}).json
+    assert sorted(retried["ids"]) == [jobs[0], jobs[2]]
+    detail = client.get(f"/failures/email/{fingerprint}", headers=admin.headers).json
+    assert (detail["jobs_failed"], detail["failing_now"]) == (4, 0)
+    # Past its cap of attempts read, a lower bound that says so.
+    for job_id in (jobs[0], jobs[2]):
+        fail_once(api, producer, worker, TIMEOUT.format(ms=8, host=8), job_id=job_id)
+    monkeypatch.setattr("app.history.failures.FAILING_NOW_EXAMINED", 2)
+    detail = client.get(f"/failures/email/{fingerprint}", headers=admin.headers).json
+    assert (detail["failing_now"], detail["failing_now_capped"]) == (2, True)
+    monkeypatch.setattr("app.history.failures.FAILING_NOW_EXAMINED", 1)
+    detail = client.get(f"/failures/email/{fingerprint}", headers=admin.headers).json
+    assert (detail["failing_now"], detail["failing_now_capped"]) == (1, True)
+
+
 def test_retry_many_by_fingerprint_retries_that_group_only(api, client, producer, worker,
                                                            admin):
     timeouts = [fail_once(api, producer, worker, TIMEOUT.format(ms=n, host=n))

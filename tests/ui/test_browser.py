@@ -257,6 +257,20 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     assert "paused" in browser.find_element(By.XPATH, email_row).text
     assert requests.get(server.url_of("/types/email"), headers=bearer(admin),
                         timeout=10).json()["paused"] is True
+    # Its jobs say so where they are listed and shown; the overview's oldest claimable job
+    # is the pdf, not the older mail waiting for the type's resume.
+    browser.get(server.url_of("/ui/jobs?type=email"))
+    assert "Type email is paused" in browser.find_element(By.ID, "type-paused").text
+    row = browser.find_element(By.XPATH, f"//th[normalize-space()='{job_id}']/..")
+    assert "paused" in row.find_element(By.XPATH, "td[1]").text
+    _shot(browser, "jobs-paused", engine, screenshots)
+    browser.get(server.url_of(f"/ui/jobs/{job_id}"))
+    assert "paused" in browser.find_element(By.ID, "job-type").text
+    browser.get(server.url_of("/ui/"))
+    assert browser.find_element(By.ID, "oldest-claimable").text.startswith(
+        "Oldest claimable job:")
+    assert "(pdf)" in browser.find_element(By.ID, "oldest-claimable").text
+    browser.get(server.url_of("/ui/types"))
     pdf_row = "//th[normalize-space()='pdf']/.."
     for field, value in (("max_running", "3"), ("rate_per_second", "2.5")):
         browser.find_element(By.XPATH, f"{pdf_row}//input[@name='{field}']").send_keys(value)
@@ -317,6 +331,43 @@ def test_an_operator_signs_in_retries_a_failed_job_steers_types_and_schedules_an
     assert browser.current_url == server.url_of("/ui/sign-in")
 
 
+def test_a_page_of_50_failed_jobs_gives_each_error_one_line_of_the_rows_room(
+        browser: Any, server: LiveServer, database_url: str, screenshots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "mailer", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    errors = ("SMTP 550: mailbox unavailable for recipient ada{n}@example.com (policy "
+              "rejection by the upstream relay, see https://mail.example.com/help)",
+              "ConnectionError: HTTPSConnectionPool(host='api.example.com', port=443): Max "
+              "retries exceeded with url: /v1/charge/{n} (Caused by NewConnectionError)")
+    for n in range(50):
+        _failed_with(server, producer, worker, "email", errors[n % 2].format(n=n))
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+    browser.get(server.url_of("/ui/jobs?type=email&status=failed"))
+
+    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
+    assert len(rows) == 50
+    # No job reported progress: no column for it.
+    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#jobs thead th")]
+    assert "Progress" not in headers and headers[-1] == "Last error"
+    # Each error has most of the row, on one line, cut with an ellipsis, whole in its
+    # tooltip; every row is one line of text.
+    for row in rows:
+        cell = row.find_element(By.CSS_SELECTOR, "td.error-line")
+        assert cell.size["width"] >= 500, cell.size
+        assert row.size["height"] < 40, row.size
+        assert cell.get_attribute("title").startswith(("SMTP 550", "ConnectionError"))
+    assert browser.execute_script(
+        "return getComputedStyle(arguments[0]).textOverflow",
+        rows[0].find_element(By.CSS_SELECTOR, "td.error-line")) == "ellipsis"
+    assert browser.execute_script("return document.documentElement.scrollHeight") < 2600
+    _shot(browser, "jobs-50-failed", engine, screenshots)
+
+
 def test_a_revoked_admin_keys_session_ends_at_its_next_page(
         browser: Any, server: LiveServer, database_url: str) -> None:
     from selenium.webdriver.common.by import By
@@ -345,7 +396,10 @@ def test_bulk_retry_of_the_filtered_jobs_asks_first_and_a_wrong_path_is_the_dash
     assert "Retry jobs?" in browser.find_element(By.TAG_NAME, "h1").text
     assert all(requests.get(server.url_of(f"/jobs/{job_id}"), headers=bearer(admin),
                             timeout=10).json()["status"] == "failed" for job_id in failed)
-    _click_button(browser, "Retry them")
+    # It says how many it takes, not a limit.
+    assert browser.find_element(By.ID, "bulk-count").text.startswith(
+        "2 jobs are failed of type email now.")
+    _click_button(browser, "Retry 2 jobs")
     assert "2 jobs sent back to pending." in browser.find_element(
         By.CSS_SELECTOR, ".messages").text
     assert all(requests.get(server.url_of(f"/jobs/{job_id}"), headers=bearer(admin),
@@ -462,7 +516,7 @@ def test_an_operator_reads_the_failures_page_and_retries_one_groups_failed_jobs(
     assert [row.get_attribute("data-type") for row in rows] == ["pdf", "email"]
     pdf_row, email_row = rows
     assert [email_row.find_element(By.CSS_SELECTOR, f"td.{name}").text
-            for name in ("count", "jobs-failed")] == ["2", "2"]
+            for name in ("failing-now", "jobs-failed", "count")] == ["2", "2", "2"]
     assert "SMTP 550: mailbox unavailable (queue id 4712)" in email_row.text
     # The worker's error is shown as the text it is, never run as markup.
     assert pdf_row.find_element(By.CSS_SELECTOR, "td.sample").text == rendering
@@ -481,8 +535,15 @@ def test_an_operator_reads_the_failures_page_and_retries_one_groups_failed_jobs(
     assert [int(link.text) for link in newest] == mails[::-1]
     _shot(browser, "failures", engine, screenshots)
 
-    _follow(browser, email_row.find_element(
-        By.XPATH, ".//button[normalize-space()='Retry failed jobs']"))
+    # The retry asks first, saying how many of the group's jobs it takes.
+    _follow(browser, email_row.find_element(By.LINK_TEXT, "Retry 2…"))
+    assert "Retry the failed jobs of this group?" in browser.find_element(By.TAG_NAME, "h1").text
+    assert "2 jobs of type email that are failed now" in browser.find_element(
+        By.ID, "retry-count").text
+    _shot(browser, "failure-retry", engine, screenshots)
+    assert requests.get(server.url_of(f"/jobs/{mails[0]}"), headers=bearer(admin),
+                        timeout=10).json()["status"] == "failed"
+    _click_button(browser, "Retry 2 jobs")
     assert browser.current_url == server.url_of("/ui/failures")
     assert "2 jobs sent back to pending." in browser.find_element(
         By.CSS_SELECTOR, ".messages").text
@@ -664,8 +725,16 @@ def test_an_operator_reads_a_types_charts_and_turns_auto_refresh_on(
     # The day's charts, by hour; then auto-refresh, which keeps the period.
     _follow(browser, browser.find_element(By.LINK_TEXT, "last day"))
     assert browser.current_url == server.url_of("/ui/types/email?period=day")
-    assert browser.find_element(By.CSS_SELECTOR, "#throughput svg.chart").accessible_name == (
-        "email: 3 enqueued, 1 completed, 1 failed in the last 24 hours")
+    day = browser.find_element(By.CSS_SELECTOR, "#throughput svg.chart")
+    assert day.accessible_name == "email: 3 enqueued, 1 completed, 1 failed in the last 24 hours"
+    # Its totals in words under it; its axis at round ticks, 0 once; this hour's jobs a bar
+    # as wide as the hour's share of the chart, not a hairline.
+    assert browser.find_element(By.CSS_SELECTOR, "#throughput p.chart-totals").text == (
+        "3 enqueued, 1 completed, 1 failed in the last 24 hours")
+    assert [label.get_attribute("textContent") for label in day.find_elements(
+        By.CSS_SELECTOR, "g.axes text.tick, g.axes text.max")] == ["0", "1", "2", "3"]
+    assert day.find_elements(By.CSS_SELECTOR, "rect.completed")[-1].size["width"] >= 10
+    _shot(browser, "type-day", engine, screenshots)
     _follow(browser, browser.find_element(By.LINK_TEXT, "Auto-refresh: off"))
     assert browser.current_url == server.url_of("/ui/types/email?period=day&refresh=on")
     # The page reloads itself (a <meta> refresh, no script): the mark set on it goes.

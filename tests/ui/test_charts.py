@@ -17,13 +17,16 @@ from app.stats.models import Bucket, Series, Step
 from app.ui.charts import (
     BOTTOM,
     LARGE,
+    LEFT,
     MIN_BAR,
+    RIGHT,
     SMALL,
     TOP,
     Period,
     depth_chart,
     failures_chart,
     throughput_chart,
+    ticks,
     window,
 )
 from app.ui.security import CONTENT_SECURITY_POLICY
@@ -34,6 +37,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 EIGHT = 1_800_000_000 * MICROS
 MINUTE = 60 * MICROS
 PLOT_HEIGHT = LARGE.height - TOP - BOTTOM
+PLOT_WIDTH = LARGE.width - LEFT - RIGHT
 
 
 def _bucket(minute: int, enqueued: int = 0, completed: int = 0, failed: int = 0,
@@ -74,14 +78,37 @@ def test_a_throughput_chart_sums_up_its_series_and_says_each_buckets_values() ->
         "08:02 — 3 enqueued, 2 completed, 0 failed"]
     assert _buckets(svg)[0].get("data-at") == "2027-01-15T08:00:00.000000Z"
     texts = {text.get("class"): text.text for text in svg.iter(f"{SVG}text")}
-    assert (texts["start"], texts["end"], texts["max"]) == ("08:00 UTC", "08:03 UTC", "12")
+    assert (texts["start"], texts["end"]) == ("08:00 UTC", "08:03 UTC")
+    # The busiest bucket is 12: the scale goes to the round 15, labelled at 0, 5, 10, 15.
+    assert _axis_labels(svg) == ["0", "5", "10", "15"] and texts["max"] == "15"
+
+
+def _axis_labels(svg: ET.Element) -> list[str]:
+    """The value axis' labels, from the bottom up."""
+    return [text.text or "" for text in svg.iter(f"{SVG}text")
+            if text.get("class") in ("tick", "max")]
+
+
+@pytest.mark.parametrize("busiest,labelled", [
+    (1, [0, 1]), (3, [0, 1, 2, 3]), (8, [0, 2, 4, 6, 8]), (12, [0, 5, 10, 15]),
+    (200, [0, 50, 100, 150, 200]), (1234, [0, 500, 1000, 1500])])
+def test_the_value_axis_is_cut_at_round_ticks_up_to_the_first_above_the_busiest(
+        busiest: int, labelled: list[int]) -> None:
+    assert ticks(busiest) == labelled
+
+
+def test_an_axis_labels_big_values_short_and_a_chart_of_zeros_says_0_once() -> None:
+    busy = _parsed(throughput_chart(Series("email", Step.MINUTE, [_bucket(0, 12_000)])))
+    assert _axis_labels(busy) == ["0", "5,000", "10k", "15k"]
+    idle = _parsed(depth_chart(Series("email", Step.HOUR, [_bucket(0, pending=0)] * 24)))
+    assert _axis_labels(idle) == ["0"]
 
 
 def test_bars_are_as_high_as_their_values_the_failed_stacked_on_the_completed() -> None:
     series = Series("email", Step.MINUTE, [_bucket(0, 4, 6, 2), _bucket(1, 1, 3, 0),
                                            _bucket(2, 5)])
     first, second, third = _buckets(_parsed(throughput_chart(series)))
-    # The busiest bucket (6 completed + 2 failed) fills the plot's height.
+    # The busiest bucket (6 completed + 2 failed) is at the top of the scale (8).
     unit = PLOT_HEIGHT / 8
     (completed,), (failed,) = _rects(first, "completed"), _rects(first, "failed")
     assert float(completed.get("height", "")) == pytest.approx(6 * unit, abs=0.01)
@@ -101,15 +128,50 @@ def test_one_failure_beside_a_thousand_completions_is_still_a_visible_bar() -> N
     assert float(failed.get("height", "")) >= MIN_BAR
 
 
-def test_the_enqueued_line_goes_through_every_buckets_value() -> None:
+def _steps(svg: ET.Element, name: str) -> list[list[tuple[float, float, float]]]:
+    """Each step path of `name` as its levels: (left, right, y) of each horizontal run."""
+    drawn = []
+    for path in svg.iter(f"{SVG}path"):
+        if path.get("class") != name:
+            continue
+        moves = re.findall(r"([MVH])([\d.]+)(?:,([\d.]+))?", path.get("d", ""))
+        x, y, levels = float(moves[0][1]), float(moves[0][2]), []
+        for command, value, _ in moves[1:]:
+            if command == "V":
+                y = float(value)
+            else:
+                levels.append((x, float(value), y))
+                x = float(value)
+        drawn.append(levels)
+    return drawn
+
+
+def test_the_enqueued_jobs_are_a_step_across_each_buckets_own_width() -> None:
     series = Series(None, Step.MINUTE, [_bucket(0, 2), _bucket(1, 0), _bucket(2, 4)])
     svg = _parsed(throughput_chart(series))
-    (line,) = [p for p in svg.iter(f"{SVG}path") if p.get("class") == "enqueued"]
-    heights = [float(point.split(",")[1]) for point in re.findall(r"[\d.]+,[\d.]+",
-                                                                   line.get("d", ""))]
-    base = TOP + PLOT_HEIGHT
-    assert heights == pytest.approx([base - PLOT_HEIGHT / 2, base, TOP], abs=0.01)
+    [levels] = _steps(svg, "enqueued")
+    slot, base = PLOT_WIDTH / 3, TOP + PLOT_HEIGHT
+    assert levels == [pytest.approx((LEFT + i * slot, LEFT + (i + 1) * slot, y), abs=0.01)
+                      for i, y in enumerate((base - PLOT_HEIGHT / 2, base, TOP))]
     assert _title(svg).startswith("All types: 6 enqueued")
+
+
+def test_a_burst_in_the_last_hour_of_the_day_is_as_wide_as_its_hour() -> None:
+    # 200 jobs enqueued in the current hour of a day's chart, none before: the last bucket's
+    # whole width at 200, not a line leaning from the hour before's centre.
+    series = Series("pdf", Step.HOUR, [
+        Bucket(EIGHT + hour * 3600 * MICROS, 200 if hour == 23 else 0, 0, 0, 0,
+               200 if hour == 23 else None) for hour in range(24)])
+    slot = PLOT_WIDTH / 24
+    [levels] = _steps(_parsed(throughput_chart(series)), "enqueued")
+    assert levels[-1] == pytest.approx((LEFT + 23 * slot, LEFT + 24 * slot, TOP), abs=0.01)
+    assert all(y == pytest.approx(TOP + PLOT_HEIGHT) for _, _, y in levels[:-1])
+    # Its depth, counted in that hour alone: a bar as wide as the hour, filled.
+    depth = _parsed(depth_chart(series))
+    assert _steps(depth, "pending") == [[pytest.approx((LEFT + 23 * slot, LEFT + 24 * slot, TOP),
+                                                       abs=0.01)]]
+    assert [p for p in depth.iter(f"{SVG}path") if p.get("class") == "pending-area"]
+    assert slot > 20  # pixels: a bar to see, not a hairline
 
 
 def test_a_depth_chart_leaves_a_gap_where_no_count_was_taken() -> None:
@@ -117,11 +179,14 @@ def test_a_depth_chart_leaves_a_gap_where_no_count_was_taken() -> None:
                                          _bucket(2, pending=None), _bucket(3, pending=None),
                                          _bucket(4, pending=2), _bucket(5, pending=None)])
     svg = _parsed(depth_chart(series))
-    lines = [p.get("d", "") for p in svg.iter(f"{SVG}path") if p.get("class") == "pending"]
-    dots = [c for c in svg.iter(f"{SVG}circle") if c.get("class") == "pending"]
-    # Two stretches: 08:00-08:01 (a line) and 08:04 alone (a dot), no line across the gap.
-    assert len(lines) == 1 and lines[0].count("L") == 1 and len(dots) == 1
-    assert float(dots[0].get("cy", "")) == pytest.approx(TOP + PLOT_HEIGHT * 3 / 5, abs=0.01)
+    # Two stretches: 08:00-08:01 and 08:04 alone (a step as wide as its bucket), nothing
+    # drawn across the gap. The busiest is 5: the scale's top is 6.
+    slot, base = PLOT_WIDTH / 6, TOP + PLOT_HEIGHT
+    assert _steps(svg, "pending") == [
+        [pytest.approx((LEFT, LEFT + slot, base - PLOT_HEIGHT * 3 / 6), abs=0.01),
+         pytest.approx((LEFT + slot, LEFT + 2 * slot, base - PLOT_HEIGHT * 5 / 6), abs=0.01)],
+        [pytest.approx((LEFT + 4 * slot, LEFT + 5 * slot, base - PLOT_HEIGHT * 2 / 6),
+                       abs=0.01)]]
     assert [_title(g) for g in _buckets(svg)] == [
         "08:00 — 3 pending", "08:01 — 5 pending", "08:02 — no count", "08:03 — no count",
         "08:04 — 2 pending", "08:05 — no count"]
@@ -146,6 +211,10 @@ def test_a_failures_chart_counts_failed_attempts() -> None:
     assert [len(_rects(g, "failed")) for g in groups[:3]] == [0, 1, 1]
     texts = {text.get("class"): text.text for text in svg.iter(f"{SVG}text")}
     assert (texts["start"], texts["end"]) == ("2027-01-15 08:00 UTC", "2027-01-16 08:00 UTC")
+    # Its middle between them (the day's dates leave no room for its quarters), so that a
+    # bar's hour reads off the axis.
+    assert [text.text for text in svg.iter(f"{SVG}text") if text.get("class") == "time"] == [
+        "20:00"]
 
 
 def test_every_text_is_escaped_and_no_style_or_script_is_drawn() -> None:
@@ -165,13 +234,22 @@ def test_an_empty_series_is_a_chart_that_says_no_data() -> None:
         assert "No data" in [text.text for text in svg.iter(f"{SVG}text")]
 
 
+def test_a_large_hours_chart_labels_its_quarters_and_a_small_one_its_ends_alone() -> None:
+    series = Series("email", Step.MINUTE, [_bucket(minute, 1) for minute in range(60)])
+    for small, expected in ((False, ["08:15", "08:30", "08:45"]), (True, [])):
+        svg = _parsed(throughput_chart(series, small=small))
+        assert [text.text for text in svg.iter(f"{SVG}text")
+                if text.get("class") == "time"] == expected
+
+
 def test_a_series_of_zeros_draws_no_bar_and_a_scale_of_zero() -> None:
     series = Series("email", Step.MINUTE, [_bucket(minute) for minute in range(60)])
     svg = _parsed(throughput_chart(series, small=True))
     assert svg.get("width") == str(SMALL.width)
     assert _title(svg) == "email: 0 enqueued, 0 completed, 0 failed in the last hour"
     assert not [r for g in _buckets(svg) for r in _rects(g, "completed") + _rects(g, "failed")]
-    assert {text.get("class"): text.text for text in svg.iter(f"{SVG}text")}["max"] == "0"
+    # One 0, at the baseline: not a 0 at the top of the axis too.
+    assert _axis_labels(svg) == ["0"]
 
 
 def test_the_same_series_draws_the_same_bytes() -> None:
@@ -235,6 +313,12 @@ def test_the_overview_charts_every_types_traffic_and_each_types_own(
     assert _title(charts["pdf throughput"]) == (
         "pdf: 1 enqueued, 0 completed, 0 failed in the last hour")
     assert _title(charts["sync throughput"]).startswith("sync: 0 enqueued")
+    said = re.findall(r'</svg><p class="chart-totals">([^<]*)</p>', page.text)
+    assert said[:2] == ["6 enqueued, 2 completed, 1 failed in the last hour",
+                        "3 pending at the last count (08:00), at most 3 in the last hour"]
+    assert said[2:] == ["5 enqueued, 2 completed, 1 failed in the last hour",
+                        "1 enqueued, 0 completed, 0 failed in the last hour",
+                        "0 enqueued, 0 completed, 0 failed in the last hour"]
     # Each type's chart leads to the type's page.
     assert '<a href="/ui/types/email">email</a>' in page.text
     assert "<script" not in page.text
@@ -270,6 +354,11 @@ def test_a_types_page_shows_its_settings_and_its_charts(
     assert _title(charts["email depth"]) == (
         "email: 2 pending at the last count (08:00), at most 2 in the last hour")
     assert _title(_buckets(charts["email failures"])[-1]) == "08:00 — 1 failed"
+    # The totals in words under each chart, not only in tooltips.
+    totals = re.findall(r'</svg><p class="chart-totals">([^<]*)</p>', page.text)
+    assert totals == ["5 enqueued, 2 completed, 1 failed in the last hour",
+                      "1 failed attempt in the last hour",
+                      "2 pending at the last count (08:00), at most 2 in the last hour"]
     day = _svgs(signed_in.get("/ui/types/email?period=day").text)
     assert _title(day["email throughput"]).endswith("in the last 24 hours")
     # The types page leads here.

@@ -5,6 +5,7 @@ those), behind the dashboard's CSRF check."""
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
@@ -90,8 +91,10 @@ def test_the_page_lists_each_group_with_its_counts_and_its_error_as_text(
     # The worker's error is text: escaped, never markup; the newest one is the sample.
     assert _cell(email, "sample") == str(escape(HOSTILE_TIMEOUT.format(ms=31000)))
     assert "<script>" not in page
-    assert f'<time datetime="{to_rfc3339(first_at)}">' in _cell(email, "when")
-    assert f'<time datetime="{to_rfc3339(first_at + 5 * MICROS)}">' in email
+    # Each time as its age, the time in UTC its tooltip.
+    first, last = to_rfc3339(first_at), to_rfc3339(first_at + 5 * MICROS)
+    assert f'<time datetime="{first}" title="{utc(first)}">10 s ago</time>' in _cell(email, "when")
+    assert f'<time datetime="{last}" title="{utc(last)}">5 s ago</time>' in email
     # Its newest jobs, newest first, each a link to the job's page.
     assert re.findall(r'<a href="/ui/jobs/(\d+)">', _cell(email, "newest-jobs")) == [
         str(timeouts[1]), str(timeouts[0])]
@@ -163,7 +166,30 @@ def test_the_type_filter_shows_that_types_groups_and_stays_after_a_retry(
     assert with_nul.status_code == 400 and "type: Must not contain NUL" in with_nul.text
 
 
-def test_the_retry_button_retries_the_groups_failed_jobs_only(
+def test_failing_now_says_what_is_failed_now_beside_the_jobs_that_ever_failed(
+        signed_in: FlaskClient, api: Api, producer: Key, worker: Key, admin: Key) -> None:
+    jobs = [_fail(api, producer, worker, HOSTILE_TIMEOUT.format(ms=ms)) for ms in (1, 2, 3)]
+    [fingerprint] = _fingerprints(signed_in, admin).values()
+    row = _row(signed_in.get("/ui/failures").text, fingerprint)
+    assert (_cell(row, "failing-now"), _cell(row, "jobs-failed")) == ("<strong>3</strong>", "3")
+    # Retried, and two fail again with the same error: ever 5, now 2 (the third is pending).
+    post_form(signed_in, f"/ui/failures/email/{fingerprint}/retry",
+              f"/ui/failures/email/{fingerprint}/retry")
+    for job_id in jobs[:2]:
+        _fail(api, producer, worker, HOSTILE_TIMEOUT.format(ms=7), job_id=job_id)
+    row = _row(signed_in.get("/ui/failures").text, fingerprint)
+    assert (_cell(row, "failing-now"), _cell(row, "jobs-failed"), _cell(row, "count")) == (
+        "<strong>2</strong>", "5", "5")
+    # Its job failing again with another error is no longer this group's to retry.
+    post_form(signed_in, f"/ui/failures/email/{fingerprint}/retry",
+              f"/ui/failures/email/{fingerprint}/retry")
+    _fail(api, producer, worker, REFUSED, job_id=jobs[0])
+    row = _row(signed_in.get("/ui/failures").text, fingerprint)
+    assert _cell(row, "failing-now") == "<strong>0</strong>"
+    assert "nothing failed now" in row and "/retry" not in row
+
+
+def test_a_groups_retry_asks_first_with_the_count_and_takes_its_failed_jobs_only(
         signed_in: FlaskClient, api: Api, producer: Key, worker: Key, admin: Key) -> None:
     timeouts = [_fail(api, producer, worker, HOSTILE_TIMEOUT.format(ms=ms)) for ms in (1, 2)]
     refused = _fail(api, producer, worker, REFUSED)
@@ -176,10 +202,22 @@ def test_the_retry_button_retries_the_groups_failed_jobs_only(
     timeout_print = prints[("email", "<script>alert(1)</script>")]
     page = signed_in.get("/ui/failures").text
     action = f"/ui/failures/email/{timeout_print}/retry"
-    assert f'action="{action}"' in _row(page, timeout_print)
-    assert ">Retry failed jobs</button>" in _row(page, timeout_print)
+    # The page links to a confirmation, saying how many; no form retries from the list.
+    row = _row(page, timeout_print)
+    assert f'<a class="button" href="{action}">Retry 2…</a>' in row
+    assert "<form" not in row
 
-    answer = post_form(signed_in, "/ui/failures", action)
+    confirm = signed_in.get(action)
+
+    assert confirm.status_code == 200
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", confirm.text))
+    assert ("This sends back to pending, each with a fresh retry budget, 2 jobs of type email "
+            "that are failed now with this error as their last.") in said
+    assert str(escape(HOSTILE_TIMEOUT.format(ms=3))) in confirm.text
+    assert ">Retry 2 jobs</button>" in confirm.text
+    assert [_status(api, admin, job_id) for job_id in timeouts] == ["failed", "failed"]
+
+    answer = post_form(signed_in, action, action)
 
     assert answer.status_code == 302 and answer.headers["Location"] == "/ui/failures"
     assert [_status(api, admin, job_id) for job_id in timeouts] == ["pending", "pending"]
@@ -188,10 +226,26 @@ def test_the_retry_button_retries_the_groups_failed_jobs_only(
     assert _status(api, admin, again) == "pending"
     after = signed_in.get("/ui/failures").text
     assert '<li class="ok">2 jobs sent back to pending.</li>' in after
-    # Nothing left to retry: said, and nothing changes.
+    # Nothing left to retry: the confirmation says so and offers no button.
+    confirm = signed_in.get(action).text
+    assert "there is nothing to retry" in confirm and "<button type=\"submit\">Retry" not in confirm
     post_form(signed_in, "/ui/failures", action)
     assert "0 jobs sent back to pending." in signed_in.get("/ui/failures").text
     assert _status(api, admin, refused) == "failed"
+
+
+def test_a_filtered_pages_retry_comes_back_to_the_filtered_page(
+        signed_in: FlaskClient, api: Api, producer: Key, worker: Key, admin: Key) -> None:
+    _fail(api, producer, worker, REFUSED, job_type="pdf")
+    [fingerprint] = _fingerprints(signed_in, admin).values()
+    page = signed_in.get("/ui/failures?type=pdf").text
+    link = html.unescape(re.search(r'<a class="button" href="([^"]+)"', page).group(1))
+    assert link == f"/ui/failures/pdf/{fingerprint}/retry?filtered=1"
+    confirm = signed_in.get(link).text
+    assert 'name="filtered" value="1"' in confirm
+    assert 'href="/ui/failures?type=pdf">Back to the failures</a>' in confirm
+    answer = post_form(signed_in, link, link.split("?")[0], {"filtered": "1"})
+    assert answer.headers["Location"] == "/ui/failures?type=pdf"
 
 
 def test_a_retry_without_the_forms_csrf_token_is_refused(
@@ -218,7 +272,9 @@ def test_a_retry_of_no_such_group_is_the_dashboards_not_found_page(
                            f"/ui/failures/email/{fingerprint}/retry")
         assert answer.status_code == 404, fingerprint
         assert "No such failure group." in answer.text
-    assert signed_in.get("/ui/failures/email/0123456789abcdef/retry").status_code == 405
+        confirm = signed_in.get(f"/ui/failures/email/{fingerprint}/retry")
+        assert confirm.status_code == 404 and "No such failure group." in confirm.text
+    assert signed_in.get("/ui/failures/email/0123456789abcdef/retry").status_code == 404
 
 
 def test_without_failures_the_page_says_so(signed_in: FlaskClient) -> None:

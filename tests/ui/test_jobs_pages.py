@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
 
 from flask import Flask
 from flask.testing import FlaskClient
 from markupsafe import escape
 
 from app.core.clock import ManualClock
+from app.ui.present import utc
 from tests.conftest import Api, Key
 from tests.ui.conftest import post_form
 
@@ -56,6 +58,27 @@ def test_the_jobs_list_shows_the_last_line_of_an_error(
     assert "Traceback" not in page
 
 
+def _row(page: str, job_id: int) -> str:
+    row = page[page.index(f'/ui/jobs/{job_id}"'):]
+    return row[:row.index("</tr>")]
+
+
+def test_the_jobs_list_gives_the_last_error_its_whole_line_and_drops_an_empty_progress(
+        signed_in: FlaskClient, api: Api, producer: Key, worker: Key) -> None:
+    # A last line longer than any cell: shown whole (the stylesheet clips it to one line
+    # with an ellipsis, tests/ui/test_browser.py), and whole in its tooltip.
+    line = ("SMTP 550: mailbox unavailable for recipient ada@example.com "
+            + "(policy rejection by upstream relay) " * 6).strip()
+    job_id = _failed(api, producer, worker, error=f"Traceback (most recent call last):\n{line}")
+    page = signed_in.get("/ui/jobs").text
+    cell = re.search(r'<td class="error-line" title="([^"]*)">([^<]*)</td>', _row(page, job_id))
+    assert cell is not None
+    assert html.unescape(cell.group(1)) == line and html.unescape(cell.group(2)) == line
+    # No job of the page reported progress: no column for it.
+    assert '<th scope="col">Progress</th>' not in page and 'class="progress"' not in page
+    assert len(re.findall(r"<th scope=\"col\">", page)) == 10
+
+
 def test_the_jobs_list_is_newest_first_with_pages_both_ways(
         signed_in: FlaskClient, client: FlaskClient, producer: Key) -> None:
     answer = client.post("/jobs/batch", headers=producer.headers,
@@ -90,11 +113,13 @@ def test_the_jobs_list_shows_when_each_job_runs_and_finished(
     clock.advance(90)
     api.complete(worker, job_id, result={}, lease_token=claimed["lease_token"])
     finished = api.get(producer, job_id).get_json()["updated_at"]
+    clock.advance(120)
     page = signed_in.get("/ui/jobs").text
     assert '<th scope="col">Runs at</th>' in page and '<th scope="col">Finished</th>' in page
-    row = page[page.index(f'/ui/jobs/{job_id}"'):]
-    row = row[:row.index("</tr>")]
-    assert f'<time datetime="{finished}">' in row
+    # Each time as its age, the time in UTC its tooltip: the row stays one line.
+    row = _row(page, job_id)
+    assert (f'<time datetime="{finished}" title="{utc(finished)}">2 min ago</time>'
+            in row), row
 
 
 def test_the_scheduled_filter_lists_the_pending_jobs_not_yet_due(
@@ -115,7 +140,14 @@ def test_bulk_retry_of_the_filtered_jobs_asks_first_and_needs_its_csrf_token(
     confirm = html.unescape(re.search(r'href="(/ui/jobs/retry-many[^"]*)"', listing).group(1))
     assert "cancel-many" not in listing  # a failed job cannot be cancelled
     page = signed_in.get(confirm).text
-    assert "Retry jobs?" in page and "up to <strong>1000</strong>" in page
+    # The count it takes, not the limit: the pdf job and the pending one are not counted.
+    api.enqueue(producer, type="email", payload={})
+    page = signed_in.get(confirm).text
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page))
+    assert "Retry jobs?" in page and "1000" not in said and "1,000" not in said
+    assert ("3 jobs are failed of type email now. This sends back to pending, "
+            "each with a fresh retry budget, all 3;") in said, said
+    assert ">Retry 3 jobs</button>" in page
     assert all(api.get(admin, job_id).get_json()["status"] == "failed" for job_id in failed)
     refused = signed_in.post("/ui/jobs/retry-many", data={"type": "email", "status": "failed"})
     assert refused.status_code == 400
@@ -125,6 +157,30 @@ def test_bulk_retry_of_the_filtered_jobs_asks_first_and_needs_its_csrf_token(
     assert "3 jobs sent back to pending." in signed_in.get(answer.headers["Location"]).text
     assert [api.get(admin, job_id).get_json()["status"] for job_id in failed] == ["pending"] * 3
     assert api.get(admin, other).get_json()["status"] == "failed"
+
+
+def test_a_bulk_confirmation_counts_up_to_its_cap_and_says_what_its_limit_takes(
+        signed_in: FlaskClient, client: FlaskClient, producer: Key, app: Flask,
+        monkeypatch: Any) -> None:
+    from app.ui import routes
+
+    answer = client.post("/jobs/batch", headers=producer.headers,
+                         json={"jobs": [{"type": "email", "payload": {}} for _ in range(12)]})
+    assert answer.status_code == 201
+    monkeypatch.setattr(routes, "BULK_COUNT_CAP", 20)
+    monkeypatch.setattr(routes._bulk_schema.fields["limit"], "load_default", 5)
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", signed_in.get(
+        "/ui/jobs/cancel-many?type=email").text))
+    assert "12 jobs are pending, suspended or waiting of type email now." in said, said
+    assert "This cancels the oldest 5 of them (run it again for the rest);" in said
+    monkeypatch.setattr(routes, "BULK_COUNT_CAP", 10)
+    page = signed_in.get("/ui/jobs/cancel-many?type=email").text
+    said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page))
+    assert "More than 10 jobs are pending, suspended or waiting of type email now." in said
+    assert ">Cancel 5 jobs</button>" in page
+    # None found: nothing to do, and no button.
+    page = signed_in.get("/ui/jobs/cancel-many?type=pdf").text
+    assert "There is nothing to cancel." in page and "<button" not in page.split("<main>")[1]
 
 
 def test_bulk_cancel_takes_the_pending_jobs_of_the_type(

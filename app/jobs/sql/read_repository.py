@@ -23,7 +23,15 @@ from app.jobs.sql.job_rows import (
     job_of,
     status_is_job,
 )
-from app.jobs.sql.statuses import FINISHED, PENDING, RESERVED, RUNNING, SUSPENDED, WAITING
+from app.jobs.sql.statuses import (
+    FINISHED,
+    PENDING,
+    RESERVED,
+    RUNNING,
+    SUSPENDED,
+    WAITING,
+    status_literal,
+)
 from app.jobs.timeline.failure_repository import last_failed_with
 from app.keys.repository import LIVE_KEY, live_key_condition
 from app.storage.chunks import chunked
@@ -176,6 +184,33 @@ _select_expired_unclaimed = (
 # The predicate of the finished jobs' partial index, as written there: a query that repeats it
 # is matched to the index by both planners.
 _FINISHED_ROW = jobs.c.status.in_(FINISHED)
+
+
+@functools.cache
+def _count_for_bulk(statuses: tuple[JobStatus, ...], of_one_type: bool) -> Any:
+    """The jobs in `statuses` (of the type `type`, when `of_one_type`), counted up to
+    `cap_plus_one`: a branch per status, each from that status's partial index (failed or
+    cancelled jobs of one type through the finished jobs' (type, status) index, of any type
+    through their status's index of ids; pending, waiting and suspended ones through theirs)
+    and under a LIMIT of its own, as _count_ahead's branches are, so that the count stops at
+    the cap however many jobs are stored (tests/test_db.py reads the plans)."""
+    branches = []
+    for status in statuses:
+        conditions = [status_is_job(status)]
+        if of_one_type and status in (JobStatus.FAILED, JobStatus.CANCELLED):
+            # The status as a range of one value, not `= 'failed'`: an equality also matches
+            # the status's index of ids, which PostgreSQL prefers while its statistics take a
+            # type's share of the failed jobs for its share of all jobs, and then walks every
+            # other type's failed jobs. A range proves only the finished jobs' predicate.
+            literal = status_literal(status)
+            conditions = [_FINISHED_ROW, jobs.c.status >= literal, jobs.c.status <= literal]
+        if of_one_type:
+            conditions.append(jobs.c.type == bindparam("type"))
+        branch = select(jobs.c.id).where(*conditions).limit(bindparam("cap_plus_one"))
+        branches.append(select(branch.subquery().c.id))
+    counted = (union_all(*branches) if len(branches) > 1 else branches[0]).limit(
+        bindparam("cap_plus_one")).subquery()
+    return select(func.count()).select_from(counted)
 
 
 class JobReads(ClaimRepository):
@@ -332,6 +367,17 @@ class JobReads(ClaimRepository):
         examined, due = self.conn.execute(stmt, params).one()
         capped = int(examined) > cap
         return BoundedCount(min(int(due), cap) if capped else int(due), capped)
+
+    def count_for_bulk(self, statuses: Collection[JobStatus], job_type: str | None,
+                       cap: int) -> BoundedCount:
+        """The jobs in `statuses` (of `job_type`, when given) as a bulk action would find
+        them, counted up to `cap`: exact when not `capped`, `cap` otherwise."""
+        if not statuses:
+            return BoundedCount(0, capped=False)
+        stmt = _count_for_bulk(tuple(sorted(statuses)), job_type is not None)
+        counted = int(self.conn.execute(stmt, {"type": job_type, "cap_plus_one": cap + 1})
+                      .scalar_one())
+        return BoundedCount(min(counted, cap), capped=counted > cap)
 
     def count_running_by_worker(self) -> dict[str, int]:
         """How many jobs each worker holds now (running, its lease live or not yet rescued).

@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, select
+from sqlalchemy import Connection, and_, bindparam, case, delete, func, literal_column, select
 
 from app.core.clock import MICROS
+from app.core.statuses import JobStatus
+from app.jobs.domain.models import BoundedCount
 from app.storage.dialects import conflict_insert_for
 from app.storage.schema import failure_groups, job_attempts, jobs
 
@@ -66,6 +68,32 @@ def _is_last_attempt() -> Any:
     later = job_attempts.alias("later")
     return ~select(later.c.id).where(later.c.job_id == job_attempts.c.job_id,
                                      later.c.number > job_attempts.c.number).exists()
+
+
+def _failing_now() -> Any:
+    """How many jobs a group holds failed now, among the jobs of its newest attempts: the
+    group's attempts read newest first through their fingerprint index, at most
+    `examined_cap` of them, each one's job looked up by its id and its job's later attempts
+    through uq_job_attempts_job_id_number. Both look-ups are correlated subqueries, run per
+    attempt: as a join, PostgreSQL's planner hashes a scan of every job once the group's
+    attempts look many. Its cost is bounded by the cap, never by the jobs stored nor by the
+    failed ones. (attempts examined, failing now)."""
+    newest = (select(job_attempts.c.job_id, job_attempts.c.number)
+              .where(job_attempts.c.fingerprint == bindparam("fingerprint"))
+              .order_by(job_attempts.c.ended_at.desc())
+              .limit(bindparam("examined_cap")).subquery("newest"))
+    status_now = (select(jobs.c.status)
+                  .where(jobs.c.id == newest.c.job_id, jobs.c.type == bindparam("type"))
+                  .scalar_subquery())
+    later = job_attempts.alias("later")
+    is_last = ~select(later.c.id).where(later.c.job_id == newest.c.job_id,
+                                        later.c.number > newest.c.number).exists()
+    failing = and_(status_now == literal_column(f"'{JobStatus.FAILED.value}'"), is_last)
+    return select(func.count(), func.coalesce(func.sum(case((failing, 1), else_=0)), 0)
+                  ).select_from(newest)
+
+
+_count_failing_now = _failing_now()
 
 
 class FailureRepository:
@@ -125,6 +153,16 @@ class FailureRepository:
             if (job_type, fingerprint) in counts:
                 counts[(job_type, fingerprint)][int(bucket) * HOUR_US] = count
         return counts
+
+    def failing_now(self, job_type: str, fingerprint: str, cap: int) -> BoundedCount:
+        """The group's jobs that are failed now with its error as their last (what a retry
+        of the group takes), among the jobs of its newest `cap` attempts: exact when the
+        group keeps no more attempts than that; `capped` (a lower bound) otherwise."""
+        examined, failing = self.conn.execute(_count_failing_now, {
+            "fingerprint": fingerprint, "type": job_type, "examined_cap": cap + 1}).one()
+        capped = int(examined) > cap
+        # Read among cap + 1 attempts: still a lower bound when capped, kept at most the cap.
+        return BoundedCount(min(int(failing), cap) if capped else int(failing), capped)
 
     def newest_job_ids(self, job_type: str, fingerprint: str, limit: int) -> list[int]:
         """The jobs of the group's newest failed attempts, newest first, each once: read

@@ -12,7 +12,7 @@ from app.core.callers import Caller
 from app.core.clock import Clock
 from app.core.errors import Conflict, NotFound, UniqueConflict, UniqueScopeHeld
 from app.core.statuses import JobStatus
-from app.jobs.domain.models import Job, JobControls
+from app.jobs.domain.models import BoundedCount, Job, JobControls
 from app.jobs.domain.transitions import Transition
 from app.jobs.domain.waits import ResumedBy
 from app.jobs.sql.repository import JobRepository
@@ -85,6 +85,14 @@ class Administration:
         cancelled, in batches (see _bulk_transition); the others are skipped."""
         return self._bulk_transition(caller, Transition.CANCEL, filters)
 
+    def count_for_bulk(self, caller: Caller, transition: Transition, *,
+                       job_type: str | None, status: str | None, cap: int) -> BoundedCount:
+        """How many jobs a bulk `transition` with these type and status filters would find
+        now (before its limit), counted up to `cap` (what a confirmation says it takes)."""
+        statuses = _bulk_statuses(transition, status)
+        return self.uow.counting_read(
+            lambda tx: tx.jobs_for(caller).count_for_bulk(statuses, job_type, cap))
+
     def _bulk_transition(self, caller: Caller, transition: Transition,
                          filters: dict[str, Any]) -> list[Job]:
         """The jobs the filters name, lowest id first, up to their limit, taken a batch
@@ -92,9 +100,7 @@ class Administration:
         the database's write lock (SQLite's) is held for one batch at most, and every other
         writer goes on between batches. Only jobs that existed when the action began are
         taken. Returns the jobs changed, by id."""
-        statuses = list(transition.from_statuses)
-        if filters.get("status") is not None:
-            statuses = [status for status in statuses if status == filters["status"]]
+        statuses = _bulk_statuses(transition, filters.get("status"))
         if not statuses:
             return []
         batch_size = self.bulk_batch_size
@@ -215,3 +221,10 @@ class Administration:
                                                                  job.unique_scope or "")
         raise UniqueConflict("Another job holds this job's unique key; retry it once that "
                              "job has left its while statuses.", None if twin is None else twin.id)
+
+
+def _bulk_statuses(transition: Transition, status: str | None) -> list[JobStatus]:
+    """The statuses a bulk transition takes jobs from: those it starts from, or the one
+    filtered on among them (none when the filter names another)."""
+    return [from_status for from_status in transition.from_statuses
+            if status is None or from_status == status]

@@ -98,6 +98,7 @@ class JobService:
         self.retry = admin.retry
         self.cancel_many = admin.cancel_many
         self.retry_many = admin.retry_many
+        self.count_for_bulk = admin.count_for_bulk
         reservations = Reservations(uow, clock)
         self.reservations = reservations
         self.confirm = reservations.confirm
