@@ -13,9 +13,10 @@ def init_ui(app: Flask) -> None:
     app.session_interface = DashboardSessionInterface()
     init_security(app)
     register_filters(app)
-    from app.ui import routes, search  # noqa: F401  (their pages register on the blueprint)
+    from app.ui import live, routes, search  # noqa: F401  (their pages register on the blueprint)
     from app.ui.forms import SEARCH_CHARS
     from app.ui.pages import bp
 
     app.jinja_env.globals["search_chars"] = SEARCH_CHARS
+    live.init_live(app)
     app.register_blueprint(bp)
