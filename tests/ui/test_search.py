@@ -160,8 +160,12 @@ def test_a_fingerprint_names_its_group_and_the_failures_page_links_to_its_jobs(
     timeout = _fail(api, producer, worker, TIMEOUT.format(ms=1))
     _fail(api, producer, worker, REFUSED)
     fingerprint = _fingerprint(signed_in, admin, "email", "Timeout")
-    link = f'href="/ui/jobs?type=email&amp;error={fingerprint}">all its jobs</a>'
-    assert link in signed_in.get("/ui/failures").text
+    link = f'href="/ui/jobs?type=email&amp;error={fingerprint}">All its jobs</a>'
+    page = signed_in.get("/ui/failures").text
+    assert link in page
+    # Beside the group's retry, not among its newest jobs (a cell of job ids alone).
+    newest = re.findall(r'<td class="newest-jobs">(.*?)</td>', page, re.DOTALL)
+    assert newest and not any("All its jobs" in cell for cell in newest)
     page = signed_in.get(f"/ui/jobs?type=email&error={fingerprint}").text
     assert _listed(page) == [timeout] and "1 failure group matches" in page
 
