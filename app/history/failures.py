@@ -45,6 +45,15 @@ class FailureGroups:
             return FailureRepository(conn).groups(job_type=job_type, since_us=since_us,
                                                   limit=limit)
 
+    def matching(self, text: str, *, job_type: str | None = None,
+                 limit: int = 50) -> tuple[list[FailureGroup], bool]:
+        """The groups (of one type) whose newest error holds `text` (any case), or whose
+        fingerprint it is: up to `limit`, most recently seen first, and whether more match.
+        The jobs list's error filter: the jobs are then found through these groups."""
+        with self.db.read() as conn:
+            found = FailureRepository(conn).matching(text, job_type=job_type, limit=limit + 1)
+        return found[:limit], len(found) > limit
+
     def overview(self, *, job_type: str | None = None, limit: int = 50) -> list[GroupDetail]:
         """The groups most recently seen first, each with its day and newest jobs, read in
         one transaction (the dashboard's failures page)."""

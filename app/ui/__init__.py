@@ -13,7 +13,15 @@ def init_ui(app: Flask) -> None:
     app.session_interface = DashboardSessionInterface()
     init_security(app)
     register_filters(app)
-    from app.ui import failure_pages, routes  # noqa: F401  (their pages register on the blueprint)
+    from app.ui import (  # noqa: F401  (their pages register on the blueprint)
+        failure_pages,
+        live,
+        routes,
+        search,
+    )
+    from app.ui.forms import SEARCH_CHARS
     from app.ui.pages import bp
 
+    app.jinja_env.globals["search_chars"] = SEARCH_CHARS
+    live.init_live(app)
     app.register_blueprint(bp)

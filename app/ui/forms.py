@@ -104,15 +104,29 @@ JOB_FILTER_STATUSES = (*(s.value for s in JobStatus), SCHEDULED)
 NEWEST_FIRST, OLDEST_FIRST = "newest", "oldest"
 
 
+# What the search box and the jobs list's error filter take: a line of text (a job's id, or
+# words of an error) short enough to type; control characters refused, not searched for.
+SEARCH_CHARS = 200
+
+
+def search_text() -> fields.String:
+    return fields.String(validate=[
+        validate.Length(min=1, max=SEARCH_CHARS),
+        validate.Regexp(r"^[^\x00-\x1f\x7f-\x9f]*\Z",
+                        error="Must not contain control characters.")])
+
+
 class JobFilterSchema(StrictSchema):
     """The jobs page's query string (empty fields are left out before loading): the
-    filters, the order, where the page starts (after `cursor`, or before `before`), and
-    whether it refreshes itself."""
+    filters (the error text's included), the order, where the page starts (after `cursor`,
+    or before `before`), and whether it refreshes itself."""
 
     type = non_empty_text(TYPE_CHARS)
     status = fields.String(validate=validate.OneOf(JOB_FILTER_STATUSES))
     producer = non_empty_text(NAME_CHARS)
     tag = tag_field()
+    # The failure groups whose newest error holds this text (or whose fingerprint it is).
+    error = search_text()
     order = fields.String(validate=validate.OneOf([NEWEST_FIRST, OLDEST_FIRST]))
     cursor = non_empty_text(CURSOR_CHARS)
     before = non_empty_text(CURSOR_CHARS)
@@ -180,3 +194,17 @@ _chart_filter_schema = ChartFilterSchema()
 
 def chart_filters(args: Mapping[str, str]) -> dict[str, str]:
     return _load_filters(_chart_filter_schema, args)
+
+
+class SearchSchema(StrictSchema):
+    """The search box's query string (every page's header): a job's id, or error text."""
+
+    q = search_text()
+
+
+_search_schema = SearchSchema()
+
+
+def search_query(args: Mapping[str, str]) -> str:
+    """What the search box sent, trimmed ("" for nothing), or FormInvalid saying why not."""
+    return _load_filters(_search_schema, args).get("q", "")

@@ -1,7 +1,7 @@
 """The dashboard's blueprint and what every page of it shares: the signed-in admin (a page
 without one goes to the sign-in), the page context (navigation, auto-refresh), the error
 pages, and the form action's answer (a message on the next page). The pages themselves are in
-app/ui/routes.py."""
+app/ui/routes.py, the search in app/ui/search.py, the live pages' JSON twins in app/ui/live.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,17 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
-from flask import Blueprint, current_app, flash, g, redirect, render_template, request, url_for
+from flask import (
+    Blueprint,
+    current_app,
+    flash,
+    g,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.wrappers import Response
 
@@ -30,6 +40,9 @@ _OPEN = frozenset({"ui.sign_in", "ui.static"})
 # How often a page asked to refresh itself (?refresh=on) reloads, by a <meta> refresh: no
 # script, so the CSP stays as it is.
 REFRESH_SECONDS = 10
+# The routes that answer JSON (the live pages' twins, app/ui/live.py): their refusals are JSON
+# too, and without a session a 401 (the script stops), not the sign-in page.
+JSON_ENDPOINTS: set[str] = set()
 
 
 @bp.before_request
@@ -39,9 +52,18 @@ def _require_session() -> Response | None:
         return None
     caller = ui_session.signed_in_caller()
     if caller is None:
+        if request.endpoint in JSON_ENDPOINTS:
+            return _json_error(401, "Signed out", "No dashboard session (signed out, expired, "
+                                                  "or its key revoked): sign in again.")
         return redirect(url_for("ui.sign_in"))
     g.caller = caller
     return None
+
+
+def _json_error(status: int, title: str, detail: str | None) -> Response:
+    answer = jsonify({"title": title, "detail": detail, "sign_in": url_for("ui.sign_in")})
+    answer.status_code = status
+    return answer
 
 
 @bp.context_processor
@@ -78,23 +100,28 @@ def render_page(template: str, status: int = 200, **context: Any) -> tuple[str, 
     return render_template(f"ui/{template}", **context), status
 
 
+def _error_page(status: int, title: str, detail: str | None) -> Response | tuple[str, int]:
+    if request.endpoint in JSON_ENDPOINTS:
+        return _json_error(status, title, detail)
+    return render_page("error.html", status, title=title, detail=detail)
+
+
 @bp.errorhandler(CSRFRefused)
-def _csrf_refused(error: CSRFRefused) -> tuple[str, int]:
-    return render_page("error.html", 400, title="Form refused",
-                 detail="The form came without a valid CSRF token (or from another site). "
-                        "Reload the page and send it again.")
+def _csrf_refused(error: CSRFRefused) -> Response | tuple[str, int]:
+    return _error_page(400, "Form refused",
+                       "The form came without a valid CSRF token (or from another site). "
+                       "Reload the page and send it again.")
 
 
 @bp.errorhandler(QueueError)
-def _problem(error: QueueError) -> tuple[str, int]:
+def _problem(error: QueueError) -> Response | tuple[str, int]:
     kind = problem_type_of(error)
-    return render_page("error.html", kind.status, title=kind.title, detail=error.detail)
+    return _error_page(kind.status, kind.title, error.detail)
 
 
 @bp.errorhandler(HTTPException)
-def _http_error(error: HTTPException) -> tuple[str, int]:
-    status = error.code or 500
-    return render_page("error.html", status, title=error.name, detail=error.description)
+def _http_error(error: HTTPException) -> Response | tuple[str, int]:
+    return _error_page(error.code or 500, error.name, error.description)
 
 
 @bp.before_app_request

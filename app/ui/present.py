@@ -156,12 +156,24 @@ def waits_for(waiting_for: Mapping[str, Any]) -> str:
     return f"until {until}"
 
 
+def oldest_claimable(shown: Mapping[str, Any]) -> str:
+    """A type's oldest claimable job (as GET /types shows the type): its age, or for a paused
+    type none, with how long its oldest due job has waited (the overview, the type's page
+    and their live figures write it so)."""
+    waited = shown["oldest_claimable_age_seconds"]
+    if not shown["paused"]:
+        return duration(waited)
+    return "none: paused" + ("" if waited is None
+                             else f" (its oldest due job waits {duration(waited)})")
+
+
 def register_filters(app: Flask) -> None:
     for name, fn in (("utc", utc), ("age", age), ("duration", duration), ("waits_for", waits_for),
                      ("json_text", json_text), ("limits", limits), ("counts_text", counts_text),
                      ("circuit_text", circuit_text), ("retry_budget_text", retry_budget_text),
                      ("last_line", last_line), ("in_zone", in_zone), ("percent", percent),
-                     ("hourly_chart", hourly_chart), ("chart_totals", chart_totals)):
+                     ("hourly_chart", hourly_chart), ("chart_totals", chart_totals),
+                     ("oldest_claimable", oldest_claimable)):
         app.add_template_filter(fn, name)
     # The queue over time as SVG (app/ui/charts.py): `{{ series|throughput_chart(small=true) }}`.
     for name, draw in (("throughput_chart", throughput_chart),

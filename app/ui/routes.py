@@ -50,6 +50,7 @@ from app.ui.pages import bp
 from app.ui.pages import queue_services as _services
 from app.ui.pages import render_page as _page
 from app.ui.pages import signed_in as _caller
+from app.ui.search import error_match
 from app.web.problems import flatten_errors
 from app.workflows.schemas import represent_summary, represent_workflow
 
@@ -152,12 +153,15 @@ def jobs() -> tuple[str, int]:
                      paused_types=frozenset())
     status = filters.get("status")
     backward = "before" in filters
+    # The error text matches failure groups; the jobs are those with an attempt in them.
+    matched = error_match(filters["error"], filters.get("type")) if "error" in filters else None
     page, following = services.jobs.list_jobs(
         _caller(), status=None if status == SCHEDULED else status,
         scheduled=status == SCHEDULED, job_type=filters.get("type"),
         producer=filters.get("producer"), tag=filters.get("tag"), limit=JOBS_PER_PAGE,
         cursor=filters.get("before") if backward else filters.get("cursor"),
-        newest_first=filters.get("order", NEWEST_FIRST) == NEWEST_FIRST, backward=backward)
+        newest_first=filters.get("order", NEWEST_FIRST) == NEWEST_FIRST, backward=backward,
+        failure_groups=None if matched is None else matched.pairs)
     # Going backwards, `following` leads further back and the page we came from is next;
     # going forwards, a page reached through a cursor has one before it.
     if backward:
@@ -174,14 +178,16 @@ def jobs() -> tuple[str, int]:
                  filters=shown, next_cursor=next_cursor, previous_cursor=previous_cursor,
                  messages={}, auto_refresh=filters.get("refresh") == REFRESH_ON,
                  job_types=sorted(services.types.job_types), statuses=JOB_FILTER_STATUSES,
-                 bulk=_bulk_actions(shown), paused_types=services.types.paused_types())
+                 bulk=_bulk_actions(shown), paused_types=services.types.paused_types(),
+                 error_match=matched)
 
 
 def _bulk_actions(filters: dict[str, str]) -> list[str]:
     """The bulk actions the jobs page offers for its filters: those the API's bulk routes
-    can take (a type and a status; neither a producer nor `scheduled`), and only those that
-    start from the status filtered on."""
-    if "producer" in filters or "tag" in filters or filters.get("status") == SCHEDULED:
+    can take (a type and a status; neither a producer, a tag, an error text nor `scheduled`),
+    and only those that start from the status filtered on."""
+    if any(name in filters for name in ("producer", "tag", "error")) \
+            or filters.get("status") == SCHEDULED:
         return []
     status = filters.get("status")
     return [action for action, transition in _BULK.items()

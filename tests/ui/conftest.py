@@ -12,6 +12,14 @@ from flask.testing import FlaskClient
 from tests.conftest import Key
 
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+# The one script a page may carry: the live pages' own static file (docs/DASHBOARD.md).
+LIVE_SCRIPT = '<script src="/ui/static/live.js" defer></script>'
+
+
+def without_live_script(page: str) -> str:
+    """The page without its live script's tag: what is left holds no `<script` at all when
+    nothing a producer or worker sent became markup."""
+    return page.replace(LIVE_SCRIPT, "")
 
 
 def csrf_of(page: str) -> str:

@@ -839,3 +839,119 @@ def test_an_operator_sees_a_types_circuit_open_and_what_opened_it(
     assert "SMTP 421 try again later" in browser.page_source
     requests.patch(server.url_of("/types/sync"), headers=bearer(admin), timeout=10,
                    json={"circuit": None, "retry_budget": None})
+
+
+def _until(browser: Any, condition: Any, timeout: float = 60) -> Any:
+    """Wait, polling, until `condition(browser)` is true (never a fixed sleep)."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, timeout, poll_frequency=0.25,
+                         ignored_exceptions=(WebDriverException,)).until(condition)
+
+
+def _cell(browser: Any, key: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    text: str = browser.find_element(By.CSS_SELECTOR, f'[data-live="{key}"]').text
+    return text
+
+
+# Catches what the CSP would refuse the live script (a fetch, an HTML write, an eval) from
+# the moment it is set: each violation's directive, kept on the window.
+_WATCH_CSP = """
+window.queuelogViolations = [];
+document.addEventListener('securitypolicyviolation', function (e) {
+  window.queuelogViolations.push(e.violatedDirective + ' ' + e.blockedURI);
+});
+"""
+
+
+def test_an_operator_watches_the_overview_and_a_job_change_live_and_finds_jobs_by_search(
+        browser: Any, server: LiveServer, database_url: str, screenshots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    engine = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    producer = create_api_key(database_url, "shop", "producer")
+    worker = create_api_key(database_url, "mailer", "worker")
+    admin = create_api_key(database_url, "ops", "admin")
+    failed = _failed_with(server, producer, worker, "email",
+                          "SMTP 550: mailbox unavailable (queue id 4711)")
+    browser.delete_all_cookies()
+    _sign_in(browser, server, admin)
+
+    # The overview says it is live, and keeps saying how fresh it is.
+    assert browser.current_url == server.url_of("/ui/")
+    browser.execute_script(_WATCH_CSP + "window.queuelogOldPage = true;")
+    status = browser.find_element(By.ID, "live")
+    _until(browser, lambda _: status.is_displayed()
+           and re.fullmatch(r"Live: updated \d+ s ago", status.text.strip()))
+    assert _cell(browser, "type/pdf/running") == "0"
+
+    # A job claimed and completed through the API: the counts change on the page, no reload.
+    enqueued = requests.post(server.url_of("/jobs"), headers=bearer(producer), timeout=10,
+                             json={"type": "pdf", "payload": {"invoice": 1042}})
+    job_id: int = enqueued.json()["id"]
+    claimed = requests.post(server.url_of("/jobs/claim"), headers=bearer(worker), timeout=10,
+                            json={"types": ["pdf"]}).json()
+    assert claimed["id"] == job_id
+    _until(browser, lambda _: _cell(browser, "type/pdf/running") == "1")
+    _shot(browser, "live-overview", engine, screenshots)
+    done = requests.post(server.url_of(f"/jobs/{job_id}/complete"), headers=bearer(worker),
+                         timeout=10, json={"lease_token": claimed["lease_token"]})
+    assert done.status_code == 200, done.text
+    # Running is read live; completed comes from the counts' snapshot, at most 10 s old.
+    _until(browser, lambda _: _cell(browser, "type/pdf/running") == "0"
+           and _cell(browser, "type/pdf/completed") == "1")
+    assert browser.execute_script("return window.queuelogOldPage === true")  # no reload
+    assert browser.execute_script("return window.queuelogViolations") == []
+
+    # A job's page: its status follows, and the page offers a reload (other buttons now).
+    enqueued = requests.post(server.url_of("/jobs"), headers=bearer(producer), timeout=10,
+                             json={"type": "sync", "payload": {}})
+    watched: int = enqueued.json()["id"]
+    browser.get(server.url_of(f"/ui/jobs/{watched}"))
+    browser.execute_script(_WATCH_CSP + "window.queuelogOldPage = true;")
+    status_word = browser.find_element(By.CSS_SELECTOR, 'h1 [data-live="status"]')
+    assert status_word.text == "pending"
+    reload = browser.find_element(By.CSS_SELECTOR, "#live .live-reload")
+    assert not reload.is_displayed()
+    claimed = requests.post(server.url_of("/jobs/claim"), headers=bearer(worker), timeout=10,
+                            json={"types": ["sync"]}).json()
+    assert claimed["id"] == watched
+    _until(browser, lambda _: status_word.text == "running" and reload.is_displayed())
+    assert "status-running" in status_word.get_attribute("class")
+    assert browser.execute_script("return window.queuelogOldPage === true")
+    assert browser.execute_script("return window.queuelogViolations") == []
+    _shot(browser, "live-job", engine, screenshots)
+    _follow(browser, reload)
+    assert "Request cancel" in browser.page_source  # the running job's own button
+
+    # The search box: a job's id jumps to its page; a missing one says so; error text lists
+    # the jobs of the failure groups whose error holds it.
+    def search(text: str) -> None:
+        box = browser.find_element(By.ID, "search-q")
+        box.clear()
+        box.send_keys(text)
+        _follow(browser, browser.find_element(By.CSS_SELECTOR, "form.search button"))
+
+    search(str(failed))
+    assert browser.current_url == server.url_of(f"/ui/jobs/{failed}")
+    search("987654321")
+    assert browser.find_element(By.TAG_NAME, "h1").text == "No job 987654321"
+    search("mailbox UNAVAILABLE")
+    assert browser.current_url == server.url_of("/ui/jobs?error=mailbox+UNAVAILABLE")
+    assert "1 failure group matches" in browser.find_element(By.ID, "error-match").text
+    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
+    assert [row.find_element(By.TAG_NAME, "th").text for row in rows] == [str(failed)]
+    _shot(browser, "search", engine, screenshots)
+
+    # A revoked key's session: the live page's script is refused and stops, saying so.
+    browser.get(server.url_of("/ui/failures"))
+    alert = browser.find_element(By.CSS_SELECTOR, "#live .live-alert")
+    _until(browser, lambda _: "Live: updated" in browser.find_element(By.ID, "live").text)
+    _revoke(database_url, "ops")
+    _until(browser, lambda _: "Signed out" in alert.text)
+    assert alert.find_element(By.LINK_TEXT, "Sign in again").get_attribute(
+        "href") == server.url_of("/ui/sign-in")
+    assert "(stopped)" in browser.find_element(By.CSS_SELECTOR, "#live .live-said").text

@@ -54,7 +54,7 @@ def _row(page: str, fingerprint: str) -> str:
 
 
 def _cell(row: str, name: str) -> str:
-    found = re.search(rf'<td class="[^"]*\b{name}\b[^"]*">(.*?)</td>', row, flags=re.DOTALL)
+    found = re.search(rf'<td class="[^"]*\b{name}\b[^"]*"[^>]*>(.*?)</td>', row, flags=re.DOTALL)
     assert found is not None, name
     return found.group(1).strip()
 

@@ -15,7 +15,7 @@ from markupsafe import escape
 from app.core.clock import ManualClock
 from app.ui import routes
 from tests.conftest import Api, Key
-from tests.ui.conftest import post_form
+from tests.ui.conftest import post_form, without_live_script
 
 HOSTILE_KEY = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
 
@@ -225,5 +225,5 @@ def test_a_key_named_like_markup_is_shown_as_text(
     failed, held = _block_a_key(api, producer, worker, HOSTILE_KEY)
     for page in ("/ui/", f"/ui/jobs/{failed}", f"/ui/jobs/{held}"):
         text = signed_in.get(page).text
-        assert "<script" not in text and "<img" not in text, page
+        assert "<script" not in without_live_script(text) and "<img" not in text, page
         assert str(escape(HOSTILE_KEY)) in text, page

@@ -55,11 +55,16 @@ def test_the_overviews_oldest_claimable_job_leaves_a_paused_types_jobs_out(
     # The paused type's own row says how long its oldest due job waits, not as claimable.
     sync = page[page.index('<a href="/ui/jobs?type=sync">sync</a></th>'):]
     sync = sync[:sync.index("</tr>")]
-    assert _text(re.search(r'<td class="oldest">(.*?)</td>', sync).group(1)) == (
+    assert _text(re.search(r'<td class="oldest muted"[^>]*>(.*?)</td>', sync).group(1)) == (
         "none: paused (its oldest due job waits 11 min)")
     # Its page says the same.
     type_page = signed_in.get("/ui/types/sync").text
-    assert _text(re.search(r'<td id="oldest">(.*?)</td>', type_page, re.S).group(1)) == (
+    assert _text(re.search(r'<td id="oldest"[^>]*>(.*?)</td>', type_page, re.S).group(1)) == (
+        "none: paused (its oldest due job waits 11 min)")
+    # Their live figures say it as the pages do (a poll would otherwise undo it).
+    assert signed_in.get("/ui/live/overview").json["figures"]["type/sync/oldest"] == (
+        "none: paused (its oldest due job waits 11 min)")
+    assert signed_in.get("/ui/live/types/sync").json["figures"]["oldest"] == (
         "none: paused (its oldest due job waits 11 min)")
     # Every type paused: no job is claimable.
     _pause(client, admin, "email")

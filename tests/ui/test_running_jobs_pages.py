@@ -41,11 +41,13 @@ def test_a_running_jobs_page_shows_its_progress_as_a_bar_once_it_reports(
 
     page = signed_in.get(f"/ui/jobs/{job_id}").text
     assert '<progress id="job-progress" value="42" max="120"' in page
-    assert '<span id="progress-count">42 / 120</span>' in page and "(35 %)" in page
+    assert '<span id="progress-count" data-live="progress_count">42 / 120</span>' in page
+    assert "(35 %)" in page
     # The worker's message is text, never markup.
-    assert f'<p id="progress-message">{escape("<b>rows</b> of invoices.csv")}</p>' in page
+    message = escape("<b>rows</b> of invoices.csv")
+    assert f'<p id="progress-message" data-live="progress_message">{message}</p>' in page
     assert "<b>rows</b>" not in page
-    assert f'Reported <time datetime="{reported}">' in page
+    assert f'Reported <span data-live="progress_at"><time datetime="{reported}">' in page
     assert "No progress reported." not in page
 
 
@@ -61,7 +63,7 @@ def test_a_finished_job_keeps_its_last_progress_and_a_message_alone_draws_no_bar
     talker, token = _running(api, producer, worker)
     api.heartbeat(worker, talker, lease_token=token, message="warming up")
     page = signed_in.get(f"/ui/jobs/{talker}").text
-    assert '<p id="progress-message">warming up</p>' in page
+    assert '<p id="progress-message" data-live="progress_message">warming up</p>' in page
     assert "<progress" not in page and "progress-count" not in page
 
 

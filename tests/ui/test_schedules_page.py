@@ -12,7 +12,7 @@ from flask.testing import FlaskClient
 
 from app.core.clock import ManualClock
 from tests.conftest import Key
-from tests.ui.conftest import csrf_of, post_form, sign_in
+from tests.ui.conftest import csrf_of, post_form, sign_in, without_live_script
 
 HOSTILE = "<script>alert('schedule')</script>"
 
@@ -132,7 +132,7 @@ def test_a_schedules_job_is_shown_as_text(signed_in: FlaskClient, client: FlaskC
             job={"type": "email", "payload": {"html": HOSTILE, "to": '"><img src=x>'}})
     for page in ("/ui/schedules", "/ui/"):
         text = signed_in.get(page).text
-        assert "<script" not in text and "<img" not in text, page
+        assert "<script" not in without_live_script(text) and "<img" not in text, page
     text = signed_in.get("/ui/schedules").text
     assert html.escape(HOSTILE, quote=False) in text or "&lt;script&gt;" in text
 

@@ -5,10 +5,10 @@ it names). ClaimRepository below it, JobRepository above it, on the same connect
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
-from sqlalchemy import bindparam, case, func, or_, select, tuple_, union_all
+from sqlalchemy import and_, bindparam, case, func, or_, select, tuple_, union_all
 
 from app.core.statuses import JobStatus
 from app.jobs.domain.aging import level_index
@@ -32,7 +32,7 @@ from app.jobs.sql.statuses import (
     WAITING,
     status_literal,
 )
-from app.jobs.timeline.failure_repository import last_failed_with
+from app.jobs.timeline.failure_repository import jobs_in_groups, last_failed_with
 from app.keys.repository import LIVE_KEY, live_key_condition
 from app.storage.chunks import chunked
 from app.storage.schema import job_tags, jobs
@@ -123,6 +123,14 @@ _count_running_by_worker = (select(_running_workers.c.worker_id, func.count())
 # the newest) or every job of a producer.
 _running_ids = (select(jobs.c.id).where(jobs.c.status == RUNNING)
                 .cte("running_ids").prefix_with("MATERIALIZED"))
+
+
+def _keyset(after_id: int, descending: bool) -> Callable[[Any], Any] | None:
+    """A listing's keyset bound on an id column: past the cursor's id, or none (descending
+    from the newest, after_id 0)."""
+    if descending:
+        return (lambda ids: ids < after_id) if after_id else None
+    return lambda ids: ids > after_id
 
 
 @functools.cache
@@ -261,24 +269,36 @@ class JobReads(ClaimRepository):
     def list_jobs(self, *, after_id: int, limit: int, producer: str | None = None,
                   worker: str | None = None, status: str | None = None,
                   job_type: str | None = None, run_after: int | None = None,
-                  descending: bool = False, tag: str | None = None) -> list[Job]:
+                  descending: bool = False, tag: str | None = None,
+                  failure_groups: Collection[tuple[str, str]] | None = None) -> list[Job]:
         """Jobs with id > after_id in id order (`descending`: id < after_id, newest first;
         after_id 0 then means from the newest), narrowed by the filters that are not None;
-        `run_after` keeps the jobs whose run_at is later, `tag` those tagged so."""
+        `run_after` keeps the jobs whose run_at is later, `tag` those tagged so,
+        `failure_groups` ((type, fingerprint) pairs) those with an attempt in one of them."""
         stmt = select(*JOB_COLUMNS)
         # With a tag, the jobs come from the tag's entries of ix_job_tags_tag_job_id, walked
         # in id order from the cursor (the keyset bound and the order are the index's
-        # columns), each job then looked up by id: never a scan of the jobs.
+        # columns), each job then looked up by id: never a scan of the jobs. With failure
+        # groups, from the groups' attempts (their fingerprint index), each job then looked
+        # up by id.
         ids: Any = jobs.c.id
-        if tag is not None:
+        if failure_groups is not None:
+            if not failure_groups:
+                return []
+            matched = jobs_in_groups(failure_groups, _keyset(after_id, descending))
+            ids = matched.c.job_id
+            stmt = stmt.select_from(matched.join(jobs, and_(jobs.c.id == ids,
+                                                            jobs.c.type == matched.c.type)))
+            if tag is not None:
+                stmt = stmt.where(jobs.c.id.in_(select(job_tags.c.job_id)
+                                                .where(job_tags.c.tag == tag)))
+        elif tag is not None:
             ids = job_tags.c.job_id
             stmt = stmt.select_from(job_tags.join(jobs, jobs.c.id == job_tags.c.job_id)).where(
                 job_tags.c.tag == tag)
-        if descending:
-            if after_id:
-                stmt = stmt.where(ids < after_id)
-        else:
-            stmt = stmt.where(ids > after_id)
+        bound = _keyset(after_id, descending)
+        if bound is not None:
+            stmt = stmt.where(bound(ids))
         if run_after is not None:
             stmt = stmt.where(jobs.c.run_at > run_after)
         if producer is not None:

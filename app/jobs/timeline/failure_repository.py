@@ -5,11 +5,24 @@ retry by fingerprint read of them and of the attempts they count."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, delete, func, literal_column, select
+from sqlalchemy import (
+    Connection,
+    String,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    union,
+)
 
 from app.core.clock import MICROS
 from app.core.statuses import JobStatus
@@ -130,6 +143,19 @@ class FailureRepository:
                              failure_groups.c.fingerprint).limit(limit)
         return [FailureGroup(*row) for row in self.conn.execute(stmt)]
 
+    def matching(self, text: str, *, job_type: str | None, limit: int) -> list[FailureGroup]:
+        """Up to `limit` groups (of one type) whose sample holds `text` (any case), or whose
+        fingerprint it is, most recently seen first. A scan of failure_groups, a row per
+        type and fingerprint: never of the attempts or the jobs."""
+        stmt = select(failure_groups).where(or_(
+            failure_groups.c.sample.icontains(text, autoescape=True),
+            failure_groups.c.fingerprint == text))
+        if job_type is not None:
+            stmt = stmt.where(failure_groups.c.type == job_type)
+        stmt = stmt.order_by(failure_groups.c.last_seen.desc(),
+                             failure_groups.c.type, failure_groups.c.fingerprint).limit(limit)
+        return [FailureGroup(*row) for row in self.conn.execute(stmt)]
+
     def group(self, job_type: str, fingerprint: str) -> FailureGroup | None:
         row = self.conn.execute(select(failure_groups).where(
             failure_groups.c.type == job_type,
@@ -197,3 +223,26 @@ def last_failed_with(fingerprint: str) -> Any:
     their index, lead to the jobs (never a walk over every failed job)."""
     return jobs.c.id.in_(select(job_attempts.c.job_id).where(
         job_attempts.c.fingerprint == fingerprint, _is_last_attempt()))
+
+
+def jobs_in_groups(groups: Collection[tuple[str, str]],
+                   bound: Callable[[Any], Any] | None) -> Any:
+    """The jobs with an attempt in these failure groups ((type, fingerprint) pairs): a FROM
+    of (job_id, type), each pair once, read through the attempts' fingerprint index
+    (ix_job_attempts_fingerprint_ended_at: so in proportion to the groups' attempts, never a
+    walk over the jobs or the attempts), `bound` (a keyset bound on an id, or None) applied
+    inside. One branch per type, holding that type's fingerprints: joined to the jobs on
+    both columns, a job counts only where its own type's group matched (one fingerprint may
+    be a group of several types)."""
+    by_type: dict[str, set[str]] = {}
+    for job_type, fingerprint in groups:
+        by_type.setdefault(job_type, set()).add(fingerprint)
+    branches = []
+    for job_type, prints in sorted(by_type.items()):
+        branch = select(job_attempts.c.job_id, literal(job_type, String).label("type")).where(
+            job_attempts.c.fingerprint.in_(sorted(prints)))
+        if bound is not None:
+            branch = branch.where(bound(job_attempts.c.job_id))
+        branches.append(branch)
+    matched = branches[0].distinct() if len(branches) == 1 else union(*branches)
+    return matched.subquery("in_groups")

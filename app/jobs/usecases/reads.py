@@ -4,6 +4,7 @@ each as the caller may see it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 from app.core.callers import Caller, Role
 from app.core.clock import Clock
@@ -111,14 +112,17 @@ class JobReads:
     def list_jobs(self, caller: Caller, *, status: str | None, job_type: str | None,
                   limit: int, cursor: str | None, producer: str | None = None,
                   newest_first: bool = False, backward: bool = False,
-                  scheduled: bool = False, tag: str | None = None
+                  scheduled: bool = False, tag: str | None = None,
+                  failure_groups: Collection[tuple[str, str]] | None = None
                   ) -> tuple[list[Job], str | None]:
         """A page of the jobs the caller may see, by id, and the cursor of the next page.
         `producer` narrows an admin's listing to one producer's jobs (a producer sees only
         its own whatever it asks). `newest_first` lists by id downwards; `backward` gives the
         page before `cursor` (in the listing's order) and the cursor of the one before that;
         `scheduled` keeps the pending jobs whose run_at is still ahead; `tag` the jobs
-        carrying it (through its index, ix_job_tags_tag_job_id)."""
+        carrying it (through its index, ix_job_tags_tag_job_id); `failure_groups` ((type,
+        fingerprint) pairs) the jobs with an attempt in one of them (through the attempts'
+        fingerprint index)."""
         after_id = decode_cursor(cursor) if cursor is not None else 0
         # A page backwards is read forwards in the other order, then turned round.
         descending = newest_first != backward
@@ -132,6 +136,7 @@ class JobReads:
                 run_after=self.clock.now_us() if scheduled else None,
                 descending=descending,
                 tag=tag,
+                failure_groups=failure_groups,
             ))
         more = len(page) > limit
         page = page[:limit]
