@@ -121,6 +121,19 @@ class Timestamp(fields.String):
 NO_NUL = validate.Regexp(r"^[^\x00]*\Z", error="Must not contain NUL characters.")
 
 
+class Printable(validate.Validator):
+    """Text a person reads as sent: printable characters of any script, no control or
+    invisible formatting character (NUL, a newline, an escape, a bidirectional override,
+    a zero-width space), and not spaces alone."""
+
+    error = "Must be printable: no control or formatting characters, and not only spaces."
+
+    def __call__(self, value: str) -> str:
+        if not value.isprintable() or value.isspace():
+            raise ValidationError(self.error)
+        return value
+
+
 def non_empty_text(limit: Limit[int]) -> fields.String:
     return fields.String(validate=[length_within(limit), NO_NUL])
 
