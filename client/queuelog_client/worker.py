@@ -30,8 +30,10 @@ import functools
 import importlib
 import logging
 import math
+import os
 import random
 import signal
+import socket
 import threading
 import time
 import traceback
@@ -41,7 +43,13 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
-from queuelog_client.client import MAX_CLAIM_JOBS, MAX_CLAIM_WAIT_SECONDS, Client, Job
+from queuelog_client.client import (
+    MAX_CLAIM_JOBS,
+    MAX_CLAIM_WAIT_SECONDS,
+    MAX_INSTANCE_CHARS,
+    Client,
+    Job,
+)
 from queuelog_client.errors import (
     Conflict,
     NotFound,
@@ -55,7 +63,8 @@ from queuelog_client.logs import stderr_unless_configured
 from queuelog_client.steps import DurableSteps, StepMemo, SuspendJob, waitpoint_of
 from queuelog_client.tracing import job_trace_headers, run_span
 
-__all__ = ["CancelRequested", "ClaimedJob", "Handler", "RetryLater", "Worker", "load_handler"]
+__all__ = ["CancelRequested", "ClaimedJob", "Handler", "RetryLater", "Worker",
+           "default_instance", "load_handler"]
 
 log = logging.getLogger("queuelog_client.worker")
 
@@ -64,6 +73,9 @@ Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
 # The server stores at most 2,000 characters of an error (it takes more, and cuts them);
 # sending more is wasted bytes. Both are checked against /openapi.json, as the client's are.
 MAX_ERROR_CHARS = 2000
+# The label a worker sends with its claims and heartbeats, unless told: this variable's
+# value, else "host:pid" (default_instance).
+INSTANCE_VARIABLE = "QUEUELOG_INSTANCE"
 MAX_RETRY_IN_SECONDS = 86_400
 # Backoff between attempts to reach a server that does not answer, and between the empty
 # claims of a worker that does not long-poll (wait_seconds=0), which would otherwise ask
@@ -261,6 +273,28 @@ def load_handler(spec: str) -> Handler:
     return handler
 
 
+def default_instance() -> str:
+    """This process's instance label: QUEUELOG_INSTANCE when set (and not empty), else
+    "host:pid", the host's name cut so that the label stays within the server's length."""
+    chosen = os.environ.get(INSTANCE_VARIABLE)
+    if chosen:
+        return chosen
+    pid = f":{os.getpid()}"
+    return (socket.gethostname() or "localhost")[:MAX_INSTANCE_CHARS - len(pid)] + pid
+
+
+def check_instance(label: str) -> str:
+    """The label, if the server would take it: 1..MAX_INSTANCE_CHARS printable characters,
+    not only spaces (no control or invisible formatting character); else ValueError."""
+    if not 1 <= len(label) <= MAX_INSTANCE_CHARS:
+        raise ValueError(f"an instance label is 1 to {MAX_INSTANCE_CHARS} characters, "
+                         f"not {len(label)}")
+    if not label.isprintable() or label.isspace():
+        raise ValueError(f"an instance label is printable, with no control or formatting "
+                         f"characters, not only spaces: {label!r}")
+    return label
+
+
 class _ProgressMailbox:
     """The latest progress a handler recorded, and what the heartbeats have carried of it.
 
@@ -390,15 +424,20 @@ class Worker:
     claim in flight is not cut short, since the server may be handing it a job that would
     then sit leased to nobody until the lease ran out; what it brings runs within the grace
     period. `heartbeat=False` only suits handlers that always finish well within the lease.
+
+    `instance` labels this process's claims and heartbeats (default: QUEUELOG_INSTANCE, else
+    "host:pid"): GET /workers and the dashboard list the key's instances by it, and each
+    job's attempt names it. The server shows it as reported; the key alone is the worker.
     """
 
     def __init__(self, url: str, handler: Handler, *, token: str | None = None,
                  types: Iterable[str] | None = None, concurrency: int = 1,
                  lease_seconds: int | None = None, wait_seconds: float = 5.0,
                  grace_seconds: float = 30.0, heartbeat: bool = True,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, instance: str | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        self.instance = check_instance(default_instance() if instance is None else instance)
         if not 0 <= wait_seconds <= MAX_CLAIM_WAIT_SECONDS:
             raise ValueError(f"wait_seconds must be between 0 and {MAX_CLAIM_WAIT_SECONDS:g}")
         self.handler = handler
@@ -439,10 +478,10 @@ class Worker:
         heartbeats.start()
         # Said at once: an idle worker would otherwise print nothing until its first job.
         log.info("worker waiting for jobs of %s from %s (concurrency %d, each claim waits "
-                 "up to %g s)",
+                 "up to %g s) as instance %s",
                  f"types {','.join(self.types)}" if self.types is not None
                  else "any type the key allows", self.client.url, self.concurrency,
-                 self.wait_seconds)
+                 self.wait_seconds, self.instance)
         try:
             self._claim_loop()
         finally:
@@ -527,12 +566,12 @@ class Worker:
     def _claim(self, free: int) -> list[Job]:
         if self.concurrency == 1:
             job = self.client.claim(types=self.types, lease_seconds=self.lease_seconds,
-                                    wait_seconds=self.wait_seconds)
+                                    wait_seconds=self.wait_seconds, instance=self.instance)
             return [] if job is None else [job]
         # A worker may run more jobs at once than one claim-many may take.
         return self.client.claim_many(min(free, MAX_CLAIM_JOBS), types=self.types,
                                       lease_seconds=self.lease_seconds,
-                                      wait_seconds=self.wait_seconds)
+                                      wait_seconds=self.wait_seconds, instance=self.instance)
 
     def _start(self, job: Job) -> None:
         lease = self.lease_seconds or _lease_of(job)
@@ -739,7 +778,7 @@ class Worker:
             answer = self.client.heartbeat(
                 held.id, held.lease_token, lease_seconds=held.lease_seconds,
                 progress=None if progress is None else (progress["done"], progress["total"]),
-                message=message, wait_if_too_soon=False)
+                message=message, wait_if_too_soon=False, instance=self.instance)
         except TooManyRequests as exc:
             # Sooner than the server takes this job's heartbeats (the handler's checkpoint
             # beat just before, say): nothing was written, the lease stands. Beat again when

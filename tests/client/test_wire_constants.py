@@ -16,6 +16,7 @@ from queuelog_client import Client, Worker
 from queuelog_client.client import (
     MAX_CLAIM_JOBS,
     MAX_CLAIM_WAIT_SECONDS,
+    MAX_INSTANCE_CHARS,
     MAX_WAIT_PER_REQUEST_SECONDS,
 )
 from queuelog_client.worker import MAX_ERROR_CHARS, MAX_RETRY_IN_SECONDS
@@ -131,3 +132,9 @@ def test_a_worker_running_more_jobs_than_one_claim_many_takes_asks_for_no_more(d
     worker.client = Recording()  # type: ignore[assignment]
     worker._claim(worker.concurrency)
     assert asked == [max_jobs["maximum"]]
+
+
+def test_the_workers_instance_label_fits_the_server(document):
+    for path in ("/jobs/claim", "/jobs/claim-many", "/jobs/{job_id}/heartbeat"):
+        instance = _body_schema(document, path)["properties"]["instance"]
+        assert (instance["minLength"], instance["maxLength"]) == (1, MAX_INSTANCE_CHARS)
