@@ -69,7 +69,7 @@ EVENT_KEY_CHARS = Limit[int]("EVENT_KEY_CHARS", 0, 255, "characters",
                              "an event's key, posted or waited for (default: empty)")
 INSTANCE_CHARS = Limit[int]("INSTANCE_CHARS", 1, 200, "characters",
                             "a worker's instance label, sent with its claims and heartbeats "
-                            "(printable, no control characters)")
+                            "(printable ASCII, no space at either end)")
 
 # -- how many ----------------------------------------------------------------------------------
 RETRIES = Limit[int]("RETRIES", 0, 25, "retries", "a job's max_retries", default=3)

@@ -20,6 +20,11 @@ _ASCII_DIGITS = re.compile(r"[0-9]{1,18}")
 _ASCII_DECIMAL = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
 PRINTABLE_ASCII = re.compile(r"^[\x20-\x7e]+\Z")
 PRINTABLE_ASCII_TEXT = validate.Regexp(PRINTABLE_ASCII, error="Must be printable ASCII.")
+# A label a person reads as sent (a worker's instance): printable ASCII, no space at either
+# end, so no control character, no invisible or look-alike one, and never spaces alone.
+PRINTABLE_LABEL = validate.Regexp(
+    re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?\Z"),
+    error="Must be printable ASCII, with no space at either end.")
 
 
 def within(limit: Limit[int] | Limit[float]) -> validate.Range:
@@ -119,19 +124,6 @@ class Timestamp(fields.String):
 # lease token, cron line or progress message has one, so it is refused here (422) instead
 # of failing in the database (500).
 NO_NUL = validate.Regexp(r"^[^\x00]*\Z", error="Must not contain NUL characters.")
-
-
-class Printable(validate.Validator):
-    """Text a person reads as sent: printable characters of any script, no control or
-    invisible formatting character (NUL, a newline, an escape, a bidirectional override,
-    a zero-width space), and not spaces alone."""
-
-    error = "Must be printable: no control or formatting characters, and not only spaces."
-
-    def __call__(self, value: str) -> str:
-        if not value.isprintable() or value.isspace():
-            raise ValidationError(self.error)
-        return value
 
 
 def non_empty_text(limit: Limit[int]) -> fields.String:

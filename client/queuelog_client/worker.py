@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import random
+import re
 import signal
 import socket
 import threading
@@ -273,25 +274,33 @@ def load_handler(spec: str) -> Handler:
     return handler
 
 
+# What the server takes as an instance label (besides its length): printable ASCII, no space
+# at either end (tests/client/test_wire_constants.py checks it against /openapi.json).
+INSTANCE_PATTERN = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?\Z")
+
+
 def default_instance() -> str:
     """This process's instance label: QUEUELOG_INSTANCE when set (and not empty), else
-    "host:pid", the host's name cut so that the label stays within the server's length."""
+    "host:pid", the host's name cut so that the label stays within the server's length (and
+    any character of it the server would refuse written "?")."""
     chosen = os.environ.get(INSTANCE_VARIABLE)
     if chosen:
         return chosen
     pid = f":{os.getpid()}"
-    return (socket.gethostname() or "localhost")[:MAX_INSTANCE_CHARS - len(pid)] + pid
+    host = "".join(char if "!" <= char <= "~" else "?"
+                   for char in socket.gethostname() or "localhost")
+    return host[:MAX_INSTANCE_CHARS - len(pid)] + pid
 
 
 def check_instance(label: str) -> str:
-    """The label, if the server would take it: 1..MAX_INSTANCE_CHARS printable characters,
-    not only spaces (no control or invisible formatting character); else ValueError."""
+    """The label, if the server would take it: 1..MAX_INSTANCE_CHARS characters of printable
+    ASCII, no space at either end; else ValueError."""
     if not 1 <= len(label) <= MAX_INSTANCE_CHARS:
         raise ValueError(f"an instance label is 1 to {MAX_INSTANCE_CHARS} characters, "
                          f"not {len(label)}")
-    if not label.isprintable() or label.isspace():
-        raise ValueError(f"an instance label is printable, with no control or formatting "
-                         f"characters, not only spaces: {label!r}")
+    if not INSTANCE_PATTERN.match(label):
+        raise ValueError(f"an instance label is printable ASCII, with no space at either "
+                         f"end: {label!r}")
     return label
 
 

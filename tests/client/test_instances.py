@@ -24,6 +24,8 @@ def test_the_default_label_is_host_and_pid_unless_the_operator_sets_one(monkeypa
     monkeypatch.setattr(socket, "gethostname", lambda: "h" * 300)
     label = default_instance()
     assert len(label) == MAX_INSTANCE_CHARS and label.endswith(f":{os.getpid()}")
+    monkeypatch.setattr(socket, "gethostname", lambda: "h\u00f6st one")
+    assert check_instance(default_instance()) == f"h?st?one:{os.getpid()}"
     monkeypatch.setenv(INSTANCE_VARIABLE, "blue-7")
     assert default_instance() == "blue-7"
     assert Worker("http://127.0.0.1:9", handlers.succeed, token="t").instance == "blue-7"
@@ -31,8 +33,8 @@ def test_the_default_label_is_host_and_pid_unless_the_operator_sets_one(monkeypa
                   instance="green-2").instance == "green-2"
 
 
-@pytest.mark.parametrize("label", ["", " ", "tab\there", "line\nbreak", "\u202eevil",
-                                   "x" * (MAX_INSTANCE_CHARS + 1)])
+@pytest.mark.parametrize("label", ["", " ", " lead", "trail ", "tab\there", "line\nbreak",
+                                   "\u202eevil", "h\u00f6st:1", "x" * (MAX_INSTANCE_CHARS + 1)])
 def test_a_label_the_server_would_refuse_is_refused_at_start(label):
     with pytest.raises(ValueError, match="instance label"):
         check_instance(label)

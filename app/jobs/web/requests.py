@@ -52,8 +52,8 @@ from app.jobs.domain.uniqueness import DEFAULT_WHILE, WHILE_STATUSES, OnConflict
 from app.web.fields import (
     NO_NUL,
     PRINTABLE_ASCII_TEXT,
+    PRINTABLE_LABEL,
     PageQuerySchema,
-    Printable,
     PriorityLabel,
     StrictInteger,
     StrictNumber,
@@ -344,11 +344,11 @@ class BatchEnqueueSchema(StrictSchema):
 
 def instance_field() -> fields.String:
     """The worker's instance label, sent with its claims and heartbeats."""
-    return fields.String(validate=[length_within(INSTANCE_CHARS), Printable()], metadata={
-        "description": "This worker process's label (the runner sends host:pid, or the one "
-                       "its operator sets): GET /workers lists the key's instances by it and "
-                       "a job's attempts name it. Shown as reported; who holds a job is the "
-                       "key and the lease token, never this label."})
+    return fields.String(validate=[length_within(INSTANCE_CHARS), PRINTABLE_LABEL], metadata={
+        "description": "This worker process's label, printable ASCII (the runner sends "
+                       "host:pid, or the one its operator sets): GET /workers lists the key's "
+                       "instances by it and a job's attempts name it. Shown as reported; who "
+                       "holds a job is the key and the lease token, never this label."})
 
 
 class ClaimSchema(StrictSchema):
