@@ -94,8 +94,9 @@ class HistoryService:
         self.keys = keys
         self.ahead_limit = ahead_limit  # QUEUELOG_EXPLAIN_AHEAD_LIMIT
 
-    def workers(self) -> list[Worker]:
-        """Every live worker key, by name."""
+    def workers(self, *, instances_shown: bool = True) -> list[Worker]:
+        """Every live worker key, by name; with its instances unless `instances_shown` is
+        false (explain's reasons need the keys alone)."""
         live = [key for key in self.keys.list_keys()
                 if key.role == Role.WORKER and key.revoked_at is None]
         running: dict[str, dict[str | None, int]] = defaultdict(dict)
@@ -105,7 +106,9 @@ class HistoryService:
         instances: dict[str, list[InstanceRow]] = defaultdict(list)
         with self.db.read() as conn:
             activity = HistoryRepository(conn).activity()
-            for row in InstanceRepository(conn).seen_since(now - INSTANCES_SHOWN_US):
+            recent = (InstanceRepository(conn).seen_since(now - INSTANCES_SHOWN_US)
+                      if instances_shown else [])
+            for row in recent:
                 instances[row.name].append(row)
         workers = []
         for key in sorted(live, key=lambda key: key.name):
@@ -115,7 +118,8 @@ class HistoryService:
                 last_seen_at=None if seen is None else seen.last_seen_at,
                 last_claim_at=None if seen is None else seen.last_claim_at,
                 running=sum(running[key.name].values()),
-                instances=_instances_of(instances[key.name], running[key.name], now)))
+                instances=_instances_of(instances[key.name], running[key.name], now)
+                if instances_shown else ()))
         return workers
 
     def attempts(self, caller: Caller, job_id: int) -> list[Attempt]:
@@ -147,7 +151,7 @@ class HistoryService:
         """Why the job is or is not running; NotFound when the caller may not see it."""
         self.jobs.get_job(caller, job_id)
         workers = [WorkerFacts(worker.name, worker.types, worker.last_claim_at)
-                   for worker in self.workers()]
+                   for worker in self.workers(instances_shown=False)]
         # A counting read (app/storage/engine.py): the jobs ahead are read up to the limit,
         # and the flow reasons count what runs, so it takes a slot of the budget kept for such
         # reads.
