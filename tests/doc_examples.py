@@ -176,11 +176,12 @@ _TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 _TIME_IN_TEXT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)?")
 # Values that differ on every run: tokens, trace ids the server made up, secrets, and
 # durations and ages (shown when not null), and a type's count of the pending jobs whose run_at
-# is still ahead (which depends on how fast the examples before ran), and whether the
-# gunicorn worker that answered /readyz leads maintenance (one of them does).
+# is still ahead (which depends on how fast the examples before ran), whether the gunicorn
+# worker that answered /readyz leads maintenance (one of them does), and a worker instance's
+# claims of the last minute (written once a minute, whose turn the examples may cross).
 MASKED_KEYS = frozenset({"lease_token", "token", "traceparent", "secret", "check_secret",
                          "span_id", "trace_id", "duration_ms", "oldest_claimable_age_seconds",
-                         "scheduled", "leader"})
+                         "scheduled", "leader", "claimed_per_minute"})
 # Headers whose values differ on every run.
 MASKED_HEADERS = frozenset({"date", "server", "content-length", "retry-after", "traceparent",
                             "set-cookie", "x-request-id"})

@@ -160,6 +160,7 @@ def _sqlite_plan(template: str, stmt: Any, params: dict[str, Any]) -> list[str]:
 
 
 CLAIM_PARAMS = {"now": 0, "worker": "w", "lease_expires_at": 0, "nonce": "n", "limit": 1,
+                "instance": None,
                 "type": "email", "full_keys": ["customer-1"],
                 # The positions a claim from positions reads each level from.
                 **{f"{part}_{level}": 0 for level in LEVELS for part in ("created", "id")}}
@@ -568,7 +569,7 @@ def test_migrations_record_the_head_revision(empty_db_url):
     upgrade(empty_db_url)
     database = Database(make_engine(empty_db_url))
     with database.read() as conn:
-        assert current_revision(conn) == head_revision() == "0029"
+        assert current_revision(conn) == head_revision() == "0030"
         tables = {row[0] for row in conn.execute(text(
             "SELECT name FROM sqlite_master WHERE type='table'"
             if database.dialect == "sqlite" else
@@ -584,7 +585,7 @@ def test_postgres_tables_carry_the_storage_parameters_of_0011(empty_db_url, engi
     database = Database(make_engine(empty_db_url))
     if engine_name == "sqlite":
         with database.read() as conn:
-            assert current_revision(conn) == "0029"
+            assert current_revision(conn) == "0030"
         database.engine.dispose()
         return
     with database.read() as conn:

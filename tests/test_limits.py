@@ -81,6 +81,8 @@ PROBES: dict[str, Probe] = {
         "type": "email", "depends_on": list(range(1, n + 1))}, pending_jobs=100),
     "CLAIM_JOBS": Probe("worker", "POST", "/jobs/claim-many", "max_jobs",
                         body=lambda n: {"max_jobs": n}),
+    "INSTANCE_CHARS": Probe("worker", "POST", "/jobs/claim", "instance",
+                            body=lambda n: {"instance": _text(n)}),
     "CLAIM_TYPES": Probe("worker", "POST", "/jobs/claim", "types",
                          body=lambda n: {"types": ["email"] * n}),
     "COMPLETE_ITEMS": Probe("worker", "POST", "/jobs/complete-many", "items", body=lambda n: {

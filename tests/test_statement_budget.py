@@ -311,3 +311,42 @@ def test_aging_costs_no_statement_and_leaves_a_type_without_it_as_it_was(
     # Without an aging type the claim reads no level range; with one, it does.
     assert "priority = 0" not in " ".join(plain.statements)
     assert "priority = 0" in " ".join(costs["claim pdf"].statements)
+
+
+def test_a_label_rides_in_the_statement_each_step_already_sends(
+        app: Flask, api: Any, producer: Any, worker: Any, clock: Any) -> None:
+    """A worker's instance label (docs/API.md, GET /workers) is a value bound into the
+    claim's own UPDATE, and its claims and heartbeats are counted in memory, written at most
+    once a minute beside a request: a claim and a heartbeat with a label cost what plain ones
+    do, on PostgreSQL one round trip each."""
+    label = {"instance": "host-a.example:4242"}
+    job = api.enqueue(producer).json
+    claimed = api.claim(worker, **label).json  # the key and its instance noted this minute
+    assert api.complete(worker, job["id"], lease_token=claimed["lease_token"]).status_code == 200
+    engine = _engine(app)
+    job = api.enqueue(producer).json
+    costs: dict[str, Sent] = {}
+    with counting(app) as costs["claim"]:
+        claimed = api.claim(worker, **label).json
+    assert claimed["id"] == job["id"]
+    assert any("worker_instance" in sql for sql in costs["claim"].statements)
+    with counting(app) as heartbeat:
+        assert api.heartbeat(worker, job["id"], lease_token=claimed["lease_token"],
+                             **label).status_code == 200
+    with counting(app) as costs["complete"]:
+        done = api.complete(worker, job["id"], lease_token=claimed["lease_token"])
+    assert done.json["status"] == "completed"
+    for step, sent in costs.items():
+        assert len(sent.statements) == PLAIN_STATEMENTS[engine][step], (step, sent.shown())
+        if engine == "postgresql":
+            assert sent.round_trips == PLAIN_ROUND_TRIPS[step], (step, sent.shown())
+    if engine == "postgresql":
+        assert heartbeat.round_trips == 1, heartbeat.shown()
+    else:
+        assert len(heartbeat.statements) == 2, heartbeat.shown()  # BEGIN IMMEDIATE, UPDATE
+    # The minute over, the first claim of the next one writes what the last one counted,
+    # beside its own statement (as the key's own note, once a minute, does).
+    clock.advance(60)
+    with counting(app) as later:
+        assert api.claim(worker, **label).status_code == 204
+    assert sum("worker_instances" in sql for sql in later.statements) == 1, later.shown()

@@ -67,6 +67,9 @@ EVENT_NAME_CHARS = Limit[int]("EVENT_NAME_CHARS", 1, 200, "characters",
                               "an event's name, posted or waited for (printable ASCII)")
 EVENT_KEY_CHARS = Limit[int]("EVENT_KEY_CHARS", 0, 255, "characters",
                              "an event's key, posted or waited for (default: empty)")
+INSTANCE_CHARS = Limit[int]("INSTANCE_CHARS", 1, 200, "characters",
+                            "a worker's instance label, sent with its claims and heartbeats "
+                            "(printable ASCII, no space at either end)")
 
 # -- how many ----------------------------------------------------------------------------------
 RETRIES = Limit[int]("RETRIES", 0, 25, "retries", "a job's max_retries", default=3)
@@ -173,5 +176,5 @@ LIMITS: tuple[Limit[int] | Limit[float], ...] = (
     CONFIRM_WITHIN_SECONDS, RETENTION_SECONDS, FAILURE_SAMPLE_CHARS, STATS_BUCKETS,
     EVENT_NAME_CHARS, EVENT_KEY_CHARS, WAIT_SECONDS, CIRCUIT_FAILURE_RATIO, CIRCUIT_MIN_ATTEMPTS,
     CIRCUIT_WINDOW_SECONDS, CIRCUIT_COOLDOWN_SECONDS, RETRY_BUDGET_RATIO,
-    RETRY_BUDGET_WINDOW_SECONDS, RETRY_BUDGET_MINIMUM, AGING_SECONDS,
+    RETRY_BUDGET_WINDOW_SECONDS, RETRY_BUDGET_MINIMUM, AGING_SECONDS, INSTANCE_CHARS,
 )

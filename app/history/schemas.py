@@ -20,6 +20,9 @@ _DATE_TIME = {"format": "date-time"}
 class AttemptSchema(Schema):
     number = fields.Integer(required=True)
     worker_id = fields.String(required=True)
+    worker_instance = fields.String(required=True, allow_none=True, metadata={
+        "description": "The instance label its claim sent (GET /workers), as reported; "
+                       "null when it sent none."})
     claimed_at = fields.String(required=True, metadata=_DATE_TIME)
     ended_at = fields.String(required=True, allow_none=True, metadata=_DATE_TIME)
     outcome = fields.String(required=True, validate=validate.OneOf([o.value for o in Outcome]))
@@ -46,6 +49,20 @@ class EventListSchema(Schema):
     events = fields.List(fields.Nested(EventSchema), required=True)
 
 
+class WorkerInstanceSchema(Schema):
+    instance = fields.String(required=True, metadata={
+        "description": "The label its worker sends with its claims and heartbeats, as "
+                       "reported (never trusted: the key is the worker)."})
+    last_seen_at = fields.String(required=True, allow_none=True, metadata={
+        **_DATE_TIME, "description": "Its last claim or heartbeat, to about a minute; null "
+                                     "when not noted lately."})
+    running = fields.Integer(required=True, metadata={
+        "description": "The jobs its claims hold now."})
+    claimed_per_minute = fields.Integer(required=True, metadata={
+        "description": "The jobs it claimed in the latest whole minute counted (one of the "
+                       "two before now); 0 when none."})
+
+
 class WorkerSchema(Schema):
     name = fields.String(required=True)
     types = fields.List(fields.String(), required=True, allow_none=True, metadata={
@@ -53,6 +70,9 @@ class WorkerSchema(Schema):
     last_seen_at = fields.String(required=True, allow_none=True, metadata={
         **_DATE_TIME, "description": "Its last claim, heartbeat or report, to about a minute."})
     running = fields.Integer(required=True)
+    instances = fields.List(fields.Nested(WorkerInstanceSchema), required=True, metadata={
+        "description": "Its instances seen within the hour or holding jobs now, by label "
+                       "(at most 100, the most recently seen)."})
 
 
 class WorkerListSchema(Schema):
@@ -116,13 +136,18 @@ def represent_explanation(explanation: Explanation) -> dict[str, Any]:
 def represent_worker(worker: Worker) -> dict[str, Any]:
     return {"name": worker.name,
             "types": None if worker.types is None else sorted(worker.types),
-            "last_seen_at": to_rfc3339(worker.last_seen_at), "running": worker.running}
+            "last_seen_at": to_rfc3339(worker.last_seen_at), "running": worker.running,
+            "instances": [{"instance": one.label, "last_seen_at": to_rfc3339(one.last_seen_at),
+                           "running": one.running,
+                           "claimed_per_minute": one.claimed_per_minute}
+                          for one in worker.instances]}
 
 
 def represent_attempt(attempt: Attempt, *, show_error: bool) -> dict[str, Any]:
     shown: dict[str, Any] = {
         "number": attempt.number,
         "worker_id": attempt.worker_id,
+        "worker_instance": attempt.worker_instance,
         "claimed_at": to_rfc3339(attempt.claimed_at),
         "ended_at": to_rfc3339(attempt.ended_at),
         "outcome": attempt.outcome,

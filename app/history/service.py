@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from app.core.callers import Caller, Role
-from app.core.clock import Clock
+from app.core.clock import MICROS, Clock
 from app.core.errors import NotFound
 from app.core.statuses import JobStatus
 from app.history.explain import (
@@ -21,6 +22,8 @@ from app.jobs.domain.history import Attempt, JobEvent
 from app.jobs.sql.dependency_repository import DependencyRepository
 from app.jobs.sql.repository import JobRepository
 from app.jobs.sql.wait_repository import WaitRepository
+from app.jobs.timeline.instance_repository import InstanceRepository, InstanceRow
+from app.jobs.timeline.instances import claimed_last_minute
 from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.timeline.row_story import attempts_told, current_attempt, events_told
 from app.jobs.usecases.service import JobService
@@ -34,17 +37,50 @@ from app.types.repository import TypeRepository
 MAX_EVENTS_SHOWN = 1000
 
 
+# A key's instances shown: those seen within this long, and those holding jobs now; at
+# most MAX_INSTANCES_SHOWN of them, the most recently seen.
+INSTANCES_SHOWN_US = 3600 * MICROS
+MAX_INSTANCES_SHOWN = 100
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInstance:
+    """One instance of a worker key, by the label its worker sends (shown as reported): when
+    it last claimed or heartbeat (to about a minute; None: not noted lately), the jobs its
+    claims hold now, and the jobs it claimed in the latest whole minute counted."""
+
+    label: str
+    last_seen_at: int | None
+    running: int
+    claimed_per_minute: int
+
+
 @dataclass(frozen=True, slots=True)
 class Worker:
     """A live worker key: the types it may claim (None: every type), when it last claimed,
-    heartbeat or reported and last claimed (to about a minute; None: never), and how many
-    jobs it holds."""
+    heartbeat or reported and last claimed (to about a minute; None: never), how many
+    jobs it holds, and its instances by label."""
 
     name: str
     types: frozenset[str] | None
     last_seen_at: int | None
     last_claim_at: int | None
     running: int
+    instances: tuple[WorkerInstance, ...] = ()
+
+
+def _instances_of(rows: list[InstanceRow], running: dict[str | None, int],
+                  now_us: int) -> tuple[WorkerInstance, ...]:
+    """A key's instances: its rows seen lately, and the labels its running jobs carry."""
+    shown = {row.instance: WorkerInstance(
+        row.instance, row.last_seen_at, running.get(row.instance, 0),
+        claimed_last_minute(row.minute, row.claimed, now_us)) for row in rows}
+    for label, count in running.items():
+        if label is not None and label not in shown:
+            shown[label] = WorkerInstance(label, None, count, 0)
+    kept = sorted(shown.values(), key=lambda one: (one.running > 0, one.last_seen_at or 0),
+                  reverse=True)[:MAX_INSTANCES_SHOWN]
+    return tuple(sorted(kept, key=lambda one: one.label))
 
 
 class HistoryService:
@@ -58,13 +94,22 @@ class HistoryService:
         self.keys = keys
         self.ahead_limit = ahead_limit  # QUEUELOG_EXPLAIN_AHEAD_LIMIT
 
-    def workers(self) -> list[Worker]:
-        """Every live worker key, by name."""
+    def workers(self, *, instances_shown: bool = True) -> list[Worker]:
+        """Every live worker key, by name; with its instances unless `instances_shown` is
+        false (explain's reasons need the keys alone)."""
         live = [key for key in self.keys.list_keys()
                 if key.role == Role.WORKER and key.revoked_at is None]
-        running = self.jobs.running_by_worker()
+        running: dict[str, dict[str | None, int]] = defaultdict(dict)
+        for (name, label), count in self.jobs.running_by_worker().items():
+            running[name][label] = count
+        now = self.clock.now_us()
+        instances: dict[str, list[InstanceRow]] = defaultdict(list)
         with self.db.read() as conn:
             activity = HistoryRepository(conn).activity()
+            recent = (InstanceRepository(conn).seen_since(now - INSTANCES_SHOWN_US)
+                      if instances_shown else [])
+            for row in recent:
+                instances[row.name].append(row)
         workers = []
         for key in sorted(live, key=lambda key: key.name):
             seen = activity.get(key.name)
@@ -72,7 +117,9 @@ class HistoryService:
                 name=key.name, types=key.allowed_types,
                 last_seen_at=None if seen is None else seen.last_seen_at,
                 last_claim_at=None if seen is None else seen.last_claim_at,
-                running=running.get(key.name, 0)))
+                running=sum(running[key.name].values()),
+                instances=_instances_of(instances[key.name], running[key.name], now)
+                if instances_shown else ()))
         return workers
 
     def attempts(self, caller: Caller, job_id: int) -> list[Attempt]:
@@ -104,7 +151,7 @@ class HistoryService:
         """Why the job is or is not running; NotFound when the caller may not see it."""
         self.jobs.get_job(caller, job_id)
         workers = [WorkerFacts(worker.name, worker.types, worker.last_claim_at)
-                   for worker in self.workers()]
+                   for worker in self.workers(instances_shown=False)]
         # A counting read (app/storage/engine.py): the jobs ahead are read up to the limit,
         # and the flow reasons count what runs, so it takes a slot of the budget kept for such
         # reads.

@@ -46,8 +46,9 @@ from app.storage.schema import (
 # the workflows with their jobs by ref, each ordered key's turn (key_turns) and each job's
 # checkpoint, reservation and wait (job_waits) with its jobs; the events kept for later waits
 # (posted_events) with the queue.
-# key_activity (when each key was last seen, to a minute) is left behind: the workers write
-# it again within a minute of their first claim.
+# key_activity and worker_instances (when each key and each of its instances was last seen,
+# to a minute) are left behind: the workers write them again within a minute of their first
+# claim.
 TABLES: tuple[Table, ...] = (api_keys, jobs, job_attempts, job_events, job_dependencies,
                              workflows, workflow_jobs, key_turns, job_checkpoints,
                              job_reservations, job_tags, job_traces, job_stats, job_depth,

@@ -20,6 +20,11 @@ _ASCII_DIGITS = re.compile(r"[0-9]{1,18}")
 _ASCII_DECIMAL = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
 PRINTABLE_ASCII = re.compile(r"^[\x20-\x7e]+\Z")
 PRINTABLE_ASCII_TEXT = validate.Regexp(PRINTABLE_ASCII, error="Must be printable ASCII.")
+# A label a person reads as sent (a worker's instance): printable ASCII, no space at either
+# end, so no control character, no invisible or look-alike one, and never spaces alone.
+PRINTABLE_LABEL = validate.Regexp(
+    re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?\Z"),
+    error="Must be printable ASCII, with no space at either end.")
 
 
 def within(limit: Limit[int] | Limit[float]) -> validate.Range:

@@ -19,7 +19,14 @@ from queuelog_client._version import __version__
 from queuelog_client.client import MAX_CLAIM_WAIT_SECONDS, check_url
 from queuelog_client.errors import ProblemError
 from queuelog_client.logs import FORMAT as LOG_FORMAT
-from queuelog_client.worker import RECONNECT_BACKOFF_MAX_SECONDS, Worker, load_handler
+from queuelog_client.worker import (
+    INSTANCE_VARIABLE,
+    RECONNECT_BACKOFF_MAX_SECONDS,
+    Worker,
+    check_instance,
+    default_instance,
+    load_handler,
+)
 
 TOKEN_VARIABLE = "QUEUELOG_TOKEN"  # noqa: S105 - a variable name, not a secret
 URL_VARIABLE = "QUEUELOG_URL"
@@ -80,6 +87,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              "while there is no work")
     parser.add_argument("--grace-seconds", type=float, default=30.0,
                         help="on SIGTERM, how long held jobs may still run (default 30)")
+    parser.add_argument("--instance",
+                        help="this process's label, sent with its claims and heartbeats and "
+                             "shown under the key by GET /workers and on each job's attempts "
+                             f"(default ${INSTANCE_VARIABLE}, else host:pid)")
     parser.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--version", action="version", version=f"queuelog-client {__version__}")
@@ -122,9 +133,15 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         parser.error(f"--handler {args.handler}: {exc}")
 
     types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
+    try:
+        instance = check_instance(args.instance if args.instance is not None
+                                  else default_instance())
+    except ValueError as exc:
+        parser.error(f"--instance (or {INSTANCE_VARIABLE}): {exc}")
     worker = Worker(args.url, handler, token=token, types=types,
                     concurrency=args.concurrency, lease_seconds=args.lease_seconds,
-                    wait_seconds=args.wait_seconds, grace_seconds=args.grace_seconds)
+                    wait_seconds=args.wait_seconds, grace_seconds=args.grace_seconds,
+                    instance=instance)
     try:
         worker.run()
     except ProblemError:

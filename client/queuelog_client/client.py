@@ -56,10 +56,12 @@ MAX_RETRY_AFTER_SECONDS = 60.0
 # The server's bounds the client keeps to (this distribution cannot import the server's
 # table, app/core/limits.py): tests/client/test_wire_constants.py checks each against
 # /openapi.json. The server waits at most this long in one GET /jobs/{id}?wait_seconds=N,
-# and in one claim (wait_seconds); one claim-many takes at most MAX_CLAIM_JOBS jobs.
+# and in one claim (wait_seconds); one claim-many takes at most MAX_CLAIM_JOBS jobs; a
+# worker's instance label is at most MAX_INSTANCE_CHARS characters.
 MAX_WAIT_PER_REQUEST_SECONDS = 60.0
 MAX_CLAIM_WAIT_SECONDS = 20.0
 MAX_CLAIM_JOBS = 100
+MAX_INSTANCE_CHARS = 200
 FINISHED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 Job = dict[str, Any]
@@ -473,12 +475,14 @@ class Client:
     # -- workers ------------------------------------------------------------------------------
 
     def claim(self, *, types: Iterable[str] | None = None, lease_seconds: int | None = None,
-              wait_seconds: float = 0) -> Job | None:
+              wait_seconds: float = 0, instance: str | None = None) -> Job | None:
         """Claim the most urgent due job (with its `lease_token`), waiting up to
-        `wait_seconds` for one; None when there was none."""
+        `wait_seconds` for one; None when there was none. `instance`: this worker
+        process's label (e.g. "host:pid"), which GET /workers lists under the key and the
+        job's attempt names; shown as reported, it is trusted for nothing."""
         def ask(wait: float) -> tuple[Job | None, bool, float | None]:
             status, headers, job = self._request(
-                "POST", "/jobs/claim", _claim_body(types, lease_seconds, wait),
+                "POST", "/jobs/claim", _claim_body(types, lease_seconds, wait, instance),
                 timeout=self.timeout + wait)
             claimed: Job | None = None if status == 204 else job
             return claimed, claimed is not None, _not_waited(headers)
@@ -486,10 +490,12 @@ class Client:
         return self._long_poll(wait_seconds, ask)
 
     def claim_many(self, max_jobs: int, *, types: Iterable[str] | None = None,
-                   lease_seconds: int | None = None, wait_seconds: float = 0) -> list[Job]:
-        """Claim up to `max_jobs` jobs at once, each with its own `lease_token`."""
+                   lease_seconds: int | None = None, wait_seconds: float = 0,
+                   instance: str | None = None) -> list[Job]:
+        """Claim up to `max_jobs` jobs at once, each with its own `lease_token`
+        (`instance`: as for claim)."""
         def ask(wait: float) -> tuple[list[Job], bool, float | None]:
-            body = _claim_body(types, lease_seconds, wait) | {"max_jobs": max_jobs}
+            body = _claim_body(types, lease_seconds, wait, instance) | {"max_jobs": max_jobs}
             _, headers, answer = self._request("POST", "/jobs/claim-many", body,
                                                timeout=self.timeout + wait)
             claimed: list[Job] = answer["jobs"]
@@ -501,7 +507,7 @@ class Client:
                   lease_seconds: int | None = None, progress: tuple[int, int] | None = None,
                   message: str | None = None,
                   checkpoint: Mapping[str, Any] | None = None,
-                  wait_if_too_soon: bool = True) -> Job:
+                  wait_if_too_soon: bool = True, instance: str | None = None) -> Job:
         """Extend the lease (by `lease_seconds`, or the server's default) and return the job.
         Its `"cancel_requested"` says whether someone asked for the job's cancel: the
         handler should stop (whatever it reports then, the job ends cancelled).
@@ -515,9 +521,10 @@ class Client:
         answered 429 with Retry-After, having changed nothing. This waits that long and
         sends it again (`max_attempts` times in all), then raises TooManyRequests; with
         `wait_if_too_soon=False` it raises at the first 429 (the runner plans its next
-        heartbeat instead of waiting)."""
+        heartbeat instead of waiting). `instance`: as for claim (noted as the instance
+        seen; the job's attempt keeps its claim's)."""
         body = _fenced(lease_token) | _heartbeat_fields(lease_seconds, progress, message,
-                                                        checkpoint)
+                                                        checkpoint, instance)
         path = f"/jobs/{int(job_id)}/heartbeat"
         attempt = 1
         while True:
@@ -863,10 +870,10 @@ def _running_limits(timeout_seconds: int | None, expires_at: datetime | str | No
 
 
 def _heartbeat_fields(lease_seconds: int | None, progress: tuple[int, int] | None,
-                      message: str | None,
-                      checkpoint: Mapping[str, Any] | None) -> dict[str, Any]:
+                      message: str | None, checkpoint: Mapping[str, Any] | None,
+                      instance: str | None = None) -> dict[str, Any]:
     """A heartbeat's body beside its lease token: only what was given."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {} if instance is None else {"instance": instance}
     if lease_seconds is not None:
         fields["lease_seconds"] = lease_seconds
     if progress is not None:
@@ -880,8 +887,10 @@ def _heartbeat_fields(lease_seconds: int | None, progress: tuple[int, int] | Non
 
 
 def _claim_body(types: Iterable[str] | None, lease_seconds: int | None,
-                wait_seconds: float) -> dict[str, Any]:
+                wait_seconds: float, instance: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"wait_seconds": wait_seconds}
+    if instance is not None:
+        body["instance"] = instance
     if types is not None:
         body["types"] = list(types)
     if lease_seconds is not None:

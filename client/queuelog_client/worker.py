@@ -30,8 +30,11 @@ import functools
 import importlib
 import logging
 import math
+import os
 import random
+import re
 import signal
+import socket
 import threading
 import time
 import traceback
@@ -41,7 +44,13 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
-from queuelog_client.client import MAX_CLAIM_JOBS, MAX_CLAIM_WAIT_SECONDS, Client, Job
+from queuelog_client.client import (
+    MAX_CLAIM_JOBS,
+    MAX_CLAIM_WAIT_SECONDS,
+    MAX_INSTANCE_CHARS,
+    Client,
+    Job,
+)
 from queuelog_client.errors import (
     Conflict,
     NotFound,
@@ -55,7 +64,8 @@ from queuelog_client.logs import stderr_unless_configured
 from queuelog_client.steps import DurableSteps, StepMemo, SuspendJob, waitpoint_of
 from queuelog_client.tracing import job_trace_headers, run_span
 
-__all__ = ["CancelRequested", "ClaimedJob", "Handler", "RetryLater", "Worker", "load_handler"]
+__all__ = ["CancelRequested", "ClaimedJob", "Handler", "RetryLater", "Worker",
+           "default_instance", "load_handler"]
 
 log = logging.getLogger("queuelog_client.worker")
 
@@ -64,6 +74,9 @@ Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
 # The server stores at most 2,000 characters of an error (it takes more, and cuts them);
 # sending more is wasted bytes. Both are checked against /openapi.json, as the client's are.
 MAX_ERROR_CHARS = 2000
+# The label a worker sends with its claims and heartbeats, unless told: this variable's
+# value, else "host:pid" (default_instance).
+INSTANCE_VARIABLE = "QUEUELOG_INSTANCE"
 MAX_RETRY_IN_SECONDS = 86_400
 # Backoff between attempts to reach a server that does not answer, and between the empty
 # claims of a worker that does not long-poll (wait_seconds=0), which would otherwise ask
@@ -261,6 +274,36 @@ def load_handler(spec: str) -> Handler:
     return handler
 
 
+# What the server takes as an instance label (besides its length): printable ASCII, no space
+# at either end (tests/client/test_wire_constants.py checks it against /openapi.json).
+INSTANCE_PATTERN = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?\Z")
+
+
+def default_instance() -> str:
+    """This process's instance label: QUEUELOG_INSTANCE when set (and not empty), else
+    "host:pid", the host's name cut so that the label stays within the server's length (and
+    any character of it the server would refuse written "?")."""
+    chosen = os.environ.get(INSTANCE_VARIABLE)
+    if chosen:
+        return chosen
+    pid = f":{os.getpid()}"
+    host = "".join(char if "!" <= char <= "~" else "?"
+                   for char in socket.gethostname() or "localhost")
+    return host[:MAX_INSTANCE_CHARS - len(pid)] + pid
+
+
+def check_instance(label: str) -> str:
+    """The label, if the server would take it: 1..MAX_INSTANCE_CHARS characters of printable
+    ASCII, no space at either end; else ValueError."""
+    if not 1 <= len(label) <= MAX_INSTANCE_CHARS:
+        raise ValueError(f"an instance label is 1 to {MAX_INSTANCE_CHARS} characters, "
+                         f"not {len(label)}")
+    if not INSTANCE_PATTERN.match(label):
+        raise ValueError(f"an instance label is printable ASCII, with no space at either "
+                         f"end: {label!r}")
+    return label
+
+
 class _ProgressMailbox:
     """The latest progress a handler recorded, and what the heartbeats have carried of it.
 
@@ -390,15 +433,20 @@ class Worker:
     claim in flight is not cut short, since the server may be handing it a job that would
     then sit leased to nobody until the lease ran out; what it brings runs within the grace
     period. `heartbeat=False` only suits handlers that always finish well within the lease.
+
+    `instance` labels this process's claims and heartbeats (default: QUEUELOG_INSTANCE, else
+    "host:pid"): GET /workers and the dashboard list the key's instances by it, and each
+    job's attempt names it. The server shows it as reported; the key alone is the worker.
     """
 
     def __init__(self, url: str, handler: Handler, *, token: str | None = None,
                  types: Iterable[str] | None = None, concurrency: int = 1,
                  lease_seconds: int | None = None, wait_seconds: float = 5.0,
                  grace_seconds: float = 30.0, heartbeat: bool = True,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, instance: str | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        self.instance = check_instance(default_instance() if instance is None else instance)
         if not 0 <= wait_seconds <= MAX_CLAIM_WAIT_SECONDS:
             raise ValueError(f"wait_seconds must be between 0 and {MAX_CLAIM_WAIT_SECONDS:g}")
         self.handler = handler
@@ -439,10 +487,10 @@ class Worker:
         heartbeats.start()
         # Said at once: an idle worker would otherwise print nothing until its first job.
         log.info("worker waiting for jobs of %s from %s (concurrency %d, each claim waits "
-                 "up to %g s)",
+                 "up to %g s) as instance %s",
                  f"types {','.join(self.types)}" if self.types is not None
                  else "any type the key allows", self.client.url, self.concurrency,
-                 self.wait_seconds)
+                 self.wait_seconds, self.instance)
         try:
             self._claim_loop()
         finally:
@@ -527,12 +575,12 @@ class Worker:
     def _claim(self, free: int) -> list[Job]:
         if self.concurrency == 1:
             job = self.client.claim(types=self.types, lease_seconds=self.lease_seconds,
-                                    wait_seconds=self.wait_seconds)
+                                    wait_seconds=self.wait_seconds, instance=self.instance)
             return [] if job is None else [job]
         # A worker may run more jobs at once than one claim-many may take.
         return self.client.claim_many(min(free, MAX_CLAIM_JOBS), types=self.types,
                                       lease_seconds=self.lease_seconds,
-                                      wait_seconds=self.wait_seconds)
+                                      wait_seconds=self.wait_seconds, instance=self.instance)
 
     def _start(self, job: Job) -> None:
         lease = self.lease_seconds or _lease_of(job)
@@ -739,7 +787,7 @@ class Worker:
             answer = self.client.heartbeat(
                 held.id, held.lease_token, lease_seconds=held.lease_seconds,
                 progress=None if progress is None else (progress["done"], progress["total"]),
-                message=message, wait_if_too_soon=False)
+                message=message, wait_if_too_soon=False, instance=self.instance)
         except TooManyRequests as exc:
             # Sooner than the server takes this job's heartbeats (the handler's checkpoint
             # beat just before, say): nothing was written, the lease stands. Beat again when

@@ -41,6 +41,8 @@ def test_a_bad_url_is_one_line_on_stderr(url, said):
     ["--url", "http://127.0.0.1:9"],  # no --handler
     ["--url", "http://127.0.0.1:9", "--handler", "tests.client.handlers:succeed",
      "--wait-seconds", "21"],
+    ["--url", "http://127.0.0.1:9", "--handler", "tests.client.handlers:succeed",
+     "--instance", "tab\there"],
 ])
 def test_every_command_line_mistake_is_one_line(args):
     answer = _runner(*args)

@@ -16,9 +16,10 @@ from queuelog_client import Client, Worker
 from queuelog_client.client import (
     MAX_CLAIM_JOBS,
     MAX_CLAIM_WAIT_SECONDS,
+    MAX_INSTANCE_CHARS,
     MAX_WAIT_PER_REQUEST_SECONDS,
 )
-from queuelog_client.worker import MAX_ERROR_CHARS, MAX_RETRY_IN_SECONDS
+from queuelog_client.worker import INSTANCE_PATTERN, MAX_ERROR_CHARS, MAX_RETRY_IN_SECONDS
 
 # Body fields the client fills in itself rather than taking as arguments, and why.
 NOT_ARGUMENTS = {
@@ -131,3 +132,10 @@ def test_a_worker_running_more_jobs_than_one_claim_many_takes_asks_for_no_more(d
     worker.client = Recording()  # type: ignore[assignment]
     worker._claim(worker.concurrency)
     assert asked == [max_jobs["maximum"]]
+
+
+def test_the_workers_instance_label_is_the_one_the_server_takes(document):
+    for path in ("/jobs/claim", "/jobs/claim-many", "/jobs/{job_id}/heartbeat"):
+        instance = _body_schema(document, path)["properties"]["instance"]
+        assert (instance["minLength"], instance["maxLength"]) == (1, MAX_INSTANCE_CHARS)
+        assert instance["pattern"] == INSTANCE_PATTERN.pattern.replace("\\Z", "$")

@@ -49,7 +49,8 @@ def test_a_running_attempt_is_open(api, client, producer, worker, admin):
     job_id = api.enqueue(producer).json["id"]
     claimed_at = api.claim(worker).json["claimed_at"]
     [attempt] = attempts(client, admin, job_id).json["attempts"]
-    assert attempt == {"number": 1, "worker_id": "worker-1", "claimed_at": claimed_at,
+    assert attempt == {"number": 1, "worker_id": "worker-1", "worker_instance": None,
+                       "claimed_at": claimed_at,
                        "ended_at": None, "outcome": "running", "error": None,
                        "fingerprint": None, "duration_ms": None}
 

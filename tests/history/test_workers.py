@@ -13,7 +13,8 @@ def workers(client, key):
 
 def test_a_worker_never_seen_is_listed_with_no_last_seen(client, worker, admin):
     assert workers(client, admin) == {
-        "worker-1": {"name": "worker-1", "types": None, "last_seen_at": None, "running": 0}}
+        "worker-1": {"name": "worker-1", "types": None, "last_seen_at": None, "running": 0,
+                     "instances": []}}
 
 
 def test_claims_and_reports_set_last_seen_and_running_counts(api, client, app, producer,
@@ -29,7 +30,8 @@ def test_claims_and_reports_set_last_seen_and_running_counts(api, client, app, p
 
     shown = workers(client, admin)
     assert shown["busy"] == {"name": "busy", "types": ["email", "pdf"],
-                             "last_seen_at": to_rfc3339(claimed_at), "running": 2}
+                             "last_seen_at": to_rfc3339(claimed_at), "running": 2,
+                             "instances": []}
     assert shown["idle"]["last_seen_at"] == to_rfc3339(claimed_at)
     assert shown["idle"]["running"] == 0
 

@@ -187,7 +187,8 @@ class FakeTimeline:
                        now_us: int) -> None:
         self.told.append(("report_refused", [job.id], {"report": report, "reason": reason}))
 
-    def seen(self, name: str, now_us: int, *, claimed: bool) -> None:
+    def seen(self, name: str, now_us: int, *, claimed: bool, instance: str | None = None,
+             jobs: int = 0) -> None:
         pass  # a worker's last sign of life: no rule hangs on it
 
 

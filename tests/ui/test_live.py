@@ -358,7 +358,8 @@ def test_the_failures_twin_reads_as_much_for_one_group_as_for_many(
     one = _statements(app, signed_in, "/ui/live/failures")
     for problem in ("second", "third", "fourth"):
         _fail(api, producer, worker, f"{problem} problem()")
-    assert len(_twin(signed_in, "/ui/live/failures")["figures"]) == 4 * 3  # count, failed ever, sample
+    # Each group's count, failed ever and sample.
+    assert len(_twin(signed_in, "/ui/live/failures")["figures"]) == 4 * 3
     assert len(_statements(app, signed_in, "/ui/live/failures")) == len(one)
 
 

@@ -60,6 +60,7 @@ class Attempt:
     outcome: str
     error: str | None
     fingerprint: str | None = None  # its failure group's, when it ended with an error
+    worker_instance: str | None = None  # the instance label its claim sent, if any
 
     @property
     def duration_ms(self) -> int | None:

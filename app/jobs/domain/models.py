@@ -73,6 +73,9 @@ class Job:
     # How its last wait ended (docs/WAITS.md), compact JSON {"by", "data", "at"}: set by a
     # resume, shown to every claim until the job suspends again; None: never resumed.
     resumed: str | None = None
+    # The instance label its current attempt's claim sent (host and pid, or the operator's),
+    # shown as reported; ownership is worker_id's and the lease token's, never this.
+    worker_instance: str | None = None
 
     def is_held_by(self, worker: str, now_us: int, lease_token: str | None) -> bool:
         """True when `worker` holds a live lease on this job (and `lease_token` names it)."""

@@ -137,11 +137,13 @@ def refusal(job: Job, worker: str, now_us: int, lease_token: str | None) -> str:
 # values may be plain values or SQL expressions (the claim writes its lease token in SQL).
 
 
-def claimed(*, now_us: Any, worker: Any, lease_expires_at: Any,
-            lease_token: Any) -> dict[str, Any]:
+def claimed(*, now_us: Any, worker: Any, lease_expires_at: Any, lease_token: Any,
+            instance: Any = None) -> dict[str, Any]:
+    # `instance`: the label the worker sent (None: none), shown as reported, never checked.
     return {"status": JobStatus.RUNNING.value, "claimed_at": now_us, "worker_id": worker,
-            "lease_expires_at": lease_expires_at, "claimed_until": lease_expires_at,
-            "lease_token": lease_token, "updated_at": now_us}
+            "worker_instance": instance, "lease_expires_at": lease_expires_at,
+            "claimed_until": lease_expires_at, "lease_token": lease_token,
+            "updated_at": now_us}
 
 
 def lease_extended(*, now_us: int, lease_expires_at: int) -> dict[str, Any]:
@@ -166,6 +168,7 @@ def after_failure(job: Job, now_us: int, error: str, retry_delay_us: int) -> dic
             "run_at": now_us + retry_delay_us,
             "claimed_at": None,
             "worker_id": None,
+            "worker_instance": None,
             "lease_expires_at": None,
             "error": error,
             "updated_at": now_us,
@@ -232,8 +235,8 @@ def confirmed(*, now_us: int) -> dict[str, Any]:
 def requeued(*, now_us: int) -> dict[str, Any]:
     """An admin's retry: pending with a fresh retry budget, claimable at once."""
     return {"status": JobStatus.PENDING.value, "retry_count": 0, "run_at": now_us,
-            "claimed_at": None, "worker_id": None, "lease_expires_at": None,
-            "lease_token": None, "updated_at": now_us}
+            "claimed_at": None, "worker_id": None, "worker_instance": None,
+            "lease_expires_at": None, "lease_token": None, "updated_at": now_us}
 
 
 def replaced(changes: dict[str, Any]) -> dict[str, Any]:
@@ -248,7 +251,8 @@ def suspended(*, now_us: int) -> dict[str, Any]:
     and with it the claim's plan. The lease token stays, so that a repeat of the suspend is
     recognised; the last resume is forgotten."""
     return {"status": JobStatus.SUSPENDED.value, "claimed_at": None, "worker_id": None,
-            "lease_expires_at": None, "resumed": None, "updated_at": now_us}
+            "worker_instance": None, "lease_expires_at": None, "resumed": None,
+            "updated_at": now_us}
 
 
 def resumed(*, now_us: Any, resumed: Any) -> dict[str, Any]:

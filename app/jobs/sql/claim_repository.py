@@ -170,6 +170,8 @@ _CLAIMED_VALUES = Transition.CLAIM.values(
     lease_expires_at=capped_lease(bindparam("now"), bindparam("lease_expires_at")),
     # One token per job and attempt: the claim's random nonce, then the job's id.
     lease_token=bindparam("nonce", type_=String) + "." + cast(jobs.c.id, String),
+    # The worker's instance label, a value bound into the claim's own UPDATE.
+    instance=bindparam("instance", type_=String),
 )
 
 
@@ -344,12 +346,13 @@ class ClaimRepository:
 
     def claim_next_jobs(self, *, now_us: int, worker: str, lease_expires_at: int, nonce: str,
                         limit: int, types: Collection[str] | None,
+                        instance: str | None = None,
                         limits: ClaimLimits | None = None,
                         free_types_only: bool = False,
                         positions: Mapping[int, Position] | None = None,
                         aging_us: Mapping[str, int] | None = None) -> ClaimedRows:
         """Mark up to `limit` claimable jobs running for `worker`, returned in claim order
-        with their checkpoints.
+        with their checkpoints, each carrying `instance` (the worker's label, None: none).
 
         `types=None` means any type. Under flow control's `limits` (with `types` then the
         wanted ones, every configured type when any is), each of the types they allow is
@@ -365,7 +368,7 @@ class ClaimRepository:
         aging_us = aging_us or {}
         params: dict[str, Any] = {
             "now": now_us, "worker": worker, "lease_expires_at": lease_expires_at,
-            "nonce": nonce, "limit": limit,
+            "nonce": nonce, "limit": limit, "instance": instance,
         }
         rows: Sequence[Any]
         if types is None:

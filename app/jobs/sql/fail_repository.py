@@ -128,8 +128,8 @@ def _fail_alone(fenced: bool, key_to_confirm: bool, events: bool) -> Any:
     confirm), delays, the columns' values as `retry_<column>` and `final_<column>`, and
     what FailHistory says."""
     held = (
-        select(jobs.c.id, jobs.c.claimed_at, jobs.c.worker_id, jobs.c.claimed_until,
-               jobs.c.retry_count,
+        select(jobs.c.id, jobs.c.claimed_at, jobs.c.worker_id, jobs.c.worker_instance,
+               jobs.c.claimed_until, jobs.c.retry_count,
                # Job.has_retries_left, of the row as it is.
                (jobs.c.retry_count < jobs.c.max_retries).label("retrying"),
                current_attempt_of(jobs.c.id, job_attempts.c.number).label("stored_number"))
@@ -159,6 +159,7 @@ def _fail_alone(fenced: bool, key_to_confirm: bool, events: bool) -> Any:
         update(jobs).where(jobs.c.id == held.c.id).values(values)
         .returning(*JOB_COLUMNS, held.c.claimed_at.label("held_claimed_at"),
                    held.c.worker_id.label("held_worker"),
+                   held.c.worker_instance.label("held_instance"),
                    held.c.claimed_until.label("held_until"), held.c.stored_number)
         .cte("moved"))
     attempt = _attempt_ended(moved)
@@ -179,10 +180,11 @@ def _attempt_ended(moved: Any) -> Any:
                    .where(table.c.job_id == moved.c.id).scalar_subquery())
     stmt = postgresql.insert(table).from_select(
         ["job_id", "number", "worker_id", "claimed_at", "ended_at", "outcome", "error",
-         "fingerprint"],
+         "fingerprint", "worker_instance"],
         select(moved.c.id, func.coalesce(moved.c.stored_number, next_number),
                moved.c.held_worker, moved.c.held_claimed_at, bindparam("now"),
-               _text("outcome"), _text("error"), _text("fingerprint")))
+               _text("outcome"), _text("error"), _text("fingerprint"),
+               moved.c.held_instance))
     return stmt.on_conflict_do_update(
         index_elements=[table.c.job_id, table.c.number],
         set_={name: stmt.excluded[name]

@@ -110,14 +110,17 @@ _count_running = (
     .where(jobs.c.status == RUNNING)
     .group_by(jobs.c.type, jobs.c.concurrency_key)
 )
-# The same rows by worker (GET /workers, the dashboard, explain). As a plain GROUP BY
-# worker_id, SQLite's planner walks the whole (worker_id, id) index to avoid a sort: half a
-# second at a million stored jobs. Materialized first, the running rows come from a partial
-# index and only they are grouped.
-_running_workers = (select(jobs.c.worker_id).where(jobs.c.status == RUNNING)
+# The same rows by worker and instance label (GET /workers, the dashboard, explain). As a
+# plain GROUP BY worker_id, SQLite's planner walks the whole (worker_id, id) index to avoid a
+# sort: half a second at a million stored jobs. Materialized first, the running rows come
+# from a partial index and only they are grouped.
+_running_workers = (select(jobs.c.worker_id, jobs.c.worker_instance)
+                    .where(jobs.c.status == RUNNING)
                     .cte("running_workers").prefix_with("MATERIALIZED"))
-_count_running_by_worker = (select(_running_workers.c.worker_id, func.count())
-                            .group_by(_running_workers.c.worker_id))
+_count_running_by_worker = (select(_running_workers.c.worker_id,
+                                   _running_workers.c.worker_instance, func.count())
+                            .group_by(_running_workers.c.worker_id,
+                                      _running_workers.c.worker_instance))
 # The running jobs' ids, for a listing of them: as many as the workers hold, read from their
 # partial index and then looked up by id, rather than found by walking every id (they are
 # the newest) or every job of a producer.
@@ -399,10 +402,12 @@ class JobReads(ClaimRepository):
                       .scalar_one())
         return BoundedCount(min(counted, cap), capped=counted > cap)
 
-    def count_running_by_worker(self) -> dict[str, int]:
-        """How many jobs each worker holds now (running, its lease live or not yet rescued).
-        Read through a partial index of the running rows (see _count_running_by_worker)."""
-        return {worker: count for worker, count in self.conn.execute(_count_running_by_worker)}
+    def count_running_by_worker(self) -> dict[tuple[str, str | None], int]:
+        """How many jobs each worker holds now (running, its lease live or not yet rescued),
+        by its name and the instance label its claims sent (None: none). Read through a
+        partial index of the running rows (see _count_running_by_worker)."""
+        return {(worker, instance): count for worker, instance, count
+                in self.conn.execute(_count_running_by_worker)}
 
     # -- for maintenance and bulk actions ----------------------------------------------
 

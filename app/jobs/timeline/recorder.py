@@ -33,6 +33,8 @@ from app.jobs.domain.history import EventName, Outcome
 from app.jobs.domain.models import LEASE_EXPIRED_ERROR, Job
 from app.jobs.domain.transitions import Transition
 from app.jobs.timeline.failure_repository import Failure, FailureRepository
+from app.jobs.timeline.instance_repository import InstanceRepository
+from app.jobs.timeline.instances import InstanceTallies
 from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.timeline.row_story import (
     claimed_event,
@@ -41,6 +43,7 @@ from app.jobs.timeline.row_story import (
     holds_an_attempt,
 )
 from app.jobs.timeline.stats_repository import CountKey, StatsRepository
+from app.storage.engine import statement_of_its_own
 
 # A stale worker retrying a refused report forever must not grow a job's timeline without
 # bound: past this many report_refused events on one job, further refusals are only counted
@@ -117,6 +120,8 @@ class HistoryRecorder:
         # name -> (last seen written, last claim written), in this process.
         self._written: dict[str, tuple[int, int]] = {}
         self._written_lock = threading.Lock()
+        # Each key's instances, counted in this process.
+        self.instances = InstanceTallies()
 
     def transition(self, conn: Connection, transition: Transition, jobs: Sequence[Job], *,
                    actor: str, now_us: int, held_by: str | None = None,
@@ -254,18 +259,29 @@ class HistoryRecorder:
                           "event": EventName.REPORT_REFUSED.value, "actor": worker,
                           "detail": _detail(report=report, reason=reason)}])
 
-    def seen(self, conn: Connection, name: str, now_us: int, *, claimed: bool) -> None:
-        """Note that a worker key claimed or reported now: written at most once a minute per
-        key and process. (Noted in memory before the commit: a transaction rolled back after
-        this only delays the next write by a minute.)"""
+    def seen(self, conn: Connection, name: str, now_us: int, *, claimed: bool,
+             instance: str | None = None, jobs: int = 0) -> None:
+        """Note that a worker key claimed (taking `jobs` jobs) or reported now: written at
+        most once a minute per key and process; and, with the `instance` label its worker
+        sent, that instance's note (app/jobs/timeline/instances.py), likewise at most once a
+        minute per key, label and process. Each write is a statement of its own in
+        one-statement work. (Noted in memory before the commit: a transaction rolled back
+        after this only delays the next write by a minute.)"""
+        note = None if instance is None else self.instances.note(
+            name, instance, now_us, claimed=jobs if claimed else None)
         with self._written_lock:
             seen_at, claim_at = self._written.get(name, (0, 0))
             due_seen = now_us - seen_at >= ACTIVITY_INTERVAL_US
             due_claim = claimed and now_us - claim_at >= ACTIVITY_INTERVAL_US
-            if not (due_seen or due_claim):
-                return
-            self._written[name] = (now_us, now_us if claimed else claim_at)
-        HistoryRepository(conn).record_activity(name, now_us, claimed=claimed)
+            due = due_seen or due_claim
+            if due:
+                self._written[name] = (now_us, now_us if claimed else claim_at)
+        if due:
+            with statement_of_its_own(conn):
+                HistoryRepository(conn).record_activity(name, now_us, claimed=claimed)
+        if note is not None:
+            with statement_of_its_own(conn):
+                InstanceRepository(conn).record(note)
 
     def _keep(self, repo: HistoryRepository, jobs: Sequence[Job], *,
               completions: bool) -> None:
@@ -283,7 +299,8 @@ class HistoryRecorder:
         claims = [job for job in holding if job.id not in stored]
         if claims:
             repo.open_attempts([{"job_id": job.id, "worker_id": job.worker_id,
-                                 "claimed_at": job.claimed_at} for job in claims])
+                                 "claimed_at": job.claimed_at,
+                                 "worker_instance": job.worker_instance} for job in claims])
         events = []
         for job in holding:
             if job.id not in stored:
@@ -326,6 +343,7 @@ class HistoryRecorder:
                                "new_fingerprint": fingerprint})
             else:
                 ended.append({"job_id": job.id, "worker_id": claim.worker_id,
+                              "worker_instance": claim.worker_instance,
                               "claimed_at": claim.claimed_at, "error": error,
                               "fingerprint": fingerprint})
         if ended:

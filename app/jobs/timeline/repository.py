@@ -6,7 +6,17 @@ import functools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, literal_column, select, update
+from sqlalchemy import (
+    Connection,
+    String,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal_column,
+    select,
+    update,
+)
 
 from app.jobs.domain.history import (
     CURRENT_OUTCOMES,
@@ -24,13 +34,14 @@ from app.storage.statements import DriverStatement
 # (BEGIN IMMEDIATE on SQLite, the row lock on PostgreSQL), so no other attempt of the same
 # job can be numbered at the same time; the unique index is the guard all the same.
 _open_attempt_statement = insert(job_attempts).from_select(
-    ["job_id", "number", "worker_id", "claimed_at", "outcome"],
+    ["job_id", "number", "worker_id", "claimed_at", "outcome", "worker_instance"],
     select(
         bindparam("job_id"),
         func.coalesce(func.max(job_attempts.c.number), 0) + 1,
         bindparam("worker_id"),
         bindparam("claimed_at"),
         literal_column(f"'{Outcome.RUNNING.value}'"),
+        bindparam("worker_instance", type_=String),
     ).where(job_attempts.c.job_id == bindparam("job_id")),
 )
 _open_attempt = DriverStatement(_open_attempt_statement)
@@ -38,7 +49,7 @@ _open_attempt = DriverStatement(_open_attempt_statement)
 # same numbering as an opened one, its end with it.
 _ended_attempt = DriverStatement(insert(job_attempts).from_select(
     ["job_id", "number", "worker_id", "claimed_at", "ended_at", "outcome", "error",
-     "fingerprint"],
+     "fingerprint", "worker_instance"],
     select(
         bindparam("job_id"),
         func.coalesce(func.max(job_attempts.c.number), 0) + 1,
@@ -48,6 +59,7 @@ _ended_attempt = DriverStatement(insert(job_attempts).from_select(
         bindparam("outcome"),
         bindparam("error"),
         bindparam("fingerprint"),
+        bindparam("worker_instance", type_=String),
     ).where(job_attempts.c.job_id == bindparam("job_id")),
 ))
 
@@ -101,7 +113,8 @@ class HistoryRepository:
     # -- attempts -------------------------------------------------------------------------
 
     def open_attempts(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Open an attempt per row (`job_id`, `worker_id`, `claimed_at`)."""
+        """Open an attempt per row (`job_id`, `worker_id`, `claimed_at`,
+        `worker_instance`)."""
         # One row (a single claim, the hot path) skips executemany's extra work.
         if len(rows) == 1:
             _open_attempt.rows(self.conn, rows[0])
@@ -110,9 +123,9 @@ class HistoryRepository:
 
     def add_ended_attempts(self, rows: Sequence[Mapping[str, Any]], outcome: Outcome,
                            ended_at: int) -> None:
-        """Store, already ended, an attempt per row (`job_id`, `worker_id`, `claimed_at`,
-        `error`, `fingerprint`) whose claim was not stored while it ran: one statement where
-        opening it and then ending it would take two."""
+        """Store, already ended, an attempt per row (`job_id`, `worker_id`,
+        `worker_instance`, `claimed_at`, `error`, `fingerprint`) whose claim was not stored
+        while it ran: one statement where opening it and then ending it would take two."""
         params = [{**row, "ended_at": ended_at, "outcome": outcome.value} for row in rows]
         if len(params) == 1:
             _ended_attempt.rows(self.conn, params[0])

@@ -1,8 +1,9 @@
 """What a job's row tells of its history by itself: its enqueue by its producer, its current
-attempt's claim (by worker_id, at claimed_at, leased until claimed_until) and that attempt's
-completion (at updated_at: a completed job's row changes no more). None of these is written
-to job_attempts or job_events (app/jobs/timeline/recorder.py decides what is); GET
-/jobs/{id}/attempts and /events read them back from the row (docs/API.md)."""
+attempt's claim (by worker_id and the instance label worker_instance, at claimed_at, leased
+until claimed_until) and that attempt's completion (at updated_at: a completed job's row
+changes no more). None of these is written to job_attempts or job_events
+(app/jobs/timeline/recorder.py decides what is); GET /jobs/{id}/attempts and /events read
+them back from the row (docs/API.md)."""
 
 from __future__ import annotations
 
@@ -59,10 +60,11 @@ def attempts_told(job: Job, stored: list[Attempt]) -> list[Attempt]:
             return stored
         # Its claim was kept while it ran; its completion is the row's.
         return [*stored[:-1], Attempt(last.id, last.job_id, last.number, last.worker_id,
-                                      last.claimed_at, ended_at, outcome.value, None, None)]
+                                      last.claimed_at, ended_at, outcome.value, None, None,
+                                      last.worker_instance)]
     number = 1 if last is None else last.number + 1
     return [*stored, Attempt(0, job.id, number, job.worker_id, job.claimed_at, ended_at,
-                             outcome.value, None, None)]
+                             outcome.value, None, None, job.worker_instance)]
 
 
 def events_told(job: Job, stored: list[JobEvent], current: Attempt | None,

@@ -31,6 +31,7 @@ from app.jobs.sql.repository import JobRepository
 from app.jobs.sql.reservation_repository import ReservationRepository
 from app.jobs.sql.wait_repository import WaitRepository
 from app.jobs.timeline.failure_repository import FailureRepository
+from app.jobs.timeline.instance_repository import InstanceRepository
 from app.jobs.timeline.recorder import FailHistory, HistoryRecorder
 from app.jobs.timeline.repository import HistoryRepository
 from app.jobs.timeline.stats_buffer import StatsBuffer
@@ -97,8 +98,10 @@ class Timeline:
         self._recorder.report_refused(self._conn, job, worker=worker, report=report,
                                       reason=reason, now_us=now_us)
 
-    def seen(self, name: str, now_us: int, *, claimed: bool) -> None:
-        self._recorder.seen(self._conn, name, now_us, claimed=claimed)
+    def seen(self, name: str, now_us: int, *, claimed: bool, instance: str | None = None,
+             jobs: int = 0) -> None:
+        self._recorder.seen(self._conn, name, now_us, claimed=claimed, instance=instance,
+                            jobs=jobs)
 
     def counted(self, transition: Transition, jobs: Sequence[Job], *, now_us: int) -> None:
         self._recorder.counted(self._conn, transition, jobs, now_us=now_us, counts=self.counts)
@@ -112,6 +115,7 @@ class JobsTx(Transaction):
     `controls` (ControlRepository: running jobs' cancel requests, progress, checkpoints),
     `reservations` (ReservationRepository: reserved jobs),
     `failures` (FailureRepository: failure groups),
+    `instances` (InstanceRepository: worker keys' instances),
     `context` (JobContextRepository: jobs' tags and trace context),
     `waits` (WaitRepository: suspended jobs' waits and posted events),
     `keys` (the rules of fair and ordered keys, app/jobs/tx/key_rules.py), `history`
@@ -157,6 +161,10 @@ class JobsTx(Transaction):
     @functools.cached_property
     def history(self) -> HistoryRepository:
         return HistoryRepository(self.conn)
+
+    @functools.cached_property
+    def instances(self) -> InstanceRepository:
+        return InstanceRepository(self.conn)
 
     @functools.cached_property
     def failures(self) -> FailureRepository:

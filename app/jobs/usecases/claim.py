@@ -64,6 +64,9 @@ class _Ask:
     limit: int
     lease_us: int
     push: bool
+    # The worker's instance label (host and pid, or its operator's; None: none sent): bound
+    # into the claim's UPDATE and noted, shown as reported, never read for ownership.
+    instance: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,16 +100,18 @@ class ClaimService:
 
     def claim(self, caller: Caller, *, types: Iterable[str] | None = None,
               lease_seconds: int | None = None, limit: int = 1,
-              push: bool = False) -> list[Claimed]:
+              push: bool = False, instance: str | None = None) -> list[Claimed]:
         """Claim up to `limit` jobs for the caller, most urgent first; [] when none is due.
         A worker's claim takes pulled types alone; the dispatcher's (`push`) push types
-        alone (flow control's limits decide), under the same limits."""
+        alone (flow control's limits decide), under the same limits. `instance`: the label
+        the worker sent, which its jobs' attempts carry."""
         return self.await_claim(caller, types=types, lease_seconds=lease_seconds,
-                                limit=limit, push=push).value
+                                limit=limit, push=push, instance=instance).value
 
     def await_claim(self, caller: Caller, *, types: Iterable[str] | None = None,
                     lease_seconds: int | None = None, limit: int = 1,
-                    wait_seconds: float = 0, push: bool = False) -> WaitAnswer[list[Claimed]]:
+                    wait_seconds: float = 0, push: bool = False,
+                    instance: str | None = None) -> WaitAnswer[list[Claimed]]:
         """As claim, waiting up to `wait_seconds` for a job when none is due now (no
         connection is held while waiting). Past the process's budget of waiting claims it
         answers at once, marked `not_waited`."""
@@ -120,7 +125,7 @@ class ClaimService:
             # Nothing this key may ever take here: waiting would not change that.
             return WaitAnswer([])
         ask = _Ask(caller, wanted, limit,
-                   (lease_seconds or self.settings.lease_seconds) * MICROS, push)
+                   (lease_seconds or self.settings.lease_seconds) * MICROS, push, instance)
         if wait_seconds <= 0:
             return WaitAnswer(self._claim_now(ask, answer_now=True))
         with self.signal.watching():
@@ -195,7 +200,7 @@ class ClaimService:
         started_us = self.clock.now_us()
         jobs, checkpoints, traces = repo.claim_next_jobs(
             now_us=now, worker=ask.caller.name, lease_expires_at=now + ask.lease_us,
-            nonce=nonce, limit=ask.limit, types=types,
+            nonce=nonce, limit=ask.limit, types=types, instance=ask.instance,
             limits=limits if restricted else None,
             # No type's row read: the statement itself passes over the types under flow
             # control now (a pause made on another host a moment ago included).
@@ -224,7 +229,8 @@ class ClaimService:
         # Recorded once the stamps are final, so the timeline reads as they do.
         tx.after_transition(Transition.CLAIM, jobs, actor=ask.caller.name, now_us=now)
         with tx.statement_of_its_own():  # a note of activity, lost at worst for a minute
-            tx.timeline.seen(ask.caller.name, now, claimed=True)
+            tx.timeline.seen(ask.caller.name, now, claimed=True, instance=ask.instance,
+                             jobs=len(jobs))
         return _Attempt(jobs, limits, now, checkpoints, traces,
                         free_types_only=self.flow is not None and limits is None)
 

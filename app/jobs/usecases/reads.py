@@ -105,8 +105,9 @@ class JobReads:
 
         return self.uow.read(read)
 
-    def running_by_worker(self) -> dict[str, int]:
-        """How many jobs each worker holds now, by the worker's name."""
+    def running_by_worker(self) -> dict[tuple[str, str | None], int]:
+        """How many jobs each worker holds now, by the worker's name and the instance label
+        its claims sent (None: none)."""
         return self.uow.read(lambda tx: tx.jobs.count_running_by_worker())
 
     def list_jobs(self, caller: Caller, *, status: str | None, job_type: str | None,

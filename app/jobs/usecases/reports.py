@@ -81,12 +81,15 @@ class WorkerReports:
         self.retry_policy = retry_policy or NoRetryBudget()
 
     def heartbeat(self, caller: Caller, job_id: int, *, lease_token: str | None,
-                  lease_seconds: int | None, progress: Progress | None = None) -> Beat:
+                  lease_seconds: int | None, progress: Progress | None = None,
+                  instance: str | None = None) -> Beat:
         """Extend the caller's live lease on the job (never past its attempt's deadline) and
         store what it reports of its progress; the answer says whether its cancel was
         requested. Progress is not an event: a heartbeat writes no history. One sent before
         the job takes the next (app/jobs/domain/report_pace.py) raises HeartbeatTooSoon or
-        CheckpointTooSoon, having written nothing."""
+        CheckpointTooSoon, having written nothing. `instance`: the label the worker sent,
+        noted as its instance seen (never checked against the job's: the key and the lease
+        token alone say who holds it)."""
         lease_us = (lease_seconds or self.settings.lease_seconds) * MICROS
         progress = progress or Progress()
         message = None if progress.message is None else redact_error(progress.message)
@@ -114,7 +117,7 @@ class WorkerReports:
                 raise CheckpointTooSoon()  # the whole heartbeat is rolled back
             tx.after_transition(Transition.HEARTBEAT, [job], actor=caller.name, now_us=now)
             with tx.statement_of_its_own():  # a note of activity, lost at worst for a minute
-                tx.timeline.seen(caller.name, now, claimed=False)
+                tx.timeline.seen(caller.name, now, claimed=False, instance=instance)
             return Beat(job, controls)
 
         # Without a checkpoint, the heartbeat is its UPDATE alone: one round trip.

@@ -42,6 +42,11 @@ RETENTION_IDLE_SECONDS = 10.0
 # Failure groups forgotten per type and pass, at most (a bounded transaction).
 STALE_GROUPS_PER_PASS = 1000
 FINISHED_IN_ORDER = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+# A worker key's instance (GET /workers) is forgotten this long after it was last seen, at
+# most INSTANCES_PER_PASS a pass, a pass at most every INSTANCES_PASS_SECONDS.
+INSTANCES_KEPT_SECONDS = 86_400
+INSTANCES_PER_PASS = 1000
+INSTANCES_PASS_SECONDS = 600
 
 
 @dataclass(frozen=True)
@@ -82,11 +87,24 @@ class Retention:
         # The pause between two passes; longer where an idle database should be asked
         # nearly nothing (docs/SCALING.md, "The database tells every host").
         self.idle_seconds = RETENTION_IDLE_SECONDS
+        self._next_instances_pass_us = 0
 
     @property
     def pass_under_way(self) -> bool:
         """The pass has (type, status) scans left: its next call goes on with them."""
         return bool(self._pass)
+
+    def forget_instances(self) -> int:
+        """Maintenance: forget a batch of the worker instances not seen for a day, at most
+        once every INSTANCES_PASS_SECONDS (an idle database is asked nearly nothing).
+        Returns how many."""
+        now = self.clock.now_us()
+        if now < self._next_instances_pass_us:
+            return 0
+        self._next_instances_pass_us = now + INSTANCES_PASS_SECONDS * MICROS
+        before = now - INSTANCES_KEPT_SECONDS * MICROS
+        return self.uow.write_alone(
+            lambda tx: tx.instances.forget_seen_before(before, INSTANCES_PER_PASS))
 
     def windows_changed(self) -> None:
         """A type's settings changed (told by the database): the next round starts a new

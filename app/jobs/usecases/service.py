@@ -129,6 +129,8 @@ class JobService:
             self.maintenance.guarded(RETENTION, remove_expired)
             # The events kept long enough go at retention's pace (docs/WAITS.md).
             self.maintenance.guarded(WAITS, self.waits.forget_events)
+            # And the worker instances not seen for a day (GET /workers).
+            self.maintenance.guarded(RETENTION, self.retention.forget_instances)
 
         def cascades() -> None:
             self.maintenance.guarded(CASCADE, self.cascades.chore)

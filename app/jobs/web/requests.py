@@ -26,6 +26,7 @@ from app.core.limits import (
     DEPENDENCIES,
     ERROR_CHARS,
     EXPIRES_IN_SECONDS,
+    INSTANCE_CHARS,
     JOB_ID,
     KEY_CHARS,
     LEASE_SECONDS,
@@ -51,6 +52,7 @@ from app.jobs.domain.uniqueness import DEFAULT_WHILE, WHILE_STATUSES, OnConflict
 from app.web.fields import (
     NO_NUL,
     PRINTABLE_ASCII_TEXT,
+    PRINTABLE_LABEL,
     PageQuerySchema,
     PriorityLabel,
     StrictInteger,
@@ -340,6 +342,15 @@ class BatchEnqueueSchema(StrictSchema):
                        validate=length_within(BATCH_JOBS))
 
 
+def instance_field() -> fields.String:
+    """The worker's instance label, sent with its claims and heartbeats."""
+    return fields.String(validate=[length_within(INSTANCE_CHARS), PRINTABLE_LABEL], metadata={
+        "description": "This worker process's label, printable ASCII (the runner sends "
+                       "host:pid, or the one its operator sets): GET /workers lists the key's "
+                       "instances by it and a job's attempts name it. Shown as reported; who "
+                       "holds a job is the key and the lease token, never this label."})
+
+
 class ClaimSchema(StrictSchema):
     openapi_extra: ClassVar[dict[str, Any]] = {
         "example": {"types": ["email"], "lease_seconds": 60}}
@@ -347,6 +358,7 @@ class ClaimSchema(StrictSchema):
     types = fields.List(non_empty_text(TYPE_CHARS), validate=validate.Length(max=CLAIM_TYPES.max))
     lease_seconds = StrictInteger(validate=within(LEASE_SECONDS))
     worker_id = non_empty_text(NAME_CHARS)
+    instance = instance_field()
     wait_seconds = StrictNumber(
         load_default=CLAIM_WAIT_SECONDS.default, validate=within(CLAIM_WAIT_SECONDS),
         metadata={"description": "Wait up to this long for a job when none is claimable."})
@@ -389,6 +401,7 @@ class HeartbeatSchema(LeaseFencedSchema):
                             metadata={"description": "Shown with the progress, its secrets "
                                                      "masked as an error's are."})
     checkpoint = checkpoint_field()
+    instance = instance_field()
 
 
 class CompleteSchema(LeaseFencedSchema):

@@ -128,7 +128,8 @@ def _claim(body: dict[str, Any], limit: int) -> WaitAnswer[list[Claimed]]:
         raise Forbidden("worker_id must be this key's own name.")
     return _service().await_claim(caller, types=body.get("types"),
                                   lease_seconds=body.get("lease_seconds"), limit=limit,
-                                  wait_seconds=body["wait_seconds"])
+                                  wait_seconds=body["wait_seconds"],
+                                  instance=body.get("instance"))
 
 
 def _say_not_waited(response: Response, answer: WaitAnswer[Any]) -> Response:
@@ -368,7 +369,7 @@ def heartbeat_job(job_id: int) -> Response:
         current_caller(), job_id, lease_token=body.get("lease_token"),
         lease_seconds=body.get("lease_seconds"), progress=Progress(
             None if progress is None else (progress["done"], progress["total"]),
-            body.get("message"), body.get("checkpoint")))
+            body.get("message"), body.get("checkpoint")), instance=body.get("instance"))
     return _job_response(beat.job, controls={job_id: beat.controls})
 
 

@@ -47,6 +47,7 @@ from app.storage.schema.settings import (
     schedules,
     ui_sessions,
     ui_sign_in_failures,
+    worker_instances,
 )
 from app.storage.schema.waits import job_waits, posted_events
 
@@ -82,6 +83,7 @@ __all__ = [
     "type_tallies",
     "ui_sessions",
     "ui_sign_in_failures",
+    "worker_instances",
     "workflow_jobs",
     "workflows",
 ]

@@ -35,6 +35,9 @@ job_attempts = Table(
     # The failure group of an attempt that ended with an error (migration 0019): what its
     # group's chart counts and its retry finds the jobs by.
     Column("fingerprint", String(16), nullable=True),
+    # The instance label its claim sent (migration 0030), as the job's row held it; NULL
+    # when it sent none.
+    Column("worker_instance", String(200), nullable=True),
 )
 # A job's attempts in order; closing an attempt finds the job's open one through it too.
 Index("uq_job_attempts_job_id_number", job_attempts.c.job_id, job_attempts.c.number,

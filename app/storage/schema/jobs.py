@@ -72,6 +72,11 @@ jobs = Table(
     # last wait ended, which its claims carry until it suspends again. NULL on every job that
     # never waited.
     Column("resumed", Text, nullable=True),
+    # Appended by migration 0030, part of the Job record: the instance label (host and pid,
+    # or the operator's) the worker sent with the current attempt's claim, shown as reported
+    # (docs/API.md, GET /workers) and never read for ownership, which is worker_id's and the
+    # lease token's. Set by the claim's own UPDATE; NULL when the claim sent none.
+    Column("worker_instance", String(200), nullable=True),
     # Also 0017, and never read by the claim (nor part of the Job record): a running job's
     # cancel request and its last progress. On the row, because a heartbeat writes the row
     # anyway: progress reported with it costs no page and no statement more (a table beside

@@ -141,6 +141,24 @@ key_activity = Table(
     Column("last_claim_at", Micros, nullable=True),
 )
 
+# Each key's instances (migration 0030): the labels its workers send with their claims and
+# heartbeats, shown as reported. Counted in each process's memory and written at most once a
+# minute per key, label and process (app/jobs/timeline/instances.py), never once per request:
+# when last seen and last claimed, to about a minute, and the jobs claimed in one whole
+# minute (`minute`, its first microsecond), the sum of what each process counted of it.
+# Forgotten a day after they were last seen.
+worker_instances = Table(
+    "worker_instances",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("instance", String(200), primary_key=True),
+    Column("last_seen_at", Micros, nullable=False),
+    Column("last_claim_at", Micros, nullable=True),
+    Column("minute", Micros, nullable=True),
+    Column("claimed", Integer, nullable=False),
+)
+Index("ix_worker_instances_last_seen_at", worker_instances.c.last_seen_at)
+
 # The processes whose requests wait for jobs, each until when and for what (PostgreSQL with
 # notices: docs/SCALING.md, "The database tells every host"). The jobs' triggers send a notice
 # only while a row here waits for it: an enqueue of a type nobody waits for takes no notice
