@@ -15,7 +15,7 @@ from app.jobs.sql.key_repository import KeyTurn
 from app.jobs.usecases.admin import Cancelled
 from app.jobs.usecases.horizon_watch import HorizonReport, what_to_do
 from app.jobs.web.answers import represent
-from app.ui.present import utc
+from app.ui.present import duration, utc
 
 
 def horizon_shown(report: HorizonReport) -> dict[str, Any]:
@@ -36,6 +36,13 @@ def oldest_claimable(types: Sequence[Mapping[str, Any]]) -> tuple[float, str] | 
     ages = [(shown["oldest_claimable_age_seconds"], shown["type"]) for shown in types
             if not shown["paused"] and shown["oldest_claimable_age_seconds"] is not None]
     return max(ages, key=lambda age: age[0], default=None)
+
+
+def oldest_claimable_text(types: Sequence[Mapping[str, Any]]) -> str:
+    """The overview's oldest claimable job, as its page and its live figure write it:
+    `3 min (email)`, or `none`."""
+    oldest = oldest_claimable(types)
+    return "none" if oldest is None else f"{duration(oldest[0])} ({oldest[1]})"
 
 
 def blocked_shown(turn: KeyTurn) -> dict[str, Any]:

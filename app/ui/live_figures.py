@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from flask import Flask, url_for
 
-from app.ui.present import age, counts_text, oldest_claimable, percent, utc
+from app.ui.job_views import oldest_claimable_text
+from app.ui.present import age, counts_text, oldest_claimable, percent, type_state, utc
 
 # The overview's counts by status, in its columns' order; those that are links to the jobs
 # list while they are not 0.
@@ -39,8 +40,8 @@ def moment(at: str | None) -> dict[str, str] | None:
 
 # -- the overview: each type's row of the types table -------------------------------------------
 
-def overview_figures(types: Iterable[Mapping[str, Any]]) -> Figures:
-    figures: Figures = {}
+def overview_figures(types: Sequence[Mapping[str, Any]]) -> Figures:
+    figures: Figures = {"oldest_claimable": oldest_claimable_text(types)}
     for shown in types:
         name, counts = shown["type"], shown["counts"]
         for status in COUNTED:
@@ -50,6 +51,11 @@ def overview_figures(types: Iterable[Mapping[str, Any]]) -> Figures:
                  "href": url_for("ui.jobs", type=name, status=status) if count else None}
                 if status in LINKED else str(count))
         figures[f"type/{name}/oldest"] = oldest_claimable(shown)
+        state, held = type_state(shown)
+        figures[f"type/{name}/state"] = {
+            "text": state, "class": "paused" if held else "",
+            "href": url_for("ui.job_type", job_type=name)
+            if held and not shown["paused"] else None}
         figures[f"type/{name}/last_claim"] = moment(shown["last_claim_at"])
     return figures
 

@@ -156,6 +156,18 @@ def waits_for(waiting_for: Mapping[str, Any]) -> str:
     return f"until {until}"
 
 
+def type_state(shown: Mapping[str, Any]) -> tuple[str, bool]:
+    """A type's state in a word or two, and whether it holds jobs back: `paused`, `circuit
+    open` or `circuit half-open` (docs/FLOW-CONTROL.md), else `active` (a closed circuit is
+    the usual state). The overview and its live figures write it so."""
+    circuit = shown["circuit_state"]
+    if shown["paused"]:
+        return "paused", True
+    if circuit is not None and circuit["state"] != "closed":
+        return f"circuit {circuit['state'].replace('_', '-')}", True
+    return "active", False
+
+
 def oldest_claimable(shown: Mapping[str, Any]) -> str:
     """A type's oldest claimable job (as GET /types shows the type): its age, or for a paused
     type none, with how long its oldest due job has waited (the overview, the type's page
@@ -173,7 +185,7 @@ def register_filters(app: Flask) -> None:
                      ("circuit_text", circuit_text), ("retry_budget_text", retry_budget_text),
                      ("last_line", last_line), ("in_zone", in_zone), ("percent", percent),
                      ("hourly_chart", hourly_chart), ("chart_totals", chart_totals),
-                     ("oldest_claimable", oldest_claimable)):
+                     ("oldest_claimable", oldest_claimable), ("type_state", type_state)):
         app.add_template_filter(fn, name)
     # The queue over time as SVG (app/ui/charts.py): `{{ series|throughput_chart(small=true) }}`.
     for name, draw in (("throughput_chart", throughput_chart),

@@ -104,7 +104,7 @@ def overview() -> tuple[str, int]:
     blocked_total = max(len(blocked), sum(shown["blocked_keys"] for shown in types))
     series = _series_of([None, *(shown["type"] for shown in types)], charts["period"])
     return _page("overview.html", types=types, blocked_keys=blocked,
-                 oldest_claimable=views.oldest_claimable(types),
+                 oldest_claimable=views.oldest_claimable_text(types),
                  blocked_total=blocked_total, **_schedules_shown(),
                  workers=[represent_worker(worker) for worker in services.history.workers()],
                  totals=series[0], per_type=series[1:], **charts,

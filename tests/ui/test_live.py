@@ -192,6 +192,13 @@ def test_a_circuit_s_state_is_a_figure_of_its_type_s_page(
     assert changed.status_code == 200, changed.get_json()
     figures = _same_as_the_page(signed_in, "/ui/types/email", "/ui/live/types/email")["figures"]
     assert figures["circuit_state"] == {"text": "closed", "class": "circuit-closed"}
+    # Opened by hand: the overview's state says it, a link to the type's page.
+    assert signed_in.patch("/types/email", headers=admin.headers,
+                           json={"circuit_state": "open"}).status_code == 200
+    overview = _same_as_the_page(signed_in, "/ui/", "/ui/live/overview")["figures"]
+    assert overview["type/email/state"] == {"text": "circuit open", "class": "paused",
+                                            "href": "/ui/types/email"}
+    assert overview["type/pdf/state"] == {"text": "active", "class": "", "href": None}
 
 
 # -- what changes ---------------------------------------------------------------------------------
