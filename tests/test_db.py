@@ -286,6 +286,38 @@ def test_postgresql_claims_walk_the_claim_order_and_stop_at_their_limit(postgres
                    for node in nodes), kinds
 
 
+@pytest.mark.parametrize("generic", [False, True])
+@pytest.mark.parametrize("stmt", _ONE_JOB_CLAIMS)
+def test_postgresql_claim_of_one_job_finds_its_row_by_id_whatever_the_statistics(
+        postgres_server, stmt, generic):
+    """200,000 jobs purged and vacuumed, then 3,000 pending: until the next ANALYZE the
+    statistics count the table nearly empty, and a claim joined (IN) to its candidates was
+    planned as a read of the whole table at every run (bench/bloat.py found it). The claim
+    of one job looks its row up by id."""
+    engine = make_engine(postgres_server.create_database())
+    try:
+        with engine.begin() as conn:
+            for _ in range(10):
+                _pending_jobs(conn, "'email'", "10")
+            conn.exec_driver_sql("DELETE FROM jobs")
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                "VACUUM ANALYZE jobs")
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO jobs (type, payload, priority, status, retry_count,"
+                                 " max_retries, producer, run_at, created_at, updated_at)"
+                                 " SELECT 'email', '{}', 10, 'pending', 0, 3, 'p', n, n, n"
+                                 " FROM generate_series(1, 3000) AS n")
+            plan = _postgres_plan(conn, stmt, {**CLAIM_PARAMS, "now": 10**15},
+                                  generic=generic)
+    finally:
+        engine.dispose()
+    scans = [node for node in _plan_nodes(plan) if node.get("Relation Name") == "jobs"
+             and "Scan" in node["Node Type"]]
+    assert not any(node["Node Type"] == "Seq Scan" for node in scans), scans
+    assert any(node.get("Index Name") == "pk_jobs" for node in scans), scans
+
+
 @pytest.mark.parametrize("positioned", [False, True])
 def test_postgresql_keeps_one_plan_for_the_claim_of_one_job(postgres_server, positioned):
     """Over 20,000 pending jobs with their statistics, a server process's claims of one job

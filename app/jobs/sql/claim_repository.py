@@ -235,7 +235,12 @@ def _candidates_any_type(free_types_only: bool, positioned: bool, aging_types: i
 def _claim_any_type(key_to_confirm: bool, free_types_only: bool, positioned: bool,
                     aging_types: int, one: bool) -> DriverStatement:
     candidates = _candidates_any_type(free_types_only, positioned, aging_types, one)
-    claim = update(jobs).where(jobs.c.id.in_(select(candidates.c.id)), CLAIMABLE_BY_ID)
+    # The claim of one job updates the row whose id its candidate names: a look-up by the
+    # primary key whatever the statistics say. Joined (IN) to the candidates, the table
+    # counted nearly empty (after a purge, before the next ANALYZE) is read whole instead.
+    chosen = (jobs.c.id == select(candidates.c.id).scalar_subquery() if one
+              else jobs.c.id.in_(select(candidates.c.id)))
+    claim = update(jobs).where(chosen, CLAIMABLE_BY_ID)
     if key_to_confirm:
         claim = claim.where(live_key_condition())
     return DriverStatement(claim.values(_CLAIMED_VALUES).returning(*_CLAIMED_COLUMNS))
