@@ -123,8 +123,9 @@ def npm_install(prefix: Path, package: str) -> str | None:
     except subprocess.TimeoutExpired:
         return f"npm install {package} took over {NPM_SECONDS} s"
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"npm install {package} failed: {last}"
+        errors = [line for line in done.stderr.splitlines()
+                  if line.strip() and "complete log" not in line] or ["no output"]
+        return f"npm install {package} failed: {' / '.join(errors[:2])}"
     return None
 
 
@@ -458,7 +459,9 @@ def notes(sizes: Sizes, versions: str, counted: dict[str, list[str]],
         f"{len(counted['idle 2 s'])} statement(s), so its timers do not disturb the runs.",
         "Statements per call: pg-boss's counted by wrapping node-postgres's Client.query in "
         "the driver (every statement pg-boss sends goes through it; none of its calls here "
-        "opened a transaction); queuelog's by its SQLAlchemy engine's before_cursor_execute "
+        "opened a transaction; checked once against the server's log with log_statement = all "
+        "for pg-boss's database only: the same count); queuelog's by its SQLAlchemy engine's "
+        "before_cursor_execute "
         "(tests/test_statement_budget.py's method), in this process through Flask's test "
         "client. The statements pg-boss sent begin: " + "; ".join(first_words) + ".",
         "Both sides have stores of their own for enqueueing and for draining (queuelog: a "
