@@ -26,6 +26,10 @@ SCRIPTS = {
     "peers": ("== Peers:", "dequeue + ack jobs/s"),
     "peer_servers": ("== Peer servers: queuelog over HTTP beside procrastinate and RQ",
                      "queuelog / peer"),
+    # Its table's column shows whether pg-boss was measured or skipped (no Node or npm, or
+    # no network to install them): the smoke run does not depend on downloading pg-boss.
+    "pgboss": ("== pg-boss: queuelog over HTTP beside pg-boss on the same PostgreSQL",
+               "queuelog / pg-boss"),
     "memory": ("== Memory: one gunicorn worker", "peak (VmHWM) after"),
     "flow": ("== Flow control: limited claims and GET /types", "limits configured, not reached"),
     "workflows": ("== Workflows: dependency wake-up, enqueue, fan-in", "workflow / batch"),
@@ -55,11 +59,11 @@ SCRIPTS = {
                    "cost", "circuit breaker (closed) and retry budget configured"),
 }
 # The scripts that measure PostgreSQL beside SQLite do so here too when the tests have a
-# PostgreSQL server (smoke sizes: a few seconds more each).
-ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "peer_servers", "flow", "workflows",
-                            "keys", "heartbeat", "reserve", "enqueue_options", "retention",
-                            "failures", "tags", "over_time", "bloat", "long_transaction",
-                            "wakes", "waits", "protection"})
+# PostgreSQL server (smoke sizes: a few seconds more each); pgboss measures PostgreSQL only.
+ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "peer_servers", "pgboss", "flow",
+                            "workflows", "keys", "heartbeat", "reserve", "enqueue_options",
+                            "retention", "failures", "tags", "over_time", "bloat",
+                            "long_transaction", "wakes", "waits", "protection"})
 # They take a minute or two each: they are shared out over three files, so that the two test
 # processes (which take a file at a time) can each take some, and none is left alone at the end.
 ENGINE_SHARES = 3
