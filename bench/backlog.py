@@ -1,27 +1,33 @@
-"""Backlog: what the counting read paths cost with a deep queue (docs/SCALING.md), under
-real gunicorn (the shipped gunicorn.conf.py, 4 workers) on SQLite.
+"""Backlog: explain and the counting read paths with a million pending jobs.
+
+What they cost with a deep queue (docs/SCALING.md), under real gunicorn (the shipped
+gunicorn.conf.py, 4 workers), on SQLite (and PostgreSQL: see below).
 
 With PENDING jobs pending (default 1,000,000; a fifth scheduled ahead, as bench/flow.py
-builds them), it measures, printing the median over the repeats of each figure:
+builds them), each repeat starts a fresh server and measures:
 
-1. one explain (GET /jobs/{id}/explain) of the newest job, by its producer, sequentially;
+1. one explain (GET /jobs/{id}/explain, with its position and estimate) of the newest due
+   job, by its producer, sequentially: the median of 9;
 2. a flood: 64 concurrent explains from one producer key while another producer does
    POST /jobs and anyone GET /healthz one after the other: the other client's latencies
    (p50, max) and how many explains answered 503;
 3. GET /types p50 (admin), public GET /metrics p50;
 4. the dashboard (a signed-in admin): /ui/ p50 and a job's page (/ui/jobs/{id}) p95.
 
-    PYTHONPATH=. python bench/backlog.py [--pending N] [--repeats N] [--database FILE]
-        [--postgres URL] [--skip-sqlite] [--root CHECKOUT]
+Target: the single explain's p50 <= 50 ms, on each engine.
 
---database keeps the built SQLite file there (built when missing), so that runs before and
-after a change measure the same database. With --postgres (default: $QUEUELOG_BENCH_POSTGRES_URL)
-the same is measured on a fresh database of that server, dropped afterwards.
+    PYTHONPATH=. python bench/backlog.py [--smoke] [--repeats N] [--pending N]
+        [--database FILE] [--root CHECKOUT] [--engines sqlite,postgresql]
+
+With QUEUELOG_BENCH_POSTGRES_URL set to a PostgreSQL server URL, the same is measured on a
+fresh database of that server, dropped afterwards (`--engines postgresql` for PostgreSQL
+alone). --database keeps the built SQLite file there (built when missing), so that runs
+before and after a change measure the same database; --root serves another checkout's code.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -30,6 +36,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +45,40 @@ if __package__ in (None, ""):  # run as `python bench/backlog.py`
 
 from bench.dashboard import Browser
 from bench.data import (
-    JOB_TYPES,
     POSTGRES_VARIABLE,
+    chosen_engines,
     create_keys,
+    engines_option,
     postgres_database,
     scratch_directory,
     sqlite_url,
 )
 from bench.flow import build_million
 from bench.load import LOOPBACK
-from bench.servers import gunicorn_server
-from bench.stats import percentile
+from bench.report import Report, Table, Target, load_note, run_script
+from bench.servers import queuelog_server
+from bench.stats import Spread, ms, percentile
 
+FULL_PENDING, SMOKE_PENDING = 1_000_000, 3_000
+TARGET_MS = 50.0
 FLOOD = 64
+WORKERS = "4"  # the smoke run leaves the servers' workers to the shipped settings
 KEYS = {"admin-0": "admin", "producer-0": "producer", "producer-1": "producer",
         "worker-0": "worker"}
+# figure: (request, statistic, digits shown)
+FIGURES = {
+    "explain_ms": ("GET /jobs/{id}/explain, one at a time", "p50 of 9, ms", 1),
+    "post_p50_ms": (f"{FLOOD} explains at once: another client's POST /jobs", "p50, ms", 1),
+    "post_max_ms": (f"{FLOOD} explains at once: another client's POST /jobs", "max, ms", 1),
+    "healthz_p50_ms": (f"{FLOOD} explains at once: its GET /healthz", "p50, ms", 1),
+    "healthz_max_ms": (f"{FLOOD} explains at once: its GET /healthz", "max, ms", 1),
+    "explain_503": (f"{FLOOD} explains at once", "answered 503", 0),
+    "explain_other": (f"{FLOOD} explains at once", "answered neither 200 nor 503", 0),
+    "types_p50_ms": ("GET /types (admin)", "p50 of 30, ms", 1),
+    "metrics_p50_ms": ("GET /metrics (public)", "p50 of 15, ms", 1),
+    "ui_overview_p50_ms": ("GET /ui/ (signed in)", "p50 of 15, ms", 1),
+    "ui_job_p95_ms": ("GET /ui/jobs/{id} (signed in)", "p95 of 20, ms", 1),
+}
 
 
 def timed(port: int, method: str, path: str, headers: dict[str, str],
@@ -71,10 +97,6 @@ def timed(port: int, method: str, path: str, headers: dict[str, str],
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-
-
-def ms(seconds: float) -> float:
-    return round(seconds * 1000, 1)
 
 
 def sequential(port: int, path: str, headers: dict[str, str], n: int) -> list[float]:
@@ -123,7 +145,9 @@ def flood(port: int, tokens: dict[str, str], job_id: int) -> dict[str, float]:
 def measure_once(port: int, tokens: dict[str, str], job_id: int) -> dict[str, float]:
     figures: dict[str, float] = {}
     producer, admin = bearer(tokens["producer-0"]), bearer(tokens["admin-0"])
-    sequential(port, f"/jobs/{job_id}/explain", producer, 2)  # warm every path once
+    _elapsed, status, raw = timed(port, "GET", f"/jobs/{job_id}/explain", producer)
+    assert status == 200 and json.loads(raw)["position"] is not None, (status, raw[:300])
+    sequential(port, f"/jobs/{job_id}/explain", producer, 1)  # warm every path once
     figures["explain_ms"] = ms(statistics.median(
         sequential(port, f"/jobs/{job_id}/explain", producer, 9)))
     figures.update(flood(port, tokens, job_id))
@@ -149,8 +173,8 @@ def measure_once(port: int, tokens: dict[str, str], job_id: int) -> dict[str, fl
 
 
 def fill_postgres(url: str, pending: int) -> None:
-    """`pending` jobs as build_million stores them (types alternating, a fifth scheduled an
-    hour ahead, ids from 1), generated by the server itself: setup, not timed."""
+    """`pending` jobs as build_million stores them (types alternating, a fifth scheduled 25
+    hours ahead, ids from 1), generated by the server itself: setup, not timed."""
     from sqlalchemy import create_engine, text
 
     engine = create_engine(url)
@@ -174,53 +198,98 @@ def fill_postgres(url: str, pending: int) -> None:
           file=sys.stderr, flush=True)
 
 
-def run(directory: str, url: str, engine: str, options: argparse.Namespace) -> None:
-    tokens = create_keys(url, KEYS)
+@contextlib.contextmanager
+def built_store(engine: str, directory: str, options: Any) -> Iterator[str]:
+    """The URL of a database holding `options.pending` pending jobs (on SQLite, the file
+    --database names when it exists)."""
+    if engine == "PostgreSQL":
+        with postgres_database(os.environ[POSTGRES_VARIABLE]) as url:
+            fill_postgres(url, options.pending)
+            yield url
+        return
+    target = Path(directory) / "million.sqlite3"
+    if options.database is not None and options.database.exists():
+        shutil.copyfile(options.database, target)
+        yield sqlite_url(target)
+        return
+    url = build_million(directory, [("pending", options.pending)])
+    if options.database is not None:
+        shutil.copyfile(target, options.database)
+    yield url
+
+
+def measure_engine(engine: str, directory: str, options: Any) -> dict[str, Spread]:
+    figures = {name: Spread() for name in FIGURES}
     # The newest due job: the jobs of its priority and above are ahead of it. (Ids count
-    # from 1; every fifth job from the first is scheduled an hour ahead.)
+    # from 1; every fifth job from the first is scheduled 25 hours ahead.)
     job_id = options.pending - 1 if (options.pending - 1) % 5 == 0 else options.pending
-    runs = []
-    for _repeat in range(options.repeats):
-        with gunicorn_server("wsgi:app", directory, {
-                "QUEUELOG_DATABASE_URL": url, "QUEUELOG_JOB_TYPES": JOB_TYPES,
-                "GUNICORN_WORKERS": "4", "QUEUELOG_METRICS_PUBLIC": "1"},
-                root=options.root) as server:
-            runs.append(measure_once(server.port, tokens, job_id))
-        print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
-    print(f"backlog: {options.pending:,} pending, {engine}, 4 gunicorn workers, median of "
-          f"{options.repeats} repeats")
-    for name in runs[0]:
-        print(f"  {name:22} {statistics.median(run[name] for run in runs):>10}")
+    workers = {} if options.smoke else {"GUNICORN_WORKERS": WORKERS}
+    with built_store(engine, directory, options) as url:
+        tokens = create_keys(url, KEYS)
+        for repeat in range(options.repeats):
+            with queuelog_server(directory, url, root=options.root, QUEUELOG_METRICS_PUBLIC="1",
+                                 **workers) as server:
+                once = measure_once(server.port, tokens, job_id)
+            for name, value in once.items():
+                figures[name].add(value)
+            shown = {name: round(value, 1) for name, value in once.items()}
+            print(f"{engine} repeat {repeat + 1}: {json.dumps(shown)}", file=sys.stderr,
+                  flush=True)
+    return figures
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pending", type=int, default=1_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--database", type=Path, default=None)
-    parser.add_argument("--postgres", default=os.environ.get(POSTGRES_VARIABLE),
-                        help="a PostgreSQL server URL: measure there too (default: "
-                             f"${POSTGRES_VARIABLE})")
-    parser.add_argument("--skip-sqlite", action="store_true")
+def measure(options: Any) -> Report:
+    if options.pending is None:
+        options.pending = SMOKE_PENDING if options.smoke else FULL_PENDING
+    report = Report("Backlog: explain and the counting read paths at a million pending",
+                    "python bench/backlog.py", options.smoke, options.repeats)
+    load = os.getloadavg()
+    workers = ("gunicorn workers as the shipped settings (or a smoke test) set them"
+               if options.smoke else f"{WORKERS} gunicorn workers")
+    with scratch_directory("queuelog-bench-backlog-") as directory:
+        for engine in chosen_engines(options):
+            figures = measure_engine(engine, directory, options)
+            table = Table(f"{engine}: {options.pending:,} pending, {workers}, a fresh server "
+                          "each repeat (median [min-max] over repeats)",
+                          ["request", "statistic", "value"])
+            for name, (request, statistic, digits) in FIGURES.items():
+                table.add(request, statistic, figures[name].show(digits))
+            report.tables.append(table)
+            explain = figures["explain_ms"]
+            report.targets.append(Target(
+                f"GET /jobs/{{id}}/explain with position and estimate at {options.pending:,} "
+                f"pending, {engine}", f"≤ {TARGET_MS:.0f} ms", explain.show(1, " ms"),
+                explain.median <= TARGET_MS))
+    report.notes += [
+        load_note(load),
+        "The store: only pending jobs, types email and report alternating, a fifth scheduled "
+        "25 hours ahead, inserted directly (SQLite: bench/flow.py's build_million; "
+        "PostgreSQL: one INSERT ... SELECT from generate_series, then VACUUM ANALYZE).",
+        "The explained job is the newest due one, read by its producer: its position counts "
+        "the claimable jobs of its type ahead through the type's claim-order index and stops "
+        "at 10,000 (position_capped); its estimate reads the type's last 5 minutes of stats.",
+        f"The flood: {FLOOD} explains sent at once, each on a connection of its own, while "
+        "another producer sends POST /jobs and GET /healthz one after the other until they "
+        "are all answered. Explains beyond QUEUELOG_COUNTING_READS per process wait up to "
+        "0.5 s and then answer 503 with Retry-After.",
+    ]
+    return report
+
+
+def own_arguments(parser: Any) -> None:
+    parser.add_argument("--pending", type=int, default=None,
+                        help=f"pending jobs stored (default {FULL_PENDING:,}; "
+                             f"{SMOKE_PENDING:,} with --smoke)")
+    parser.add_argument("--database", type=Path, default=None,
+                        help="keep the built SQLite file here, or start from it when it exists")
     parser.add_argument("--root", type=Path, default=None,
                         help="serve another checkout's code (e.g. `git archive` of the commit "
                              "before a change, for the figures before it)")
-    options = parser.parse_args(argv)
-    with scratch_directory("queuelog-bench-backlog-") as directory:
-        if not options.skip_sqlite:
-            target = Path(directory) / "million.sqlite3"
-            if options.database is not None and options.database.exists():
-                shutil.copyfile(options.database, target)
-                url = sqlite_url(target)
-            else:
-                url = build_million(directory, [("pending", options.pending)])
-                if options.database is not None:
-                    shutil.copyfile(target, options.database)
-            run(directory, url, "SQLite", options)
-        if options.postgres:
-            with postgres_database(options.postgres) as pg_url:
-                fill_postgres(pg_url, options.pending)
-                run(directory, pg_url, "PostgreSQL", options)
+    engines_option(parser)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_script(measure, __doc__, argv, add_arguments=own_arguments)
 
 
 if __name__ == "__main__":

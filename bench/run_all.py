@@ -30,7 +30,8 @@ BENCH = Path(__file__).resolve().parent
 SCRIPTS = ["storage", "depth", "http_single", "http_events", "http_batch", "await_latency",
            "peers", "peer_servers", "pgboss", "memory", "flow", "workflows", "keys", "heartbeat",
            "reserve", "enqueue_options", "retention", "failures", "tags", "over_time",
-           "dashboard", "push", "bloat", "long_transaction", "wakes", "waits", "protection"]
+           "dashboard", "push", "backlog", "bloat", "long_transaction", "wakes", "waits",
+           "protection"]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -43,10 +43,11 @@ def gunicorn_server(app: str, directory: str, overrides: dict[str, str],
 
 
 def queuelog_server(directory: str, url: str, *, keep_stdout: bool = False,
-                    **overrides: str) -> GunicornServer:
+                    root: Path | None = None, **overrides: str) -> GunicornServer:
+    """queuelog over `url`; `root` serves another checkout's code (gunicorn_server)."""
     return gunicorn_server("wsgi:app", directory, {
         "QUEUELOG_DATABASE_URL": url, "QUEUELOG_JOB_TYPES": JOB_TYPES, **overrides},
-        keep_stdout=keep_stdout)
+        root=root, keep_stdout=keep_stdout)
 
 
 def baseline_server(directory: str, **overrides: str) -> GunicornServer:

@@ -48,6 +48,8 @@ SCRIPTS = {
     "over_time": ("== Stats over time: what counting costs", "stats off jobs/s"),
     "dashboard": ("== Dashboard: page times", "jobs, no filter"),
     "push": ("== Push delivery: the dispatcher vs a plain HTTP loop", "dispatch / plain"),
+    "backlog": ("== Backlog: explain and the counting read paths at a million pending",
+                "statistic"),
     "bloat": ("== Bloat: claim rate after a million jobs cycled", "after 500 jobs cycled"),
     "long_transaction": ("== Long transaction: the claim rate while a snapshot is held open",
                          "claims + completes /s"),
@@ -62,7 +64,7 @@ SCRIPTS = {
 # PostgreSQL server (smoke sizes: a few seconds more each); pgboss measures PostgreSQL only.
 ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "peer_servers", "pgboss", "flow",
                             "workflows", "keys", "heartbeat", "reserve", "enqueue_options",
-                            "retention", "failures", "tags", "over_time", "bloat",
+                            "retention", "failures", "tags", "over_time", "backlog", "bloat",
                             "long_transaction", "wakes", "waits", "protection"})
 # They take a minute or two each: they are shared out over three files, so that the two test
 # processes (which take a file at a time) can each take some, and none is left alone at the end.
