@@ -318,6 +318,61 @@ def test_postgresql_claim_of_one_job_finds_its_row_by_id_whatever_the_statistics
     assert any(node.get("Index Name") == "pk_jobs" for node in scans), scans
 
 
+def _stale_statistics(conn: Any, history: str) -> None:
+    """A jobs table whose statistics say it holds no pending job, then 3,000 pending jobs:
+    never analyzed (a new queue's first burst), analyzed once every job had finished (a
+    drained queue's next burst), or analyzed after a purge emptied it."""
+    engine = conn.engine
+    if history != "never analyzed":
+        _pending_jobs(conn, "'email'", "10")
+        conn.exec_driver_sql("DELETE FROM jobs" if history == "purged"
+                             else "UPDATE jobs SET status = 'completed'")
+        conn.commit()
+        with engine.connect() as own:
+            own.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                "VACUUM ANALYZE jobs")
+    conn.exec_driver_sql(
+        "INSERT INTO jobs (type, payload, priority, status, retry_count, max_retries, producer,"
+        " run_at, created_at, updated_at) SELECT CASE WHEN mod(n, 2) = 0 THEN 'email' ELSE"
+        " 'pdf' END, '{}', 10, 'pending', 0, 3, 'p', n, n, 10000000 + n"
+        " FROM generate_series(1, 3000) AS n")
+
+
+@pytest.mark.parametrize("history", ["never analyzed", "analyzed when all had finished",
+                                     "purged"])
+@pytest.mark.parametrize(("stmt", "generic"), [
+    *((stmt, generic) for stmt in _ONE_JOB_CLAIMS for generic in (False, True)),
+    (_claim_of_any_type.statement, False), (_claim_from_positions.statement, False),
+    (_due_probe_any_free_type, False),
+    *((_driver_candidates_one_type(True, True).statement, generic) for generic in (False, True)),
+    (_driver_candidates_one_type(True, False).statement, False)])
+def test_postgresql_claims_walk_the_claim_order_whatever_the_statistics_say_of_pending_jobs(
+        postgres_server, stmt, generic, history):
+    """Until the next ANALYZE the statistics may count no pending job at all: a table
+    analyzed when every job had finished, or after a purge emptied it, or never analyzed.
+    A claim must still read its candidates from a claim-order index in order: a plan that
+    gathered every due job and sorted them would cost each claim the whole backlog. One state
+    is left to autovacuum: a table never analyzed yet after thousands of changes, whose
+    partial indexes the planner takes for empty (docs/SCALING.md, "Statistics and the
+    claim's plan")."""
+    engine = make_engine(postgres_server.create_database())
+    try:
+        with engine.connect() as conn:
+            _stale_statistics(conn, history)
+            plan = _postgres_plan(conn, stmt, {**CLAIM_PARAMS, "now": 10**15},
+                                  generic=generic)
+            conn.rollback()
+    finally:
+        engine.dispose()
+    nodes = _plan_nodes(plan)
+    kinds = [node["Node Type"] for node in nodes]
+    assert "Sort" not in kinds and "Bitmap Heap Scan" not in kinds, kinds
+    assert not any(node["Node Type"] == "Seq Scan" and node.get("Relation Name") == "jobs"
+                   for node in nodes), kinds
+    assert any(node.get("Index Name", "").startswith("ix_jobs_claim_order")
+               for node in nodes), kinds
+
+
 @pytest.mark.parametrize("positioned", [False, True])
 def test_postgresql_keeps_one_plan_for_the_claim_of_one_job(postgres_server, positioned):
     """Over 20,000 pending jobs with their statistics, a server process's claims of one job
