@@ -132,13 +132,15 @@ class StandInAutovacuum:
         return {name: verdict for name, tuples, dead, changed, options in rows
                 if any(verdict := self.due(options, tuples, dead, changed))}
 
-    def wait_until_vacuumed(self, timeout: float) -> float:
-        """Wait until no churned table has more dead rows than autovacuum lets stand (by
-        this stand-in or the server's own autovacuum); returns the seconds waited."""
+    def wait_until_vacuumed(self, timeout: float, *, analyzed: bool = False) -> float:
+        """Wait until no churned table has more dead rows than autovacuum lets stand (and,
+        if `analyzed`, none has changed more than it lets stand unanalyzed), by this stand-in
+        or the server's own autovacuum; returns the seconds waited."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
             with self.engine.connect() as conn:
-                if not any(vacuum for vacuum, _ in self.due_now(conn).values()):
+                if not any(vacuum or (analyzed and analyze)
+                           for vacuum, analyze in self.due_now(conn).values()):
                     break
             time.sleep(1)
         return time.monotonic() - started
