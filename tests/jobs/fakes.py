@@ -245,6 +245,31 @@ class FakeFails:
         return JobToEnd(job, self.jobs.controls.cancel_requested_by(job_id), None)
 
 
+class FakeCompletes:
+    """complete-many's one statement (CompleteManyRepository.complete_held) on the fakes:
+    each item's job completed as a lone complete's statement would (no type has key modes
+    here), every piece of work being a transaction."""
+
+    def __init__(self, jobs: FakeJobs) -> None:
+        self.jobs = jobs
+
+    def complete_held(self, items: Sequence[tuple[int, str, str | None]], *, worker: str,
+                      now_us: int, all_or_nothing: bool) -> list[Job]:
+        assert not all_or_nothing
+        done = []
+        for job_id, token, result in items:
+            row = self.jobs.rows.get(job_id)
+            if row is None or row.has_dependents:
+                continue
+            job = self.jobs.apply_transition(
+                Transition.COMPLETE, job_id,
+                Transition.COMPLETE.values(now_us=now_us, result=result),
+                lease_token=token, worker=worker, now_us=now_us)
+            if job is not None:
+                done.append(job)
+        return sorted(done, key=lambda job: job.id)
+
+
 class FakeTx(JobsTx):
     """A JobsTx on the fakes: `confirm` trusts every caller, `made` is the real one."""
 
@@ -255,6 +280,7 @@ class FakeTx(JobsTx):
         self.jobs = jobs  # type: ignore[assignment]
         self.controls = jobs.controls  # type: ignore[assignment]
         self.fails = FakeFails(jobs)  # type: ignore[assignment]
+        self.completes = FakeCompletes(jobs)  # type: ignore[assignment]
         self.timeline = timeline  # type: ignore[assignment]
         self.dependencies = FakeDependencies()  # type: ignore[assignment]
         self.clock = Clock()

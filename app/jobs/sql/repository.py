@@ -124,13 +124,14 @@ _HEARTBEAT_DUE = or_(
 
 
 def transition_conditions(transition: Transition, fenced: bool, key_to_confirm: bool = False,
-                          alone: bool = False) -> list[Any]:
+                          alone: bool = False, lease_token: Any = None) -> list[Any]:
     """The conditions, besides its id, under which a row of `jobs` may take `transition`
     (the flags as _transition_update's): one of the statuses it starts from and, for a
     worker's report, the job held by the worker (parameter `worker`) under a lease live at
-    `now` (and `held_lease_token`, when `fenced`), its cancel not requested for a complete
-    or a fail. For the statements that move a job one way or another (app/jobs/sql/
-    fail_repository.py) as for the UPDATE here."""
+    `now` (and `held_lease_token`, when `fenced`: or the expression `lease_token`, each
+    row's own in a statement of several jobs), its cancel not requested for a complete or a
+    fail. For the statements that move a job one way or another (app/jobs/sql/
+    fail_repository.py, complete_many.py) as for the UPDATE here."""
     conditions = [status_is_job_by_id(*transition.from_statuses)]
     if key_to_confirm:
         conditions.append(live_key_condition())
@@ -138,7 +139,8 @@ def transition_conditions(transition: Transition, fenced: bool, key_to_confirm: 
         conditions += [jobs.c.worker_id == bindparam("worker"),
                        jobs.c.lease_expires_at > bindparam("now")]
     if fenced:
-        conditions.append(jobs.c.lease_token == bindparam("held_lease_token"))
+        conditions.append(jobs.c.lease_token == (
+            bindparam("held_lease_token") if lease_token is None else lease_token))
     if transition in (Transition.COMPLETE, Transition.FAIL):
         # A job whose cancel was requested ends cancelled, whatever its holder reports
         # (Transition.STOP).

@@ -22,6 +22,7 @@ from app.core.statuses import TERMINAL_STATUSES
 from app.jobs.domain.history import SERVICE_ACTOR
 from app.jobs.domain.models import Job
 from app.jobs.domain.transitions import Transition
+from app.jobs.sql.complete_many import CompleteManyRepository
 from app.jobs.sql.context_repository import JobContextRepository
 from app.jobs.sql.control_repository import ControlRepository
 from app.jobs.sql.dependency_repository import DependencyRepository
@@ -111,7 +112,8 @@ class Timeline:
 
 
 class JobsTx(Transaction):
-    """A job transaction: `jobs` (JobRepository), `dependencies` (DependencyRepository),
+    """A job transaction: `jobs` (JobRepository), `completes` (complete-many's one
+    statement), `dependencies` (DependencyRepository),
     `controls` (ControlRepository: running jobs' cancel requests, progress, checkpoints),
     `reservations` (ReservationRepository: reserved jobs),
     `failures` (FailureRepository: failure groups),
@@ -145,6 +147,10 @@ class JobsTx(Transaction):
     @functools.cached_property
     def fails(self) -> FailRepository:
         return FailRepository(self.jobs)
+
+    @functools.cached_property
+    def completes(self) -> CompleteManyRepository:
+        return CompleteManyRepository(self.jobs)
 
     @functools.cached_property
     def dependencies(self) -> DependencyRepository:

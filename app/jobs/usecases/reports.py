@@ -34,6 +34,11 @@ from app.jobs.sql.control_repository import progress_columns
 from app.jobs.timeline.recorder import fingerprint_of
 from app.jobs.tx.attempts import end_attempt
 from app.jobs.tx.uow import JobsTx, JobsUnitOfWork
+from app.jobs.usecases.bulk_complete import (
+    bulk_positions,
+    complete_alone,
+    note_types_without_modes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +160,13 @@ class WorkerReports:
         """Complete several held jobs in one transaction; each succeeds or fails on its own
         and is answered with the job or the problem a single complete would give. An item's
         `delivered` is as for complete. Every refusal is recorded (report_refused) in a
-        transaction of its own once this one has committed."""
+        transaction of its own once this one has committed.
+
+        The items a lone complete would complete in its one statement are completed first,
+        together in one statement (app/jobs/usecases/bulk_complete.py); the others one by
+        one. A batch of such items alone is that statement: one round trip on PostgreSQL."""
         results = [self._stored_result(item.get("result")) for item in items]
+        bulk = bulk_positions(items)
 
         def complete_each(tx: JobsTx) -> list[tuple[int, Job | QueueError]]:
             tx.jobs_confirming(caller)  # by the first complete's UPDATE
@@ -164,12 +174,16 @@ class WorkerReports:
             # The items are judged at one moment, and the jobs they complete recorded
             # together (one executemany per history table rather than two statements a job).
             now = self.clock.now_us()
+            alone = complete_alone(tx, caller, items, results, bulk, now)
+            for position, job in alone.items():
+                answers[position] = (job.id, job)
             completed: list[Job] = []
             stopped: list[Job] = []
             # Taken in id order, as every transaction that locks several jobs takes them
-            # (an enqueue locking the dependencies it names, say): none waits for another
-            # in a circle on PostgreSQL.
-            for position in sorted(range(len(items)), key=lambda at: items[at]["id"]):
+            # (an enqueue locking the dependencies it names, say; the statement above, too):
+            # none waits for another in a circle on PostgreSQL.
+            for position in sorted((at for at in range(len(items)) if at not in alone),
+                                   key=lambda at: items[at]["id"]):
                 item, job_id = items[position], items[position]["id"]
                 try:
                     answers[position] = (job_id, self._complete_in(
@@ -177,12 +191,16 @@ class WorkerReports:
                         item.get("delivered"), now=now, completed=completed, stopped=stopped))
                 except (NotFound, Conflict) as problem:
                     answers[position] = (job_id, problem)
+            note_types_without_modes(tx, list(alone.values()), completed + stopped)
+            completed = sorted([*alone.values(), *completed], key=lambda job: job.id)
             tx.after_transition(Transition.COMPLETE, completed, actor=caller.name, now_us=now)
             for job in stopped:
                 self._record_stop(tx, job, caller, now)
             return [answer for answer in answers if answer is not None]
 
-        answers = self.uow.run(complete_each)
+        # Every item the one statement's: one statement, as a lone complete.
+        run = self.uow.run_statement if len(bulk) == len(items) else self.uow.run
+        answers = run(complete_each)
         refused = [answer for _, answer in answers if isinstance(answer, ReportRefused)]
         if refused:
             self._record_refusals("complete", refused)
