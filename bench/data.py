@@ -195,11 +195,13 @@ def postgres_database(server_url: str, *, stand_in: bool = True) -> Iterator[str
 
 
 @contextlib.contextmanager
-def engine_database(engine: str, directory: str, name: str) -> Iterator[str]:
+def engine_database(engine: str, directory: str, name: str, *,
+                    stand_in: bool = True) -> Iterator[str]:
     """A fresh migrated database of `engine` ("SQLite": the file `name` under `directory`;
-    "PostgreSQL": a database of its own on POSTGRES_VARIABLE's server, dropped after)."""
+    "PostgreSQL": a database of its own on POSTGRES_VARIABLE's server, dropped after, with
+    the stand-in autovacuum unless not `stand_in`)."""
     if engine == "PostgreSQL":
-        with postgres_database(os.environ[POSTGRES_VARIABLE]) as url:
+        with postgres_database(os.environ[POSTGRES_VARIABLE], stand_in=stand_in) as url:
             yield url
     else:
         yield migrated_database(directory, name)

@@ -119,10 +119,9 @@ class Report:
 
 def run_script(measure: Callable[[argparse.Namespace], Report], doc: str | None,
                argv: Sequence[str] | None = None,
-               add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-               ) -> None:
-    """A benchmark script's main: its options (with `add_arguments`' own), its measurements,
-    its printed report."""
+               add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    """A benchmark script's main: its options (and its own, `add_arguments`), its
+    measurements, its printed report."""
     options = parse_options((doc or "").splitlines()[0], argv, add_arguments=add_arguments)
     started = time.monotonic()
     finish(measure(options), options, started)

@@ -27,11 +27,11 @@ from bench.machine import machine_notes
 
 BENCH = Path(__file__).resolve().parent
 # Cheapest first: a broken environment shows before the long runs.
-SCRIPTS = ["storage", "depth", "http_single", "http_events", "http_batch", "await_latency",
-           "peers", "peer_servers", "pgboss", "memory", "flow", "workflows", "keys", "heartbeat",
-           "reserve", "enqueue_options", "retention", "failures", "tags", "over_time",
-           "dashboard", "push", "backlog", "bloat", "long_transaction", "wakes", "waits",
-           "protection"]
+SCRIPTS = ["costs", "storage", "depth", "http_single", "http_events", "http_batch",
+           "await_latency", "peers", "peer_servers", "pgboss", "memory", "flow", "workflows",
+           "keys", "heartbeat", "reserve", "enqueue_options", "retention", "failures", "tags",
+           "over_time", "dashboard", "push", "backlog", "bloat", "long_transaction", "wakes",
+           "waits", "protection"]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

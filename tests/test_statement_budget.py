@@ -10,15 +10,15 @@ statement runs in autocommit there: one round trip."""
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import event
+
+from app.storage.statement_count import Sent
+from app.storage.statement_count import counting as counting_on
 
 # Statements (and on PostgreSQL round trips) per plain step: a job of a type with no flow
 # control, key modes or dependencies, no tags, trace or keys. On SQLite BEGIN IMMEDIATE is one
@@ -31,35 +31,6 @@ PLAIN_STATEMENTS = {
     "postgresql": {"enqueue": 1, "claim": 1, "complete": 1, "fail": 1, "fail for good": 1},
 }
 PLAIN_ROUND_TRIPS = {"enqueue": 1, "claim": 1, "complete": 1, "fail": 1, "fail for good": 1}
-
-
-class Sent:
-    """What the app sent inside a `counting` block: its statements' SQL, and by kind the
-    pings, BEGINs (none in autocommit: SQLAlchemy begins its own transaction then, but sends
-    nothing), COMMITs and pool checkouts."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-        self.statements: list[str] = []
-
-    @property
-    def round_trips(self) -> int:
-        counts = self.counts
-        return counts["ping"] + counts["begin"] + len(self.statements) + counts["commit"]
-
-    def reads_keys(self) -> bool:
-        return any(sql.lstrip().upper().startswith("SELECT") and "api_keys" in sql
-                   and "jobs" not in sql for sql in self.statements)
-
-    def shown(self) -> str:
-        return "\n".join(" ".join(statement.split())[:120] for statement in self.statements)
-
-
-def _begun(conn: Any) -> str:
-    if conn.engine.dialect.name == "sqlite":
-        return "sqlite begin"  # its BEGIN IMMEDIATE is a statement, counted as such
-    autocommit = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
-    return "autocommit" if autocommit else "begin"
 
 
 @pytest.fixture(autouse=True)
@@ -76,42 +47,9 @@ def settings_kept_fresh(app: Flask) -> Iterator[None]:
 
 @contextmanager
 def counting(app: Flask) -> Iterator[Sent]:
-    """What the app sends to its database inside the block, from the block's own thread
-    (a request of Flask's test client runs in it; the settings' thread is not the step's)."""
-    engine = app.extensions["queuelog"].db.engine
-    sent = Sent()
-    real_ping = engine.dialect.do_ping
-    here = threading.get_ident()
-
-    def ping(dbapi_connection: Any) -> bool:
-        if threading.get_ident() == here:
-            sent.counts["ping"] += 1
-        return bool(real_ping(dbapi_connection))
-
-    def statement(_conn: Any, _cursor: Any, sql: str, *_args: Any) -> None:
-        if threading.get_ident() == here:
-            sent.statements.append(sql)
-
-    def count(kind: Callable[..., str]) -> Callable[..., None]:
-        def listener(*args: Any) -> None:
-            if threading.get_ident() == here:
-                sent.counts[kind(*args)] += 1
-        return listener
-
-    listeners: list[tuple[Any, str, Callable[..., None]]] = [
-        (engine, "before_cursor_execute", statement),
-        (engine, "begin", count(_begun)),
-        (engine, "commit", count(lambda _conn: "commit")),
-        (engine.pool, "checkout", count(lambda *_args: "checkout"))]
-    for target, name, listener in listeners:
-        event.listen(target, name, listener)
-    engine.dialect.do_ping = ping  # type: ignore[method-assign]
-    try:
+    """What the app sends to its database inside the block (app/storage/statement_count.py)."""
+    with counting_on(app.extensions["queuelog"].db.engine) as sent:
         yield sent
-    finally:
-        engine.dialect.do_ping = real_ping  # type: ignore[method-assign]
-        for target, name, listener in listeners:
-            event.remove(target, name, listener)
 
 
 def _engine(app: Flask) -> str:

@@ -17,6 +17,8 @@ from tests.servers import REPO_ROOT, server_environment
 
 # script: the first line of the report it prints, and a column of its first table.
 SCRIPTS = {
+    "costs": ("== What a job costs: statements, round trips and rows written per plain step",
+              "round trips"),
     "storage": ("== Storage: repository vs raw sqlite3", "repository / raw"),
     "depth": ("== Depth: claim latency", "statement p50"),
     "http_single": ("== HTTP, one job per request", "bare Flask jobs/s"),
@@ -62,9 +64,10 @@ SCRIPTS = {
 }
 # The scripts that measure PostgreSQL beside SQLite do so here too when the tests have a
 # PostgreSQL server (smoke sizes: a few seconds more each); pgboss measures PostgreSQL only.
-ENGINE_SCRIPTS = frozenset({"http_single", "http_batch", "peer_servers", "pgboss", "flow",
-                            "workflows", "keys", "heartbeat", "reserve", "enqueue_options",
-                            "retention", "failures", "tags", "over_time", "backlog", "bloat",
+ENGINE_SCRIPTS = frozenset({"costs", "http_single", "http_batch", "peer_servers", "pgboss",
+                            "flow", "workflows", "keys", "heartbeat", "reserve",
+                            "enqueue_options", "retention", "failures", "tags", "over_time",
+                            "backlog", "bloat",
                             "long_transaction", "wakes", "waits", "protection"})
 # They take a minute or two each: they are shared out over three files, so that the two test
 # processes (which take a file at a time) can each take some, and none is left alone at the end.
