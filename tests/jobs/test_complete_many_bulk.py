@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from tests.conftest import Api
 
@@ -141,3 +141,57 @@ def test_overlapping_batches_on_two_threads_never_deadlock(app, admin, worker, e
     finally:
         event.remove(engine, "handle_error", seen_error)
     assert deadlocks == []
+
+
+def test_postgresql_the_one_statement_looks_each_job_up_by_id_whatever_the_statistics(
+        postgres_server):
+    """200,000 of a worker's finished jobs purged and vacuumed, then 3,000 running ones:
+    until the next ANALYZE the statistics count `jobs` nearly empty. Completing 100 of them
+    reads those 100 by id, not every job the worker holds (a join to the items was planned
+    as a read of all of them through ix_jobs_worker_id_id, where a worker's finished jobs
+    stay too)."""
+    import json
+
+    from app.jobs.domain.transitions import Transition
+    from app.jobs.sql.complete_many import _complete_held
+    from app.storage.engine import make_engine
+
+    engine = make_engine(postgres_server.create_database())
+    insert = ("INSERT INTO jobs (type, payload, priority, status, retry_count, max_retries,"
+              " producer, run_at, created_at, updated_at, worker_id, lease_expires_at) SELECT"
+              " 'email', '{}', 10, :status, 0, 3, 'p', n, n, n, 'w', 10000000000"
+              " FROM generate_series(1, :count) AS n")
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(insert), {"status": "completed", "count": 200_000})
+            conn.exec_driver_sql("DELETE FROM jobs")
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                "VACUUM ANALYZE jobs")
+        with engine.connect() as conn:
+            conn.execute(text(insert), {"status": "running", "count": 3000})
+            conn.exec_driver_sql("UPDATE jobs SET lease_token = 't.' || id")
+            ids = [row[0] for row in conn.exec_driver_sql(
+                "SELECT id FROM jobs ORDER BY id LIMIT 100")]
+            compiled = _complete_held("postgresql", True, False, False).compile(
+                dialect=conn.dialect)
+            values = Transition.COMPLETE.values(now_us=1, result=None)
+            params = {**compiled.params, "ids": ids, "worker": "w", "now": 1,
+                      "items": json.dumps([{"id": job_id, "lease_token": f"t.{job_id}",
+                                            "result": None} for job_id in ids]),
+                      **{f"new_{name}": value for name, value in values.items()
+                         if name != "result"}}
+            [(plan,)] = conn.exec_driver_sql(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + compiled.string, params).all()
+            conn.rollback()
+    finally:
+        engine.dispose()
+
+    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+        return [node, *(child for sub in node.get("Plans", []) for child in nodes(sub))]
+
+    top = plan[0]["Plan"]
+    assert top["Actual Rows"] == 100  # every item completed
+    read = [node["Actual Rows"] * node["Actual Loops"] for node in nodes(top)
+            if node.get("Relation Name") == "jobs" and "Scan" in node["Node Type"]]
+    assert read and max(read) <= 100, read

@@ -15,7 +15,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, Text, bindparam, column, func, select, text, update
+from sqlalchemy import BigInteger, Text, any_, bindparam, column, func, select, text, update
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from app.jobs.domain.models import Job
 from app.jobs.domain.transitions import Transition
@@ -58,8 +59,14 @@ def _complete_held(dialect: str, lock_rows: bool, key_to_confirm: bool,
     conditions = transition_conditions(Transition.COMPLETE, fenced=True,
                                        key_to_confirm=key_to_confirm, alone=True,
                                        lease_token=items.c.lease_token)
+    # The items' jobs looked up by id, whatever the statistics say: after a purge they may
+    # count `jobs` nearly empty, and a join to the items was planned as a read of every job
+    # the worker ever held (ix_jobs_worker_id_id) to hash against them. An id among the
+    # bound ids (PostgreSQL) or in the items (SQLite: by rowid) is an index lookup per item.
+    by_id = (jobs.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger)))
+             if dialect == "postgresql" else jobs.c.id.in_(select(items.c.id)))
     held_rows = (select(jobs.c.id).select_from(jobs.join(items, jobs.c.id == items.c.id))
-                 .where(*conditions).order_by(jobs.c.id))
+                 .where(by_id, *conditions).order_by(jobs.c.id))
     if lock_rows:
         held_rows = held_rows.with_for_update(of=jobs)
     held = held_rows.cte("held")
@@ -101,6 +108,7 @@ class CompleteManyRepository:
         params: dict[str, Any] = {
             "items": json.dumps([{"id": job_id, "lease_token": token, "result": result}
                                  for job_id, token, result in items]),
+            "ids": [job_id for job_id, _token, _result in items],
             "worker": worker, "now": now_us,
             **{f"new_{name}": value for name, value in values.items() if name != "result"}}
         if all_or_nothing:
