@@ -195,3 +195,44 @@ def test_postgresql_the_one_statement_looks_each_job_up_by_id_whatever_the_stati
     read = [node["Actual Rows"] * node["Actual Loops"] for node in nodes(top)
             if node.get("Relation Name") == "jobs" and "Scan" in node["Node Type"]]
     assert read and max(read) <= 100, read
+
+
+def test_hostile_items_are_refused_whole_and_odd_results_stored_as_sent(client, api, producer,
+                                                                         worker):
+    """What the one statement is handed comes from the request: a body the schema refuses
+    (look-alike digits, huge numbers, unknown fields, a NUL in a token, a result nested 100
+    deep) is a 4xx problem and completes nothing of the batch; a result with a NUL, control
+    characters, look-alike digits and a huge number is stored and answered as sent (the
+    items reach SQL as one bound JSON document, never as SQL text)."""
+    ids = [api.enqueue(producer).json["id"] for _ in range(2)]
+    held = {job["id"]: job["lease_token"]
+            for job in claim_many(client, worker, max_jobs=2).json["jobs"]}
+    first, second = ({"id": job_id, "lease_token": held[job_id]} for job_id in ids)
+    refused = [
+        [first, {**second, "id": "١٢"}],  # Arabic-Indic digits
+        [first, {**second, "id": 2**70}],
+        [first, {**second, "id": 1.0e300}],
+        [first, {**second, "unknown": 1}],
+        [first, {**second, "lease_token": held[ids[1]] + "\u0000"}],
+        [first, {**second, "lease_token": "t" * 100_000}],
+        [first, {**second, "result": []}],
+    ]
+    for items in refused:
+        answer = complete_many(client, worker, items)
+        assert 400 <= answer.status_code < 500, (items, answer.status_code)
+        assert answer.content_type == "application/problem+json"
+    assert [api.get(producer, job_id).json["status"] for job_id in ids] == ["running"] * 2
+
+    deep: Any = "bottom"
+    for _ in range(100):
+        deep = {"d": deep}
+    answer = complete_many(client, worker, [second, {**first, "result": deep}])
+    assert answer.status_code == 422, answer.json  # nested past the limit (64)
+    assert [api.get(producer, job_id).json["status"] for job_id in ids] == ["running"] * 2
+
+    odd = {"nul": "a\u0000b", "ctl\u0007": "\u202e\u0661\u0662", "big": 2**70}
+    answer = complete_many(client, worker, [{**first, "result": odd}, second])
+    assert answer.status_code == 200, answer.json
+    assert [r["status"] for r in answer.json["results"]] == [200, 200]
+    assert answer.json["results"][0]["job"]["result"] == odd
+    assert api.get(producer, ids[0]).json["result"] == odd
