@@ -108,9 +108,10 @@ class CompleteManyRepository:
         params: dict[str, Any] = {
             "items": json.dumps([{"id": job_id, "lease_token": token, "result": result}
                                  for job_id, token, result in items]),
-            "ids": [job_id for job_id, _token, _result in items],
             "worker": worker, "now": now_us,
             **{f"new_{name}": value for name, value in values.items() if name != "result"}}
+        if conn.dialect.name == "postgresql":  # the ids the jobs are looked up by
+            params["ids"] = [job_id for job_id, _token, _result in items]
         if all_or_nothing:
             params["count"] = len(items)
         if key is not None:
